@@ -1,0 +1,185 @@
+"""MkDocs hook for the megatron-study site: everything the notebooks need beyond the plugins.
+
+1. Navigation. The round sections of the nav are built from the notebooks actually present in
+   ``docs/notes`` (a symlink to ``notes/``), so ``mkdocs build --strict`` is clean whether or not
+   a given note has been written yet. A note ``NN_slug.ipynb`` goes to the round ``ROUNDS`` gives
+   for ``NN``; its nav title is the notebook's first H1.
+
+2. Heading ids. mkdocs-jupyter 0.26.3 slugs headings with an ASCII-only slugify, so a heading
+   that is only Chinese gets ``id=""`` and its TOC entry points at a generated ``#_3`` that does
+   not exist; its TOC also comes from a second, markdown-only conversion in which inline code is
+   deleted. Here every h1-h6 of a notebook page gets a unique, readable id from the same
+   ``slugify_unicode`` the Markdown pages use (CJK characters kept), its permalink is pointed at
+   that id, and ``page.toc`` is rebuilt from the headings that were actually rendered, so the
+   sidebar and the page cannot disagree.
+
+3. Offline. nbconvert's template emits a MathJax ``<script src="">`` (empty URL with
+   ``custom_mathjax_url`` unset) plus its config, and a module script that imports mermaid from
+   cdnjs. The notes use neither, and the site must load nothing external, so both are removed.
+
+4. Download. Each note page gets a button linking to its ``.ipynb``, which mkdocs-jupyter's
+   ``include_source`` copies next to the page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import re
+from pathlib import Path
+
+from markdown.extensions.toc import nest_toc_tokens, slugify_unicode
+from mkdocs.structure.toc import get_toc
+
+log = logging.getLogger("mkdocs.hooks.notes_site")
+
+NOTES_DIR = "notes"  # inside docs_dir
+NOTE_NAME = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
+
+# Round titles in nav order, and the note numbers each one holds (ROADMAP.md).
+ROUNDS: list[tuple[str, set[int]]] = [
+    ("第一轮：训练主链路", set(range(1, 8))),
+    ("第二轮：并行机制", set(range(8, 18)) | {23}),
+    ("第三轮：训练系统专题", set(range(18, 22))),
+    ("RL：训推权重同步", {22}),
+]
+
+# ---------------------------------------------------------------------------- nav
+
+
+def _first_h1(nb_path: Path) -> str | None:
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        for line in src.splitlines():
+            m = re.match(r"^#\s+(.+?)\s*#*\s*$", line)
+            if m:
+                return m.group(1).replace("`", "")
+    return None
+
+
+def note_sections(docs_dir: Path) -> list[dict]:
+    """Nav sections for the notebooks present in ``docs_dir/notes``, in ROUNDS order."""
+    notes_dir = docs_dir / NOTES_DIR
+    found: dict[str, list[dict]] = {title: [] for title, _ in ROUNDS}
+    for nb in sorted(notes_dir.glob("*.ipynb")) if notes_dir.is_dir() else []:
+        m = NOTE_NAME.match(nb.name)
+        if not m:
+            log.warning("notes/%s: not named NN_slug.ipynb, left out of the nav", nb.name)
+            continue
+        number = int(m.group(1))
+        round_title = next((t for t, numbers in ROUNDS if number in numbers), None)
+        if round_title is None:
+            log.warning("notes/%s: note %02d has no round in hooks/notes_site.py ROUNDS",
+                        nb.name, number)
+            continue
+        title = _first_h1(nb) or nb.stem
+        found[round_title].append({title: f"{NOTES_DIR}/{nb.name}"})
+    return [{title: pages} for title, pages in found.items() if pages]
+
+
+def on_config(config):
+    nav = list(config.nav or [])
+    nav.extend(note_sections(Path(config.docs_dir)))
+    config.nav = nav
+    return config
+
+
+# ---------------------------------------------------------------------------- page content
+
+HEADING = re.compile(r"<h([1-6])(\s[^>]*)?>(.*?)</h\1\s*>", re.S | re.I)
+ID_ATTR = re.compile(r"""\sid\s*=\s*("[^"]*"|'[^']*'|[^\s>]+)""", re.I)
+ANY_ID = re.compile(r"""\sid\s*=\s*["']([^"']*)["']""", re.I)
+# nbconvert's permalink inside a heading: <a class="anchor-link" href="#...">¶</a>
+ANCHOR_LINK = re.compile(r"""<a\s+class="anchor-link"\s+href="[^"]*"\s*>(.*?)</a>""", re.S)
+TAG = re.compile(r"<[^>]+>")
+
+# Script blocks nbconvert's lab template adds that would load code from a CDN.
+CDN_SCRIPTS = [
+    # MathJax loader (src is the CDN, or "" when mkdocs-jupyter's custom_mathjax_url is unset)
+    re.compile(r"<!-- Load mathjax -->\s*<script\s+src=\"[^\"]*\">\s*</script>", re.S),
+    re.compile(r"<!-- MathJax configuration -->\s*<script type=\"text/x-mathjax-config\">"
+               r".*?</script>\s*<!-- End of mathjax configuration -->", re.S),
+    # mermaid: imported from cdnjs when a .jp-Mermaid block is on the page
+    re.compile(r"<script type=\"module\">(?:(?!</script>).)*?jp-Mermaid.*?</script>", re.S),
+]
+
+
+def is_note(page) -> bool:
+    src = page.file.src_uri
+    return src.startswith(f"{NOTES_DIR}/") and src.endswith(".ipynb")
+
+
+def heading_text(inner_html: str) -> str:
+    """Visible text of a heading's inner HTML, without the permalink."""
+    inner = ANCHOR_LINK.sub("", inner_html)
+    inner = re.sub(r"""<a\s+class="headerlink"[^>]*>.*?</a>""", "", inner, flags=re.S)
+    return " ".join(html.unescape(TAG.sub("", inner)).split())
+
+
+def fix_headings(content: str) -> tuple[str, list[dict]]:
+    """Give every h1-h6 a unique non-empty id; return new HTML and flat TOC tokens."""
+    # ids that exist outside headings (e.g. nbconvert's "cell-3" copy targets) are taken
+    taken = {i for i in ANY_ID.findall(HEADING.sub("", content)) if i}
+    tokens: list[dict] = []
+
+    def unique(base: str) -> str:
+        candidate, n = base, 0
+        while candidate in taken:
+            n += 1
+            candidate = f"{base}_{n}"
+        taken.add(candidate)
+        return candidate
+
+    def repl(m: re.Match) -> str:
+        level, attrs, inner = int(m.group(1)), m.group(2) or "", m.group(3)
+        text = heading_text(inner)
+        ident = unique(slugify_unicode(text, "-") or f"section-h{level}")
+        attrs = ID_ATTR.sub("", attrs)
+        # nbconvert's "¶" becomes a material permalink (styled, and skipped by search)
+        inner = ANCHOR_LINK.sub(
+            lambda a: f'<a class="headerlink" href="#{ident}" title="Permanent link">'
+                      f"{a.group(1)}</a>", inner)
+        tokens.append({"level": level, "id": ident, "name": html.escape(text, quote=False)})
+        return f'<h{level} id="{ident}"{attrs}>{inner}</h{level}>'
+
+    return HEADING.sub(repl, content), tokens
+
+
+def strip_cdn_scripts(content: str) -> str:
+    for pattern in CDN_SCRIPTS:
+        content = pattern.sub("", content)
+    return content
+
+
+_DOWNLOAD_ICON = None
+
+
+def download_button(nb_name: str) -> str:
+    global _DOWNLOAD_ICON
+    if _DOWNLOAD_ICON is None:
+        import material
+
+        icon = Path(material.__file__).parent / "templates/.icons/material/download.svg"
+        _DOWNLOAD_ICON = icon.read_text(encoding="utf-8") if icon.exists() else "⤓"
+    return (f'<a href="{nb_name}" download class="md-content__button md-icon nb-download" '
+            f'title="下载 Notebook（{nb_name}）" aria-label="下载 Notebook">'
+            f"{_DOWNLOAD_ICON}</a>")
+
+
+def on_page_content(content, page, config, files):
+    if not is_note(page):
+        return content
+    content = strip_cdn_scripts(content)
+    content, tokens = fix_headings(content)
+    page.toc = get_toc(nest_toc_tokens(tokens))
+    # lets mkdocs' own anchor validation check Markdown links like notes/02_x.ipynb#阅读目标
+    page.present_anchor_ids = {i for i in ANY_ID.findall(content) if i}
+    h1 = next((t for t in tokens if t["level"] == 1), None)
+    if h1 is not None:
+        page.title = html.unescape(h1["name"])
+    # include_source copies the .ipynb into the page's own directory
+    return download_button(Path(page.file.abs_src_path).name) + content

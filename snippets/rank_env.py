@@ -1,0 +1,45 @@
+"""What every CPU rank does before it runs a note's function.
+
+The fork server imports this module (and with it torch and megatron.core) once; each rank then
+only joins the gloo world. Kept apart from :mod:`snippets.launch` so that a ``torchrun`` entry
+point can reuse :func:`init_rank` without the local launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import megatron.core  # noqa: F401 - imported here so the fork server pays for it once
+
+from snippets import cpu_compat, recorder
+
+SEED = 1234
+
+
+def init_rank(rank: int, world_size: int, store_path: str, timeout_s: float) -> None:
+    """Join a gloo world of ``world_size`` ranks through a file store, ready for Megatron."""
+    # Ranks share 2 cores: one intra-op thread each keeps them from oversubscribing the CPU,
+    # and keeps float results independent of how many ranks run side by side.
+    torch.set_num_threads(1)
+    # Megatron warns at import that Transformer Engine / Apex are absent, and torch 2.13 that
+    # all_gather_into_tensor is deprecated: known and harmless here, and only noise in a cell.
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.manual_seed(SEED)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    cpu_compat.apply()
+    recorder.install()
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        backend="gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        # A collective whose peer never arrives fails on its own, inside the launch bound.
+        timeout=timedelta(seconds=max(1.0, timeout_s)),
+    )

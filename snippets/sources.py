@@ -1,0 +1,138 @@
+"""Pinned source links: every citation points at tag ``core_v0.16.1`` and names a real line.
+
+``megatron/core/...`` is what ``pip install megatron-core==0.16.1`` installs, so its lines are
+looked up in the installed package. Everything else the notes cite (``megatron/training/``,
+``pretrain_gpt.py``, ``examples/``) is not in the pip package: those symbols and lines live in
+one data file, ``pinned_lines.json``, checked against a clone of the tag when one is given
+(``pytest --megatron-src PATH``).
+
+A citation in a note is a markdown link whose text ends with the symbol, for example
+``[`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L548)``;
+:func:`check_link` says whether that line really defines that symbol.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+TAG = "core_v0.16.1"
+COMMIT = "55ac7082517c3878ae653c07c09c534b8aed49f6"
+REPO_URL = "https://github.com/NVIDIA/Megatron-LM"
+BLOB = f"{REPO_URL}/blob/{TAG}/"
+
+PINNED_FILE = Path(__file__).with_name("pinned_lines.json")
+
+LINK_RE = re.compile(
+    r"\[(?P<text>[^\]]+)\]\(" + re.escape(BLOB) + r"(?P<path>[^)#\s]+)(?:#L(?P<line>\d+))?\)"
+)
+"""A markdown link to the pinned tag, with an optional ``#L<line>``."""
+
+
+def pinned_url(path: str, line: int | None = None) -> str:
+    return BLOB + path + (f"#L{line}" if line else "")
+
+
+def installed_root() -> Path:
+    """The directory that holds the installed ``megatron/`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("megatron.core")
+    return Path(spec.origin).parents[2]
+
+
+@lru_cache(maxsize=None)
+def _lines(root: str, path: str) -> tuple[str, ...]:
+    return tuple((Path(root) / path).read_text().splitlines())
+
+
+def file_lines(path: str, src: Path | None = None) -> tuple[str, ...]:
+    """Lines of ``path`` at the tag: from ``src`` (a checkout) or the installed package."""
+    root = src if src is not None else installed_root()
+    if src is None and not path.startswith("megatron/core/"):
+        raise FileNotFoundError(f"{path} is not in the pip package; pass a checkout of {TAG}")
+    return _lines(str(root), path)
+
+
+def defines(line: str, symbol: str) -> bool:
+    """Does this source line define ``symbol`` (def, class, or a module-level assignment)?"""
+    name = re.escape(symbol)
+    return bool(
+        re.match(rf"\s*(async\s+)?(def|class)\s+{name}\b", line)
+        or re.match(rf"{name}\s*(:[^=]+)?=", line)
+    )
+
+
+def find_line(path: str, symbol: str, src: Path | None = None) -> int:
+    """The 1-based line defining ``symbol`` in ``path``; ``Class.method`` picks the method."""
+    lines = file_lines(path, src)
+    start = 0
+    *outer, name = symbol.split(".")
+    for part in outer:  # walk into classes first, so method names are found in the right class
+        start = next(i for i in range(start, len(lines)) if defines(lines[i], part))
+    for i in range(start, len(lines)):
+        if defines(lines[i], name):
+            return i + 1
+    raise LookupError(f"{symbol} is not defined in {path} at {TAG}")
+
+
+def link(path: str, symbol: str, text: str | None = None) -> str:
+    """A markdown link to ``symbol`` in ``path`` at its pinned line (megatron/core or data file)."""
+    if path.startswith("megatron/core/"):
+        line = find_line(path, symbol)
+    else:
+        line = pinned_lines()[(path, symbol)]
+    label = text or f"{Path(path).name}::{symbol}"
+    return f"[`{label}`]({pinned_url(path, line)})"
+
+
+@lru_cache(maxsize=None)
+def pinned_lines() -> dict[tuple[str, str], int]:
+    """The checked data file for citations outside the pip package: (path, symbol) -> line."""
+    entries = json.loads(PINNED_FILE.read_text())
+    return {(e["path"], e["symbol"]): e["line"] for e in entries}
+
+
+def symbol_of(text: str) -> str | None:
+    """The symbol a link's text names: what follows the last ``::``, without backticks.
+
+    ``parallel_state.py::RankGenerator.get_ranks`` -> ``RankGenerator.get_ranks``.
+    A text without ``::`` names a file, not a symbol.
+    """
+    text = text.strip().strip("`")
+    if "::" not in text:
+        return None
+    return text.rsplit("::", 1)[1].strip("`() ")
+
+
+def check_link(text: str, path: str, line: int | None, src: Path | None = None) -> str | None:
+    """None if the link is right, else what is wrong with it."""
+    symbol = symbol_of(text)
+    in_package = path.startswith("megatron/core/")
+    if line is None:
+        if symbol:
+            return f"{text!r} names {symbol} but the link has no #L line"
+        return None
+    if not symbol:
+        return f"{text!r} links line {line} of {path} but names no symbol (use file.py::symbol)"
+    if not in_package:
+        recorded = pinned_lines().get((path, symbol))
+        if recorded is None:
+            return f"{path}::{symbol} is not in {PINNED_FILE.name}"
+        if recorded != line:
+            return f"{path}::{symbol} is at line {recorded} in {PINNED_FILE.name}, link says {line}"
+        if src is None:
+            return None
+    lines = file_lines(path, src)
+    if line > len(lines):
+        return f"{path} has {len(lines)} lines, link says {line}"
+    name = symbol.split(".")[-1]
+    if not defines(lines[line - 1], name):
+        try:
+            actual = find_line(path, symbol, src)
+        except LookupError:
+            actual = None
+        return f"{path}:{line} does not define {symbol} (found at line {actual})"
+    return None

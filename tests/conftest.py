@@ -1,0 +1,112 @@
+"""Shared fixtures for the site tests: build the site once per session, serve it locally.
+
+By default the real site is built (mkdocs.yml, docs/, notes/*.ipynb). To develop the site
+before notes exist, set ``MEGATRON_SITE_FIXTURE=1``: the build then runs on a temporary copy
+of the project whose notes/ holds tests/fixtures/sample_note.ipynb (as 01_sample_note.ipynb,
+with a jupytext-style .py twin that must not become a page).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_NOTE = ROOT / "tests" / "fixtures" / "sample_note.ipynb"
+NOTE_NAME = re.compile(r"^\d\d_[A-Za-z0-9_]+\.ipynb$")
+
+
+@dataclass
+class Site:
+    dir: Path                 # the built site
+    notes_dir: Path           # the notes/ the build read (real or fixture copy)
+    log: str                  # mkdocs build output
+    seconds: float
+    note_names: list[str] = field(default_factory=list)  # NN_slug.ipynb rendered as pages
+
+    def note_page(self, nb_name: str) -> Path:
+        return self.dir / "notes" / Path(nb_name).stem / "index.html"
+
+
+def _fixture_project(tmp: Path) -> tuple[Path, Path]:
+    """A copy of the site sources whose notes/ is the fixture notebook."""
+    project = tmp / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
+    shutil.copytree(ROOT / "hooks", project / "hooks",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "docs", project / "docs", symlinks=True)
+    notes = project / "docs" / "notes"
+    if notes.is_symlink() or notes.is_file():
+        notes.unlink()
+    elif notes.exists():
+        shutil.rmtree(notes)
+    notes.mkdir()
+    shutil.copy(FIXTURE_NOTE, notes / "01_sample_note.ipynb")
+    (notes / "01_sample_note.py").write_text(
+        "# %% [markdown]\n# # The .py twin: must not become a page\n", encoding="utf-8")
+    return project / "mkdocs.yml", notes
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Site:
+    tmp = tmp_path_factory.mktemp("site")
+    if os.environ.get("MEGATRON_SITE_FIXTURE") == "1":
+        config, notes_dir = _fixture_project(tmp)
+    else:
+        config, notes_dir = ROOT / "mkdocs.yml", ROOT / "notes"
+    out = tmp / "built"
+    start = time.monotonic()
+    # A subprocess, not mkdocs in-process: mkdocs-jupyter monkeypatches nbconvert globally.
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
+         "-f", str(config), "-d", str(out)],
+        cwd=config.parent, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    seconds = time.monotonic() - start
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        pytest.fail(f"mkdocs build --strict failed (rc={proc.returncode}):\n{log}", pytrace=False)
+    names = sorted(p.name for p in notes_dir.glob("*.ipynb") if NOTE_NAME.match(p.name))
+    return Site(dir=out, notes_dir=notes_dir, log=log, seconds=seconds, note_names=names)
+
+
+@pytest.fixture(scope="session")
+def note_names(site) -> list[str]:
+    """The notes rendered by this build; an empty site fails rather than passing vacuously."""
+    if not site.note_names:
+        pytest.fail(f"no notes/NN_slug.ipynb in {site.notes_dir}: nothing to check "
+                    "(set MEGATRON_SITE_FIXTURE=1 to test the site on the fixture note)",
+                    pytrace=False)
+    return site.note_names
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - keep pytest output clean
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url(site):
+    """The built site served on 127.0.0.1, an ephemeral port, from a daemon thread."""
+    handler = functools.partial(_QuietHandler, directory=str(site.dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
