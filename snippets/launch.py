@@ -112,6 +112,9 @@ def _rank_main(rank, world_size, store_dir, payload, args, kwargs, conn, stack_f
         fn = cloudpickle.loads(payload)
         rank_env.init_rank(rank, world_size, os.path.join(store_dir, "store"), timeout_s)
         result = fn(*args, **kwargs)
+        # No rank may leave while a peer still talks to it (gloo connects each new group's
+        # mesh eagerly; a peer that exits early breaks a slower rank's connect).
+        rank_env.finish_rank()
         conn.send_bytes(pickle.dumps(("ok", result)))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         text = "".join(traceback.format_exception(exc))
@@ -159,7 +162,9 @@ def run_ranks(
                 name=f"rank{rank}",
                 args=(rank, world_size, store_dir, payload, args, kwargs, child_end,
                       stack_file, timeout),
-                daemon=True,
+                # Not daemonic: dist_checkpointing's writers start processes of their own.
+                # The finally below kills every rank that is still alive.
+                daemon=False,
             )
             proc.start()
             child_end.close()
@@ -222,10 +227,14 @@ def _collect(procs, conns, store_dir, timeout):
         raise RankError(_failure_report(errors, order, sorted(waiting.values()), sorted(results),
                                         world_size))
     if waiting:
-        stuck = sorted(waiting.values())
-        stacks = _dump_stacks(procs, stuck, store_dir)
+        unfinished = sorted(waiting.values())
+        stacks = _dump_stacks(procs, unfinished, store_dir)
+        done = [r for r in unfinished if "finish_rank" in stacks[r]]
+        stuck = [r for r in unfinished if r not in done] or unfinished
         lines = [f"ranks {stuck} did not finish within {timeout:g} s (killed); where each was:"]
         lines += [f"--- rank {rank} ---\n{stacks[rank]}" for rank in stuck]
+        if done and done != stuck:
+            lines.append(f"(ranks {done} had finished and were waiting for them)")
         raise RankError("\n".join(lines))
     return [results[r] for r in range(world_size)]
 

@@ -40,6 +40,13 @@ def init_rank(rank: int, world_size: int, store_path: str, timeout_s: float) -> 
         store=store,
         rank=rank,
         world_size=world_size,
-        # A collective whose peer never arrives fails on its own, inside the launch bound.
-        timeout=timedelta(seconds=max(1.0, timeout_s)),
+        # Longer than the launch bound: when a peer never arrives, the launcher's deadline fires
+        # first and reports where every rank was, instead of a bare gloo timeout.
+        timeout=timedelta(seconds=timeout_s + 30),
     )
+
+
+def finish_rank() -> None:
+    """Wait until every rank is done with its function, then let this one go."""
+    if dist.is_initialized():
+        dist.barrier()

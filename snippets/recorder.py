@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from snippets.groups import megatron_groups
 from snippets.tables import Table
 
 _APIS = (
@@ -225,53 +226,12 @@ def _positional_group(name, args):
 # ------------------------------------------------------------------ groups by name
 
 
-def _megatron_groups():
-    """(name, group) pairs for every group parallel_state has made on this rank."""
-    from megatron.core import parallel_state as ps
-
-    getters = [
-        ("tp", ps.get_tensor_model_parallel_group),
-        ("pp", ps.get_pipeline_model_parallel_group),
-        ("dp", ps.get_data_parallel_group),
-        ("dp-cp", lambda **kw: ps.get_data_parallel_group(with_context_parallel=True, **kw)),
-        ("cp", ps.get_context_parallel_group),
-        ("tp-pp", ps.get_model_parallel_group),
-        ("tp-dp-cp", lambda **kw: ps.get_tensor_and_data_parallel_group(
-            with_context_parallel=True, **kw)),
-        ("tp-dp", ps.get_tensor_and_data_parallel_group),
-        ("tp-cp", ps.get_tensor_and_context_parallel_group),
-        ("ep", ps.get_expert_model_parallel_group),
-        ("etp", ps.get_expert_tensor_parallel_group),
-        ("edp", ps.get_expert_data_parallel_group),
-        ("etp-ep", ps.get_expert_tensor_and_model_parallel_group),
-        ("embd", ps.get_embedding_group),
-        ("pos-embd", ps.get_position_embedding_group),
-        ("dp(gloo)", ps.get_data_parallel_group_gloo),
-        ("dp-cp(gloo)", lambda **kw: ps.get_data_parallel_group_gloo(
-            with_context_parallel=True, **kw)),
-    ]
-    found = []
-    for name, getter in getters:
-        try:
-            group = getter(check_initialized=False)
-        except TypeError:
-            try:
-                group = getter()
-            except Exception:
-                continue
-        except Exception:
-            continue
-        if group is not None:
-            found.append((name, group))
-    return found
-
-
 def group_label(group) -> tuple[str, tuple]:
     """A readable name for a process group: Megatron's kind if it is one, else its ranks."""
     if group is None or group is dist.GroupMember.WORLD:
         return "world", tuple(range(dist.get_world_size()))
     ranks = tuple(dist.get_process_group_ranks(group))
-    for name, candidate in _megatron_groups():
+    for name, candidate in megatron_groups():
         if candidate is group:
             return name, ranks
     return f"ranks {list(ranks)}", ranks

@@ -59,10 +59,21 @@ def _fixture_project(tmp: Path) -> tuple[Path, Path]:
     return project / "mkdocs.yml", notes
 
 
+def fixture_mode() -> bool:
+    return os.environ.get("MEGATRON_SITE_FIXTURE") == "1"
+
+
+def expected_note_names() -> list[str]:
+    """Notes the site will render, known at collection time (for parametrizing tests)."""
+    if fixture_mode():
+        return ["01_sample_note.ipynb"]
+    return sorted(p.name for p in (ROOT / "notes").glob("*.ipynb") if NOTE_NAME.match(p.name))
+
+
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Site:
     tmp = tmp_path_factory.mktemp("site")
-    if os.environ.get("MEGATRON_SITE_FIXTURE") == "1":
+    if fixture_mode():
         config, notes_dir = _fixture_project(tmp)
     else:
         config, notes_dir = ROOT / "mkdocs.yml", ROOT / "notes"

@@ -1,0 +1,11 @@
+"""Project-wide pytest options (this file sits at the root so every test run sees them)."""
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--megatron-src",
+        dest="megatron_src",
+        default=None,
+        help="a checkout of NVIDIA/Megatron-LM at core_v0.16.1: also check the citations of files "
+        "outside the pip package (megatron/training, pretrain_gpt.py, examples/)",
+    )
