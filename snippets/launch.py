@@ -47,12 +47,23 @@ import cloudpickle
 DEFAULT_TIMEOUT_S = 60.0
 """Upper bound for one launch, from fork to the last result."""
 
-_PRELOAD = ["torch", "megatron.core", "snippets.rank_env"]
-"""Modules the fork server imports once, so ranks start with them already loaded."""
+_PRELOAD = ["snippets", "torch", "megatron.core", "snippets.rank_env"]
+"""Modules the fork server imports once, so ranks start with them already loaded
+(``snippets`` first: it installs the warning filters before Megatron warns)."""
 
 
 class RankError(RuntimeError):
-    """A rank raised, died, or did not finish in time."""
+    """A rank raised, died, or did not finish in time.
+
+    ``rank`` is the rank that caused it (the first to fail, or the first stuck one) and
+    ``summary`` that rank's error in one line, e.g. ``"RuntimeError: world_size (4) is not
+    divisible by 3"`` -- the same on every run, so a cell can print it.
+    """
+
+    def __init__(self, message: str, rank: int, summary: str):
+        super().__init__(message)
+        self.rank = rank
+        self.summary = summary
 
 
 @dataclass(frozen=True)
@@ -224,8 +235,9 @@ def _collect(procs, conns, store_dir, timeout):
                 first_error_at = time.monotonic()
 
     if errors:
-        raise RankError(_failure_report(errors, order, sorted(waiting.values()), sorted(results),
-                                        world_size))
+        report, first = _failure_report(errors, order, sorted(waiting.values()), sorted(results),
+                                        world_size)
+        raise RankError(report, first, _last_line(errors[first]))
     if waiting:
         unfinished = sorted(waiting.values())
         stacks = _dump_stacks(procs, unfinished, store_dir)
@@ -235,7 +247,7 @@ def _collect(procs, conns, store_dir, timeout):
         lines += [f"--- rank {rank} ---\n{stacks[rank]}" for rank in stuck]
         if done and done != stuck:
             lines.append(f"(ranks {done} had finished and were waiting for them)")
-        raise RankError("\n".join(lines))
+        raise RankError("\n".join(lines), stuck[0], f"did not finish within {timeout:g} s")
     return [results[r] for r in range(world_size)]
 
 
@@ -250,7 +262,7 @@ def _failure_report(errors: dict[int, str], order: list[int], still_waiting: lis
     causes = [r for r in order if not any(p in errors[r] for p in _PEER_GONE)]
     first = causes[0] if causes else order[0]
     order = [first] + [r for r in order if r != first]
-    last_line = lambda text: text.strip().splitlines()[-1]  # noqa: E731
+    last_line = _last_line
     if causes:
         head = f"rank {first} of {world_size} failed first: {last_line(errors[first])}"
     else:
@@ -266,7 +278,11 @@ def _failure_report(errors: dict[int, str], order: list[int], still_waiting: lis
                      f"without them: do all ranks issue the same collectives?")
     if still_waiting:
         lines.append(f"ranks {still_waiting} were still running; killed")
-    return "\n".join(lines)
+    return "\n".join(lines), first
+
+
+def _last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
 
 
 def _death(proc) -> str:

@@ -8,7 +8,6 @@ point can reuse :func:`init_rank` without the local launcher.
 from __future__ import annotations
 
 import os
-import warnings
 from datetime import timedelta
 
 import torch
@@ -26,10 +25,6 @@ def init_rank(rank: int, world_size: int, store_path: str, timeout_s: float) -> 
     # Ranks share 2 cores: one intra-op thread each keeps them from oversubscribing the CPU,
     # and keeps float results independent of how many ranks run side by side.
     torch.set_num_threads(1)
-    # Megatron warns at import that Transformer Engine / Apex are absent, and torch 2.13 that
-    # all_gather_into_tensor is deprecated: known and harmless here, and only noise in a cell.
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
     torch.manual_seed(SEED)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cpu_compat.apply()

@@ -136,3 +136,41 @@ def check_link(text: str, path: str, line: int | None, src: Path | None = None) 
             actual = None
         return f"{path}:{line} does not define {symbol} (found at line {actual})"
     return None
+
+
+def _pin_command(argv: list[str] | None = None) -> int:
+    """``python -m snippets.sources --megatron-src PATH FILE...``: record in the data file every
+    citation outside the pip package that the given files make, after checking each line
+    against the checkout. Prints what it added and refuses links whose line is wrong."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m snippets.sources", description=_pin_command.__doc__)
+    parser.add_argument("--megatron-src", required=True, type=Path)
+    parser.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    entries = json.loads(PINNED_FILE.read_text())
+    known = {(e["path"], e["symbol"]) for e in entries}
+    bad = 0
+    for file in args.files:
+        for m in LINK_RE.finditer(file.read_text()):
+            path, symbol = m["path"], symbol_of(m["text"])
+            if path.startswith("megatron/core/") or not m["line"] or not symbol:
+                continue
+            line = int(m["line"])
+            text = file_lines(path, args.megatron_src)[line - 1]
+            if not defines(text, symbol.split(".")[-1]):
+                print(f"WRONG {file}: {path}:{line} does not define {symbol}")
+                bad += 1
+            elif (path, symbol) not in known:
+                entries.append({"path": path, "symbol": symbol, "line": line})
+                known.add((path, symbol))
+                print(f"added {path}:{line} {symbol}")
+    entries.sort(key=lambda e: (e["path"], e["line"]))
+    lines = ",\n".join(" " + json.dumps(e, ensure_ascii=False) for e in entries)
+    PINNED_FILE.write_text("[\n" + lines + "\n]\n")
+    pinned_lines.cache_clear()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_pin_command())
