@@ -96,15 +96,18 @@ def pinned_lines() -> dict[tuple[str, str], int]:
 
 
 def symbol_of(text: str) -> str | None:
-    """The symbol a link's text names: what follows the last ``::``, without backticks.
+    """The symbol a link's text names: what follows the last ``::``, or the whole text when it
+    is a bare (dotted) identifier; backticks and a trailing ``()`` are ignored.
 
-    ``parallel_state.py::RankGenerator.get_ranks`` -> ``RankGenerator.get_ranks``.
-    A text without ``::`` names a file, not a symbol.
+    ``parallel_state.py::RankGenerator.get_ranks`` -> ``RankGenerator.get_ranks``;
+    ``get_tensor_model_parallel_group`` -> itself; ``parallel_state.py`` -> None (a file).
     """
-    text = text.strip().strip("`")
-    if "::" not in text:
-        return None
-    return text.rsplit("::", 1)[1].strip("`() ")
+    text = text.strip().strip("`").removesuffix("()")
+    if "::" in text:
+        return text.rsplit("::", 1)[1].strip("`() ")
+    if re.fullmatch(r"[A-Za-z_][\w.]*", text) and not text.endswith(".py"):
+        return text
+    return None
 
 
 def check_link(text: str, path: str, line: int | None, src: Path | None = None) -> str | None:

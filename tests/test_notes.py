@@ -98,3 +98,30 @@ def test_no_volatile_output(pair):
             for t in texts:
                 t = t if isinstance(t, str) else "".join(t) if isinstance(t, list) else ""
                 assert not volatile.search(t), f"volatile output: {volatile.search(t)[0]!r}"
+
+
+PROSE_MARK = "<!-- same-as-next-output -->"
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("|") and not set(line) <= set("|-: "):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_prose_tables_equal_the_recorded_ones(pair):
+    """A markdown table marked <!-- same-as-next-output --> is a claim typed by hand (e.g. a
+    seed's table): it must equal, cell by cell, the table the next code cell printed."""
+    _, executed = pair
+    cells = executed.cells
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "markdown" or PROSE_MARK not in cell.source:
+            continue
+        claimed = _table_rows(cell.source.split(PROSE_MARK, 1)[1].split("\n\n", 1)[0])
+        following = next(c for c in cells[i + 1:] if c.cell_type == "code")
+        printed = "".join(
+            "".join(out.get("data", {}).get("text/markdown", "")) for out in following.outputs)
+        assert claimed and claimed == _table_rows(printed)

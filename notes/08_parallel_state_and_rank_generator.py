@@ -1,0 +1,388 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 parallel_state 与 RankGenerator：每个 rank 的坐标从哪来
+#
+# 第二轮第 1 篇。[笔记 02](../02_distributed_initialization/) 讲"什么时候、按什么顺序建群"，本篇讲
+# "每个群里到底是哪些 rank，为什么"。`RankGenerator` 是纯算术，不需要进程，所以大部分单元格直接在
+# notebook 里调用真实的 `megatron.core.parallel_state.RankGenerator`；最后在 8 个 gloo rank 上跑真实的
+# `initialize_model_parallel`，确认它建出的群和算术一致。
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. 给定各维大小和 `order` 字符串，手算任意 rank 的坐标和它所在每种群的成员。
+# 2. 说清 `get_mask` 产生的掩码如何驱动 `generate_masked_orthogonal_rank_groups`：哪些维"在群内变化"，哪些维"决定第几个群"。
+# 3. 说清为什么 `initialize_model_parallel` 用**两个**生成器（decoder 网格、expert 网格）。
+# 4. 复现 seed 000 的 16 卡例子（TP=2、PP=2 ⇒ DP=4；rank 5、rank 13），说清换 `order` 改变什么、哪些 order 合法。
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号 | 角色 |
+# |---|---|
+# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L447) | 一个带顺序的五维网格 |
+# | [`parallel_state.py::RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L450) | 校验 order、补齐大小为 1 的维、得到 `ordered_size` |
+# | [`parallel_state.py::RankGenerator.get_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L491) | token → 布尔掩码 |
+# | [`parallel_state.py::RankGenerator.get_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L506) | token → 这一类的全部群 |
+# | [`parallel_state.py::generate_masked_orthogonal_rank_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L251) | 混合进制分解，核心算术 |
+# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L548) | 造两个生成器，按 token 建群 |
+# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L525) | 从每个 PP 群挑 embedding 群 |
+# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/hyper_comm_grid.py#L33) | 另一套 n 维网格建群的实现（遗留问题） |
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# megatron/core/parallel_state.py::initialize_model_parallel
+# ├─ RankGenerator(tp=TP, cp=CP, ep=1, dp=DP, pp=PP, order)        # decoder 网格，纯算术
+# ├─ RankGenerator(tp=ETP, cp=1, ep=EP, dp=EDP, pp=PP, order)      # expert 网格，纯算术
+# ├─ 两个网格各 get_ranks("pp")，断言相同                            # 一个 stage 里既有 attention 也有 expert
+# └─ 对每个 token（dp-cp、dp、cp、tp-pp、tp、pp、…，顺序见笔记 02）
+#    ├─ RankGenerator.get_ranks(token)
+#    │  ├─ RankGenerator.get_mask(order, token)                   # token → 掩码
+#    │  └─ generate_masked_orthogonal_rank_groups(world, sizes, mask)   # 掩码 → rank 列表
+#    └─ create_group(ranks)  每个列表一次                           # torch.distributed.new_group
+# ```
+#
+# **每个函数的阅读记录：**
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `RankGenerator.__init__` | `tp, ep, dp, pp, cp`、`order` | 补齐后的 `order`、`ordered_size`、`world_size`（五个大小之积，不问 torch） | 无 | 否 | 否 | 否 | `initialize_distributed` 内 |
+# | `RankGenerator.get_mask` | `order`、token | 与 order 等长的布尔列表 | 无 | 否 | 否 | 否 | 同上 |
+# | `RankGenerator.get_ranks` | token | 该类全部群（list of list，各自升序） | `get_mask`、`generate_masked_orthogonal_rank_groups` | 否（只算成员） | 否 | 否 | 同上 |
+# | `generate_masked_orthogonal_rank_groups` | world、按 order 排的大小、掩码 | list of list | 无 | 否 | 否 | 否 | 同上 |
+# | `initialize_model_parallel`（只看"成员"这一面） | 各维大小、`order` | 模块全局变量 | 以上全部、`create_group` | 是 | 否 | 是 | 同上 |
+
+# %%
+from snippets.groups import coordinates, describe_rank, group_summary, groups_along, rank_of, unique_groups
+from snippets.launch import RankError, run_ranks
+from snippets.tables import Table
+
+from megatron.core.parallel_state import RankGenerator
+
+# %% [markdown]
+# ## 关键对象
+#
+# ### seed 000 的 16 卡表
+#
+# 16 张卡（2 台 × 8），TP=2、PP=2，DP = 16 ÷ (2·2) = 4。seed 000 给出的表（这里把省略号展开）：
+#
+# <!-- same-as-next-output -->
+# | group | count × size | members |
+# |---|---|---|
+# | tp | 8 × 2 | [0, 1] [2, 3] [4, 5] [6, 7] [8, 9] [10, 11] [12, 13] [14, 15] |
+# | dp | 4 × 4 | [0, 2, 4, 6] [1, 3, 5, 7] [8, 10, 12, 14] [9, 11, 13, 15] |
+# | pp | 8 × 2 | [0, 8] [1, 9] [2, 10] [3, 11] [4, 12] [5, 13] [6, 14] [7, 15] |
+#
+# 真实的 `RankGenerator` 算出的是（`tests/test_notes.py` 逐格比对上面这张手写表和下面这格的输出）：
+
+# %%
+gen = RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order="tp-cp-ep-dp-pp")
+group_summary({token: gen.get_ranks(token) for token in ("tp", "dp", "pp")})
+
+# %% [markdown]
+# ### 掩码与混合进制
+#
+# `RankGenerator` 把 order 从左到右读成"从变化最快到最慢"的维。rank 就是一个混合进制数，每一位是一个坐标：
+#
+# rank = tp + 2·cp + 2·ep + 2·dp + 8·pp（步长 = 左边各维大小之积；cp、ep 大小为 1 不占位）。
+#
+# 一个 token（如 `"dp"`、`"tp-pp"`）变成一个掩码：被选中的维**在群内变化**，没被选中的维**固定**、
+# 它们的取值决定"这是第几个群"。所以群大小 = 被选中各维大小之积，群数 = world ÷ 群大小。
+
+# %%
+print("order:", gen.order, " ordered_size:", gen.ordered_size)
+Table(["token", "mask", "群数 × 群大小", "第 0 个群"],
+      [[t, gen.get_mask(gen.order, t), f"{len(gen.get_ranks(t))} × {len(gen.get_ranks(t)[0])}",
+        gen.get_ranks(t)[0]] for t in ("tp", "dp", "pp", "tp-pp", "dp-cp", "tp-dp")])
+
+# %% [markdown]
+# 这段算术可以用十几行读得懂的代码重写：`snippets.groups.coordinates` 把 rank 拆成各维坐标，
+# `groups_along(token)` 把"除 token 以外各维坐标都相同"的 rank 归成一组。它和真实的 `get_ranks`
+# 对每个 token、每种 order 都给出同样的群（`tests/test_groups.py` 还覆盖了更多组合）：
+
+# %%
+sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2)
+tokens = ("tp", "dp", "pp", "cp", "tp-pp", "dp-cp", "tp-dp", "tp-dp-cp")
+print(all(sorted(gen.get_ranks(t)) == groups_along(t, sizes, gen.order) for t in tokens))
+
+# %% [markdown]
+# ### rank 5 与 rank 13
+#
+# rank 5 = 1 + 2·2 + 8·0，rank 13 = 1 + 2·2 + 8·1。它们各在哪些群里：
+
+# %%
+def groups_of(rank, gen, tokens=("tp", "dp", "pp", "tp-pp")):
+    return {t: next(g for g in gen.get_ranks(t) if rank in g) for t in tokens}
+
+
+Table(["rank", "坐标", "tp", "dp", "pp", "tp-pp"],
+      [[r, {k: v for k, v in coordinates(r, sizes, gen.order).items() if sizes[k] > 1},
+        *groups_of(r, gen).values()] for r in (5, 13)])
+
+# %% [markdown]
+# 和 seed 000 一致：rank 5 在 `[4, 5]`、`[1, 3, 5, 7]`、`[5, 13]` 里；rank 13 在 `[12, 13]`、`[9, 11, 13, 15]`、`[5, 13]` 里。
+# 两台机器各 8 卡时，TP 与 DP 群都在机内，只有 PP 群跨机。
+#
+# ### 换一个 order
+#
+# order 决定谁相邻。同样 16 卡、TP=2、PP=2，rank 5 在三种 order 下的群：
+
+# %%
+def order_row(order):
+    g = RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order=order)
+    return [order, g.order, *groups_of(5, g, ("tp", "dp", "pp")).values()]
+
+
+Table(["order", "补齐后", "rank 5 的 tp", "dp", "pp"],
+      [order_row(o) for o in ("tp-cp-ep-dp-pp", "tp-pp-dp", "dp-tp-pp")])
+
+# %% [markdown]
+# - 缺省 `tp-cp-ep-dp-pp`：TP 相邻、PP 跨度最大（跨机）。
+# - `tp-pp-dp`（正式入口的 `--use-tp-pp-dp-mapping` 给的是等价的 `tp-cp-ep-pp-dp`）：PP 群 `[5, 7]` 进了机内，
+#   DP 群 `[1, 5, 9, 13]` 跨机，梯度归约走机间网络。
+# - `dp-tp-pp`：TP 群 `[1, 5]` 不再相邻——TP 的高频 all-reduce 可能离开 NVLink。
+#
+# 大小为 1 的维如果没写进 order，会被补到末尾（`tp-pp-dp` → `tp-pp-dp-ep-cp`）；大小大于 1 的维没写就报错：
+
+# %%
+try:
+    RankGenerator(tp=2, ep=1, dp=2, pp=1, cp=2, order="tp-pp-dp")
+except RuntimeError as err:
+    print("RuntimeError:", err)
+
+# %% [markdown]
+# ### 两个生成器：decoder 网格与 expert 网格
+#
+# | | tp 维 | cp 维 | ep 维 | dp 维 | pp 维 |
+# |---|---|---|---|---|---|
+# | decoder 网格 | TP | CP | 1 | DP = world ÷ (TP·CP·PP) | PP |
+# | expert 网格 | ETP（缺省 = TP） | 1 | EP | EDP = world ÷ (ETP·EP·PP) | PP |
+#
+# 固定 PP 坐标后，剩下的 rank 被切了两次：稠密层看成 `TP × CP × DP`，expert 看成 `ETP × EP × EDP`。
+# EP 因此不需要额外的卡，它"折叠"进了稠密的 DP（和 CP）里。8 卡、TP=2、EP=2 的两个网格：
+
+# %%
+decoder = RankGenerator(tp=2, ep=1, dp=4, pp=1, cp=1, order="tp-cp-ep-dp-pp")
+expert = RankGenerator(tp=2, ep=2, dp=2, pp=1, cp=1, order="tp-cp-ep-dp-pp")
+group_summary({"tp": decoder.get_ranks("tp"), "dp": decoder.get_ranks("dp"),
+               "etp (expert tp)": expert.get_ranks("tp"), "ep": expert.get_ranks("ep"),
+               "edp (expert dp)": expert.get_ranks("dp")})
+
+# %% [markdown]
+# EP 群 `[0, 2]` 是稠密 DP 群 `[0, 2, 4, 6]` 的一部分：EP × EDP = DP。
+#
+# ### CP 网格
+#
+# 8 卡、TP=2、CP=2 ⇒ DP=2。CP 位于 tp 和 dp 之间，rank = tp + 2·cp + 4·dp：
+
+# %%
+cp_gen = RankGenerator(tp=2, ep=1, dp=2, pp=1, cp=2, order="tp-cp-ep-dp-pp")
+group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-cp", "tp-pp")})
+
+# %% [markdown]
+# 注意 `tp-pp`（model parallel 群）**不含** CP，而 `dp-cp` 含：CP 各 rank 持有同一份权重，在梯度看来它们和 DP 副本一样。
+
+# %% [markdown]
+# ## Tensor / Process Group 语义
+#
+# 本篇不搬运 tensor，它决定的是之后每次 collective 的参与者。全部群的种类（"网格"指上面两个生成器）：
+#
+# | token（网格） | getter | 成员含义 | 主要使用者 |
+# |---|---|---|---|
+# | `tp`（decoder） | `get_tensor_model_parallel_group` | 只有 TP 坐标不同 | TP 层的 f / g（笔记 09、10）、`get_batch` 的 TP 广播 |
+# | `cp`（decoder） | `get_context_parallel_group` | 只有 CP 坐标不同 | attention 交换 K/V（笔记 16） |
+# | `dp`（decoder） | `get_data_parallel_group()` | 只有 DP 坐标不同（不含 CP） | 数据采样：决定本 rank 读哪些样本 |
+# | `dp-cp`（decoder） | `get_data_parallel_group(with_context_parallel=True)` | DP、CP 坐标都可不同 | DDP 梯度归约、分布式优化器切分（笔记 14、15） |
+# | `pp`（两网格相同） | `get_pipeline_model_parallel_group` | 只有 PP 坐标不同 | stage 间 send / recv（笔记 13） |
+# | `tp-pp`（decoder） | `get_model_parallel_group` | 同一份模型的全部切片（不含 CP） | 梯度范数、inf 检查 |
+# | `tp-dp-cp` / `tp-dp` | `get_tensor_and_data_parallel_group` | 同一 PP stage 的全部 rank | FP8 amax 归约 |
+# | embedding | `get_embedding_group` | 每个 PP 群的首尾 | 共享词嵌入的梯度 all-reduce |
+# | `ep`（expert） | `get_expert_model_parallel_group` | 只有 EP 坐标不同 | token dispatcher 的 all-to-all（笔记 17） |
+# | `tp`（expert） | `get_expert_tensor_parallel_group` | 只有 ETP 坐标不同 | expert 内部的 TP |
+# | `dp`（expert） | `get_expert_data_parallel_group` | 持有同一份 expert 切片（含 CP） | expert 参数的梯度归约 |
+#
+# ### 真实的 `initialize_model_parallel` 与算术一致吗？
+#
+# 8 个 gloo rank，TP=2、PP=2、EP=2（ETP=1，这样 order 以 pp 结尾时 EDP 也合法）。每个 rank 用 Megatron 的
+# getter 报出自己的群，合并后与两个 `RankGenerator` 逐类比较：
+
+# %%
+def init_with_experts(tp, pp, ep, etp):
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    return describe_rank()
+
+
+real = run_ranks(init_with_experts, 8, tp=2, pp=2, ep=2, etp=1, grid=dict(tp=2, pp=2, ep=2, etp=1))
+dense = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-cp-ep-dp-pp")
+moe = RankGenerator(tp=1, ep=2, dp=2, pp=2, cp=1, order="tp-cp-ep-dp-pp")
+checks = [("tp", dense, "tp"), ("dp", dense, "dp"), ("pp", dense, "pp"), ("tp-pp", dense, "tp-pp"),
+          ("ep", moe, "ep"), ("etp", moe, "tp"), ("edp", moe, "dp")]
+Table(["kind", "getter 报出的群", "RankGenerator", "相同"],
+      [[kind, unique_groups(real, kind), sorted(g.get_ranks(token)),
+        unique_groups(real, kind) == sorted(g.get_ranks(token))] for kind, g, token in checks])
+
+# %% [markdown]
+# ## 机制解释
+#
+# **一切群都是"掩码切片"。** 把 rank 看成一个多维数组的扁平下标，一种群就是"只让若干维变化、其余维固定"
+# 得到的切片。给出"哪些维变化"（掩码），同一个函数就能算出任何组合群（`tp-pp`、`tp-dp-cp`…），order 也只在一处生效。
+#
+# **为什么 TP 在最左。** 最左的维步长为 1，TP 群由相邻 rank 组成。启动器通常把同一台机器的进程编成连续的 rank，
+# 所以 TP ≤ 单机卡数时 TP 群在机内，走 NVLink。PP 在最右，PP 群跨度最大；PP 只传激活，对带宽最不敏感。
+# 带宽需求 TP > CP > DP > PP，正是缺省 order 从左到右的顺序。
+#
+# **群内序号的意义。** 每个列表升序，所以 rank 在群里的序号 = 被选中各维坐标的混合进制值。
+# `get_data_parallel_rank(with_context_parallel=True)` 因此是 `cp_rank + CP × dp_rank`，而不是"DP rank"：
+# 分布式优化器用它决定本 rank 拥有哪一片状态，数据采样却用不含 CP 的 DP rank（自测 5 用运行验证）。
+#
+# **为什么需要 expert 网格。** expert 可以用比 attention 更小的 ETP 切，再用 EP 把不同 expert 放到不同 rank。
+# 只用一个网格，总卡数就得是 `TP × CP × EP × DP × PP`；两个网格让 EP 折叠进 DP（和 CP），不需要额外的卡。
+# 代价是两套切法在 PP 上必须一致，否则一个 rank 上的 attention 和 expert 会属于不同 stage。
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# 所有"这个 rank 该拿哪一份"的决策都从这里的坐标出发：权重切片（TP / ETP 坐标，笔记 04、10）、
+# 样本分配（不含 CP 的 DP 坐标，笔记 03）、序列切片（CP 坐标，笔记 16）、层的分配（PP 坐标，笔记 13）、
+# expert 分配（EP 坐标，笔记 17）、优化器状态分片（dp-cp 坐标，笔记 15）。
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **行主序下标**：把 rank 当作形状为 `(pp, dp, ep, cp, tp)` 的数组的扁平下标（最右的 tp 变化最快），
+#   order 字符串就是从"最快"到"最慢"的轴。`get_ranks` 就是沿若干轴取切片。
+# - **正交并行**：TP、CP、DP、PP 作用在不同对象上（权重的行列、序列、样本、层），可以独立组合；
+#   两个掩码不相交时，一个 rank 的两种群只交于它自己。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# 1. **order 校验是子串匹配，重复的名字不会被拒绝（运行确认）。** `__init__` 只检查每个名字"是否出现在 order 字符串里"。
+#    下面 `order="tp-tp-dp-pp"` 在 8 卡的网格上没有报错，却算出了含 rank 8–11 的 PP 群——这个世界里根本没有这些 rank。
+#    正式入口只会传两种合法 order，不会触发；自己调 `initialize_model_parallel` 时要当心。
+# 2. **docstring 与代码不一致。** `initialize_model_parallel` 的文档说 order 缺省是 `tp-dp-pp`、只支持两种；
+#    签名缺省是 `tp-cp-ep-dp-pp`，代码接受任何写全了非 1 维的排列（但 PP 不在最后时要求 EDP = DP）。
+# 3. **`HyperCommGrid` 与 `RankGenerator` 并存。** `hyper_comm_grid.py` 是另一套 n 维网格建群的实现，
+#    RL 的推理模型用它另建一套群。两者对同一组大小是否给出相同的 rank 列表，留到笔记 22 核对。
+
+# %%
+odd = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-tp-dp-pp")
+print("world_size:", odd.world_size, " 补齐后:", odd.order)
+print("pp 群:", odd.get_ranks("pp"))
+
+# %% [markdown]
+# ## 自测
+#
+# **1. 缺省 order、16 卡、TP=2、PP=2，rank 5 和 rank 13 的坐标是什么？**
+#
+# <details><summary>答案</summary>
+#
+# rank = tp + 2·dp + 8·pp。rank 5 ⇒ (tp 1, dp 2, pp 0)；rank 13 ⇒ (tp 1, dp 2, pp 1)。
+#
+# </details>
+
+# %%
+print(coordinates(5, sizes, "tp-cp-ep-dp-pp"), coordinates(13, sizes, "tp-cp-ep-dp-pp"))
+print(rank_of(dict(tp=1, cp=0, ep=0, dp=2, pp=1), sizes, "tp-cp-ep-dp-pp"))
+
+# %% [markdown]
+# **2. `get_mask(order, "dp-cp")` 和 `get_mask(order, "cp-dp")` 一样吗？**
+#
+# <details><summary>答案</summary>
+#
+# 一样，都是 `[False, True, False, True, False]`：掩码只看哪些维被选中，与 token 的书写顺序无关。
+#
+# </details>
+
+# %%
+print(gen.get_mask(gen.order, "dp-cp"), gen.get_mask(gen.order, "dp-cp") == gen.get_mask(gen.order, "cp-dp"))
+
+# %% [markdown]
+# **3. 16 卡 TP=2、PP=2 时 `get_ranks("tp-pp")` 的第一个群是什么，怎么来的？**
+#
+# <details><summary>答案</summary>
+#
+# 被选中维 tp（大小 2，步长 1）和 pp（大小 2，步长 8）：群大小 4，群数 4。第 0 个群的未选中坐标全为 0，
+# 群内序号 0–3 拆成 (tp, pp) = (0,0) (1,0) (0,1) (1,1)，乘步长得 `[0, 1, 8, 9]`。
+#
+# </details>
+
+# %%
+print(gen.get_ranks("tp-pp")[0])
+
+# %% [markdown]
+# **4. 8 卡、TP=2、PP=2、EP=2、`order="tp-cp-ep-pp-dp"`（PP 不在最后）会怎样？**
+#
+# <details><summary>答案</summary>
+#
+# DP = 8 ÷ 4 = 2，而 EDP = 8 ÷ (ETP 2 · EP 2 · PP 2) = 1。PP 不在最后且 PP > 1 时代码要求 EDP = DP，断言失败。
+# 把 ETP 设为 1 则 EDP = 2，可以通过。
+#
+# </details>
+
+# %%
+def init_with_order(etp):
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
+        expert_tensor_parallel_size=etp, order="tp-cp-ep-pp-dp")
+    return describe_rank()["groups"]["pp"]
+
+
+try:
+    run_ranks(init_with_order, 8, etp=2)
+except RankError as err:
+    print("ETP=2:", err.summary)
+print("ETP=1, rank 0 的 pp 群:", run_ranks(init_with_order, 8, etp=1)[0])
+
+# %% [markdown]
+# **5. 8 卡、TP=2、CP=2，rank 6 的 `get_data_parallel_rank()`、`get_data_parallel_rank(with_context_parallel=True)`、
+# `get_expert_data_parallel_rank()` 各是多少？**
+#
+# <details><summary>答案</summary>
+#
+# rank 6 = 0 + 2·1 + 4·1 ⇒ (tp 0, cp 1, dp 1)。不含 CP 的 DP 群 `[2, 6]` 里序号 1；`dp-cp` 群 `[0, 2, 4, 6]`
+# 里序号 3（= cp + 2·dp）；expert DP 群与 `dp-cp` 群相同，序号也是 3。
+#
+# </details>
+
+# %%
+def dp_ranks():
+    from megatron.core import parallel_state as ps
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, context_parallel_size=2)
+    return (ps.get_data_parallel_rank(), ps.get_data_parallel_rank(with_context_parallel=True),
+            ps.get_expert_data_parallel_rank())
+
+
+print(run_ranks(dp_ranks, 8, grid=dict(tp=2, cp=2))[6])
+
+# %% [markdown]
+# ## 30-second answer
+#
+# `RankGenerator` treats a rank as a mixed-radix number whose digits follow the order string, leftmost
+# fastest, so the default `tp-cp-ep-dp-pp` puts TP on adjacent GPUs and PP farthest apart. A token such
+# as `dp` or `tp-pp` becomes a mask: masked dimensions vary inside a group, the others pick which group.
+# With 16 GPUs at TP2·PP2, rank 5 is (tp1, dp2, pp0), in groups [4,5], [1,3,5,7] and [5,13]. A second
+# generator re-slices the same ranks into expert-TP × EP × expert-DP, with the same pipeline groups.
