@@ -1,5 +1,8 @@
 """Project-wide pytest options (this file sits at the root so every test run sees them)."""
 
+# The site tests' fixture notebook is data, not a note: nbval must not execute it.
+collect_ignore_glob = ["tests/fixtures/*"]
+
 
 def pytest_addoption(parser):
     parser.addoption(

@@ -19,10 +19,16 @@
 
 4. Download. Each note page gets a button linking to its ``.ipynb``, which mkdocs-jupyter's
    ``include_source`` copies next to the page.
+
+5. Page weight. nbconvert inlines ~600 KB of identical JupyterLab CSS into every note page.
+   It is moved into one shared stylesheet per distinct CSS text (``assets/stylesheets/
+   jupyter-<hash>.css``), linked from the same place in the page, so the cascade is unchanged
+   and browsers cache it once for all notes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import logging
@@ -31,6 +37,7 @@ from pathlib import Path
 
 from markdown.extensions.toc import nest_toc_tokens, slugify_unicode
 from mkdocs.structure.toc import get_toc
+from mkdocs.utils import get_relative_url
 
 log = logging.getLogger("mkdocs.hooks.notes_site")
 
@@ -170,12 +177,49 @@ def download_button(nb_name: str) -> str:
             f"{_DOWNLOAD_ICON}</a>")
 
 
+STYLE = re.compile(r"<style[^>]*>.*?</style>", re.S | re.I)
+CSS_DIR = "assets/stylesheets"
+_shared_css: dict[str, str] = {}  # site path -> CSS text, written on_post_build
+
+
+def share_styles(content: str, page) -> str:
+    """Replace the template's inline <style> blocks by a link to one shared, cached file.
+
+    Only the blocks before the notebook body (the template header) move; a <style> inside a
+    cell or an output stays where it is.
+    """
+    body = content.find('<div class="jupyter-wrapper">')
+    head = content[:body] if body >= 0 else ""
+    blocks = STYLE.findall(head)
+    if not blocks:
+        return content
+    css = "\n".join(re.sub(r"^<style[^>]*>|</style>$", "", b, flags=re.I) for b in blocks)
+    digest = hashlib.sha256(css.encode("utf-8")).hexdigest()[:12]
+    path = f"{CSS_DIR}/jupyter-{digest}.css"
+    _shared_css[path] = css
+    link = f'<link rel="stylesheet" href="{get_relative_url(path, page.url)}">'
+    first = head.index(blocks[0])
+    return content[:first] + link + STYLE.sub("", head[first:]) + content[body:]
+
+
+def on_pre_build(config):
+    _shared_css.clear()
+
+
+def on_post_build(config):
+    for path, css in _shared_css.items():
+        target = Path(config.site_dir) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(css, encoding="utf-8")
+
+
 def on_page_content(content, page, config, files):
     if not is_note(page):
         return content
     content = strip_cdn_scripts(content)
+    content = share_styles(content, page)
     content, tokens = fix_headings(content)
-    page.toc = get_toc(nest_toc_tokens(tokens))
+    page.toc = get_toc(nest_toc_tokens(list(tokens)))  # nest_toc_tokens empties its argument
     # lets mkdocs' own anchor validation check Markdown links like notes/02_x.ipynb#阅读目标
     page.present_anchor_ids = {i for i in ANY_ID.findall(content) if i}
     h1 = next((t for t in tokens if t["level"] == 1), None)

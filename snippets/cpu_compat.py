@@ -141,9 +141,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="current_device",
         scope="global",
-        what='torch.cuda.current_device() returns "cpu"',
-        why="TP collectives and layers allocate their output buffers with "
-        "device=torch.cuda.current_device(); dozens of call sites in many files.",
+        what='`torch.cuda.current_device()` 返回 `"cpu"`',
+        why="TP 的通信函数和各种层用 `device=torch.cuda.current_device()` 分配输出缓冲，"
+        "散落在许多文件的几十处，只能全局替换。",
         sites=(
             Site("megatron/core/tensor_parallel/mappings.py", 91, "device=torch.cuda.current_device()"),
             Site("megatron/core/tensor_parallel/layers.py", 261, "device=torch.cuda.current_device()"),
@@ -157,9 +157,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="synchronize",
         scope="global",
-        what="torch.cuda.synchronize() does nothing",
-        why="there are no CUDA streams to wait for; the pipeline p2p path and the async "
-        "checkpoint writer call it unconditionally.",
+        what="`torch.cuda.synchronize()` 什么也不做",
+        why="CPU 上没有 CUDA stream 可等；pipeline 的 p2p 和 checkpoint 的写盘线程无条件调用它。",
         sites=(
             Site("megatron/core/pipeline_parallel/p2p_communication.py", 398, "torch.cuda.synchronize()"),
             Site("megatron/core/dist_checkpointing/strategies/filesystem_async.py", 230,
@@ -170,9 +169,10 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="rng_tracker",
         scope="megatron.core.tensor_parallel.random",
-        what="the CUDA RNG tracker reads, seeds and restores the CPU default generator",
-        why="model_parallel_cuda_manual_seed and CudaRNGStatesTracker.add/fork call "
-        "torch.cuda.get_rng_state / manual_seed and set CUDA generator states, which need a GPU.",
+        what="RNG tracker 读、设、还原的是 CPU 默认生成器",
+        why="`model_parallel_cuda_manual_seed` 和 `CudaRNGStatesTracker.add/fork` 调用 "
+        "`torch.cuda.get_rng_state` / `manual_seed` 并设置 CUDA 生成器状态，需要 GPU；"
+        "CPU 上 dropout 和初始化真正用的是 CPU 默认生成器，所以让 tracker 切换它。",
         sites=(
             Site("megatron/core/tensor_parallel/random.py", 55, "torch.cuda.random.get_rng_state"),
             Site("megatron/core/tensor_parallel/random.py", 235, "torch.cuda.get_rng_state()"),
@@ -183,9 +183,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="schedules_device",
         scope="megatron.core.pipeline_parallel.schedules",
-        what='torch.zeros(..., device="cuda") lands on the CPU',
-        why="every forward-backward schedule creates its token counter with a literal "
-        'device="cuda".',
+        what='`torch.zeros(..., device="cuda")` 落在 CPU 上',
+        why='每个 forward-backward schedule 都用写死的 `device="cuda"` 建 token 计数器。',
         sites=(
             Site("megatron/core/pipeline_parallel/schedules.py", 596, 'device="cuda"'),
             Site("megatron/core/pipeline_parallel/schedules.py", 983, 'device="cuda"'),
@@ -214,11 +213,9 @@ def apply(names: list[str] | None = None) -> list[str]:
 
 def render_table() -> str:
     """The patch table shown on the site (markdown), one row per patched Megatron line."""
-    rows = ["| 补丁 | 范围 | 做了什么 | 需要它的 Megatron 行 |", "|---|---|---|---|"]
+    rows = ["| 补丁 | 范围 | 做了什么 | 为什么 | 需要它的 Megatron 行 |", "|---|---|---|---|---|"]
     for patch in PATCHES:
-        links = ", ".join(
-            f"[`{s.path.removeprefix('megatron/core/')}:{s.line}`]({s.url})" for s in patch.sites
-        )
-        rows.append(f"| `{patch.name}` | `{patch.scope}` | {patch.what} | {links} |")
+        links = "<br>".join(f"[`{s.path}:{s.line}`]({s.url})" for s in patch.sites)
+        rows.append(f"| `{patch.name}` | `{patch.scope}` | {patch.what} | {patch.why} | {links} |")
     return "\n".join(rows)
 

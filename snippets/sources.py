@@ -111,7 +111,19 @@ def symbol_of(text: str) -> str | None:
 
 
 def check_link(text: str, path: str, line: int | None, src: Path | None = None) -> str | None:
-    """None if the link is right, else what is wrong with it."""
+    """None if the link is right, else what is wrong with it.
+
+    A link to a statement rather than a definition is written ``path.py:LINE`` and must name the
+    line it links (what that line must contain is checked where it is used: the CPU patches).
+    """
+    cited = re.fullmatch(r"`?(?P<path>[\w/.]+\.py):(?P<line>\d+)`?", text.strip())
+    if cited:
+        if not path.endswith(cited["path"]) or int(cited["line"]) != line:
+            return f"{text!r} does not match the link {path}#L{line}"
+        if path.startswith("megatron/core/") or src is not None:
+            if line > len(file_lines(path, src)):
+                return f"{path} has fewer than {line} lines"
+        return None
     symbol = symbol_of(text)
     in_package = path.startswith("megatron/core/")
     if line is None:

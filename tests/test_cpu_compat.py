@@ -160,3 +160,11 @@ def _checkpoint_round_trip(tmp):
 def test_synchronize_checkpoint_save_and_load(tmp_path):
     # The torch_dist writer calls torch.cuda.synchronize() while staging tensors.
     assert run_ranks(_checkpoint_round_trip, 2, str(tmp_path)) == [True, True]
+
+
+def test_the_site_page_shows_the_current_patch_table():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cpu.md").read_text()
+    shown = page.split("<!-- patches:start -->\n", 1)[1].split("<!-- patches:end -->", 1)[0]
+    assert shown.strip() == cpu_compat.render_table().strip()

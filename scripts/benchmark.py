@@ -1,0 +1,95 @@
+"""Benchmark (a script, not a test): rank launch overhead, seconds per notebook under nbval, and
+`mkdocs build --strict` time. Prints a markdown table to paste into the README.
+
+    .venv/bin/python scripts/benchmark.py            # everything
+    .venv/bin/python scripts/benchmark.py --launch   # only the launcher
+
+Launch overhead is the wall time of ``run_ranks`` on a function that returns at once: spawn of
+the fork server (first launch in a fresh process, which pays the torch + megatron.core import
+once), then forks, the gloo rendezvous, the closing barrier and the result pipes (later launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def _noop():
+    return None
+
+
+def launch_overhead(worlds=(2, 4, 8), repeats=5) -> list[list]:
+    """One fresh process per world size, so 'first' includes the fork server's imports."""
+    code = (
+        "import sys, time, json\n"
+        "sys.path.insert(0, %r)\n"
+        "from snippets.launch import run_ranks\n"
+        "from benchmark import _noop\n"
+        "n, k = int(sys.argv[1]), int(sys.argv[2])\n"
+        "t = time.perf_counter(); run_ranks(_noop, n); first = time.perf_counter() - t\n"
+        "later = []\n"
+        "for _ in range(k):\n"
+        "    t = time.perf_counter(); run_ranks(_noop, n); later.append(time.perf_counter() - t)\n"
+        "print(json.dumps([first, later]))\n"
+    ) % str(ROOT / "scripts")
+    rows = []
+    for n in worlds:
+        out = subprocess.run([PY, "-c", code, str(n), str(repeats)], capture_output=True, text=True,
+                             check=True, cwd=ROOT).stdout.strip().splitlines()[-1]
+        import json
+
+        first, later = json.loads(out)
+        rows.append([n, f"{first:.2f}", f"{statistics.median(later):.3f}", f"{max(later):.3f}"])
+    return rows
+
+
+def notebook_seconds() -> list[list]:
+    rows = []
+    for nb in sorted((ROOT / "notes").glob("[0-9][0-9]_*.ipynb")):
+        start = time.perf_counter()
+        subprocess.run([PY, "-m", "pytest", "--nbval", "-q", "-p", "no:cacheprovider", str(nb)],
+                       check=True, cwd=ROOT, capture_output=True)
+        rows.append([nb.name, f"{time.perf_counter() - start:.1f}"])
+    return rows
+
+
+def mkdocs_seconds() -> float:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        subprocess.run([str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
+                       check=True, cwd=ROOT, capture_output=True)
+        return time.perf_counter() - start
+
+
+def table(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launch", action="store_true", help="only the launcher")
+    args = parser.parse_args()
+    print(table(["ranks", "first launch (s)", "later launches, median (s)", "later, max (s)"],
+                launch_overhead()))
+    if args.launch:
+        return
+    print()
+    print(table(["notebook", "nbval (s, incl. kernel start)"], notebook_seconds()))
+    print()
+    print(f"mkdocs build --strict: {mkdocs_seconds():.1f} s")
+
+
+if __name__ == "__main__":
+    main()

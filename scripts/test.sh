@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install everything, then run every test: nbval over notes/*.ipynb plus tests/ (site build, link
+# check, browser, citations, launcher, CPU patches, recorder). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+# The browser tests drive Debian's Chromium (no browser download is possible here). Install it
+# when we can (root with apt); otherwise they skip with a message -- except under CI, where a
+# missing browser fails them.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing Debian chromium for the browser tests..."
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-cjk >/dev/null
+  else
+    echo "note: /usr/bin/chromium not found; browser tests will be skipped (sudo apt-get install chromium)"
+  fi
+fi
+
+# -n 2: both cores; --dist loadfile keeps each notebook's cells (and each test file) on one worker.
+exec .venv/bin/python -m pytest --nbval notes/ tests/ -n 2 --dist loadfile "$@"
