@@ -52,6 +52,20 @@ ROUNDS: list[tuple[str, set[int]]] = [
     ("RL：训推权重同步", {22}),
 ]
 
+# Every note the roadmap plans (../shared/ROADMAP.md), for the home page's map. A note that
+# exists in notes/ shows its own H1 title and a link; the others show the plan and 计划中.
+PLAN: dict[int, str] = {
+    1: "训练全流程总览", 2: "分布式初始化", 3: "数据与 batch 流", 4: "model provider 与 GPTModel",
+    5: "forward、loss、backward", 6: "梯度同步与优化器", 7: "checkpoint",
+    8: "parallel_state 与 RankGenerator", 9: "TP mappings：f 与 g",
+    10: "ColumnParallelLinear 与 RowParallelLinear", 11: "走读一层 TransformerLayer",
+    12: "vocab-parallel embedding 与 cross entropy", 13: "pipeline schedules",
+    14: "数据并行 DDP", 15: "分布式优化器（ZeRO-1）", 16: "context parallel",
+    17: "MoE 与 expert parallel", 18: "数据专题", 19: "模型专题", 20: "优化器专题",
+    21: "checkpoint 专题", 22: "refit 与 resharding", 23: "一个 tensor 的旅程",
+}
+NOTE_MAP_MARK = "<!-- note-map -->"
+
 # ---------------------------------------------------------------------------- nav
 
 
@@ -86,6 +100,33 @@ def note_sections(docs_dir: Path) -> list[dict]:
         title = _first_h1(nb) or nb.stem
         found[round_title].append({title: f"{NOTES_DIR}/{nb.name}"})
     return [{title: pages} for title, pages in found.items() if pages]
+
+
+def note_map(docs_dir: Path) -> str:
+    """The home page's map of notes: every planned note by round, with its status."""
+    present = {}
+    notes_dir = docs_dir / NOTES_DIR
+    for nb in sorted(notes_dir.glob("*.ipynb")) if notes_dir.is_dir() else []:
+        m = NOTE_NAME.match(nb.name)
+        if m:
+            present[int(m.group(1))] = nb
+    lines = []
+    for round_title, numbers in ROUNDS:
+        lines += [f"**{round_title}**", "", "| # | 笔记 | 状态 |", "|---|---|---|"]
+        for n in sorted(numbers | {k for k in present if k in numbers}):
+            if n in present:
+                title = re.sub(r"^\d\d\s+", "", _first_h1(present[n]) or present[n].stem)
+                lines.append(f"| {n:02d} | [{title}]({NOTES_DIR}/{present[n].name}) | 可运行 |")
+            else:
+                lines.append(f"| {n:02d} | {PLAN.get(n, '')} | 计划中 |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown, page, config, files):
+    if NOTE_MAP_MARK in markdown:
+        markdown = markdown.replace(NOTE_MAP_MARK, note_map(Path(config.docs_dir)))
+    return markdown
 
 
 def on_config(config):

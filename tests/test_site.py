@@ -328,3 +328,17 @@ def test_search_index_segments_chinese(site, note_names):
 
 def test_build_is_fast(site):
     assert site.seconds < 45, f"site build took {site.seconds:.1f}s"
+
+
+def test_home_page_maps_every_planned_note_with_its_status(site, note_names):
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("notes_site", root / "hooks" / "notes_site.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    home = (site.dir / "index.html").read_text(encoding="utf-8")
+    for name in note_names:
+        assert f'href="notes/{Path(name).stem}/"' in home, name
+    assert home.count("<td>可运行</td>") == len(note_names)
+    assert home.count("<td>计划中</td>") == len(hook.PLAN) - len(note_names)
