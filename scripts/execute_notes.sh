@@ -8,6 +8,11 @@ PY=${PY:-.venv/bin/python}
 notes=("$@")
 [ ${#notes[@]} -gt 0 ] || notes=(notes/[0-9][0-9]_*.py)
 for py in "${notes[@]}"; do
+  if [[ ! "$(basename "$py")" =~ ^[0-9][0-9]_[A-Za-z0-9_]+\.py$ ]] || [ ! -f "$py" ]; then
+    echo "error: unknown note '$py' -- a note is notes/NN_slug.py; existing notes:" >&2
+    ls notes/[0-9][0-9]_*.py >&2
+    exit 2
+  fi
   nb="${py%.py}.ipynb"
   "$PY" -m jupytext --quiet --set-formats ipynb,py:percent "$py"
   "$PY" -m jupytext --quiet --sync "$py"

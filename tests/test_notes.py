@@ -125,3 +125,13 @@ def test_prose_tables_equal_the_recorded_ones(pair):
         printed = "".join(
             "".join(out.get("data", {}).get("text/markdown", "")) for out in following.outputs)
         assert claimed and claimed == _table_rows(printed)
+
+
+def test_executing_an_unknown_note_fails_fast_and_says_so():
+    import subprocess
+
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "execute_notes.sh"), "notes/99_missing.py"],
+                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert result.returncode == 2
+    assert "unknown note 'notes/99_missing.py'" in result.stderr
+    assert "notes/02_distributed_initialization.py" in result.stderr  # lists the real ones
