@@ -256,15 +256,15 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 
 def _failure_report(errors: dict[int, str], order: list[int], still_waiting: list[int],
-                    finished: list[int], world_size: int) -> str:
+                    finished: list[int], world_size: int) -> tuple[str, int]:
     """Put the rank that caused the failure up front, in full; ranks that failed only because a
-    peer went away (gloo's "connection closed/reset by peer") get one line each."""
+    peer went away (gloo's "connection closed/reset by peer") get one line each. Returns the
+    report and the rank it blames."""
     causes = [r for r in order if not any(p in errors[r] for p in _PEER_GONE)]
     first = causes[0] if causes else order[0]
     order = [first] + [r for r in order if r != first]
-    last_line = _last_line
     if causes:
-        head = f"rank {first} of {world_size} failed first: {last_line(errors[first])}"
+        head = f"rank {first} of {world_size} failed first: {_last_line(errors[first])}"
     else:
         head = f"ranks {order} of {world_size} failed in a collective whose peer had left"
     lines = [head, f"--- rank {first} ---", errors[first].rstrip()]
@@ -272,7 +272,7 @@ def _failure_report(errors: dict[int, str], order: list[int], still_waiting: lis
     if others:
         lines.append(f"--- then {len(others)} more rank(s) failed, most likely because rank "
                      f"{first} stopped ---")
-        lines += [f"rank {r}: {last_line(errors[r])}" for r in others]
+        lines += [f"rank {r}: {_last_line(errors[r])}" for r in others]
     if finished and not causes:
         lines.append(f"ranks {finished} had already returned, so a collective was left "
                      f"without them: do all ranks issue the same collectives?")
