@@ -260,6 +260,10 @@ MEANINGS = {
     "tensor_parallel/mappings.py::_gather_along_first_dim": "沿第一维（sequence）拼回完整的激活",
     "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim":
         "部分和相加，并按 sequence 维切给各 TP rank",
+    # _AllToAll.forward is the only `forward` in mappings.py that calls torch.distributed itself
+    # (its backward calls _AllToAll.apply, so backward records land here too).
+    "tensor_parallel/mappings.py::forward":
+        "all-to-all：第 j 块发给 rank j，收齐各 rank 发给自己的块（反向对调两张 split 表）",
 }
 
 

@@ -1,0 +1,635 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 ColumnParallelLinear 与 RowParallelLinear：权重怎么切，f 和 g 放在哪
+#
+# 第二轮第 3 篇。[笔记 09](../09_tp_mappings/) 把 f、g 和 sequence parallel 的那一对当作独立的函数来跑；本篇看
+# `tensor_parallel/layers.py` 里的两个线性层怎么用它们。下面的单元格在 2 个和 4 个 gloo rank 上构造**真实的**
+# `ColumnParallelLinear` / `RowParallelLinear`，打印每个 rank 的权重 shape，录下正反向的每个 collective，并把输出、
+# 输入梯度、权重梯度、bias 梯度逐一和主进程里一个普通的 `nn.Linear` 比较。旁边放一份我们自己写的等价实现
+# （`snippets/tp_linear.py`，约 130 行代码），证明它和真实的层算出同样的数。
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. 说出两种层在每个 rank 上的权重 shape：Megatron 和 `nn.Linear` 一样存 `[out, in]`，column 切第 0 维（输出），
+#    row 切第 1 维（输入）；bias 哪个切、哪个不切。
+# 2. 说清 `gather_output`、`input_is_parallel` 各多出什么通信。
+# 3. 找到 `allreduce_dgrad` 是在哪一行决定的，以及为什么 `ColumnParallelLinear` 在 TP>1 时根本不调用 f。
+# 4. 说出开 sequence parallel 后两种层的通信换成了什么，以及 row 层的 bias 梯度为什么变成了"部分和"。
+# 5. 说清 `use_cpu_initialization=True` 时权重怎么来：每个 rank 造完整的主权重再切，所以结果与 TP 大小无关。
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号 | 角色 |
+# |---|---|
+# | [`layers.py::ColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L751) | 按输出切：每个 rank `[out/tp, in]` |
+# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L800) | 分配、初始化权重；决定 `allreduce_dgrad` |
+# | [`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920) | `allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce` |
+# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L954) | 选择是否调用 f；矩阵乘；可选 gather |
+# | [`layers.py:993`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L993) | 四个条件任一成立就**跳过** f |
+# | [`layers.py::RowParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1088) | 按输入切：每个 rank `[out, in/tp]`，bias 不切 |
+# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1124) | SP 要求 `input_is_parallel`；bias 标上 `sequence_parallel` |
+# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1245) | 可选 scatter；矩阵乘；g 或 reduce-scatter；最后加 bias |
+# | [`layers.py:1263`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1263) | row 层写死 `allreduce_dgrad = False` |
+# | [`layers.py::linear_with_grad_accumulation_and_async_allreduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L629) | 两种层共用的矩阵乘入口 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L443) | 自己写正反向的 autograd Function |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L448) | SP 时先 all-gather 输入；只存本 rank 的输入分片 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L495) | 输入梯度的 all-reduce（= f 的反向）或 SP 的 all-gather + reduce-scatter |
+# | [`layers.py:544`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L544) | 异步 all-reduce 输入梯度，与权重梯度的矩阵乘重叠 |
+# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149) | 造完整主权重，按 `partition_dim`、`stride` 切出本 rank 的块 |
+# | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L134) | 只在本 rank 的块上、用 TP 专用 RNG 流初始化 |
+# | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L101) | 给参数挂上 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
+# | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/model_parallel_config.py#L11) | `tensor_model_parallel_size`、`sequence_parallel`、`use_cpu_initialization` |
+# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318) | SP 时把标了 `sequence_parallel` 的参数梯度在 TP 群里加起来 |
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# megatron/core/tensor_parallel/layers.py
+# ├─ ColumnParallelLinear.__init__(input_size, output_size, config, init_method, gather_output, ...)
+# │  ├─ get_tensor_model_parallel_group_if_none → world_size, rank
+# │  ├─ weight = Parameter([out/tp, in])
+# │  │  └─ _initialize_affine_weight_cpu(partition_dim=0)   # 造 [out, in] 主权重，切第 0 维；或 _gpu：只初始化本块
+# │  ├─ bias = Parameter([out/tp])，置零，也标为 TP 切分
+# │  └─ allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce   # 第 920 行
+# ├─ ColumnParallelLinear.forward(x)
+# │  ├─ allreduce_dgrad / sequence_parallel / … ? 直接用 x : copy_to_tensor_model_parallel_region(x)   # f，TP>1 时不走
+# │  ├─ linear_with_grad_accumulation_and_async_allreduce → LinearWithGradAccumulationAndAsyncCommunication
+# │  │  ├─ forward:  SP ? all_gather_into_tensor(x, dim 0) ;  x @ Wᵀ + b             # SP：收齐 sequence
+# │  │  └─ backward: dX = dY @ W
+# │  │               allreduce_dgrad ? all_reduce(dX)                                  # 这就是 f 的反向
+# │  │               SP ? all_gather_into_tensor(x) 再一次 + reduce_scatter_tensor(dX)   # SP
+# │  │               dW = dYᵀ @ X，db = Σ dY
+# │  └─ gather_output ? gather_from_tensor_model_parallel_region(y)                    # all-gather 最后一维
+# ├─ RowParallelLinear.__init__(input_size, output_size, config, init_method, input_is_parallel, ...)
+# │  ├─ weight = Parameter([out, in/tp])
+# │  │  └─ _initialize_affine_weight_cpu(partition_dim=1)
+# │  └─ bias = Parameter([out])，不切；bias.sequence_parallel = config.sequence_parallel
+# └─ RowParallelLinear.forward(x)
+#    ├─ input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x)              # 正向切分，反向 all-gather
+#    ├─ linear_with_grad_accumulation_and_async_allreduce(bias=None, allreduce_dgrad=False, sequence_parallel=False)
+#    ├─ SP ? reduce_scatter_to_sequence_parallel_region : reduce_from_tensor_model_parallel_region   # g
+#    └─ + bias                                                                           # 求和之后只加一次
+# ```
+#
+# **每个函数的阅读记录：**
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `ColumnParallelLinear.__init__` | `input_size`、`output_size`、`config`、`init_method`、`gather_output` | 一个层（`weight [out/tp, in]`、`bias [out/tp]`） | `_initialize_affine_weight_cpu/_gpu`、`set_tensor_model_parallel_attributes`、TP 群 | 读 TP 群的大小和序号 | 是：权重按输出维切 | 是：新建参数 | `model_provider`（构造模型） |
+# | `ColumnParallelLinear.forward` | `[s, b, in]`（SP 时 `[s/tp, b, in]`） | `([s, b, out/tp] 或 gather 后 [s, b, out], bias 或 None)` | `linear_with_grad_accumulation_and_async_allreduce`、f、gather | 是：TP 群 | 是：输出按最后一维切 | 否 | `forward_backward_func` 里的模型 forward |
+# | `RowParallelLinear.__init__` | 同上，加 `input_is_parallel`、`skip_bias_add` | 一个层（`weight [out, in/tp]`、`bias [out]`） | 同上 | 读 TP 群 | 是：权重按输入维切 | 是：新建参数 | `model_provider` |
+# | `RowParallelLinear.forward` | `[s, b, in/tp]`（或完整 `[s, b, in]`） | `([s, b, out]，SP 时 [s/tp, b, out], bias 或 None)` | 同一个 linear 函数、scatter、g 或 reduce-scatter | 是：TP 群 | 合并部分和；SP 时按 sequence 切 | 否 | 模型 forward |
+# | `LinearWithGradAccumulationAndAsyncCommunication` | 输入、权重、bias、`allreduce_dgrad`、`sequence_parallel`、群 | `X Wᵀ + b`；反向给 dX、dW、db | `get_global_memory_buffer`（SP 的收齐缓冲） | 是：反向 all-reduce，或 SP 的 all-gather / reduce-scatter | SP 时 sequence 维 | 否（`gradient_accumulation_fusion` 时直接累加进 `main_grad`） | 模型 forward / backward |
+# | `_initialize_affine_weight_cpu` | 空的本地权重、`output_size`、`input_size`、`partition_dim`、`stride`、`init_method` | 本地权重被填好（可选返回主权重） | `set_tensor_model_parallel_attributes` | 只读 TP 序号 | 是：从主权重切块 | 是：消耗 RNG | `model_provider` |
+
+# %%
+import os
+
+os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；不设它，每个 rank 会在 layers.py:738 警告一次
+
+import torch
+
+from snippets import recorder, tp_linear
+from snippets.launch import run_ranks
+from snippets.tables import Table
+
+from megatron.core import parallel_state
+from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.utils import init_method_normal
+
+# %% [markdown]
+# ## 关键对象
+#
+# 形状取一个缩小的 MLP：`hidden = 8`、`ffn = 16`，激活 `[s, b, h] = [4, 2, 8]`。column 层 `8 → 16`（像 `linear_fc1`），
+# row 层 `16 → 8`（像 `linear_fc2`）。构造方式就是 Megatron 的：一个 `ModelParallelConfig`，一个 `init_method`。
+
+# %%
+HIDDEN, FFN, S, B = 8, 16, 4, 2
+
+
+def build(kind, tp, gather_output=False, input_is_parallel=True, sequence_parallel=False,
+          init_method=init_method_normal(0.02)):
+    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
+                                 sequence_parallel=sequence_parallel)
+    torch.manual_seed(0)
+    if kind == "column":
+        return ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=init_method, bias=True,
+                                    gather_output=gather_output, keep_master_weight_for_test=True)
+    return RowParallelLinear(FFN, HIDDEN, config=config, init_method=init_method, bias=True,
+                             input_is_parallel=input_is_parallel, skip_bias_add=False,
+                             keep_master_weight_for_test=True)
+
+# %% [markdown]
+# ### 每个 rank 的权重：切哪一维，拿到主权重的哪一块
+#
+# 用一个特殊的 `init_method` 把主权重的第 `i` 行第 `j` 列填成 `100·i + j`，就能从每个 rank 的分片直接读出它拿到了
+# 主权重的哪些行、哪些列：
+
+# %%
+def index_init(master):  # master[i, j] = 100·i + j
+    with torch.no_grad():
+        master.copy_(100 * torch.arange(master.shape[0]).unsqueeze(1) + torch.arange(master.shape[1]))
+
+
+def weight_layout(tp):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    rows = []
+    for kind in ("column", "row"):
+        layer = build(kind, tp, init_method=index_init)
+        w = layer.weight.detach()
+        rows.append(dict(kind=kind, weight=list(w.shape), bias=list(layer.bias.shape),
+                         master=list(layer.master_weight.shape),
+                         rows=sorted(set((w[:, 0] // 100).int().tolist())),
+                         cols=sorted(set((w[0, :] % 100).int().tolist())),
+                         partition_dim=layer.weight.partition_dim,
+                         bias_split=getattr(layer.bias, "tensor_model_parallel", False)))
+    return rows
+
+
+def span(values):
+    return f"{values[0]}–{values[-1]}" if values == list(range(values[0], values[-1] + 1)) else str(values)
+
+
+layouts = {tp: run_ranks(weight_layout, tp, tp) for tp in (2, 4)}
+Table(["层", "TP", "rank", "weight（本 rank）", "主权重的行", "主权重的列", "partition_dim", "bias", "bias 切分", "主权重（每个 rank 都造）"],
+      [[d["kind"], tp, r, d["weight"], span(d["rows"]), span(d["cols"]), d["partition_dim"], d["bias"],
+        d["bias_split"], d["master"]]
+       for i in (0, 1) for tp, ranks in layouts.items() for r, per_rank in enumerate(ranks) for d in [per_rank[i]]])
+
+# %% [markdown]
+# - `ColumnParallelLinear(8, 16)` 的 rank `r` 拿主权重 `[16, 8]` 的第 `r` 段**行**（输出），所有列：`[16/tp, 8]`；
+#   bias 也按输出切（`[16/tp]`）。
+# - `RowParallelLinear(16, 8)` 的 rank `r` 拿所有行、第 `r` 段**列**（输入）：`[8, 16/tp]`；bias `[8]` 不切，
+#   每个 rank 一份完整的。
+# - 最后一列是 CPU 初始化的代价：每个 rank 都先在内存里造出完整的 `[out, in]` 主权重
+#   （[`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149)），
+#   再切出自己那块。好处是结果与 TP 大小无关：用同一个种子，把分片拼回去就是单进程初始化的那个矩阵。下面用真正的
+#   `init_method_normal(0.02)` 验证（TP=2、TP=4 各跑一次，后面的数值比较也复用这两次运行）。
+
+# %%
+CASES = {  # 配置: (层, 构造参数, 本 rank 的输入是 X 沿哪一维的一段, 输出是 Y 沿哪一维的一段；None = 完整)
+    "Column, gather_output=False": ("column", dict(gather_output=False), None, -1),
+    "Column, gather_output=True": ("column", dict(gather_output=True), None, None),
+    "Row, input_is_parallel=True": ("row", dict(input_is_parallel=True), -1, None),
+    "Row, input_is_parallel=False": ("row", dict(input_is_parallel=False), None, None),
+    "Column, SP": ("column", dict(sequence_parallel=True), 0, -1),
+    "Row, SP": ("row", dict(input_is_parallel=True, sequence_parallel=True), -1, 0),
+}
+
+torch.manual_seed(0)
+X = {"column": torch.randn(S, B, HIDDEN), "row": torch.randn(S, B, FFN)}      # 完整输入
+G = {"column": torch.randn(S, B, FFN), "row": torch.randn(S, B, HIDDEN)}      # 完整的上游梯度
+BIAS = {"column": torch.randn(FFN), "row": torch.randn(HIDDEN)}              # 完整 bias（Megatron 初始化为 0）
+print("X:", {k: list(v.shape) for k, v in X.items()}, " G:", {k: list(v.shape) for k, v in G.items()})
+
+# %% [markdown]
+# 每个 rank 上：对每种配置构造真实的层，把 bias 换成 `BIAS`（column 取自己那段），取自己那份输入和上游梯度，
+# 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp_linear` 里我们自己的层，做同样的事。
+
+# %%
+def part(t, dim, tp, r):
+    return t if dim is None else t.chunk(tp, dim)[r]
+
+
+def run_cases(tp):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    group, r = parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_rank()
+    out = {}
+    for name, (kind, kwargs, x_dim, y_dim) in CASES.items():
+        real = build(kind, tp, **kwargs)
+        with torch.no_grad():
+            real.bias.copy_(part(BIAS[kind], 0 if kind == "column" else None, tp, r))
+        ours = (tp_linear.ColumnParallelLinear if kind == "column" else tp_linear.RowParallelLinear)(
+            *((HIDDEN, FFN) if kind == "column" else (FFN, HIDDEN)), tp_group=group,
+            master_weight=real.master_weight, master_bias=BIAS[kind], **kwargs)
+        for who, layer in (("real", real), ("ours", ours)):
+            x = part(X[kind], x_dim, tp, r).clone().requires_grad_()
+            with recorder.record() as calls:
+                y = layer(x)
+                y = y[0] if isinstance(y, tuple) else y  # Megatron 的层返回 (output, bias)
+                y.backward(part(G[kind], y_dim, tp, r))
+            out[name, who] = dict(w=layer.weight.detach(), y=y.detach(), dx=x.grad, dw=layer.weight.grad,
+                                  db=layer.bias.grad, calls=calls, allreduce_dgrad=getattr(layer, "allreduce_dgrad", None),
+                                  bias_sequence_parallel=getattr(layer.bias, "sequence_parallel", None))
+    return out
+
+
+results = {tp: run_ranks(run_cases, tp, tp) for tp in (2, 4)}
+
+
+def single_process_init(kind):
+    torch.manual_seed(0)
+    master = torch.empty(FFN, HIDDEN) if kind == "column" else torch.empty(HIDDEN, FFN)
+    init_method_normal(0.02)(master)
+    return master
+
+
+Table(["层", "TP", "分片拼回 = 单进程初始化"],
+      [[kind, tp, torch.equal(torch.cat([res[name, "real"]["w"] for res in results[tp]], 0 if kind == "column" else 1),
+                              single_process_init(kind))]
+       for kind, name in (("column", "Column, gather_output=False"), ("row", "Row, input_is_parallel=True"))
+       for tp in (2, 4)])
+
+# %% [markdown]
+# ## Tensor / Process Group 语义
+#
+# ### 每种配置的通信（TP=2，录下来的）
+#
+# 含义列先按 (发出者, API, phase) 查本篇的表，再退回 `snippets.recorder.MEANINGS`：
+
+# %%
+IN_LAYER = {
+    ("tensor_parallel/layers.py::backward", "all_reduce", "backward"):
+        "f 的反向，融合在 linear 的 backward 里：各 rank 的输入梯度相加",
+    ("tensor_parallel/layers.py::forward", "all_gather_into_tensor", "forward"):
+        "SP：沿 sequence 收齐输入，再做矩阵乘",
+    ("tensor_parallel/layers.py::backward", "all_gather_into_tensor", "backward"):
+        "SP：反向再收齐一次输入，用来算权重梯度",
+    ("tensor_parallel/layers.py::backward", "reduce_scatter_tensor", "backward"):
+        "SP：输入梯度相加，并按 sequence 切回各 rank",
+    ("tensor_parallel/mappings.py::_gather_along_last_dim", "all_gather_into_tensor", "backward"):
+        "scatter 的反向：沿最后一维收齐输入梯度",
+    ("tensor_parallel/mappings.py::_gather_along_first_dim", "all_gather_into_tensor", "backward"):
+        "reduce-scatter 的反向：沿 sequence 收齐输出梯度",
+}
+
+
+def comm_rows(res, who="real"):
+    rows = []
+    for name in CASES:
+        calls = res[0][name, who]["calls"]
+        for c in calls or [None]:
+            if c is None:
+                rows.append([name, "—", "不通信", "—", "—", "—", "—", ""])
+                continue
+            meaning = IN_LAYER.get((c.where, c.api, c.phase), recorder.MEANINGS.get(c.where, ""))
+            rows.append([name, c.phase, c.api, f"{c.group} {list(c.ranks)}", c.before, c.after,
+                         c.where.split("/")[-1], meaning])
+    return rows
+
+
+Table(["配置", "phase", "API", "group", "通信前", "通信后", "发出者", "含义"], comm_rows(results[2]))
+
+# %% [markdown]
+# 从表里读：
+#
+# - **Column（`gather_output=False`）正向不通信，反向一次 all-reduce**，发出者是 `layers.py::backward`，
+#   不是 `mappings.py::_reduce`——f 的反向被合并进了矩阵乘的 autograd Function（下一节）。
+# - **`gather_output=True` 多一次正向 all-gather**（`[4, 2, 8] → [8, 2, 8]`，再重排成 `[4, 2, 16]`），反向只是切分。
+# - **Row（`input_is_parallel=True`）正向一次 all-reduce（g），反向不通信**；`input_is_parallel=False` 时正向先本地切分
+#   （不通信），反向多一次 all-gather 把输入梯度收齐。
+# - **开 SP**：column 正向 all-gather 输入、反向 all-gather 输入 + reduce-scatter 输入梯度；row 正向 reduce-scatter、
+#   反向 all-gather。all-reduce 全部消失。
+
+# %% [markdown]
+# ### `allreduce_dgrad`：f 其实不在 `ColumnParallelLinear` 里
+#
+# [`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)
+# 在构造时决定 `allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce`；
+# [`layers.py:993`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L993)
+# 在 forward 里只要 `allreduce_dgrad`、`sequence_parallel`（或 expert、`disable_grad_reduce`）任一为真就跳过 f。
+# 换句话说，只有 TP=1 时才调用 f，而那时 f 什么也不做。把 f 换成一个计数的探针，TP=1、TP=2、TP=2+SP 各跑一次：
+
+# %%
+def who_reduces_dgrad(tp, sequence_parallels):
+    from megatron.core.tensor_parallel import layers
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    f_calls, real_f = [], layers.copy_to_tensor_model_parallel_region
+    layers.copy_to_tensor_model_parallel_region = lambda x, group=None: f_calls.append(1) or real_f(x, group=group)
+    rows = []
+    for sp in sequence_parallels:
+        f_calls.clear()
+        layer = build("column", tp, sequence_parallel=sp)
+        x = torch.randn(S // tp if sp else S, B, HIDDEN, requires_grad=True)
+        with recorder.record() as calls:
+            y, _ = layer(x)
+            y.sum().backward()
+        rows.append([tp, sp, layer.allreduce_dgrad, len(f_calls),
+                     ", ".join(f"{c.api} @ {c.where.split('/')[-1]}" for c in calls if c.phase == "backward") or "—"])
+    return rows
+
+
+Table(["TP", "sequence_parallel", "allreduce_dgrad", "f 被调用次数", "反向的 collective @ 发出者"],
+      run_ranks(who_reduces_dgrad, 1, 1, [False])[0] + run_ranks(who_reduces_dgrad, 2, 2, [False, True])[0])
+
+# %% [markdown]
+# TP=2 时 f 一次也没被调用，输入梯度的 all-reduce 由
+# [`layers.py:544`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L544)
+# 在 `LinearWithGradAccumulationAndAsyncCommunication.backward` 里以 `async_op=True` 发出，随后才算权重梯度
+# `dW = dYᵀ X`，最后才等它完成：通信和权重梯度的矩阵乘重叠。这要求 GPU 按发出顺序执行 kernel，所以 Megatron 建议
+# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 layers.py 第 738 行附近警告）。
+# 数学上它仍然是 f 的反向：各 rank 对同一份输入的梯度相加。
+
+# %% [markdown]
+# ### 数值：真实的层 = 一个普通的 `nn.Linear`
+#
+# 在主进程里用拼回的主权重和完整的 `BIAS` 构造 `nn.Linear`，对完整的 `X`、`G` 做一次正反向。再把各 rank 的结果
+# 按它们的分布拼回来比较。每个张量在各 rank 上的分布（也就是上面 `CASES` 的后两列，加上权重和 bias 梯度的）：
+
+# %%
+def layout(name):
+    kind, kwargs, x_dim, y_dim = CASES[name]
+    column = kind == "column"
+    return {"y": y_dim, "dx": x_dim, "dw": 0 if column else 1,
+            "db": 0 if column else ("sum" if kwargs.get("sequence_parallel") else None)}
+
+
+def describe(dim):
+    return {None: "完整（各 rank 相同）", "sum": "部分和（各 rank 相加才是完整的）"}.get(dim, f"按 dim {dim} 切")
+
+
+Table(["配置", "输出 y", "输入梯度 dx", "权重梯度 dW", "bias 梯度 db"],
+      [[name] + [describe(d) for d in layout(name).values()] for name in CASES])
+
+# %%
+def assemble(per_rank, dim):
+    if dim is None:  # 完整：各 rank 必须一样
+        assert all(torch.equal(t, per_rank[0]) for t in per_rank)
+        return per_rank[0]
+    return sum(per_rank) if dim == "sum" else torch.cat(per_rank, dim)
+
+
+def dense_reference(kind, weight):
+    linear = torch.nn.Linear(*weight.shape[::-1])
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(BIAS[kind])
+    x = X[kind].clone().requires_grad_()
+    y = linear(x)
+    y.backward(G[kind])
+    return {"y": y.detach(), "dx": x.grad, "dw": linear.weight.grad, "db": linear.bias.grad}
+
+
+def compare(tp, who, against="dense"):
+    rows = []
+    for name, (kind, *_) in CASES.items():
+        ranks = [res[name, who] for res in results[tp]]
+        weight = assemble([res[name, "real"]["w"] for res in results[tp]], layout(name)["dw"])
+        ref = dense_reference(kind, weight)
+        rows.append([tp, name] + [torch.allclose(assemble([r[key] for r in ranks], dim), ref[key], atol=1e-6)
+                                  for key, dim in layout(name).items()])
+    return rows
+
+
+Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"], compare(2, "real") + compare(4, "real"))
+
+# %% [markdown]
+# 两种 TP、六种配置、四种张量全部等于 `nn.Linear`。注意 "Row, SP" 的 bias 梯度要先把各 rank **相加**：
+
+# %%
+row_sp = [res["Row, SP", "real"] for res in results[2]]
+dense_db = dense_reference("row", assemble([r["w"] for r in row_sp], 1))["db"]
+print("bias.sequence_parallel:", row_sp[0]["bias_sequence_parallel"])
+print("每个 rank 的 db 单独等于 dense:", [torch.allclose(r["db"], dense_db, atol=1e-6) for r in row_sp])
+print("两个 rank 的 db 相加等于 dense:", torch.allclose(row_sp[0]["db"] + row_sp[1]["db"], dense_db, atol=1e-6))
+
+# %% [markdown]
+# 开 SP 后 row 层的输出按 sequence 切开，每个 rank 只拿到自己那几个位置的输出梯度，bias 梯度 `Σ dY` 也就只覆盖这些位置。
+# Megatron 在构造时给 row 层的 bias 标上 `sequence_parallel=True`，训练时由
+# [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318)
+# 在 TP 群里把它们加起来（LayerNorm 的参数同理）。层本身给出的只是部分和。
+
+# %% [markdown]
+# ## 机制解释
+#
+# ### 两种切法为什么正好配成一对
+#
+# `Y = X Wᵀ + b`，`W` 是 `[out, in]`。
+#
+# - **按输出切（column）**：`W` 的第 `r` 段行只决定 `Y` 的第 `r` 段列，每个 rank 独立算出 `Y[..., r 段]`，正向不需要通信；
+#   但每段都用到完整的 `X`，所以 `X` 的梯度是各 rank 贡献之和——反向 all-reduce（f）。
+# - **按输入切（row）**：`W` 的第 `r` 段列只和 `X` 的第 `r` 段列相乘，得到 `Y` 的一个加数；把加数相加才是 `Y`——
+#   正向 all-reduce（g）。`Y` 的梯度对每个加数都一样，所以反向不需要通信。bias 必须在求和之后加，只加一次。
+# - **接起来**：column 的输出本来就按最后一维切好，正是 row 需要的输入（`input_is_parallel=True`），中间的逐元素激活
+#   函数也可以各算各的。所以 MLP 和 attention 都是"column → 本地计算 → row"：整段只在入口（f 的反向）和出口（g 的正向）
+#   各通信一次。`gather_output` 和 `input_is_parallel=False` 是单独使用某一种层时的出入口。
+#
+# ### sequence parallel 换了什么
+#
+# 不开 SP 时，TP 区域之外（LayerNorm、dropout、残差）的激活在每个 rank 上完整重复。开 SP 后它们按 sequence 维切开，
+# 区域的入口从 f 换成 sequence 维的 all-gather，出口从 g 换成 reduce-scatter——[笔记 09](../09_tp_mappings/) 算出的那一对
+# 共轭。Megatron 把入口的 all-gather 放进 linear 的 autograd Function 里，并且只保存本 rank 的输入分片，
+# 反向需要完整输入算 `dW` 时**再 all-gather 一次**：多一次通信，省下 `(tp-1)/tp` 的激活内存。所以上表 "Column, SP"
+# 的反向有两个 collective。
+#
+# ### 我们自己的实现
+#
+# `snippets/tp_linear.py` 只有这些：四个以 Megatron 函数命名的 autograd Function（f、g、最后一维的 gather/scatter、
+# sequence 维的 all-gather/reduce-scatter），和两个层——column 层 `f → F.linear → (gather)`，row 层
+# `(scatter) → F.linear → g → + bias`。它和真实的层在同一份主权重上算出同样的数（`tests/test_tp_linear.py` 在 TP=2、4
+# 上检查全部六种配置）：
+
+# %%
+def ours_vs_real(tp):
+    rows = []
+    for name in CASES:
+        per_rank = [(res[name, "ours"], res[name, "real"]) for res in results[tp]]
+        rows.append([tp, name] + [all(torch.allclose(o[key], m[key], atol=1e-6) for o, m in per_rank)
+                                  for key in ("y", "dx", "dw", "db")])
+    return rows
+
+
+Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"], ours_vs_real(2) + ours_vs_real(4))
+
+# %% [markdown]
+# 数一样，通信却不完全一样。按 collective 的种类（AR = all-reduce，AG = all-gather，RS = reduce-scatter）并排：
+
+# %%
+KIND = {"all_reduce": "AR", "all_gather": "AG", "all_gather_into_tensor": "AG",
+        "reduce_scatter": "RS", "reduce_scatter_tensor": "RS"}
+
+
+def kinds(calls, phase):
+    return " ".join(KIND[c.api] for c in calls if c.phase == phase) or "—"
+
+
+Table(["配置", "Megatron 正向", "Megatron 反向", "ours 正向", "ours 反向"],
+      [[name] + [kinds(results[2][0][name, who]["calls"], phase) for who in ("real", "ours")
+                 for phase in ("forward", "backward")] for name in CASES])
+
+# %% [markdown]
+# 唯一的差别在 "Column, SP" 的反向：我们的实现让 autograd 保存收齐后的完整输入，所以反向只有一次 RS；Megatron
+# 保存分片、反向再 AG 一次。这是内存换通信的取舍，不影响结果。
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# 模型构造（`model_provider` → `GPTModel`）时，每个 `TransformerLayer` 里的 `linear_qkv`、`linear_fc1` 是
+# `ColumnParallelLinear`（`gather_output=False`），`linear_proj`、`linear_fc2` 是 `RowParallelLinear`
+# （`input_is_parallel=True`）；输出层是 `ColumnParallelLinear`（配合 vocab-parallel 的 cross entropy，不 gather）。
+# 训练时它们都在 `forward_backward_func` 的模型 forward / backward 里，通信就是上面录到的那些：每个 column→row 对
+# 正向 1 次、反向 1 次 all-reduce，开 SP 后换成 AG/RS（一层里的计数见笔记 11）。之后 `finalize_model_grads` 处理
+# 标了 `sequence_parallel` 的参数梯度，优化器按 `tensor_model_parallel` 属性区分切分与复制的参数（例如梯度范数里
+# 复制的参数只算一次，见 [`layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L89)）。把一个 MLP 对（column → gelu → row）在 TP=2 上录一遍，不开和开 SP：
+
+# %%
+def mlp_pair(sequence_parallels):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    recorded = {}
+    for sp in sequence_parallels:
+        fc1 = build("column", 2, sequence_parallel=sp)
+        fc2 = build("row", 2, input_is_parallel=True, sequence_parallel=sp)
+        x = torch.randn(S // 2 if sp else S, B, HIDDEN, requires_grad=True)
+        with recorder.record() as calls:
+            h, _ = fc1(x)
+            y, _ = fc2(torch.nn.functional.gelu(h))
+            y.sum().backward()
+        recorded[sp] = calls
+    return recorded
+
+
+mlp_calls = run_ranks(mlp_pair, 2, [False, True])[0]
+Table(["MLP（TP=2）", "正向", "反向"],
+      [[f"sequence_parallel={sp}", kinds(calls, "forward"), kinds(calls, "backward")]
+       for sp, calls in mlp_calls.items()])
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **分块矩阵乘**：`X Wᵀ` 按 `W` 的行分块得到 `Y` 的列块（column），按 `W` 的列分块（同时切 `X` 的列）得到 `Y` 的加数（row）。
+# - **`nn.Linear` 的存储**：`weight` 是 `[out_features, in_features]`，前向是 `x @ weight.T + bias`；Megatron 沿用这个约定，
+#   所以 column 切的是 `weight` 的第 0 维，row 切第 1 维。
+# - **线性层的三个梯度**：`dX = dY W`、`dW = dYᵀ X`、`db = Σ dY`。哪个需要通信，取决于它依赖的张量在各 rank 上是完整、
+#   切开还是部分和——上面的分布表就是这件事。
+# - **Megatron-LM 论文的 f / g**：f 在正向是恒等、反向 all-reduce；g 相反；一个 MLP 或 attention 块正反向各一次 all-reduce。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# 1. **seed 000 说 "f 在 `linear_qkv` 内部"，运行显示它被融合掉了。** 只有 TP=1 时 `ColumnParallelLinear` 才调用 f
+#    （此时不通信）；TP>1 时输入梯度的 all-reduce 由 linear 的 backward 直接发出（上面的探针表）。
+#    读 profiler 时要在 `LinearWithGradAccumulationAndAsyncCommunication` 里找它，不是在 `_CopyToModelParallelRegion` 里。
+# 2. **row 层忽略自己的 `tp_group` 去找全局群。** [`layers.py:1281`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1281)
+#    给 linear 函数传 `tp_group=None`，后者再经 `get_tensor_model_parallel_group_if_none` 取全局 TP 群（并在 rank 0 发弃用警告）。
+#    因为 row 层在 linear 函数里既不 all-reduce 也不开 SP，这个群不被使用，结果不受影响；但即使构造时给了显式的
+#    `tp_group`，linear 函数内部仍会去查全局的 `parallel_state`。
+# 3. **`ModelParallelConfig.tensor_model_parallel_size` 不决定切几份（运行确认）。** 切分大小来自 TP 群的大小
+#    （[`layers.py:839`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L839)
+#    的 `get_pg_size(self.tp_group)`），config 里的数只在 `__post_init__` 里用来检查 SP。下面的单元格在 TP=2 的群里
+#    用 `tensor_model_parallel_size=1` 的 config 构造 column 层：照样切成两半，不报错。
+# 4. **GPU 初始化路径本篇没有跑。** `use_cpu_initialization=False` 时 `_initialize_affine_weight_gpu` 在 TP 专用的 RNG 流
+#    （种子随 TP 序号变化，见笔记 02）下只初始化本 rank 的块，拼回去一般不等于 TP=1 的权重；它在 CPU 上需要 RNG tracker
+#    的兼容补丁，留给讲随机数的笔记。
+
+# %%
+def config_says_tp1():
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    config = ModelParallelConfig(tensor_model_parallel_size=1, use_cpu_initialization=True)
+    layer = ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=init_method_normal(0.02),
+                                 bias=True, gather_output=False)
+    return list(layer.weight.shape)
+
+
+print("config 说 TP=1，TP 群有 2 个 rank；每个 rank 的 weight:", run_ranks(config_says_tp1, 2))
+
+
+# %% [markdown]
+# ## 自测
+#
+# **1. TP=4 时 `ColumnParallelLinear(8, 16)` 和 `RowParallelLinear(16, 8)` 每个 rank 的 weight、bias 是什么 shape？**
+#
+# <details><summary>答案</summary>
+#
+# column：weight `[4, 8]`，bias `[4]`；row：weight `[8, 4]`，bias `[8]`（不切）。
+#
+# </details>
+
+# %%
+print({d["kind"]: (d["weight"], d["bias"]) for d in layouts[4][0]})
+
+# %% [markdown]
+# **2. TP=2、不开 SP 时，`ColumnParallelLinear` 的 `allreduce_dgrad` 是多少？它在哪一行决定？开 SP 后呢？**
+#
+# <details><summary>答案</summary>
+#
+# True，在 layers.py 第 920 行由 `world_size > 1 and not sequence_parallel and not disable_grad_reduce` 决定；
+# 开 SP 后是 False，输入梯度改由 reduce-scatter 处理。
+#
+# </details>
+
+# %%
+print(results[2][0]["Column, gather_output=False", "real"]["allreduce_dgrad"],
+      results[2][0]["Column, SP", "real"]["allreduce_dgrad"])
+
+# %% [markdown]
+# **3. `RowParallelLinear` 的 bias 为什么不切？如果每个 rank 在求和之前各加一次 bias，TP=2 时输出差多少？**
+#
+# <details><summary>答案</summary>
+#
+# row 层每个 rank 算的是输出的一个加数，bias 只能在求和之后加一次。各 rank 先加再求和，输出会多出 `(tp-1)·b`，
+# TP=2 时正好多一个 `b`。
+#
+# </details>
+
+# %%
+w_row = [res["Row, input_is_parallel=True", "real"]["w"] for res in results[2]]
+partials = [X["row"].chunk(2, -1)[r] @ w_row[r].T for r in range(2)]  # 每个 rank 的加数 [4, 2, 8]
+y_row = results[2][0]["Row, input_is_parallel=True", "real"]["y"]
+print("Σ 加数 + b == y:", torch.allclose(sum(partials) + BIAS["row"], y_row, atol=1e-6))
+print("Σ (加数 + b) − y == b:", torch.allclose(sum(p + BIAS["row"] for p in partials) - y_row,
+                                            BIAS["row"].expand_as(y_row), atol=1e-6))
+
+# %% [markdown]
+# **4. 一个 MLP 对（column → row）在 TP=2 上，不开 / 开 SP 时正反向各几次 collective？**
+#
+# <details><summary>答案</summary>
+#
+# 不开 SP：正向 1 次 AR（row 的 g），反向 1 次 AR（column 的输入梯度）。开 SP：正向 AG + RS，反向 AG（row 的输出梯度）
+# + AG（column 重新收齐输入）+ RS（column 的输入梯度）。
+#
+# </details>
+
+# %%
+for sp, calls in mlp_calls.items():
+    print(f"SP={sp}: 正向 {kinds(calls, 'forward')}；反向 {kinds(calls, 'backward')}")
+
+# %% [markdown]
+# **5. SwiGLU 的 `linear_fc1` 用 `stride=2`（[`mlp.py:109`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L109)）。
+# TP=2、输出 16 行时，CPU 初始化给 rank 0 的是主权重的哪些行？**
+#
+# <details><summary>答案</summary>
+#
+# 主权重先按 `16 / 2 / 2 = 4` 行一块切成 4 块，rank `r` 拿第 `r, r+2` 块（`weight_list[rank::world_size]`）：
+# rank 0 拿第 0–3 行和第 8–11 行，也就是 gate 的前半和 up 的前半。这样每个 rank 的 gate、up 成对，激活可以本地算。
+#
+# </details>
+
+# %%
+def strided_rows():
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    config = ModelParallelConfig(tensor_model_parallel_size=2, use_cpu_initialization=True)
+    fc1 = ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=index_init, bias=False,
+                               gather_output=False, stride=2)
+    return (fc1.weight[:, 0] // 100).int().tolist()
+
+
+print(run_ranks(strided_rows, 2))
+
+# %% [markdown]
+# ## 30-second answer
+#
+# Both layers store the weight as `[out, in]`, like `nn.Linear`. `ColumnParallelLinear` splits dim 0: each rank
+# owns `[out/tp, in]` and a slice of the bias, computes its slice of Y, and the input gradient is all-reduced in
+# backward — fused into the linear's backward (`allreduce_dgrad`, decided at layers.py line 920), so f itself is
+# never called at TP>1. `RowParallelLinear` splits dim 1, all-reduces partial outputs (g), then adds the unsplit
+# bias once. With sequence parallel, all-gather and reduce-scatter along the sequence replace both all-reduces.
+# At TP 2 and 4, outputs and every gradient equal one dense `nn.Linear`.
