@@ -1,0 +1,873 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 22 Refit 与 resharding：一份 weight，两种切法
+#
+# RL 部分。GRPO、PPO 的每一轮先 rollout（用当前 policy 生成一批回答，主要是 decode），再 training（算 reward 和
+# advantage，做一次 gradient update）。两件事各用最合适的引擎：训练端是 Megatron 或 FSDP，生成端是 vLLM、SGLang
+# 或 Megatron 自己的 inference。两边切 weight 的方式不同，所以每次 update 之后，weight 都要从训练的切法**重切**成
+# 生成的切法再送过去。NeMo RL 把这一步叫 refit，Megatron Core 为它写了 `resharding/`。
+#
+# 本篇在 4 个 CPU rank 上跑真实的 `megatron.core`：一个小 GPT 以 TP=2·PP=2 训练一步（真实的 pipeline schedule），
+# 真实的 `swap_model_weights(src, dst, "gloo")` 把 weight 搬进同一批 rank 上 TP=4·PP=1 的 rollout 模型，两边
+# logits 相等；再打印 planner 算出的每一片谁发给谁、多少字节。然后看 `linear_qkv` 的存法，算搬运量，
+# 最后读 verl 和 NeMo RL 的配置，用一个小命令解释一份 verl 配置每轮怎么同步 weight。
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. 说清为什么**每一轮**都要同步 weight（rollout 必须用 trainer 刚更新的 policy），以及为什么这不是一次 copy：
+#    训练 TP4×PP2 与 rollout TP8 切法不同，每个 parameter 都要按新切法重新分片。
+# 2. 读懂 `swap_model_weights` 的三段：planner（rank 0 集中算出每一片怎么收发）、执行（按计划逐片收发）、
+#    copy service（gloo / NCCL 传输）；能从真实的 plan 读出每个 rank 发给谁、收了多少字节。
+# 3. 说清 Megatron 的 `linear_qkv` 为什么按 query group 交错存（q1 q2 k1 v1 | q3 q4 k2 v2 | …），以及换成
+#    Hugging Face / vLLM 的 `q_proj`、`k_proj`、`v_proj` 要做的重排和改名。
+# 4. 会估算一次 refit 搬多少、要多久（8B bf16 = 16 GB，8 卡每卡 2 GB，NVLink ≈ 4.4 ms，IB ≈ 40 ms；70B = 140 GB），
+#    并说得出这些数字背后的带宽假设。
+# 5. 分清 colocated 与 separate 两种摆法；读一份 verl 配置（`actor.strategy`、`rollout.name`、rollout 的
+#    `tensor_model_parallel_size`、`hybrid_engine`）或 NeMo RL 配置（`colocated.enabled`）就能说出 weight 每轮怎么走。
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号（固定到 tag 的行） | 在本篇里的角色 |
+# |---|---|
+# | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L61) | 公开入口：按名字取 copy service，交给下一行 |
+# | [`refit.py::get_or_create_service`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L29) | `"gloo"` / `"nccl"` / `"nvshmem"` → 进程内缓存的 `CopyService` |
+# | [`refit.py::reshard_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L82) | 第一次算 plan 并挂在目标模型上，之后每次只执行 |
+# | [`planner.py::build_centralized_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L213) | 收集全部元数据，rank 0 算出所有 rank 的 plan 再广播 |
+# | [`utils.py::extract_param_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L247) | 一个参数的 shape、TP 维、stride、所在的 TP / DP / PP 群 |
+# | [`utils.py::_build_layer_module_prefix_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L196) | stage 内的 `layers.0` → 全局层号；两种切法靠它配对同一个参数 |
+# | [`utils.py::select_src_metadata_balanced`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L322) | 源有多份副本时按目标 rank 轮流挑一份 |
+# | [`planner.py::_build_descriptors_for_param`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L24) | 判断参数是否按 TP 切、切在哪一维，并核对两边总长相等 |
+# | [`planner.py::_plan_multi_dim_lcm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L70) | TP 参数：按两边份数的最小公倍数切成小片，逐片找源 |
+# | [`planner.py::_finalize_dp_transfers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L154) | 不按 TP 切的参数：整块来自某份副本（同一 rank 就是本地拷贝） |
+# | [`utils.py::TransferOp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L17)、[`utils.py::ReshardPlan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L93) | 一片的收或发；一个 rank 的全部 send / recv |
+# | [`execution.py::execute_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/execution.py#L16) | 按 plan 提交每一片，执行，barrier，写回目标参数 |
+# | [`gloo_copy_service.py::GlooCopyService.run`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/copy_services/gloo_copy_service.py#L75) | 本地片直接 `copy_`，远端片一次 `batch_isend_irecv` |
+# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/hyper_comm_grid.py#L33) | 给 rollout 模型另建一套群，不碰 `parallel_state` 的全局群 |
+# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1371) | 按 query group 把 `linear_qkv` 的输出拆成 Q、K、V |
+#
+# Megatron 自己的单元测试 [`test_model_swap.py::test_swap_gpt_parametrized`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L162)
+# 在同一批 rank 上各建一个源模型和一个目标模型（各自的 `pg_collection` 由
+# [`test_model_swap.py::_build_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L35)
+# 用 `HyperCommGrid` 建），换完 weight 比较输出。本篇照这个思路写自己的实验；遗留问题 2 说它的 PP 用例其实没切层。
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# megatron/core/resharding/refit.py::swap_model_weights(src, dst, "gloo")
+# ├─ refit.py::get_or_create_service("gloo") → GlooCopyService()     # new_group(backend="gloo")，建一个 CUDA copy stream
+# └─ refit.py::reshard_model_weights(src, dst, service)
+#    ├─ 只在第一次：planner.py::build_centralized_reshard_plan(src, dst)  → 存为 dst._cached_reshard_plan
+#    │  ├─ utils.py::_build_layer_module_prefix_map(src)、(dst)        # 本 stage 的 layers.i → 全局层号
+#    │  ├─ utils.py::extract_param_metadata  两个模型的每个参数         # 名字、shape、TP 维、stride、群成员
+#    │  ├─ all_gather_object ×2                                        # world：所有 rank 的元数据
+#    │  ├─ 仅 rank 0：每个目标 rank 的每个参数
+#    │  │  ├─ utils.py::select_src_metadata_balanced                   # 多份源副本时轮流挑
+#    │  │  └─ planner.py::_determine_source_ranks_for_dst_param
+#    │  │     ├─ _build_descriptors_for_param → _plan_multi_dim_lcm     # TP 参数：LCM 小片
+#    │  │     └─ _finalize_dp_transfers                                 # 复制的参数：整块
+#    │  └─ broadcast_object_list                                       # world：每个 rank 拿到自己的 ReshardPlan
+#    └─ execution.py::execute_reshard_plan(plan, src, dst, service)
+#       ├─ service.submit_send_with_id / submit_recv_with_id  每个 TransferOp 一片
+#       ├─ gloo_copy_service.py::GlooCopyService.run                   # 本地片 copy_；远端片 batch_isend_irecv（gloo 群）
+#       ├─ dist.barrier()                                              # world
+#       └─ 收到的片写回 dst 的参数                                      # 目标模型的 weight 被覆盖
+# ```
+#
+# **每个函数的阅读记录**（RL 不在 simple loop 里；refit 插在 `optimizer.step()` 之后、下一轮 rollout 之前）：
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `swap_model_weights` | 源模型、目标模型、后端名或 `CopyService` | 无 | `get_or_create_service`、`reshard_model_weights` | 第一次调用时建一个 gloo 群 | 交给下层 | 是：目标模型的参数 | `optimizer.step()` 之后 |
+# | `build_centralized_reshard_plan` | 两个带 `pg_collection` 的模块 | 本 rank 的 `ReshardPlan` | `extract_param_metadata`、`select_src_metadata_balanced`、两种规划 | 是：world 上 2 次 `all_gather_object`、1 次 `broadcast_object_list` | 只算切片，不搬数据 | 否 | 同上，只在第一次 |
+# | `extract_param_metadata` | 一个参数、名字、rank、`pg_collection` | `ParameterMetadata` | 层号映射 | 只读群成员 | 读 `partition_dim` / `partition_stride` | 否 | 同上 |
+# | `_plan_multi_dim_lcm` | 源、目标元数据，TP 描述 | `(源 rank, 源切片, 目标切片)` 列表 | 无 | 否（纯算术） | 是：TP 维的切片 | 否 | 同上 |
+# | `_finalize_dp_transfers` | 同上 | 一个整块来源 | 无 | 否 | 否（整块） | 否 | 同上 |
+# | `execute_reshard_plan` | plan、两个模块、service | 无 | `CopyService` | 是：world 上的 barrier | 按切片取、按切片写 | 是：写目标参数 | 每一轮 |
+# | `GlooCopyService.run` | 已提交的 send / recv | 无 | 无 | 是：gloo 群上的点对点 | 否 | 否（写接收缓冲） | 每一轮 |
+# | `HyperCommGrid.create_pg` | 维度名 | 本 rank 所在的那个群 | `new_subgroups_by_enumeration` | 是：建群（全员参与） | 否 | 进程状态 | 相当于另一套 `initialize_distributed` |
+# | `SelfAttention.get_query_key_value_tensors` | hidden states `[s, b, h]` | Q、K、V | `linear_qkv` | TP 份数多于 group 数时才 all-gather | 按 group 排的行 | 否 | forward |
+
+# %%
+from snippets import qkv_layout, refit_cost  # first: refit_cost also quiets known warnings
+from snippets.launch import run_ranks
+from snippets.recorder import communication_table
+from snippets.tables import Table
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+# %% [markdown]
+# ## 关键对象
+#
+# ### 两种切法，同一批 rank
+#
+# seed 000 的例子是 8 张卡：训练 TP4×PP2（每卡一半的层、每层 1/4 的矩阵），vLLM TP8（每卡全部的层、每层 1/8）。
+# 这里缩小一半：4 个 rank，训练 TP2×PP2，rollout TP4×PP1（自测 4 用 8 个 rank 跑 seed 原样的布局）。
+# 小 GPT：4 层、hidden 32、8 个 head、4 个 query group、vocab 64、序列长 8，fp32，不共享输入输出 embedding。
+#
+# - **训练模型（源，policy）** 用 `parallel_state.initialize_model_parallel` 建的全局群，经
+#   `ProcessGroupCollection.use_mpu_process_groups()` 交给 `GPTModel`；每个 PP stage 只建自己的 2 层。
+# - **rollout 模型（目标）** 不能再调一次 `initialize_model_parallel`（全局群只有一套），所以用 `HyperCommGrid`
+#   按 TP=4 另建一套群，装进它自己的 `ProcessGroupCollection`。模型的层从 `pg_collection` 取群，不看全局变量。
+
+# %%
+SEQ, VOCAB, BATCH = 8, 64, 2
+POS = torch.arange(SEQ).expand(BATCH, SEQ)
+MASK = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).view(1, 1, SEQ, SEQ)  # True = 看不见
+
+
+def gpt_config(tp, pp, groups=4):
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(num_layers=4, hidden_size=32, num_attention_heads=8,
+                             num_query_groups=groups, tensor_model_parallel_size=tp,
+                             pipeline_model_parallel_size=pp, use_cpu_initialization=True,
+                             pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def gpt(config, pg_collection, first=True, last=True):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
+                    pre_process=first, post_process=last, share_embeddings_and_output_weights=False,
+                    position_embedding_type="rope", pg_collection=pg_collection)
+
+
+def rollout_groups(tp):
+    """The inference layout's own groups: TP=tp, PP=1, the rest data parallel."""
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    grid = HyperCommGrid([tp, 1, 1, 1, dist.get_world_size() // tp], ["tp", "cp", "ep", "pp", "dp"])
+    return ProcessGroupCollection(tp=grid.create_pg("tp"), cp=grid.create_pg("cp"),
+                                  pp=grid.create_pg("pp"), ep=grid.create_pg("ep"),
+                                  dp=grid.create_pg("dp"),
+                                  embd=None, pos_embd=None)  # PP=1: no stage shares the embedding
+
+# %% [markdown]
+# 训练一步走真实的 pipeline schedule（PP=2 时 `get_forward_backward_func()` 给出 1F1B），再对本 rank 的参数做一次
+# 普通的 `torch.optim.SGD`。比较 logits 时训练模型也要走 pipeline（forward only）：最后一个 stage 拿到完整 vocab 的
+# logits（`runtime_gather_output=True`），再在 PP 群里广播给前面的 stage。rollout 模型 PP=1，直接调用。
+
+# %%
+def train_one_step(model, batches, lr=0.5):
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def step(data, model):
+        tokens = next(data)
+        loss = model(tokens, POS, MASK, labels=tokens.roll(-1, dims=1))  # [b, s] per-token loss
+        return loss, lambda l: (l.mean(), {"loss": l.mean().detach().clone()})
+
+    out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter(batches),
+                                      model=[model], num_microbatches=len(batches),
+                                      seq_length=SEQ, micro_batch_size=BATCH)
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return [round(float(o["loss"]), 4) for o in out]
+
+
+def pipeline_logits(model, tokens):
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def step(data, model):
+        out = model(next(data), POS, MASK, runtime_gather_output=True)
+        return out, lambda o: (o.sum() * 0, {"logits": o.detach().clone()})
+
+    out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([tokens]),
+                                      model=[model], num_microbatches=1, seq_length=SEQ,
+                                      micro_batch_size=BATCH, forward_only=True)
+    last = parallel_state.is_pipeline_last_stage()
+    logits = out[0]["logits"] if last else torch.empty(BATCH, SEQ, VOCAB)
+    dist.broadcast(logits, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                   group=parallel_state.get_pipeline_model_parallel_group())
+    return logits
+
+
+def rollout_logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens, POS, MASK, runtime_gather_output=True)
+
+# %% [markdown]
+# ### 一轮 RL，在每个 rank 上
+#
+# 建两个模型 → 第一次同步（rollout 从当前 policy 出发）→ 训练一步 → 不同步时 rollout 用的是哪个 policy →
+# 第二次同步。两次 `swap_model_weights` 各自用 `snippets.recorder` 记下全部 collective；最后把缓存在目标模型上的
+# plan 拆成记录（`refit_cost.plan_ops`）带回 notebook。
+
+# %%
+def one_rl_round():
+    from snippets import recorder, refit_cost  # first: quiets the known warnings on this rank
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.resharding.refit import swap_model_weights
+    from megatron.core.resharding.utils import (_build_layer_module_prefix_map,
+                                                _resolve_global_layer_number_in_name)
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(123)
+    torch.manual_seed(100 * parallel_state.get_pipeline_model_parallel_rank())  # 各 stage 各自的层
+    policy = gpt(gpt_config(tp=2, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
+                 parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
+    rollout = gpt(gpt_config(tp=4, pp=1), rollout_groups(tp=4))
+
+    data = torch.randint(0, VOCAB, (3, BATCH, SEQ), generator=torch.Generator().manual_seed(7))
+    prompts, batches = data[0], list(data[1:])
+
+    with recorder.record() as first_sync:
+        swap_model_weights(policy, rollout, "gloo")         # 第 0 轮：从当前 policy 出发
+    before = pipeline_logits(policy, prompts)
+    synced = torch.allclose(rollout_logits(rollout, prompts), before, atol=1e-5)
+
+    losses = train_one_step(policy, batches)                # policy 更新了
+    after = pipeline_logits(policy, prompts)
+    stale = rollout_logits(rollout, prompts)                # rollout 手里还是旧 weight
+
+    with recorder.record() as second_sync:
+        swap_model_weights(policy, rollout, "gloo")         # 第 1 轮：再同步
+    fresh = rollout_logits(rollout, prompts)
+
+    def shapes(model):
+        prefix = _build_layer_module_prefix_map(model)
+        return {_resolve_global_layer_number_in_name(n, prefix): tuple(p.shape)
+                for n, p in model.named_parameters()}
+
+    tp_sharded = [getattr(p, "tensor_model_parallel", False) for p in rollout.parameters()]
+    return dict(
+        losses=losses, synced=synced,
+        policy_changed=not torch.allclose(after, before, atol=1e-5),
+        max_change=round(float((after - before).abs().max()), 4),
+        stale_is_old=torch.allclose(stale, before, atol=1e-5),
+        stale_is_new=torch.allclose(stale, after, atol=1e-5),
+        fresh_is_new=torch.allclose(fresh, after, atol=1e-5),
+        fresh_diff=float((fresh - after).abs().max()),
+        policy_shapes=shapes(policy), rollout_shapes=shapes(rollout),
+        sharded_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if s),
+        replicated_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if not s),
+        plan=refit_cost.plan_ops(rollout._cached_reshard_plan, policy, rollout),
+        first_sync=first_sync, second_sync=second_sync,
+        groups={"训练 tp": dist.get_process_group_ranks(policy.pg_collection.tp),
+                "训练 pp": dist.get_process_group_ranks(policy.pg_collection.pp),
+                "rollout tp": dist.get_process_group_ranks(rollout.pg_collection.tp),
+                "rollout dp": dist.get_process_group_ranks(rollout.pg_collection.dp)},
+    )
+
+
+ranks = run_ranks(one_rl_round, 4, grid=dict(tp=2, pp=2))
+r0 = ranks[0]
+Table(["检查", "rank 0、1、2、3 的结果"], [
+    ["训练一步的 loss（最后一个 stage 才有，2 个 microbatch）", [r["losses"] for r in ranks]],
+    ["第一次同步后：rollout logits == policy logits", [r["synced"] for r in ranks]],
+    ["训练一步后：policy 的 logits 变了（最大变化）",
+     [(r["policy_changed"], r["max_change"]) for r in ranks]],
+    ["不同步：rollout == 旧 policy", [r["stale_is_old"] for r in ranks]],
+    ["不同步：rollout == 新 policy", [r["stale_is_new"] for r in ranks]],
+    ["第二次同步后：rollout == 新 policy", [r["fresh_is_new"] for r in ranks]],
+    ["第二次同步后：最大差 < 1e-6", [r["fresh_diff"] < 1e-6 for r in ranks]],
+])
+
+# %% [markdown]
+# 这张表就是"为什么每轮都要同步"：训练一步之后 policy 的 logits 最多变了 0.69，而没有同步的 rollout 模型
+# 算出的仍是**旧** policy 的 logits——用它生成的回答属于上一个 policy（on-policy 算法的前提被打破）。
+# 同步之后，TP=4 的 rollout 模型和 TP=2·PP=2 的 policy 在每个 rank 上给出相同的 logits（差在 1e-6 以内：
+# 两边按不同的切法做矩阵乘，浮点求和顺序不同）。
+#
+# ### 为什么不是一次 copy
+#
+# 同一个参数在两种切法下落在不同的 rank、形状也不同。名字按全局层号对齐（`_build_layer_module_prefix_map`：
+# PP stage 1 上的 `decoder.layers.0` 其实是全局第 2 层）：
+
+# %%
+def where(shapes_by_rank, name):
+    held = {r: s[name] for r, s in enumerate(shapes_by_rank) if name in s}
+    return ", ".join(f"r{r} {list(shape)}" for r, shape in held.items())
+
+
+names = ["embedding.word_embeddings.weight",
+         "decoder.layers.0.self_attention.linear_qkv.weight",
+         "decoder.layers.3.self_attention.linear_qkv.weight",
+         "decoder.layers.3.self_attention.linear_proj.weight",
+         "decoder.layers.3.mlp.linear_fc1.weight",
+         "decoder.layers.3.input_layernorm.weight",
+         "output_layer.weight"]
+policy_shapes = [r["policy_shapes"] for r in ranks]
+rollout_shapes = [r["rollout_shapes"] for r in ranks]
+Table(["参数（全局名）", "训练 TP2·PP2：rank 与本地 shape", "rollout TP4：rank 与本地 shape"],
+      [[n, where(policy_shapes, n), where(rollout_shapes, n)] for n in names])
+
+# %% [markdown]
+# - 第 3 层的 `linear_qkv`（column-parallel，按第 0 维切）在训练端只在 rank 2、3 上，各 `[32, 32]`；在 rollout 端
+#   四个 rank 都有，各 `[16, 32]`。rank 0、1 原本根本没有这一层。
+# - `linear_proj`（row-parallel）按第 1 维切：`[32, 16]` → `[32, 8]`。
+# - layernorm 不切，训练端两份、rollout 端四份，要**复制**到原本没有它的 rank。
+#
+# 每个 rank 持有多少：
+
+# %%
+def param_bytes(shapes):
+    return sum(4 * torch.Size(s).numel() for s in shapes.values())
+
+
+Table(["rank", "训练：参数个数", "训练：字节", "rollout：参数个数", "rollout：字节"],
+      [[r, len(p), param_bytes(p), len(q), param_bytes(q)]
+       for r, (p, q) in enumerate(zip(policy_shapes, rollout_shapes))])
+
+# %% [markdown]
+# ### 真实的 plan：谁发给谁、多少字节
+#
+# `swap_model_weights` 第一次调用时算出的 `ReshardPlan` 缓存在目标模型的 `_cached_reshard_plan` 上。
+# 每个 rank 的 plan 是一串 `TransferOp`（参数名、对方 rank、本方切片、对方切片、`task_id`），收发两侧用同一个
+# `task_id` 配对。把 4 个 rank 的接收记录汇成矩阵（行 = 发送方，列 = 接收方，对角线 = 本地拷贝，`refit_cost.plan_traffic`）：
+
+# %%
+plans = [r["plan"] for r in ranks]
+matrix = refit_cost.plan_traffic(plans)
+Table(["发送 ＼ 接收", *[f"r{d}" for d in range(4)], "发出合计"],
+      [[f"r{s}", *matrix[s], sum(matrix[s])] for s in range(4)])
+
+# %%
+def rank_row(rank, ops):
+    recv = [o for o in ops if o["kind"] == "recv"]
+    send = [o for o in ops if o["kind"] == "send"]
+    local = sum(o["bytes"] for o in recv if o["peer"] == rank)
+    remote = sum(o["bytes"] for o in recv) - local
+    return [rank, len(recv), sorted({o["peer"] for o in recv}), remote, local,
+            len(send), sorted({o["peer"] for o in send}), param_bytes(rollout_shapes[rank])]
+
+
+Table(["rank", "recv 片数", "来自", "远端收到（字节）", "本地拷贝（字节）",
+       "send 片数", "发往", "rollout 参数字节"],
+      [rank_row(r, ops) for r, ops in enumerate(plans)])
+
+# %% [markdown]
+# 读法：
+#
+# - 每个 rank 收到的字节（远端 + 本地）正好等于它在 rollout 切法下的参数字节 53248：plan 只送**目标需要的那一片**，
+#   不多送。这和"先把整个参数拼起来再切"不同（verl 的路径就是先拼，见机制解释）。
+# - 本地拷贝不只发生在 layernorm 上：rank 0 在 rollout 端要第 0、1 层 `linear_qkv` 的第 0–15 行，训练端的 rank 0
+#   恰好持有这两层的第 0–31 行，于是 26496 字节根本不出进程。rank 1 要的第 16–31 行也在 rank 0 上，只能远端收。
+# - 复制的参数（layernorm、row-parallel 的 bias）由 `select_src_metadata_balanced` 按目标 rank 轮流挑源：
+#   这是 r0→r2、r1→r1、r2→r2、r3→r1 那些一两千字节的格子。
+#
+# 同一个参数的每一片，按 `task_id` 把发送方和接收方配起来：
+
+# %%
+def transfers_of(dst_name):
+    sends = {o["task"]: (r, o) for r, ops in enumerate(plans) for o in ops if o["kind"] == "send"}
+    rows = []
+    for r, ops in enumerate(plans):
+        for o in ops:
+            if o["kind"] == "recv" and o["param"] == dst_name:
+                src_rank, s = sends[o["task"]]
+                rows.append([f"r{src_rank} {s['param']} {s['slice']}", f"r{r} {o['slice']}",
+                             list(o["shape"]), o["bytes"]])
+    return Table(["源：rank、本地名、切片", "目标：rank、切片", "shape", "字节"], rows)
+
+
+transfers_of("decoder.layers.2.self_attention.linear_qkv.weight")
+
+# %% [markdown]
+# 全局第 2 层在训练端是 PP stage 1 的本地第 0 层（`decoder.layers.0`），按 TP=2 切成两份 `[32, 32]`；rollout 的
+# 4 个 rank 各要 16 行，每个源 rank 的一份被切成两片。row-parallel 的 `linear_proj` 切在第 1 维，片也切在第 1 维：
+
+# %%
+transfers_of("decoder.layers.2.self_attention.linear_proj.weight")
+
+# %%
+transfers_of("decoder.layers.2.input_layernorm.weight")
+
+# %% [markdown]
+# layernorm 在训练端只有 rank 2、3 有（第 2 层在 stage 1），rollout 的 4 个 rank 轮流从这两份里取整块。
+
+# %% [markdown]
+# ## Tensor / Process Group 语义
+#
+# 两套群同时存在于每个 rank 上：训练模型用 `parallel_state` 的全局群，rollout 模型用 `HyperCommGrid` 建的群。
+
+# %%
+Table(["rank", *r0["groups"]], [[r, *x["groups"].values()] for r, x in enumerate(ranks)])
+
+# %% [markdown]
+# rollout 端 TP=4 占满 4 个 rank，所以它的 DP 群只有自己。refit 本身的通信不走这两套群中的任何一个：planner 的对象
+# collective 和 barrier 走 world，数据走 `GlooCopyService` 自己建的 gloo 群（成员也是全体 rank）。
+#
+# **第一次同步**记录到的每个 collective（rank 0；API / 群 / 通信前后 shape / 语义）：
+
+# %%
+def compact(calls):
+    """batch_isend_irecv carries one op per piece: show how many, not every shape."""
+    for c in calls:
+        if c.api == "batch_isend_irecv":
+            sends = sum(op == "isend" for op, _ in c.extra["ops"])
+            c.before = c.after = f"{sends} × isend, {len(c.extra['ops']) - sends} × irecv"
+    return calls
+
+
+MEANINGS = {"all_gather": "all_gather_object：先交换长度，再交换 pickle 后的元数据（源、目标各一轮）",
+            "broadcast": "broadcast_object_list：rank 0 把算好的 plan 发给每个 rank（先长度后内容）",
+            "batch_isend_irecv": "按 plan 逐片收发 weight（本地片直接 copy_，不在其中）",
+            "barrier": "所有 rank 都收完，再写回参数"}
+communication_table(compact(r0["first_sync"]), MEANINGS, ranks=False)
+
+# %% [markdown]
+# - 第 1–4 行是两次 `all_gather_object`：对象先被 pickle 成字节张量，第一次交换长度（`[1]`），第二次交换按最长者
+#   补齐的字节（源模型元数据 4691 字节、目标 8805 字节）。第 5–6 行同理，是 rank 0 广播整份 plan。
+# - 第 7 行是真正搬 weight 的一次 `batch_isend_irecv`：rank 0 要发 25 片、收 27 片到远端（它的 52 片里另有 25 片
+#   是本地拷贝，不经过通信）。
+#
+# **第二次同步**只剩搬运：plan 已经缓存（refit.py 第 107 行先找 `_cached_reshard_plan`），元数据交换和广播都不再发生。
+
+# %%
+communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
+
+# %% [markdown]
+# ## 机制解释
+#
+# ### planner：为什么集中在 rank 0
+#
+# 每个 rank 只知道自己的参数，而一片 weight 的"源"和"目标"往往不在同一个 rank。于是先用两次 `all_gather_object`
+# 让每个 rank 都拿到全世界的元数据（参数名按全局层号改写过，所以 PP stage 不同也能对上），再由 rank 0 对每个目标
+# rank 的每个参数决定：从哪个源 rank 的哪个切片拿。rank 0 算完全部 plan，用一次 `broadcast_object_list` 发下去
+# （planner.py 第 281、337 行）。好处是收发双方看到的是同一份计划、同一个 `task_id`，不会配错；代价是第一次调用
+# 要在 world 上做对象 collective，所以 plan 被缓存，之后每一轮只剩传输。
+#
+# ### TP 参数：LCM 小片
+#
+# 源按 TP 切成 `Ns` 份、目标切成 `Nd` 份（带 stride 时再乘 stride），`_plan_multi_dim_lcm` 把切分维切成
+# `lcm(Ns, Nd)` 个等长小片：每个小片完整地属于一个源分片、也完整地属于一个目标分片，于是逐片写一条 send / recv 即可。
+# 上面 TP 2 → 4：`lcm = 4`，每个源分片贡献 2 片、每个目标分片收 1 片。反过来 4 → 2 时每个目标分片从两个源各收 1 片。
+# stride 用于一个 rank 的分片本身由几段拼成的参数：SwiGLU 的 `linear_fc1` 每个 rank 存的是 `[gate 的一段; up 的一段]`，
+# Megatron 给它 `partition_stride=2`（mlp.py 第 109 行），planner 才知道要分段对齐。本篇的小 GPT 用 GeLU，stride 都是 1。
+#
+# ### 复制的参数：整块、轮流挑源
+#
+# 没有 TP 属性的参数（layernorm、row-parallel 的 bias）在每个 TP rank 上都有一份。`_finalize_dp_transfers` 让目标
+# 整块接收；源有多份时 `select_src_metadata_balanced` 按目标 rank 轮流选，分摊发送压力；源和目标是同一个 rank
+# 时就是本地拷贝。
+#
+# ### 执行：先本地、再点对点、最后 barrier
+#
+# `execute_reshard_plan` 为每个 recv 开一个接收缓冲，`GlooCopyService.run` 把 `task_id` 相同的本地收发直接 `copy_`，
+# 其余组成一次 `batch_isend_irecv`；world barrier 之后才把缓冲写回参数，保证没有 rank 在别人还在读时被改写。
+# 换成 `"nccl"` 是同一份 plan，只是传输走 NCCL、用 CUDA stream 与计算重叠。在 CPU 上，gloo 版本构造时也要建
+# CUDA stream，我们用一个作用域只限这个模块的补丁让它成为空操作（[在 CPU 上运行](../../cpu/) 的 `refit_streams`）。
+#
+# ### `linear_qkv`：按 query group 交错
+#
+# Megatron 把 Q、K、V 三个投影存成一个矩阵，而且行按 query group 排：8 个 query head、4 个 query group 时，
+# 每个 group 是"它的 2 个 query head、1 个 key head、1 个 value head"，每项 `head_dim` 行：
+
+# %%
+labels = qkv_layout.fused_row_labels(num_heads=8, num_query_groups=4)
+blocks = [labels[i:i + 4] for i in range(0, len(labels), 4)]  # 2 q + k + v per group
+Table(["query group", "linear_qkv 里的行块（每块 head_dim 行）", "训练 TP2 的 rank", "rollout TP4 的 rank"],
+      [[g, " ".join(b), g * 2 // len(blocks), g * 4 // len(blocks)] for g, b in enumerate(blocks)])
+
+# %% [markdown]
+# 这样排的理由在后两列：TP 按行把 `linear_qkv` 切成连续的几段，每段恰好是**整数个 query group**——本 rank 的
+# attention 需要的 Q、K、V 全在本地，不用通信（`get_query_key_value_tensors` 只在 TP 份数多于 group 数时才 all-gather，
+# attention.py 第 1398 行）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
+#
+# Hugging Face（`q_proj`、`k_proj`、`v_proj`）和 vLLM 的权重加载器按"全部 Q、全部 K、全部 V"分开存。
+# 从 Megatron 送过去，就要按 group 拆开、重排、改名；`snippets/qkv_layout.py` 做这件事（和它的逆）。
+# 检验：在 1 个 rank 上建一个真实的 `SelfAttention`（local spec，8 head、4 group，带 bias），把它的权重转换成 HF 的样子，
+# 用一个照 HF Llama 写的 attention（`repeat_kv` 式的分组）计算，输出必须一致：
+
+# %%
+def attention_check():
+    from snippets import refit_cost  # noqa: F401 - first, quiets the known warnings
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    spec = get_gpt_layer_local_spec().submodules.self_attention
+    attn = SelfAttention(gpt_config(tp=1, pp=1), spec.submodules, layer_number=1,
+                         attn_mask_type=AttnMaskType.causal)
+    with torch.no_grad():
+        attn.linear_qkv.bias.normal_()  # a non-zero bias, so its reorder is checked too
+        x = torch.randn(SEQ, BATCH, 32)
+        out, bias = attn(x, MASK)
+    state = {f"decoder.layers.0.self_attention.{k}": v
+             for k, v in attn.state_dict().items() if "extra_state" not in k}
+    return (out + bias).transpose(0, 1), x.transpose(0, 1), state
+
+
+megatron_out, x, megatron_state = run_ranks(attention_check, 1)[0]
+hf = qkv_layout.megatron_to_hf(megatron_state, num_heads=8, num_query_groups=4)
+Table(["名字", "shape"], [[k, list(v.shape)] for k, v in {**megatron_state, **hf}.items()])
+
+# %%
+h = {k.split("self_attn.")[1]: v for k, v in hf.items()}  # "q_proj.weight" -> tensor
+hf_out = qkv_layout.hf_attention(x, h["q_proj.weight"], h["k_proj.weight"], h["v_proj.weight"],
+                                 h["o_proj.weight"], num_heads=8, num_kv_heads=4,
+                                 q_bias=h["q_proj.bias"], k_bias=h["k_proj.bias"],
+                                 v_bias=h["v_proj.bias"], o_bias=h["o_proj.bias"])
+w = megatron_state["decoder.layers.0.self_attention.linear_qkv.weight"]
+b = megatron_state["decoder.layers.0.self_attention.linear_qkv.bias"]
+naive = qkv_layout.hf_attention(x, w[:32], w[32:48], w[48:64], h["o_proj.weight"], 8, 4,
+                                q_bias=b[:32], k_bias=b[32:48], v_bias=b[48:64],
+                                o_bias=h["o_proj.bias"])
+back = qkv_layout.hf_to_megatron(hf, num_query_groups=4)
+print("HF 式 attention（转换后的权重）== Megatron SelfAttention:",
+      torch.allclose(hf_out, megatron_out, atol=1e-6))
+print("不重排、直接按行切成 q | k | v:", torch.allclose(naive, megatron_out, atol=1e-6))
+print("转回 Megatron 的名字和行序，逐位相等:",
+      all(torch.equal(back[k], v) for k, v in megatron_state.items()))
+
+# %% [markdown]
+# 只改名不重排（把前 32 行当 Q、接着 16 行当 K……）算出的是另一个模型。`linear_proj` 不用重排：attention 输出
+# 按 head 顺序排，和 HF 的 `o_proj` 一致。local spec 的 layernorm 名字也只需改名；Transformer Engine spec 把
+# layernorm 融进了 `linear_qkv`（`linear_qkv.layer_norm_weight`），名字表要跟着换。verl 做同一件事的代码是
+# [`megatron_utils.py::default_tp_concat_fn`](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/utils/megatron_utils.py#L846)：
+# 先 all-gather 各 TP 分片，再对每片按 group 拆出 q、k、v 并拼起来。
+#
+# ### 要搬多少、多久
+#
+# seed 000 的数字：8B 的 bf16 weight 16 GB，8 张卡每卡 2 GB，NVLink 约 4.4 ms，IB 约 40 ms；70B 是 140 GB。
+# 反推带宽：2 GB ÷ 4.4 ms ≈ 450 GB/s，正是 H100 NVLink 4 每卡单向带宽（双向 900 GB/s 的一半）；2 GB ÷ 40 ms = 50 GB/s，
+# 正是每卡一块 400 Gb/s NDR InfiniBand 网卡（400 ÷ 8）。GB 按十进制（1e9 字节）。所以这组数字假设的是：
+# 每张卡只收自己那 1/8（目标切片），8 张卡同时收、各走各的链路，没有延迟和协议开销——是下限。
+# `snippets/refit_cost.py` 把它写成公式（`tests/test_refit_cost.py` 核对 seed 的每个数）：
+#
+# <!-- same-as-next-output -->
+# | model | dtype | total (GB) | GPUs | per GPU (GB) | NVLink (ms) | IB (ms) |
+# |---|---|---|---|---|---|---|
+# | 8B | bf16 | 16.0 | 8 | 2.0 | 4.44 | 40.0 |
+# | 70B | bf16 | 140.0 | 8 | 17.5 | 38.89 | 350.0 |
+
+# %%
+Table(refit_cost.REFIT_HEADERS, refit_cost.refit_rows(8e9) + refit_cost.refit_rows(70e9))
+
+# %% [markdown]
+# "每卡只收自己那片"是 Megatron planner 的做法。实际系统常常更费：verl 的 colocated 路径让每张卡先把每个参数
+# **完整地**聚齐（FSDP 的 `full_tensor()`，或 Megatron 的 TP all-gather + PP broadcast），再交给同卡上的推理引擎挑自己那片；
+# separate 摆法下训练端把整个模型广播给每张生成卡。同样 8 卡、TP4×PP2 → TP8，三种做法每卡收到的字节和时间下限：
+
+# %%
+def strategy_rows(params):
+    rows = []
+    for strategy, kw, what in [("slice", dict(gpus=8), "只收自己的 1/8（planner）"),
+                               ("gather", dict(shards=8), "先聚齐整个参数（verl colocated）"),
+                               ("broadcast", {}, "整模型广播（separate）")]:
+        nbytes = refit_cost.bytes_per_gpu(params, strategy, **kw)
+        rows.append([f"{params / 1e9:g}B", what, round(nbytes / refit_cost.GB, 2),
+                     round(refit_cost.seconds(nbytes, "nvlink") * 1e3, 2),
+                     round(refit_cost.seconds(nbytes, "ib") * 1e3, 1)])
+    return rows
+
+
+Table(["model", "每卡怎么拿到 weight", "每卡收（GB）", "NVLink（ms）", "IB（ms）"],
+      strategy_rows(8e9) + strategy_rows(70e9))
+
+# %% [markdown]
+# 本篇的小模型也可以拿来对账：rollout 端每个 rank 收到的字节 = TP 切分参数的 1/4 + 全部复制参数。公式里的
+# "model / GPUs" 只算了前一项，复制参数（layernorm、bias）在大模型里占比极小：
+
+# %%
+sharded, replicated = r0["sharded_params"], r0["replicated_params"]
+model_params = 4 * sharded + replicated
+print("整个模型参数:", model_params, " fp32 字节:", refit_cost.model_bytes(model_params, "fp32"))
+print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=4, dtype="fp32"),
+      " plan 里每个 rank 实收:", [sum(matrix[s][d] for s in range(4)) for d in range(4)],
+      " 差 = 复制参数 × 3/4 × 4 字节:", 3 * replicated)
+
+# %% [markdown]
+# ### colocated 还是 separate
+#
+# | | colocated：训练和生成共用一批卡 | separate：训练卡和生成卡分开 |
+# |---|---|---|
+# | 时间上 | 两个阶段轮流占卡：生成时训练端的参数、优化器状态可以挪走，训练时推理端释放 KV cache | 两边各跑各的，可以同时进行 |
+# | weight 怎么到推理端 | 不出这张卡：训练进程把张量的 CUDA IPC 句柄交给同卡的推理进程，推理进程直接读 | 走网络：训练端经 NCCL（或 Megatron 的 copy service）发给另一批卡 |
+# | 代价 | 同一时刻只有一边在算；两边的显存要能轮流装下 | 每轮要等 weight 过网络；想让两边都不闲，生成就得用落后一两步的 policy（off-policy） |
+# | 好处 | 没有闲卡，同步最快 | 两边各选最合适的并行配置和卡数，互不抢显存 |
+# | 配置 | verl `actor_rollout_ref.hybrid_engine: true`（缺省）；NeMo RL `policy.generation.colocated.enabled: true`（缺省） | verl `hybrid_engine: false`（只在实验性的 fully_async_policy 里）；NeMo RL `colocated.enabled: false` |
+#
+# 本篇 CPU 上的实验属于 colocated：源和目标模型在同一批 rank 上，Megatron 0.16.1 的 `swap_model_weights` 也只支持
+# 这种"同一个 world、两个模型"的情形（遗留问题 4）。
+#
+# ### verl 和 NeMo RL 怎么配，对应哪条代码路径
+#
+# 读的是 verl 提交 [`b178a3c`](https://github.com/volcengine/verl/tree/b178a3cd56f58b2d502255daba591e92833930a7)
+# 和 NeMo RL 提交 [`7ea279a`](https://github.com/NVIDIA-NeMo/RL/tree/7ea279abfbeb698b092856d0dab61e7cf39bc909)：
+#
+# | 配置项 | 取值 | 代码路径 |
+# |---|---|---|
+# | verl `actor_rollout_ref.actor.strategy` | `fsdp` / `fsdp2`（[dp_actor.yaml 第 26 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/config/actor/dp_actor.yaml#L26)）或 `megatron`（[megatron_actor.yaml 第 16 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/config/actor/megatron_actor.yaml#L16)） | [main_ppo.py 第 153–162 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/main_ppo.py#L153) 据此选 `fsdp_workers.py` 或 `megatron_workers.py` 的 `AsyncActorRolloutRefWorker` |
+# | verl `actor_rollout_ref.rollout.name` | 必填（[rollout.yaml 第 5 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/config/rollout/rollout.yaml#L5) 写的是 `???`）；注册表里有 `vllm`、`sglang`、`trtllm`（[base.py 第 81 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/workers/rollout/base.py#L81)） | 决定 `rollout.update_weights` 是谁：vLLM 经 CUDA IPC 分桶传（[vllm_rollout.py 第 146 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/workers/rollout/vllm_rollout/vllm_rollout.py#L146)） |
+# | verl rollout `tensor_model_parallel_size` | 缺省 2（[rollout.yaml 第 50 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/config/rollout/rollout.yaml#L50)） | 推理引擎的 TP；它的加载器从每个完整张量里挑本卡那 1/TP |
+# | verl `actor_rollout_ref.hybrid_engine` | 缺省 `true`（[ppo_trainer.yaml 第 47 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/config/ppo_trainer.yaml#L47)） | 标准 PPO trainer 只接受 `true`（[ray_trainer.py 第 276 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/trainer/ppo/ray_trainer.py#L276)）。每轮 `rollout_mode()`：FSDP 逐参数 `full_tensor()`（[fsdp_workers.py 第 677 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/workers/fsdp_workers.py#L677)）；Megatron 逐参数 PP broadcast + TP all-gather 再转 HF 名（[megatron_utils.py 第 928 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/utils/megatron_utils.py#L928)）或经 Megatron-Bridge 导出（[megatron_workers.py 第 676 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/workers/megatron_workers.py#L676)） |
+# | verl `hybrid_engine: false` | 只在 `verl/experimental/fully_async_policy`（[fully_async_trainer.py 第 72 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/experimental/fully_async_policy/fully_async_trainer.py#L72) 反过来断言它为 false） | 训练 rank 0 逐张量 `collective.broadcast` 给所有生成卡（[base_detach_sync.py 第 210 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/experimental/fully_async_policy/base_detach_sync.py#L210)） |
+# | NeMo RL `policy.generation.colocated.enabled` | 缺省 `true`（[grpo_math_1B.yaml 第 439 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/grpo_math_1B.yaml#L439)） | [grpo.py 第 2316 行 `refit_policy_generation`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L2316)：colocated 走 CUDA IPC（`stream_weights_via_ipc_zmq`，SGLang 走 HTTP），否则 `broadcast_weights_for_collective`（NCCL） |
+# | NeMo RL `generation.backend: megatron` 的 `mcore_generation_config.refit_backend` | `"nccl"` 或 `"gloo"`（[第 408 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/grpo_math_1B.yaml#L408)） | Megatron 自带推理时用的正是 `swap_model_weights`：colocated 在同一批卡上重切（[megatron_worker.py 第 917 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L917)），non-colocated 跨两个 world（[第 876 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L876)） |
+#
+# ### 一个命令：这份 verl 配置每轮怎么同步 weight
+#
+# `python -m snippets.verl_sync CONFIG.yaml [--params 7e9]` 读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
+# 回答 seed 000 的四个问题并给出每卡搬运量和时间下限（模型大小取 `--params`，或从 `model.path` 的名字里读）。
+# `tests/fixtures/verl/` 下是为测试写的几份最小配置。seed 的布局（Megatron TP4×PP2，SGLang TP8，colocated）：
+
+# %%
+ROOT = Path(refit_cost.__file__).resolve().parents[1]
+
+
+def verl_sync(*args):
+    run = subprocess.run([sys.executable, "-m", "snippets.verl_sync", *args], cwd=ROOT,
+                         capture_output=True, text=True)
+    print(run.stdout + run.stderr + f"(exit status {run.returncode})")
+
+
+verl_sync("tests/fixtures/verl/megatron_sglang_colocated.yaml")
+
+# %% [markdown]
+# separate 摆法（verl 的 fully_async_policy，70B，生成端 TP4）：整模型经网络广播，每卡 140 GB，比只送切片慢 4 倍：
+
+# %%
+verl_sync("tests/fixtures/verl/fsdp2_vllm_separate.yaml")
+
+# %% [markdown]
+# 配置有问题时，命令以状态 2 退出，只说一行：
+
+# %%
+verl_sync("tests/fixtures/verl/rollout_name_unset.yaml")
+verl_sync("tests/fixtures/verl/not_verl.yaml")
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# RL 的一轮 = rollout + 一次（或几次）训练 step。训练 step 就是第一、二轮笔记读过的主链路：`forward_backward_func`
+# （笔记 13 的 pipeline schedule）、`finalize_model_grads`、`optimizer.step()`。refit 紧跟在 `optimizer.step()` 之后、
+# 下一次 rollout 之前，读的是**更新后的参数**（如果开了 distributed optimizer 的 overlap param gather，参数要先聚齐；
+# NeMo RL 在重切前专门处理了这一点）。它不动训练端的任何状态：梯度、优化器状态、学习率都留在训练端，只有 weight
+# 被复制、重切、写进推理端。和 checkpoint 换并行度加载（笔记 07、21 的 `dist_checkpointing`）解决的是同一个问题——
+# 同一份参数换一种切法——但 refit 每轮都做、走内存和网络、不落盘，所以只搬目标需要的切片。
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **on-policy**：PPO / GRPO 的目标函数按"生成这批数据的 policy"做重要性采样；rollout 用旧 weight，就等于在用
+#   off-policy 数据训练。separate 摆法有意接受一两步的滞后，并在目标函数里修正（verl 的 `rollout_correction`）。
+# - **切分 = 区间划分**：一个维度被切成 `Ns` 段和 `Nd` 段，两种划分的公共细分就是 `lcm(Ns, Nd)` 段——planner 的
+#   LCM 小片就是这个公共细分，每片只属于一个源段和一个目标段。
+# - **带宽估算**：时间 ≈ 字节 ÷ 带宽，是下限。NVLink（机内）比 InfiniBand（机间）快一个数量级，所以"在哪两张卡之间搬"
+#   和"搬多少"同样重要：colocated 的 CUDA IPC 连 NVLink 都不走。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# 1. **rollout 模型自己算 loss 会用错群（运行确认）。** `GPTModel` 的每一层都从 `pg_collection` 取 TP 群，唯独
+#    带 `labels` 时的 loss 不是：
+#    [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L128)
+#    在非融合路径上调用不带群参数的
+#    [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L219)
+#    （language_module.py 第 167 行），它用 `parallel_state` 的全局 TP 群（cross_entropy.py 第 131 行）。同一进程里
+#    训练端是全局群（TP=2），rollout 模型的 logits 却按 TP=4 切：下面的 loss 和用它自己完整 logits 算的交叉熵对不上，
+#    两组 rank 之间也不一致。rollout 端只取 logits 没问题；要在推理布局上算 log-prob，得自己从 logits 算。
+
+# %%
+def surprises():
+    from snippets import refit_cost  # noqa: F401 - first, quiets the known warnings
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+    from megatron.core.parallel_state import RankGenerator
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(123)
+    # 1. the rollout model asked for a loss, against cross entropy of its own full logits
+    rollout = gpt(gpt_config(tp=4, pp=1), rollout_groups(tp=4))
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(7))
+    labels = tokens.roll(-1, dims=1)
+    with torch.no_grad():
+        loss = rollout(tokens, POS, MASK, labels=labels)
+        logits = rollout(tokens, POS, MASK, runtime_gather_output=True)
+    reference = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+    # 2. like the unit test: PP groups in pg_collection, but the config does not say PP=2
+    unit_test_like = gpt(gpt_config(tp=2, pp=1), ProcessGroupCollection.use_mpu_process_groups())
+    real_pp = gpt(gpt_config(tp=2, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
+                  parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
+    layer_numbers = lambda model: [layer.layer_number for layer in model.decoder.layers]
+    # 3. HyperCommGrid vs RankGenerator on tp=1, dp=2, pp=2
+    gen = RankGenerator(tp=1, ep=1, dp=2, pp=2, cp=1, order="tp-cp-ep-dp-pp")
+    same_order = HyperCommGrid([1, 1, 1, 2, 2], ["tp", "cp", "ep", "dp", "pp"])
+    test_order = HyperCommGrid([1, 1, 1, 2, 2], ["tp", "cp", "ep", "pp", "dp"])
+    return dict(
+        loss=round(float(loss.mean()), 4), reference=round(float(reference), 4),
+        loss_group=dist.get_process_group_ranks(parallel_state.get_tensor_model_parallel_group()),
+        model_group=dist.get_process_group_ranks(rollout.pg_collection.tp),
+        unit_test_like=layer_numbers(unit_test_like), real_pp=layer_numbers(real_pp),
+        grids={d: (gen.get_ranks(d), same_order.get_rank_enum(d), test_order.get_rank_enum(d))
+               for d in ("dp", "pp")},
+    )
+
+
+odd = run_ranks(surprises, 4, grid=dict(tp=2, pp=2))
+Table(["rank", "rollout 模型带 labels 算的 loss", "用它完整 logits 算的交叉熵",
+       "loss 用的 TP 群", "模型的 TP 群"],
+      [[r, x["loss"], x["reference"], x["loss_group"], x["model_group"]] for r, x in enumerate(odd)])
+
+# %% [markdown]
+# 2. **Megatron 自己的 refit 单元测试，PP 用例没有切层（运行确认）。** `test_swap_gpt_parametrized` 把 PP 群放进
+#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`（test_model_swap.py 第 192 行），
+#    每个 stage 又都是 `pre_process=True, post_process=True`（第 100 行）。而每个 stage 建几层由
+#    [`transformer_block.py::get_num_layers_to_build`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L75)
+#    按 **config** 里的 PP 大小算（第 158 行）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
+#    "两份完整副本 → 一份"，跨 stage 按全局层号配对（本篇训练端真的切了层）那条路径没被这个测试覆盖。
+
+# %%
+Table(["rank", "单元测试的建法（config 没写 PP）：层号", "config 写了 PP=2：层号"],
+      [[r, x["unit_test_like"], x["real_pp"]] for r, x in enumerate(odd)])
+
+# %% [markdown]
+# 3. **`HyperCommGrid` 与 `RankGenerator`：同序同群；单元测试用的是另一个序。**（回答笔记 08 遗留问题 3。）
+#    `HyperCommGrid` 的维度名列表从左到右就是 `order` 从快到慢；按 `parallel_state` 的缺省序
+#    `tp-cp-ep-dp-pp` 排，两者给出相同的 rank 列表。单元测试写的是 `["tp", "cp", "ep", "pp", "dp"]`，相当于
+#    `tp-cp-ep-pp-dp`：DP 和 PP 都大于 1 时，它的 DP 群和 PP 群与同一进程里 `initialize_model_parallel` 建的全局群互换。
+
+# %%
+Table(["群", "RankGenerator（tp-cp-ep-dp-pp）", "HyperCommGrid 同序",
+       "HyperCommGrid 单元测试的序（…pp, dp）"],
+      [[d, *odd[0]["grids"][d]] for d in ("dp", "pp")])
+
+# %% [markdown]
+# 4. **0.16.1 只支持"同一批 rank 上的两个模型"。** 这里的 `swap_model_weights(src, dst, method)` 要求两个模型都在
+#    每个 rank 上、共用一个 world（planner 按 `dist.get_rank()` 编号）。NeMo RL 当前代码调用的是更新的签名
+#    （多了 `group`、`src_rank_offset`、`dst_rank_offset`，以及 `prepare_swap_model_weights`，见
+#    [megatron_worker.py 第 35 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L35)），
+#    训练和推理可以在两个 world、一个自建的 refit 群里：non-colocated 的 Megatron 推理靠的是 0.16.1 之后的 Megatron。
+# 5. **gloo 后端在 CPU 上也要一个 CUDA stream。** `GlooCopyService.__init__` 建 `torch.cuda.Stream()`，`run()` 结尾
+#    让当前 stream 等它（gloo_copy_service.py 第 46、146 行）；传输本身全是 CPU 张量上的 gloo。CPU 版 torch 建 stream
+#    直接报错，所以需要 `refit_streams` 补丁（只作用于这一个模块）。
+# 6. **没读到的部分**：NVSHMEM copy service（`nvshmem_copy_service/`，GPU 内核直接搬）、EP 参数的重切
+#    （`resolved_name` 把本地 expert 编号改成全局编号）、`NCCLCopyService` 怎么用 stream 与计算重叠——都要 GPU，留给
+#    "Beyond the laptop"。
+
+# %% [markdown]
+# ## 自测
+#
+# **1. Qwen3-8B 实际有约 8.19e9 个参数。bf16、rollout TP8 时每卡收多少 GB？走 NVLink 和 IB 各至少多久？**
+#
+# <details><summary>答案</summary>
+#
+# 8.19e9 × 2 = 16.38 GB，每卡 1/8 ≈ 2.05 GB；÷ 450 GB/s ≈ 4.55 ms，÷ 50 GB/s ≈ 41 ms。
+#
+# </details>
+
+# %%
+Table(refit_cost.REFIT_HEADERS, refit_cost.refit_rows(8.19e9))
+
+# %% [markdown]
+# **2. 8 个 query head、4 个 query group：`linear_qkv` 第 6 个行块（从 0 数）是哪个 head？rollout TP4 的 rank 2
+# 拿到哪几个行块？转成 HF 后它们分别进了 `q_proj`、`k_proj`、`v_proj` 的第几个 head？**
+#
+# <details><summary>答案</summary>
+#
+# 顺序是 q0 q1 k0 v0 | q2 q3 k1 v1 | q4 q5 k2 v2 | q6 q7 k3 v3，第 6 块是 k1。TP4 每个 rank 4 块：rank 2 拿到
+# q4 q5 k2 v2，也就是 `q_proj` 的第 4、5 个 head，`k_proj`、`v_proj` 的第 2 个 head——整整一个 query group。
+#
+# </details>
+
+# %%
+labels = qkv_layout.fused_row_labels(8, 4)
+print(labels[6], labels[2 * 4:3 * 4])
+
+# %% [markdown]
+# **3. 第二次 `swap_model_weights` 在 rank 0 上发出几次 collective？比第一次少了哪些，为什么？**
+#
+# <details><summary>答案</summary>
+#
+# 2 次：一次 `batch_isend_irecv`（搬 weight）和一次 barrier。少了 4 次 all-gather 和 2 次 broadcast——那是 planner
+# 交换元数据和分发 plan 的对象 collective；plan 第一次算完就缓存在目标模型的 `_cached_reshard_plan` 上。
+#
+# </details>
+
+# %%
+print(len(r0["first_sync"]), "→", len(r0["second_sync"]), [c.api for c in r0["second_sync"]])
+
+# %% [markdown]
+# **4. seed 000 原样的布局：8 个 rank，训练 TP4×PP2、rollout TP8。真实的 planner 让每个 rank 收多少字节？占整个
+# 模型的几分之一？有多少是本地拷贝？**（8 个 rank 上只建模型、算 plan，不训练；TP8 要求 query group 数是 8 的倍数，这里用 8。）
+#
+# <details><summary>答案</summary>
+#
+# 每个 rank 收 30400 字节，整个模型 219904 字节，约 0.138：TP 切分参数的 1/8（0.125）加上全部复制参数
+# （layernorm、row-parallel 的 bias，每个 rank 都要一整份）。大块的本地拷贝只在 rank 0 和 rank 7：rollout 的
+# 第 r 片（共 8 片）只有落在训练 rank r 所持的那 1/4 里才在本地，即 r // 2 == r % 4，只有 r = 0、7 满足——
+# 第一个 stage 的第一片和最后一个 stage 的最后一片，而且只对本 stage 的层成立，所以约占它们所收的一半。
+# 其余 rank 的本地拷贝只是复制参数。
+#
+# </details>
+
+# %%
+def seed_layout_plan():
+    from snippets import refit_cost  # noqa: F401 - first, quiets the known warnings
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.resharding import build_centralized_reshard_plan
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=4, pipeline_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(123)
+    policy = gpt(gpt_config(tp=4, pp=2, groups=8), ProcessGroupCollection.use_mpu_process_groups(),
+                 parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
+    rollout = gpt(gpt_config(tp=8, pp=1, groups=8), rollout_groups(tp=8))
+    plan = build_centralized_reshard_plan(policy, rollout)
+    count = lambda split: sum(p.numel() for p in rollout.parameters()
+                              if getattr(p, "tensor_model_parallel", False) == split)
+    model_bytes = 4 * (8 * count(True) + count(False))  # fp32; TP-split tensors hold 1/8 here
+    return refit_cost.plan_ops(plan, policy, rollout), model_bytes
+
+
+seed_plans, model_bytes = zip(*run_ranks(seed_layout_plan, 8, grid=dict(tp=4, pp=2)))
+seed_matrix = refit_cost.plan_traffic(list(seed_plans))
+received = [sum(seed_matrix[s][d] for s in range(8)) for d in range(8)]
+print("整个模型字节:", model_bytes[0])
+Table(["rank", "收到（字节）", "占整个模型", "其中本地拷贝"],
+      [[d, received[d], round(received[d] / model_bytes[0], 4), seed_matrix[d][d]]
+       for d in range(8)])
+
+# %% [markdown]
+# **5. 一份 verl 配置：Megatron TP4×PP2 训练，SGLang TP8 生成，`hybrid_engine: true`，模型 Llama-3.1-8B。
+# verl 每轮让每张卡收多少？如果只送每卡自己那片呢？**
+#
+# <details><summary>答案</summary>
+#
+# colocated，verl 的 Megatron 路径让每张卡逐个参数聚齐完整张量（PP broadcast + TP all-gather）：每卡收
+# 16 GB × (1 − 1/8) = 14 GB，NVLink 上至少 31.1 ms；之后交给同卡的 SGLang 是 CUDA IPC，不走链路。只送切片是
+# 16 GB ÷ 8 = 2 GB，至少 4.44 ms。
+#
+# </details>
+
+# %%
+verl_sync("tests/fixtures/verl/megatron_sglang_colocated.yaml", "--params", "8e9")
+
+# %% [markdown]
+# ## 30-second answer
+#
+# After every policy update the inference engine still holds the old weights, so each RL round pushes
+# the new ones to it. It is not a copy: the trainer may run TP4 × PP2 while vLLM runs TP8, and Megatron
+# fuses Q, K, V per query group where Hugging Face keeps them apart, so tensors are resliced, reordered
+# and renamed. Megatron Core's `swap_model_weights` plans every slice once, then sends each GPU only its
+# share: 8B in bf16 is 16 GB, 2 GB per GPU on 8 GPUs, about 4.4 ms over NVLink, 40 ms over InfiniBand.
