@@ -85,7 +85,11 @@ def _cpu_factory(factory):
 def _scope_torch(module_name: str, **overrides) -> None:
     """Replace ``torch`` in one Megatron module's globals with a proxy (once)."""
     module = importlib.import_module(module_name)
-    if not isinstance(module.__dict__.get("torch"), ModuleProxy):
+    current = module.__dict__.get("torch")
+    if isinstance(current, ModuleProxy):
+        # Two patches may scope the same module: the second adds its names, never drops the first's.
+        current._overrides.update(overrides)
+    else:
         module.torch = ModuleProxy(torch, **overrides)
 
 
@@ -135,6 +139,149 @@ def _cpu_set_rng_state(new_state, device=-1, graph_safe=False):
 def _patch_schedules_device():
     # The schedules count tokens in a 0-d tensor created with a literal device="cuda".
     _scope_torch("megatron.core.pipeline_parallel.schedules", zeros=_cpu_factory(torch.zeros))
+
+
+class _NoStream:
+    """Stands in for a CUDA stream on a CPU: CPU work already runs in order, nothing to wait for."""
+
+    def wait_stream(self, stream):
+        return None
+
+    def synchronize(self):
+        return None
+
+
+def _no_current_stream(device=None):
+    return _NoStream()
+
+
+def _patch_refit_streams():
+    # The gloo refit service makes a "copy stream" in __init__ and, after its p2p batch, makes the
+    # current stream wait on it. The transfer itself is gloo over CPU tensors either way.
+    cuda_view = ModuleProxy(torch.cuda, Stream=_NoStream, current_stream=_no_current_stream)
+    _scope_torch("megatron.core.resharding.copy_services.gloo_copy_service", cuda=cuda_view)
+
+
+def _patch_torch_norm_sequence_parallel():
+    # Without Apex or Transformer Engine the local spec's norm is WrappedTorchNorm, which refuses
+    # sequence_parallel. RMSNorm and LayerNorm act on each token alone, so a sequence shard is
+    # normalized exactly as the full sequence would be; what SP really needs is the marking that
+    # Apex's FusedLayerNorm and TE's norms do: weights flagged `sequence_parallel`, so that
+    # finalize_model_grads sums their per-rank partial gradients over TP. Only the SP case changes.
+    import copy
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    if getattr(WrappedTorchNorm.__new__, "_cpu_compat", False):
+        return
+    original = WrappedTorchNorm.__new__
+
+    def __new__(cls, config, hidden_size, eps=1e-5, **kwargs):
+        if not config.sequence_parallel:
+            return original(cls, config, hidden_size, eps, **kwargs)
+        view = copy.copy(config)  # the same config, seen without SP by the assert only
+        view.sequence_parallel = False
+        norm = original(cls, view, hidden_size, eps, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    __new__._cpu_compat = True
+    WrappedTorchNorm.__new__ = staticmethod(__new__)
+
+
+def _patch_optimizer_device():
+    # The optimizer wrappers keep one-element tensors (no-overflow flag, unit loss scale) made with
+    # a literal device='cuda' in their __init__.
+    _scope_torch("megatron.core.optimizer.optimizer", tensor=_cpu_factory(torch.tensor))
+
+
+def _patch_grad_norm_device():
+    # ChainedOptimizer.step computes the grad norm on every step, even with clip_grad=0. Without
+    # Apex/TE the norm goes through Megatron's own l2-norm fallback in utils.py; both files make
+    # their scratch and result tensors with device='cuda'.
+    _scope_torch("megatron.core.optimizer.clip_grads", zeros=_cpu_factory(torch.zeros),
+                 tensor=_cpu_factory(torch.tensor))
+    _scope_torch("megatron.core.utils", tensor=_cpu_factory(torch.tensor))
+
+
+def _type_with_cuda_names(self, dtype=None, non_blocking=False, **kwargs):
+    # Only the no-argument form (asking for a type *name*) changes; conversions are untouched.
+    if dtype is None and not kwargs and self.device.type == "cpu":
+        return torch._C.TensorBase.type(self).replace("torch.", "torch.cuda.", 1)
+    return torch._C.TensorBase.type(self, dtype, non_blocking, **kwargs)
+
+
+def _patch_distrib_optimizer_type_check():
+    # DistributedOptimizer sorts parameters by `param.type()` names such as
+    # 'torch.cuda.FloatTensor' and raises on anything else. A CPU tensor answers
+    # 'torch.FloatTensor', so while (and only while) that one classmethod runs, tensors report
+    # the CUDA name of their dtype. Tensor.type lives on TensorBase; we shadow it on
+    # torch.Tensor and delete the shadow afterwards.
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    build = DistributedOptimizer.__dict__["_build_model_and_main_param_groups"].__func__
+
+    def with_cuda_type_names(cls, *args, **kwargs):
+        torch.Tensor.type = _type_with_cuda_names
+        try:
+            return build(cls, *args, **kwargs)
+        finally:
+            del torch.Tensor.type
+
+    with_cuda_type_names.__wrapped__ = build
+    DistributedOptimizer._build_model_and_main_param_groups = classmethod(with_cuda_type_names)
+
+
+def _patch_moe_te_general_gemm():
+    # moe_utils binds te_general_gemm only inside its `try: import transformer_engine` block, but
+    # the router's gating GEMM tests `te_general_gemm is not None` unconditionally, so without TE
+    # the name is simply missing. None selects the function's own torch.mm branch.
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+class _NoDtoHStream(_NoStream):
+    """The all-to-all dispatcher's device-to-host stream: its "event" is itself, already done."""
+
+    def record_event(self, event=None):
+        return self
+
+
+def _no_stream_context(stream=None):
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def _patch_moe_dispatcher_streams():
+    # MoEAlltoAllTokenDispatcher copies its split sizes to the host on a side stream: it makes the
+    # stream in __init__, then switches to it, records an event and waits on that event. On a CPU
+    # there is no device-to-host copy to overlap; the work runs in order anyway.
+    cuda_view = ModuleProxy(torch.cuda, Stream=_NoDtoHStream, current_stream=_no_current_stream,
+                            stream=_no_stream_context)
+    _scope_torch("megatron.core.transformer.moe.token_dispatcher", cuda=cuda_view)
+
+
+def _patch_moe_host_split_sizes():
+    # On a GPU the dispatcher's all-to-all split sizes leave maybe_move_tensor_to_cpu as host numpy
+    # arrays; that helper converts only CUDA tensors, so on a CPU they stayed torch tensors, which
+    # all_to_all_single rejects. Give token_dispatcher (its only caller) the GPU result.
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    if getattr(token_dispatcher.maybe_move_tensor_to_cpu, "_cpu_compat", False):
+        return
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    maybe_move_tensor_to_cpu._cpu_compat = True
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -191,6 +338,119 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/pipeline_parallel/schedules.py", 2138, 'device="cuda"'),
         ),
         apply=_patch_schedules_device,
+    ),
+    Patch(
+        name="refit_streams",
+        scope="megatron.core.resharding.copy_services.gloo_copy_service",
+        what="`torch.cuda.Stream()` 和 `torch.cuda.current_stream()` 返回一个什么都不用等的替身",
+        why="`swap_model_weights(..., \"gloo\")` 的 `GlooCopyService` 传输本身走 gloo 和 CPU 张量，"
+        "却在构造时建一个 CUDA copy stream，传完后让当前 stream 等它；CPU 版 torch 建 stream 直接报错。",
+        sites=(
+            Site("megatron/core/resharding/copy_services/gloo_copy_service.py", 46,
+                 "torch.cuda.Stream()"),
+            Site("megatron/core/resharding/copy_services/gloo_copy_service.py", 146,
+                 "torch.cuda.current_stream().wait_stream"),
+        ),
+        apply=_patch_refit_streams,
+    ),
+    Patch(
+        name="torch_norm_sequence_parallel",
+        scope="megatron.core.transformer.torch_norm.WrappedTorchNorm",
+        what="`sequence_parallel=True` 时照常建 torch 的 RMSNorm / LayerNorm，并把它的参数标成 "
+        "`sequence_parallel`",
+        why="没有 Apex、TE 时 local spec 的 norm 是 `WrappedTorchNorm`，它一见 SP 就断言失败；"
+        "norm 逐 token 计算，对序列分片照样正确，SP 真正需要的是 Apex / TE 的 norm 都做的标记："
+        "各 TP rank 只有本片 token 的部分梯度，`finalize_model_grads` 按这个标记在 TP 群里求和。",
+        sites=(
+            Site("megatron/core/transformer/torch_norm.py", 32,
+                 "assert not config.sequence_parallel"),
+            Site("megatron/core/models/backends.py", 22, "LNImpl = WrappedTorchNorm"),
+            Site("megatron/core/distributed/finalize_model_grads.py", 354,
+                 'getattr(param, "sequence_parallel", False)'),
+        ),
+        apply=_patch_torch_norm_sequence_parallel,
+    ),
+    Patch(
+        name="optimizer_device",
+        scope="megatron.core.optimizer.optimizer",
+        what="`torch.tensor(..., device='cuda')` 落在 CPU 上",
+        why="`get_megatron_optimizer` 建出的 `FP32Optimizer` 和 `DistributedOptimizer`（经 "
+        "`MixedPrecisionOptimizer`）在构造时用写死的 `device='cuda'` 建单元素张量（溢出标志、单位 loss scale）。",
+        sites=(
+            Site("megatron/core/optimizer/optimizer.py", 481, "device='cuda'"),
+            Site("megatron/core/optimizer/optimizer.py", 485, "device='cuda'"),
+            Site("megatron/core/optimizer/optimizer.py", 907, "device='cuda'"),
+        ),
+        apply=_patch_optimizer_device,
+    ),
+    Patch(
+        name="grad_norm_device",
+        scope="megatron.core.optimizer.clip_grads, megatron.core.utils",
+        what="梯度范数的临时张量和结果（`device='cuda'`）落在 CPU 上",
+        why="`ChainedOptimizer.step` 每一步都算梯度范数（`clip_grad=0` 也算）；没有 Apex / TE 时走 "
+        "Megatron 自己的 l2 范数实现，两处都用写死的 `device='cuda'` 建张量。",
+        sites=(
+            Site("megatron/core/optimizer/clip_grads.py", 103, "device='cuda'"),
+            Site("megatron/core/utils.py", 1207, 'device="cuda"'),
+        ),
+        apply=_patch_grad_norm_device,
+    ),
+    Patch(
+        name="distrib_optimizer_type_check",
+        scope="megatron.core.optimizer.distrib_optimizer.DistributedOptimizer"
+        "._build_model_and_main_param_groups",
+        what="只在这个 classmethod 运行期间，无参数的 `Tensor.type()` 返回 CUDA 类型名"
+        "（`torch.FloatTensor` → `torch.cuda.FloatTensor`）",
+        why="分布式优化器按 `param.type()` 的字符串给参数分组，只认 `torch.cuda.*Tensor`，"
+        "其余一律 `TypeError`；CPU 参数答的是 `torch.FloatTensor`。这是方法调用，模块级代理管不到，"
+        "所以把补丁的时间范围收窄到这一个函数。",
+        sites=(
+            Site("megatron/core/optimizer/distrib_optimizer.py", 420,
+                 "model_param.type() == 'torch.cuda.FloatTensor'"),
+        ),
+        apply=_patch_distrib_optimizer_type_check,
+    ),
+    Patch(
+        name="moe_te_general_gemm",
+        scope="megatron.core.transformer.moe.moe_utils",
+        what="没有 Transformer Engine 时补上 `moe_utils.te_general_gemm = None`",
+        why="`moe_utils` 只在成功 `import transformer_engine` 的分支里绑定 `te_general_gemm`，"
+        "router 的 gating 线性层却无条件地判断它是否为 `None`：没有 TE 时这个名字不存在，"
+        "每个 MoE 层的第一步就 `NameError`。设为 `None` 即走函数自带的 `torch.mm` 分支。",
+        sites=(
+            Site("megatron/core/transformer/moe/moe_utils.py", 1192, "te_general_gemm is not None"),
+            Site("megatron/core/transformer/moe/moe_utils.py", 1225, "te_general_gemm is not None"),
+        ),
+        apply=_patch_moe_te_general_gemm,
+    ),
+    Patch(
+        name="moe_dispatcher_streams",
+        scope="megatron.core.transformer.moe.token_dispatcher",
+        what="`torch.cuda.Stream()`、`current_stream()`、`stream(...)` 换成什么都不用等的替身，"
+        "`record_event()` 返回一个已完成的事件",
+        why="`MoEAlltoAllTokenDispatcher` 在构造时建一条类级的 device-to-host stream，"
+        "每次 dispatch 都切到它上面把 split sizes 拷回主机、记一个事件再等它；CPU 版 torch 建 stream 直接报错。",
+        sites=(
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 445, "torch.cuda.Stream()"),
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 871, "torch.cuda.current_stream()"),
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 874,
+                 "torch.cuda.stream(self.cuda_dtoh_stream)"),
+        ),
+        apply=_patch_moe_dispatcher_streams,
+    ),
+    Patch(
+        name="moe_host_split_sizes",
+        scope="megatron.core.transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu",
+        what="`as_numpy=True` 时把 CPU 张量也转成 numpy（GPU 上本来就得到 numpy）",
+        why="all-to-all 的 `input_splits` / `output_splits` 要以主机上的整数列表交给 "
+        "`all_to_all_single`；`maybe_move_tensor_to_cpu` 只转换 CUDA 张量，CPU 上它们仍是 torch 张量，"
+        "`all_to_all_single` 拒收（`TypeError`）。",
+        sites=(
+            Site("megatron/core/transformer/moe/moe_utils.py", 1093, "tensor.is_cuda"),
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 880, "as_numpy=True"),
+            Site("megatron/core/tensor_parallel/mappings.py", 444, "torch.distributed.all_to_all_single("),
+        ),
+        apply=_patch_moe_host_split_sizes,
     ),
 )
 

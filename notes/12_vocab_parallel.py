@@ -1,0 +1,535 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 词表并行：VocabParallelEmbedding 与 vocab_parallel_cross_entropy
+#
+# 第二轮第 5 篇。模型的两头都和词表打交道：开头的 embedding 是 `[V, h]` 的表，结尾的 output layer 产生 `[s, b, V]` 的 logits。
+# Qwen3 的 V 约 15 万，一张表就有 6 亿参数，logits 更是按 token 数乘 V 增长。Megatron 把两者都**按词表维**切给 TP 各卡，
+# 并且从不在一张卡上拼出完整的 V。本篇在 gloo rank 上运行真实的 `VocabParallelEmbedding` 和
+# `vocab_parallel_cross_entropy`，与 PyTorch 的稠密版本逐个比较值和梯度，记录它们的通信；
+# 最后用运行查清：开 label smoothing 时，TP>1 的结果为什么和 PyTorch、也和 TP=1 对不上。
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. 每个 TP rank 管哪一段词表（`VocabUtility`），为什么正式入口要把词表 pad 到 `128·TP` 的倍数。
+# 2. `VocabParallelEmbedding.forward`：越界 token 怎么处理，为什么一次 all-reduce（SP 时一次 reduce-scatter）就得到完整的 embedding，backward 为什么不通信。
+# 3. `vocab_parallel_cross_entropy`：3 次 `[s, b]` 的 all-reduce 怎样拼出完整词表上的 softmax 交叉熵，backward 为什么不通信。
+# 4. label smoothing 在 TP>1 时算的是什么（逐行），这是有意的定义还是 bug。
+# 5. 在 `GPTModel` 里两者怎么接：`parallel_output` 为什么必须为真才能算 loss。
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号 | 在本篇里的角色 |
+# |---|---|
+# | [`utils.py::VocabUtility.vocab_range_from_global_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/utils.py#L114) | 全局 V → 本卡 `range(start, end)`，要求 V 被 TP 整除 |
+# | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)` |
+# | [`tokenizer.py::_vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/tokenizer/tokenizer.py#L117) | 正式入口：V 向上取整到 `make_vocab_size_divisible_by · TP` |
+# | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L210) | 本卡 weight `[V/TP, h]`（CPU 初始化：建完整表再切） |
+# | [`layers.py::VocabParallelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L268) | mask → 查表 → 清零 → all-reduce / reduce-scatter |
+# | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L475) | forward all-reduce，backward 原样 |
+# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L513) | SP：forward reduce-scatter，backward all-gather |
+# | [`language_model_embedding.py::LanguageModelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/language_model_embedding.py#L14) | GPT 的 embedding：决定要不要 `reduce_scatter_embeddings`，`[b, s, h] → [s, b, h]` |
+# | [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L219) | 入口：`[s, b, V/TP]` 的 logits、`[s, b]` 的 label |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L124) | 3 次 all-reduce；label smoothing 分支 |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L192) | softmax − one-hot，只在本卡 |
+# | [`cross_entropy.py::VocabParallelCrossEntropy.calculate_predicted_logits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L35) | 本卡的 target logit（不归本卡的置 0）和 Σexp |
+# | [`fused_cross_entropy.py::fused_vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/fusions/fused_cross_entropy.py#L136) | `cross_entropy_loss_fusion` 时用的版本 |
+# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L128) | GPT 的 loss：选融合或非融合版本 |
+# | [`gpt_model.py::GPTModel._postprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L559) | output layer → 有 label 就算 loss |
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# megatron/core/models/gpt/gpt_model.py::GPTModel.forward
+# ├─ embedding  language_model_embedding.py::LanguageModelEmbedding.forward      # tokens [b, s]
+# │  └─ tensor_parallel/layers.py::VocabParallelEmbedding.forward                # 本卡 weight [V/TP, h]
+# │     ├─ 越界 token → 下标 0，查表，再把这些位置清零                              # 纯本地
+# │     ├─ mappings.py::reduce_from_tensor_model_parallel_region                 # fwd all-reduce [b, s, h]；bwd 不通信
+# │     └─ 或（SP）mappings.py::reduce_scatter_to_sequence_parallel_region       # fwd reduce-scatter → [s/TP, b, h]；bwd all-gather
+# ├─ decoder（笔记 11）
+# └─ _postprocess
+#    ├─ output_layer  ColumnParallelLinear(h, V, gather_output=not parallel_output)   # 本卡 logits [s, b, V/TP]
+#    └─ language_module.py::LanguageModule.compute_language_model_loss
+#       └─ tensor_parallel/cross_entropy.py::vocab_parallel_cross_entropy
+#          └─ _VocabParallelCrossEntropy.forward
+#             ├─ all_reduce(MAX)  每个 token 的 logit 最大值                          # [s, b]
+#             ├─ all_reduce(SUM)  target 的 logit（只有拥有它的卡非 0）                 # [s, b]
+#             └─ all_reduce(SUM)  Σ exp(logit − max)                                 # [s, b]
+#          └─ _VocabParallelCrossEntropy.backward                                   # softmax − one-hot，本地，不通信
+# ```
+#
+# **每个函数的阅读记录：**
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `VocabUtility.vocab_range_from_global_vocab_size` | V、rank、TP | `range(start, end)` | `divide` | 否（纯算术） | 决定词表怎么切 | 否 | 建模型 |
+# | `VocabParallelEmbedding.__init__` | V、h、config | 本卡 weight `[V/TP, h]` | `VocabUtility`、`_initialize_affine_weight_cpu` | 读 TP 群的 rank/size | 是：按词表维切 weight | 建参数 | 建模型 |
+# | `VocabParallelEmbedding.forward` | token id `[b, s]` | `[b, s, h]`（SP：`[s/TP, b, h]`） | `reduce_from_...` 或 `reduce_scatter_to_sequence_parallel_region` | TP 群 | weight 按词表切；SP 时输出按 s 切 | 否 | `forward_step` |
+# | `vocab_parallel_cross_entropy` | 本卡 logits `[s, b, V/TP]`、label `[s, b]`、`label_smoothing` | 每 token 的 loss `[s, b]`（各卡相同——不开 smoothing 时） | `VocabParallelCrossEntropy`、`VocabUtility` | TP 群 3 次 all-reduce | logits 按词表切 | 否 | `loss_func` 之前（`GPTModel` 内） |
+# | `_VocabParallelCrossEntropy.backward` | `[s, b]` 的上游梯度 | 本卡 logits 的梯度 `[s, b, V/TP]` | 无 | 否 | 同上 | 否 | `backward` |
+# | `LanguageModule.compute_language_model_loss` | label `[b, s]`、logits | loss `[b, s]` | 上面两种交叉熵之一 | 间接 | 否 | 否 | `forward_step` |
+
+# %%
+from snippets.layer_walk import record_table  # importing it also quiets known Megatron warnings
+from snippets.launch import run_ranks
+from snippets.sources import installed_root
+from snippets.tables import Table
+from snippets.vocab_parallel import smoothed_loss, smoothed_loss_on_rank
+
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.utils import VocabUtility
+
+# %% [markdown]
+# ## 关键对象
+#
+# ### 每卡管哪一段词表
+#
+# `VocabUtility` 是纯算术：本卡宽度 `V/TP`，rank r 管 `range(r·V/TP, (r+1)·V/TP)`，连续的一段。V 必须能被 TP 整除，
+# 所以正式入口先把 tokenizer 的词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数
+# （[`arguments.py:1678`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1678) 缺省 128）。
+# 这个函数在 `megatron/training` 里、不在 pip 包中，下面按它的公式算；多出来的"假 token"只是永远不会出现的类别。
+
+# %%
+def padded(vocab, tp, divisible_by=128):
+    multiple = divisible_by * tp
+    return math.ceil(vocab / multiple) * multiple
+
+
+QWEN3_VOCAB = 151936   # Qwen3 tokenizer 的 vocab_size
+rows = []
+for name, vocab, tp in (("tiny", 16, 2), ("tiny", 16, 4), ("Qwen3-8B", padded(QWEN3_VOCAB, 2), 2),
+                        ("Qwen3-8B", padded(QWEN3_VOCAB, 8), 8)):
+    ranges = [VocabUtility.vocab_range_from_global_vocab_size(vocab, r, tp) for r in range(tp)]
+    rows.append([name, vocab, tp, ranges[0][1] - ranges[0][0], ranges[:2] + (["…"] if tp > 2 else [])])
+Table(["", "V（pad 之后）", "TP", "每卡宽度", "各卡 range(start, end)"], rows)
+
+# %% [markdown]
+# Qwen3 的 151,936 在 TP=2 时 pad 到 152,064（多 128 个），TP=8 时 pad 到 152,576。hidden 4096 时每卡的 embedding 表是
+# 76,032 × 4096 ≈ 311M 个参数——比笔记 11 里一整层每卡的 96M 还大三倍，这就是为什么词表也要切。
+#
+# ### `VocabParallelEmbedding` 等于稠密的 embedding
+#
+# V=16、h=6，token `[b, s] = [2, 4]`。同一个种子建两个真实的 `VocabParallelEmbedding`：一个直接 all-reduce，
+# 一个 `reduce_scatter_embeddings=True`（SP 的走法，输出按 s 切）。稠密参照是把各卡的表 all-gather 起来的完整表上的 `F.embedding`。
+
+# %%
+V, H = 16, 6
+
+
+def embedding_run(tp):
+    import torch.distributed as dist
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import VocabParallelEmbedding
+    from snippets import recorder
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
+    tokens = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(1))   # [b, s]
+    out = {}
+    for sp in (False, True):
+        torch.manual_seed(0)
+        emb = VocabParallelEmbedding(V, H, init_method=torch.nn.init.normal_, config=config,
+                                     reduce_scatter_embeddings=sp)
+        with recorder.record() as calls:
+            y = emb(tokens)
+            y.pow(2).sum().backward()
+        out[sp] = dict(y=y.detach(), grad=emb.weight.grad, calls=calls, shape=list(emb.weight.shape),
+                       range=(emb.vocab_start_index, emb.vocab_end_index))
+    shards = [torch.empty(V // tp, H) for _ in range(tp)]
+    dist.all_gather(shards, emb.weight.detach())          # 参照用的完整表（不在记录里）
+    return {"tokens": tokens, "full": torch.cat(shards), **out}
+
+
+emb = {tp: run_ranks(embedding_run, tp, tp, grid=dict(tp=tp)) for tp in (2, 4)}
+
+
+# %%
+def dense_embedding(tokens, full, sp):
+    weight = full.clone().requires_grad_()
+    y = F.embedding(tokens, weight)
+    y = y.transpose(0, 1) if sp else y                     # SP 的输出是 [s, b, h]，再按 s 切
+    y.pow(2).sum().backward()
+    return y.detach(), weight.grad
+
+
+rows = []
+for tp, ranks in emb.items():
+    for sp in (False, True):
+        y, grad = dense_embedding(ranks[0]["tokens"], ranks[0]["full"], sp)
+        got = torch.cat([r[sp]["y"] for r in ranks]) if sp else ranks[0][sp]["y"]
+        rows.append([tp, sp, ranks[0][sp]["shape"], [r[sp]["range"] for r in ranks],
+                     torch.allclose(got, y, atol=1e-6),
+                     torch.allclose(torch.cat([r[sp]["grad"] for r in ranks]), grad, atol=1e-5)])
+Table(["TP", "SP（reduce-scatter）", "每卡 weight", "各卡词表段", "输出 = 稠密", "梯度 = 稠密"], rows)
+
+# %% [markdown]
+# ### `vocab_parallel_cross_entropy` 等于 `F.cross_entropy`
+#
+# logits `[s, b, V] = [4, 2, 16]` 在每卡上相同（固定种子），每卡取自己那一段 `[4, 2, V/TP]` 交给真实的 `vocab_parallel_cross_entropy`；
+# 对 loss 乘一个随机权重再 backward，检查梯度里"乘上游梯度"那一步。TP=1、2、4，不开和开 label smoothing（0.1）各跑一次：
+
+# %%
+S, B, ALPHA = 4, 2, 0.1
+logits = torch.randn(S, B, V, generator=torch.Generator().manual_seed(3)) * 2
+target = torch.randint(0, V, (S, B), generator=torch.Generator().manual_seed(4))
+weight = torch.rand(S, B, generator=torch.Generator().manual_seed(5))
+
+
+def cross_entropy_run(tp):
+    from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    from snippets import recorder
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    out = {}
+    for alpha in (0.0, ALPHA):
+        local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
+        with recorder.record() as calls:
+            loss = vocab_parallel_cross_entropy(local, target, label_smoothing=alpha)
+            after_forward = local.detach().clone()      # 看看输入 logits 还是不是原来的值（遗留问题 5）
+            (loss * weight).sum().backward()
+        out[alpha] = dict(loss=loss.detach(), grad=local.grad, calls=calls, after_forward=after_forward,
+                          after_backward=local.detach().clone())
+    from torch._dynamo import config as dynamo
+    dynamo.disable = True      # 融合版套了 torch.compile：CPU 上改为即时执行（免掉编译的几秒），算的东西不变
+    local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
+    with recorder.record() as calls:
+        loss = fused_vocab_parallel_cross_entropy(local, target, parallel_state.get_tensor_model_parallel_group())
+        (loss * weight).sum().backward()
+    out["fused"] = dict(loss=loss.detach(), grad=local.grad, calls=calls)
+    return out
+
+
+ce = {tp: run_ranks(cross_entropy_run, tp, tp, grid=dict(tp=tp)) for tp in (1, 2, 4)}
+
+
+# %%
+def dense_grad(loss_fn):
+    x = logits.clone().requires_grad_()
+    loss = loss_fn(x)
+    (loss * weight).sum().backward()
+    return loss.detach(), x.grad
+
+
+def torch_ce(x, smoothing=0.0):
+    return F.cross_entropy(x.reshape(-1, V), target.reshape(-1), reduction="none",
+                           label_smoothing=smoothing).view(S, B)
+
+
+ref_loss, ref_grad = dense_grad(torch_ce)
+Table(["TP", "每卡 logits", "每卡的 loss = F.cross_entropy", "梯度（拼起来）= 稠密", "通信次数 fwd / bwd"],
+      [[tp, list(ranks[0][0.0]["grad"].shape),
+        all(torch.allclose(r[0.0]["loss"], ref_loss, atol=1e-5) for r in ranks),
+        torch.allclose(torch.cat([r[0.0]["grad"] for r in ranks], dim=-1), ref_grad, atol=1e-6),
+        f"{sum(c.phase == 'forward' for c in ranks[0][0.0]['calls'])} / "
+        f"{sum(c.phase == 'backward' for c in ranks[0][0.0]['calls'])}"] for tp, ranks in ce.items()])
+
+# %% [markdown]
+# 不开 smoothing 时完全对上（TP=1 时 3 次 all-reduce 也照样发出，只是群里只有自己）。开 smoothing 呢？
+# 每卡返回的平均 loss，和两种参照比：PyTorch 的 `label_smoothing=0.1`，以及 Megatron 源码注释里写明的目标分布
+# （label 上 `1−α`，其余 `K−1` 个类各 `α/(K−1)`，K 是词表大小），即 `snippets.vocab_parallel.smoothed_loss`：
+
+# %%
+torch_loss = torch_ce(logits, ALPHA)
+stated = smoothed_loss(logits, target, ALPHA)
+rows = [["PyTorch F.cross_entropy(label_smoothing=0.1)", "—", round(torch_loss.mean().item(), 4), "—"],
+        ["源码注释的目标分布（整个词表）", "—", round(stated.mean().item(), 4), "—"]]
+for tp, ranks in ce.items():
+    for rank, r in enumerate(ranks):
+        rows.append([f"Megatron TP={tp}", rank, round(r[ALPHA]["loss"].mean().item(), 4),
+                     torch.allclose(r[ALPHA]["loss"], smoothed_loss_on_rank(logits, target, ALPHA, tp, rank),
+                                    atol=1e-5)])
+Table(["", "rank", "平均 loss", "= smoothed_loss_on_rank"], rows)
+
+# %% [markdown]
+# 三件事：
+#
+# 1. **TP=1 时 Megatron 等于源码注释的定义**，但和 PyTorch 差 0.0023：两者对"平滑"的定义不同。PyTorch 把 α 均匀分给**全部** K 个类
+#    （label 拿 `1−α+α/K`），Megatron 只分给 label 以外的 K−1 个。代数上，Megatron 的 α 等于 PyTorch 的 `α·K/(K−1)`（下一格验证）。
+# 2. **TP>1 时每个 rank 的 loss 都不一样**：TP=2 的两个 rank 一个偏高、一个偏低，TP=4 更分散；逐个 token 看，偏差到 0.1 量级
+#    （下一格；具体大小随 logits 而变，机制不变）。
+# 3. 每个 rank 的数都被 `smoothed_loss_on_rank` 一项不差地复现：它把**本卡那一段词表**当成了整个词表（见"遗留问题 1"）。
+
+# %%
+rescaled = torch_ce(logits, ALPHA * V / (V - 1))
+print("Megatron TP=1 = PyTorch(α·K/(K−1)):", torch.allclose(ce[1][0][ALPHA]["loss"], rescaled, atol=1e-5),
+      " | = 源码注释的定义:", torch.allclose(ce[1][0][ALPHA]["loss"], stated, atol=1e-5))
+print("TP=2 两个 rank 的 loss 相同:", torch.allclose(ce[2][0][ALPHA]["loss"], ce[2][1][ALPHA]["loss"]))
+for tp in (2, 4):
+    print(f"TP={tp} 各 rank 与源码注释的定义逐 token 的最大差:",
+          [round((r[ALPHA]["loss"] - stated).abs().max().item(), 4) for r in ce[tp]])
+
+# %% [markdown]
+# ## Tensor / Process Group 语义
+#
+# 全部通信都在 TP 群里。embedding（TP=2，rank 0）：不开 SP 时 forward 一次 all-reduce `[b, s, h]`，backward 没有通信；
+# `reduce_scatter_embeddings=True` 时 forward 是 reduce-scatter（顺带把 `[b, s, h]` 转成 `[s, b, h]` 再按 s 切），backward 是 all-gather：
+
+# %%
+MEANINGS = {
+    ("all_reduce", "tensor_parallel/mappings.py::_reduce"): "各卡的查表结果（不归本卡的 token 是 0）相加",
+    ("reduce_scatter_tensor", "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"):
+        "相加，并按 s 切给各卡（SP）",
+    ("all_gather_into_tensor", "tensor_parallel/mappings.py::_gather_along_first_dim"):
+        "reduce-scatter 的 backward：输出梯度拼回完整 s",
+}
+record_table(emb[2][0][False]["calls"] + emb[2][0][True]["calls"], MEANINGS)
+
+# %% [markdown]
+# 交叉熵（TP=2，rank 0）：forward 3 次 all-reduce，每次都是 `[s, b]`——和 V 无关；backward 没有通信。
+
+# %%
+calls = ce[2][0][0.0]["calls"]
+what = dict(zip(map(id, calls), ["MAX：每个 token 的 logit 最大值（数值稳定）",
+                                 "SUM：target 的 logit（只有拥有它的卡非 0）",
+                                 "SUM：Σ exp(logit − max)，完整词表上的归一化"]))
+record_table(calls, lambda c: what[id(c)])
+
+# %% [markdown]
+# 两种通信量对比（每个 token）：拼出完整 logits 要 all-gather `V` 个数；vocab-parallel 交叉熵只 all-reduce 3 个数。
+# Qwen3 的 V≈15 万，差 5 万倍，而且完整的 `[s, b, V]` 从未在一张卡上出现。
+#
+# **融合版**（`cross_entropy_loss_fusion=True` 时 `compute_language_model_loss` 用它）把 target logit 和 Σexp 拼成一个张量，
+# 只发 2 次 all-reduce（第二次是 `[2s, b]`）；它不支持 label smoothing。同一组输入：
+
+# %%
+fused = ce[2]
+print("融合版每卡 loss = F.cross_entropy:", all(torch.allclose(r["fused"]["loss"], ref_loss, atol=1e-5) for r in fused))
+print("通信:", [(c.api, c.before) for c in fused[0]["fused"]["calls"]])
+fused_grad = torch.cat([r["fused"]["grad"] for r in fused], dim=-1)
+print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", round((fused_grad - ref_grad).abs().max().item(), 4),
+      " = 稠密梯度舍入到 bf16:", torch.allclose(fused_grad, ref_grad.bfloat16().float(), atol=1e-6))
+
+# %% [markdown]
+# 融合版的梯度被**截到了 bf16**：`calculate_gradients` 最后无条件 `.to(torch.bfloat16)`
+# （[`fused_cross_entropy.py:82`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/fusions/fused_cross_entropy.py#L82)），
+# autograd 再把它转回输入的 fp32。用 bf16 训练时无所谓；用 fp32 logits 时，这一步悄悄丢了精度（遗留问题 3）。
+
+# %% [markdown]
+# ## 机制解释
+#
+# **embedding：每个 token 只有一张卡查得到。** 本卡先把不属于自己的 token 记成掩码，下标改成 0 去查表
+# （[`layers.py:279`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L279)），
+# 查完再把这些位置清零（[`layers.py:290`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L290)）。
+# 于是对每个 token，恰好一张卡给出它的向量，其余给 0，all-reduce（求和）就是完整的 embedding。
+# backward：`reduce_from_tensor_model_parallel_region` 的 backward 原样传梯度，每卡拿到完整的 `[b, s, h]` 梯度，
+# 但 embedding 的 backward 只会往本卡的行里累加——被清零的位置梯度也是 0，所以不会错加到第 0 行。不需要通信。
+#
+# **交叉熵：把 log-sum-exp 拆成三个标量的归约。** 对每个 token，`loss = log Σ_j exp(z_j) − z_target`。
+# 先 all-reduce(MAX) 得到全局最大值 m，各卡算 `exp(z − m)` 的本地和，再 all-reduce(SUM) 得全局和；
+# target 的 logit 只在拥有它的卡上非 0，all-reduce(SUM) 之后每卡都有。三个数都是 `[s, b]`，与 V 无关。
+# 每卡把 `exp(z − m)` 除以全局和，得到的就是**全局归一化**的 softmax 的本卡一段；梯度 `softmax − one-hot` 逐元素、只看本卡的列，
+# 所以 backward 没有通信。label 不在本卡的 token，one-hot 那一项本卡不减（`softmax_update` 为 0）。
+#
+# **为什么 embedding 和 output layer 的切法一致。** output layer 是 `ColumnParallelLinear(h, V)`，按输出维连续切，rank r 管第
+# `r·V/TP` 到 `(r+1)·V/TP` 行——和 `VocabUtility` 给 embedding 的范围相同。所以共享 embedding 和 output weight 时，两者在每卡上是同一块
+# `[V/TP, h]`，交叉熵要的 `[s, b, V/TP]` logits 也正好是本卡这一段词表。
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# 每个训练 step 的第一次和最后一次 TP 通信都在这里：`GPTModel` 的 embedding（笔记 04 建模型，笔记 05 跑 forward/backward）
+# 一次 all-reduce（或 SP 的 reduce-scatter），loss 三次 `[s, b]` 的 all-reduce。之后 `loss_func` 拿到的是每个 token 的 loss，
+# 乘 `loss_mask` 求和（笔记 05）。共享 embedding 且 PP>1 时，首尾两个 stage 各有一份同样的 `[V/TP, h]`，
+# 它们的梯度在 embedding 群里 all-reduce（笔记 08 的 embedding 群、`finalize_model_grads`）。
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **log-sum-exp 的数值稳定写法**：先减最大值。分布式版本只是把"最大值"和"求和"各换成一次 all-reduce。
+# - **softmax 交叉熵对 logits 的梯度**是 `softmax − one-hot`：逐元素，能在任何切分下本地算——前提是 softmax 已全局归一化。
+# - **label smoothing**：把 one-hot 目标换成"label 上大部分、其余均摊一点"。均摊给 K 个还是 K−1 个类是两种常见定义，差一个 `K/(K−1)` 的系数。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# 1. **label smoothing 在 TP>1 时是 bug，不是定义（运行确认）。** 源码注释写明的目标是"label `1−α`、其余各 `α/(K−1)`"，K 是词表大小，
+#    TP=1 时代码也确实这样算（上面与 `smoothed_loss` 相等）。TP>1 时有两行把本卡当成了整个词表：
+#    `vocab_size = exp_logits.size(-1)` 取的是本卡宽度 `V/TP`
+#    （[`cross_entropy.py:164`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L164)，
+#    进入 [`cross_entropy.py:176`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L176) 的系数），
+#    `log_probs.mean(dim=-1)` 只对本卡一段求平均、之后没有 all-reduce
+#    （[`cross_entropy.py:181`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L181)）；
+#    backward 用同一个本卡宽度（[`cross_entropy.py:206`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L206)）。
+#    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度（`tests/test_vocab_parallel.py` 逐卡验证），
+#    拼起来不是任何一个统一 loss 的梯度。上游已有报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)（2024 年提出，查阅时仍开放）。
+#    影响面：0.16.1 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
+#    所以正式 GPT 训练碰不到；直接调这个函数的外部代码会碰到。
+# 2. **`parallel_output=False` 时带 label 算 loss，多出 `log(TP)`（运行确认）。** output layer 以 `gather_output=not parallel_output` 构造
+#    （[`gpt_model.py:248`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L248)），
+#    于是每卡拿到**完整的** `[s, b, V]` logits，却照样交给 `vocab_parallel_cross_entropy`
+#    （[`gpt_model.py:714`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L714) →
+#    [`language_module.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L167)）。
+#    函数把"本卡宽度"V 当作一段，Σexp 被 TP 张卡各加一遍，loss 多出 `log(TP)`；backward 用的 softmax 也小了 TP 倍，梯度跟着错。
+#    下面用真实的小 `GPTModel`（fp32）验证：TP=2 时 loss 正好多 `log 2`，backward 照常跑完，梯度却和 `parallel_output=True` 不同。
+#    TP=1 时 loss 是对的，backward 却直接报错：TP=1 的 gather 原样返回输入，autograd 把它当 view，
+#    而交叉熵就地改写了它的输入（第 5 条）。bf16 训练时 `.float()` 先复制一份，TP=1 就不会报错（按代码推断，本篇没有跑 bf16）。
+#    `parallel_output=False` 本是推理时要完整 logits 用的，训练别这样配。
+# 3. **融合交叉熵的梯度总是 bf16。** 上面的运行：fp32 logits 的梯度与稠密结果有 1e-3 量级的差，恰好等于把稠密梯度舍入到 bf16。
+#    这是代码里写死的类型转换，配合 bf16 训练没有问题；用 fp32 做数值对比或调试时要知道它。
+# 4. **V 必须被 TP 整除。** `VocabUtility` 用 `divide` 断言整除，core 自己不 pad；pad 只在 `megatron/training` 的 tokenizer 构建里做。
+#    直接用 Megatron Core 搭模型时要自己 pad（自测 4）。
+# 5. **fp32 logits 会被就地改写（运行确认）。** `calculate_logits_max` 里的 `.float()` 对 fp32 张量返回它自己
+#    （[`cross_entropy.py:28`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L28)），
+#    之后减最大值、`exp(out=...)`、除以和都是就地操作，backward 又在保存下来的同一块内存上就地算梯度。
+#    结果：forward 之后，调用方手里的 logits 变成了 softmax；backward 之后又变成了梯度（下面最后一格）。
+#    GPT 训练不会再读 logits，所以无害；自己调这个函数、之后还想用 logits（算准确率、打日志）时，先 `clone()`。
+
+# %%
+root = installed_root()
+callers = sorted(str(p.relative_to(root)) for p in (root / "megatron" / "core").rglob("*.py")
+                 if "label_smoothing" in p.read_text())
+print("megatron/core 里出现 label_smoothing 的文件:", callers)
+
+
+# %%
+def gpt_loss(tp):
+    from snippets import layer_walk  # noqa: F401 - first: quiets known warnings on this rank
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    model_parallel_cuda_manual_seed(123)
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, use_cpu_initialization=True,
+                               tensor_model_parallel_size=tp, attention_dropout=0.0, hidden_dropout=0.0)
+    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(2))
+    position_ids = torch.arange(8).expand(2, 8)
+    causal = torch.triu(torch.ones(1, 1, 8, 8, dtype=torch.bool), diagonal=1)
+    losses, backward = {}, {}
+    for parallel_output in (True, False):
+        torch.manual_seed(0)
+        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
+                         max_sequence_length=8, parallel_output=parallel_output)
+        loss = model(tokens, position_ids, causal, labels=labels).mean()
+        losses[parallel_output] = loss.item()
+        try:
+            loss.backward()
+            backward[parallel_output] = model.decoder.final_layernorm.weight.grad
+        except RuntimeError as err:
+            backward[parallel_output] = f"RuntimeError: {str(err)[:60]}…"
+    if isinstance(backward[False], torch.Tensor):
+        backward[False] = "梯度相同" if torch.allclose(backward[True], backward[False]) else "梯度不同"
+    return losses, backward[False]
+
+
+rows = []
+for tp in (1, 2):
+    (losses, backward), *_ = run_ranks(gpt_loss, tp, tp, grid=dict(tp=tp))
+    rows.append([f"TP={tp}", losses[True], losses[False], losses[False] - losses[True], math.log(tp), backward])
+Table(["", "loss（parallel_output=True）", "loss（False）", "差", "log(TP)", "False 时的 backward"], rows)
+
+# %%
+r = ce[2][0][0.0]
+print("forward 之后，rank 0 的输入 logits = 本卡的 softmax:",
+      torch.allclose(r["after_forward"], torch.softmax(logits, -1).chunk(2, -1)[0], atol=1e-6))
+print("backward 之后，输入 logits = 它自己的梯度:", torch.equal(r["after_backward"], r["grad"]))
+
+# %% [markdown]
+# ## 自测
+#
+# **1. Qwen3 的词表 151,936，TP=4 时 pad 成多少？rank 3 管哪一段？**
+#
+# <details><summary>答案</summary>
+#
+# 128 × 4 = 512 的倍数向上取整：152,064（正好是 297 × 512），每卡 38,016，rank 3 管 `range(114048, 152064)`。
+#
+# </details>
+
+# %%
+v4 = padded(QWEN3_VOCAB, 4)
+print(v4, VocabUtility.vocab_range_from_global_vocab_size(v4, 3, 4))
+
+# %% [markdown]
+# **2. TP=2 时 embedding 的 backward 发几次通信？开 SP（`reduce_scatter_embeddings=True`）呢？**
+#
+# <details><summary>答案</summary>
+#
+# 不开 SP：0 次，all-reduce 的 backward 原样传梯度。开 SP：1 次 all-gather，把按 s 切的输出梯度拼回完整 s。
+#
+# </details>
+
+# %%
+print({sp: [c.api for c in emb[2][0][sp]["calls"] if c.phase == "backward"] for sp in (False, True)})
+
+# %% [markdown]
+# **3. 交叉熵 forward 的 3 次 all-reduce 各用什么归约？为什么第一次不能用 SUM？**
+#
+# <details><summary>答案</summary>
+#
+# MAX、SUM、SUM。第一次要的是全局最大 logit，用来在 exp 之前减掉、防止溢出；各卡必须减**同一个**数，
+# 否则各卡的 `exp(z − m)` 不在同一尺度上，加起来就不是全局的 Σexp。
+#
+# </details>
+
+# %%
+source = (root / "megatron/core/tensor_parallel/cross_entropy.py").read_text()
+forward_source = source.split("def forward", 1)[1].split("def backward", 1)[0]
+print("记录到:", [c.api for c in ce[2][0][0.0]["calls"]], "| forward 里依次用的归约:",
+      re.findall(r"ReduceOp\.(\w+)", forward_source))
+
+# %% [markdown]
+# **4. 直接用 Megatron Core、V=50257（GPT-2 词表）、TP=2 建 `VocabParallelEmbedding` 会怎样？**
+#
+# <details><summary>答案</summary>
+#
+# 50257 是奇数，`VocabUtility` 的 `divide` 断言失败。要先 pad：按正式入口的规则 pad 到 256（= 128·2）的倍数 50432，每卡 25216。
+# （常见的 50304 是 TP=1 时 128 的倍数。）
+#
+# </details>
+
+# %%
+try:
+    VocabUtility.vocab_range_from_global_vocab_size(50257, 0, 2)
+except AssertionError as err:
+    print("AssertionError:", err)
+print(padded(50257, 2), VocabUtility.vocab_range_from_global_vocab_size(padded(50257, 2), 1, 2))
+
+# %% [markdown]
+# **5. 开 label smoothing 0.1、TP=2 时，rank 1 用的"平滑系数"是多少？TP=1 时呢？**
+#
+# <details><summary>答案</summary>
+#
+# 代码的系数是 `α·K/(K−1)`，K 取本卡宽度。TP=2、V=16 时 K=8，系数 0.1·8/7 ≈ 0.1143；TP=1 时 K=16，0.1·16/15 ≈ 0.1067。
+# TP=1 的那个才是源码注释想要的。
+#
+# </details>
+
+# %%
+for tp in (1, 2):
+    k = V // tp
+    print(f"TP={tp}: K={k}, 系数 {ALPHA * k / (k - 1):.4f}")
+
+# %% [markdown]
+# ## 30-second answer
+#
+# Megatron splits the vocabulary contiguously across TP ranks, so V must be padded to a multiple of 128·TP. In
+# VocabParallelEmbedding each rank looks up only its own tokens, zeroes the rest, and one all-reduce (a
+# reduce-scatter under sequence parallelism) completes the embedding; backward needs no communication.
+# vocab_parallel_cross_entropy all-reduces three [s, b] tensors (max, target logit, sum of exp) and its
+# backward is local. Both equal the dense versions exactly, but label smoothing at TP>1 averages over the
+# local shard only: a known bug.
