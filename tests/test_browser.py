@@ -186,7 +186,9 @@ def _rare_chinese_word(site, stem: str) -> tuple[str, int]:
         if location == f"notes/{stem}/":
             mine.extend(w for w in sorted(words) if w not in mine)
     assert mine, f"no segmented Chinese words for notes/{stem} in the search index"
-    word = min(mine, key=lambda w: (len(pages[w]), -len(w)))
+    # Two-character words first: the browser segments the typed query itself (not with jieba),
+    # and longer words can come out split differently from the index, diluting the ranking.
+    word = min(mine, key=lambda w: (len(pages[w]), len(w) != 2, -len(w)))
     return word, len(pages[word])
 
 
