@@ -1,0 +1,327 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 训练全景：simple loop 与正式入口的一一对应
+#
+# 第一轮第 1 篇。Megatron 有两条训练入口：教学用的 `examples/run_simple_mcore_train_loop.py`（约 270 行，只用 Megatron Core），
+# 和正式的 `pretrain_gpt.py` → `megatron/training/training.py`。本篇先把两者逐步对齐，再在 2 个 CPU gloo rank（TP=2）上
+# 原样跑一遍 simple loop 的接线，最后跑一版"改对了"的同结构循环，比较 loss 和权重。每一步的细节在后面的笔记：
+# 初始化见[笔记 02](../02_distributed_initialization/)，数据见[笔记 03](../03_data_and_batch_flow/)，模型见[笔记 04](../04_model_provider_and_gpt_model/)，
+# forward / backward 见[笔记 05](../05_forward_loss_backward/)，梯度同步与优化器见[笔记 06](../06_gradient_sync_and_optimizer/)，checkpoint 见[笔记 07](../07_checkpointing/)。
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. 给 simple loop 的每一步找到正式入口里对应的函数。
+# 2. 用运行说明 simple loop 原样跑时 loss 和权重怎样变化，并从代码解释原因。
+# 3. 说清一个"正确"的 Megatron 训练步最少需要哪几个调用、顺序为何如此。
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号 | 角色 |
+# |---|---|
+# | [`run_simple_mcore_train_loop.py::initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L32) | `init_process_group` + `initialize_model_parallel` |
+# | [`run_simple_mcore_train_loop.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L60) | 2 层、hidden 12、vocab 100 的 `GPTModel` |
+# | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L85) | `MockGPTDataset` + torch `DataLoader` |
+# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L120) | 取 batch、forward、返回带 loss mask 的 `loss_func` |
+# | [`run_simple_mcore_train_loop.py::save_distributed_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L160) | `sharded_state_dict` + `dist_checkpointing.save` |
+# | [`run_simple_mcore_train_loop.py::load_distributed_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L180) | `dist_checkpointing.load` + `load_state_dict` |
+# | [`run_simple_mcore_train_loop.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L227) | 优化器：`torch.optim.Adam(gpt_model.parameters())` |
+# | [`run_simple_mcore_train_loop.py:251`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L251) | `finalize_model_grads([gpt_model])` |
+# | [`run_simple_mcore_train_loop.py:253`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L253) | `optim.step()` |
+# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L166) | 正式入口的 forward_step |
+# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L702) | 正式入口总控 |
+# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L41) | 解析参数、建群、设种子 |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1438) | `get_model`（含 DDP）+ `get_megatron_optimizer` + `load_checkpoint` |
+# | [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2417) | 训练循环：每步 `train_step`，按间隔 `save_checkpoint` |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 清零 buffer → schedule → `optimizer.step()` |
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# pretrain_gpt.py  (__main__)
+# └─ megatron/training/training.py::pretrain
+#    ├─ initialize.py::initialize_megatron                  # 建群、种子                       ← simple loop: initialize_distributed + model_parallel_cuda_manual_seed
+#    ├─ setup_model_and_optimizer
+#    │  ├─ get_model(model_provider) → DDP 包装             # 建模型、grad buffer             ← model_provider + DistributedDataParallel(...)
+#    │  ├─ get_megatron_optimizer(...)                      #                                ← torch.optim.Adam（见下文的问题）
+#    │  └─ checkpointing.py::load_checkpoint                # 续训时加载                       ← load_distributed_checkpoint（放在最后演示）
+#    ├─ build_train_valid_test_data_iterators               # MockGPTDataset / GPTDataset     ← get_train_data_iterator
+#    └─ train
+#       ├─ train_step
+#       │  ├─ zero_grad_buffer(); optimizer.zero_grad()     #                                ← optim.zero_grad()
+#       │  ├─ forward_backward_func(forward_step, ...)      # TP 通信在层里                    ← forward_backward_func(forward_step_func, ...)
+#       │  │  └─ finalize_model_grads                       # DP / TP 梯度归约                 ← finalize_model_grads([gpt_model])（显式调用）
+#       │  └─ optimizer.step()                              # 范数、裁剪、Adam                  ← optim.step()
+#       └─ checkpointing.py::save_checkpoint                # 每 --save-interval 步            ← save_distributed_checkpoint
+# ```
+#
+# **每个函数的阅读记录（simple loop 的函数；正式入口的对应函数见各篇）：**
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | 对应正式入口 |
+# |---|---|---|---|---|---|---|---|
+# | `initialize_distributed` | TP、PP 大小 | 无（建好全局群） | `parallel_state.initialize_model_parallel` | 是：建全部群 | 否 | 否 | `initialize_megatron` |
+# | `model_provider` | 无 | `GPTModel` | `TransformerConfig`、`GPTModel`、local spec | 读 TP 群决定切片 | 权重按 TP 切 | 是：建参数 | `model_provider` → `get_model` |
+# | `get_train_data_iterator` | 无 | batch 迭代器（每个 TP rank 各自一份） | `BlendedMegatronDatasetBuilder`、`MockGPTDataset` | 否 | 否（两个 TP rank 各读同样的样本） | 否 | `build_train_valid_test_data_iterators` |
+# | `forward_step_func` | 迭代器、model | `(output, loss_func)` | `GPTModel.forward` | 间接：TP 层与 vocab 并行 CE | TP | 否 | `pretrain_gpt.py::forward_step` |
+# | `save_distributed_checkpoint` | 路径、model | 磁盘文件 | `sharded_state_dict`、`dist_checkpointing.save` | 是 | 按 ShardedTensor 写 | 否 | `save_checkpoint` |
+# | `load_distributed_checkpoint` | 路径、model | 填好权重的 model | `dist_checkpointing.load` | 是 | 按当前切法读 | 是 | `load_checkpoint` |
+
+# %%
+import logging
+import os
+import tempfile
+from functools import partial
+
+import torch
+from torch.utils.data import DataLoader
+
+from snippets import checkpoint_view as cv
+from snippets.launch import run_ranks
+from snippets.tables import Table
+
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.tokenizers import MegatronTokenizer
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+# %% [markdown]
+# ## 关键对象
+#
+# 下面的 `simple_loop` 逐行复现 simple loop 的 `__main__`（行号见注释），只有三处为 CPU 改动：gloo 代替 NCCL、不调用
+# `torch.cuda.set_device` / `.to("cuda")`、加一行 `torch.manual_seed(123)`（`use_cpu_initialization=True` 从 CPU 默认生成器取初值，
+# 原脚本没有设它，每次运行的初值不同）；数据 helper 已预编译，不调用 `compile_helpers`，tokenizer 用 Core 的 null tokenizer
+# （原脚本的 `_NullTokenizer` 在 `megatron.training` 里，pip 包没有）。参数 `megatron_optimizer=True` 时换成正式入口的做法：
+# `get_megatron_optimizer` + 每步 `zero_grad_buffer()`。
+
+# %%
+def simple_loop(ckpt_dir, megatron_optimizer):
+    logging.getLogger("megatron.core").setLevel(logging.ERROR)  # CPU 上的 RNG tracker、mock 数据集缓存提示
+    SEQ = 64                                                                               # :29
+    parallel_state.destroy_model_parallel()                                                # :42
+    parallel_state.initialize_model_parallel(2, 1)                                         # :206 → :56
+    torch.manual_seed(123)
+    model_parallel_cuda_manual_seed(123)                                                   # :207
+    config = TransformerConfig(num_layers=2, hidden_size=12, num_attention_heads=4,        # :68
+                               use_cpu_initialization=True, pipeline_dtype=torch.float32)
+    gpt_model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),  # :76
+                         vocab_size=100, max_sequence_length=SEQ)
+    gpt_model = DistributedDataParallel(                                                   # :216-225
+        config=config, module=gpt_model,
+        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
+                                                 use_distributed_optimizer=False))
+    if megatron_optimizer:
+        optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
+    else:
+        optim = torch.optim.Adam(gpt_model.parameters())                                  # :227
+    dataset_config = GPTDatasetConfig(                                                     # :98
+        random_seed=0, sequence_length=SEQ, reset_position_ids=False, reset_attention_mask=False,
+        eod_mask_loss=False, mid_level_dataset_surplus=0.005,
+        tokenizer=MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=SEQ))
+    datasets = BlendedMegatronDatasetBuilder(MockGPTDataset, [1000, None, None], lambda: True, dataset_config).build()
+    train_iterator = iter(DataLoader(datasets[0], batch_size=8, shuffle=True))             # :113-115
+
+    def loss_func(loss_mask, output_tensor):                                               # :136
+        loss_mask = loss_mask.view(-1).float()
+        loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum()
+        return loss, {"lm loss": loss}
+
+    def forward_step_func(data_iterator, model):                                           # :120
+        data = next(data_iterator)
+        output = model(data["tokens"], data["position_ids"], data["attention_mask"], labels=data["labels"])
+        return output, partial(loss_func, data["loss_mask"])
+
+    forward_backward_func = get_forward_backward_func()                                    # :231
+    start = {n: p.detach().clone() for n, p in gpt_model.named_parameters()}
+    log = []
+    for iteration in range(5):                                                             # :234
+        if megatron_optimizer:
+            gpt_model.zero_grad_buffer()
+        optim.zero_grad()                                                                  # :235
+        losses_reduced = forward_backward_func(                                            # :237
+            forward_step_func=forward_step_func, data_iterator=train_iterator, model=gpt_model,
+            num_microbatches=1, seq_length=SEQ, micro_batch_size=8, decoder_seq_length=SEQ, forward_only=False)
+        finalize_model_grads([gpt_model])                                                  # :251
+        optim.step()                                                                       # :253
+        log.append(dict(loss=losses_reduced[0]["lm loss"].item(),
+                        moved=max((p - start[n]).abs().max().item() for n, p in gpt_model.named_parameters()),
+                        main_grad_norm=sum(p.main_grad.norm().item() ** 2 for p in gpt_model.parameters()) ** 0.5,
+                        grad_is_none=all(p.grad is None for p in gpt_model.parameters())))
+
+    trained = {k: v.clone() for k, v in gpt_model.module.state_dict().items() if torch.is_tensor(v)}
+    os.makedirs(ckpt_dir, exist_ok=True)                                                   # :259
+    sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")                    # :172
+    dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :175
+    with torch.no_grad():
+        for p in gpt_model.parameters():
+            p.zero_()                                                                      # 抹掉，证明权重来自文件
+    checkpoint = dist_checkpointing.load(sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""),
+                                         checkpoint_dir=ckpt_dir)                           # :198
+    mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))           # :201
+    restored = all(torch.equal(v, gpt_model.module.state_dict()[k]) for k, v in trained.items())
+    return dict(log=log, mismatches=mismatches, restored=restored)
+
+
+def both(ckpt_root):  # 一次启动跑两种：先原样，再换优化器（各自从 destroy_model_parallel 重新开始）
+    return simple_loop(ckpt_root + "/published", False), simple_loop(ckpt_root + "/fixed", True)
+
+
+runs = run_ranks(both, 2, tempfile.mkdtemp(prefix="ckpt-simple-"), grid=dict(tp=2))
+as_published, fixed = [r[0] for r in runs], [r[1] for r in runs]
+
+# %% [markdown]
+# ### 原样的 simple loop：loss 和权重
+#
+# 每步 rank 0 的 loss、权重相对初值的最大变化、`main_grad` 的范数、`param.grad` 是否全为 `None`：
+
+# %%
+def log_table(runs):
+    return Table(["iteration", "lm loss", "权重最大变化", "‖main_grad‖ (rank 0)", "param.grad 全是 None"],
+                 [[i, round(s["loss"], 4), round(s["moved"], 4), round(s["main_grad_norm"], 4), s["grad_is_none"]]
+                  for i, s in enumerate(runs[0]["log"])])
+
+
+log_table(as_published)
+
+# %% [markdown]
+# **权重一步也没动。** 原因在代码里：
+#
+# 1. Megatron 的 DDP 在 backward 里把梯度累加进 `param.main_grad` 后把 `param.grad` 置为 `None`（笔记 06）。
+#    `torch.optim.Adam` 只看 `param.grad`，遇到 `None` 就跳过这个参数——于是 [`run_simple_mcore_train_loop.py:253`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L253) 的 `optim.step()` 什么也不做。
+# 2. 循环里从不调用 `zero_grad_buffer()`；[`run_simple_mcore_train_loop.py:235`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L235) 的 `optim.zero_grad()` 只清 `param.grad`，
+#    所以 `main_grad` 一步步累加：范数 ≈ 0.50、0.96、1.42、1.88、2.30，近似线性增长。
+# 3. loss 只在 4.60 附近随 batch 波动：权重不变，变的只是数据（vocab 100 的均匀分布交叉熵是 ln 100 ≈ 4.6052）。
+#
+# 另外，原脚本打印的 `losses_reduced` 是每个 micro-batch 一个 `{"lm loss": tensor}` 的列表，没有在 DP 上平均（这里 DP=1，
+# 无影响）。checkpoint 部分本身是对的：
+
+# %%
+print("原样：", [r["mismatches"] for r in as_published], "权重从文件复原:", [r["restored"] for r in as_published])
+
+# %% [markdown]
+# ### 同样的结构，用正式入口的做法
+#
+# 只改两处：优化器用 `get_megatron_optimizer`（它读 `main_grad`），每步先 `zero_grad_buffer()`。同样的初值、同样的数据顺序：
+
+# %%
+log_table(fixed)
+
+# %%
+print("改后：", [r["mismatches"] for r in fixed], "权重从文件复原:", [r["restored"] for r in fixed])
+print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["loss"] == fixed[0]["log"][0]["loss"])
+
+# %% [markdown]
+# 第 0 步 loss 两者相同；之后 loss 下降（4.6045 → 4.5502），权重每步移动约 `lr` = 0.001（Adam 的步长），`main_grad` 每步重新累积。
+#
+# ## Tensor / Process Group 语义
+#
+# 一个训练步里张量经过的群（TP=2、DP=1）：
+#
+# | 阶段 | 群 | 做什么 | 详见 |
+# |---|---|---|---|
+# | forward / backward | tp `[0, 1]` | ColumnParallel / RowParallel 的 all-reduce，vocab 并行 CE 的三次 all-reduce | 笔记 05、09、10、12 |
+# | `finalize_model_grads` | dp-cp（这里只有自己）；tp（序列并行的 norm） | 梯度求平均 | 笔记 06、14 |
+# | `optimizer.step()` | tp-pp `[0, 1]` | 梯度范数的平方和 | 笔记 06 |
+# | save / load | 全体 | 协调写 / 读计划 | 笔记 07 |
+
+# %% [markdown]
+# ## 机制解释
+#
+# 正式入口与 simple loop 做的是同一串 Core 调用，差别在"谁负责让它们配合"：`train_step` 每步先对每个模型块 `zero_grad_buffer()`
+# （[`training.py:1616`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)），再 `optimizer.zero_grad()`；`finalize_model_grads` 由 schedule
+# 在最后一个 micro-batch 之后经 `config.finalize_model_grads_func` 调用，而 simple loop 手动调用；
+# `optimizer.step()`（[`training.py:1703`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)）返回 `(update_successful, grad_norm, num_zeros)`，
+# 它来自 `get_megatron_optimizer`，认得 DDP 的 `main_grad`。
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# 本篇就是主链路的目录：初始化 → 建模型（DDP）→ 建优化器 → 数据迭代器 → 循环 {清零、forward/backward、梯度归约、step} → 保存 / 加载。
+# 后续每一篇都对应其中一格。
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **PyTorch 的训练循环**：`zero_grad` → `loss.backward()` → `step`。Megatron 把 backward 包进 schedule（为了 micro-batch 与流水线），
+#   把 `.grad` 换成连续 buffer 里的 `main_grad`（为了通信与混合精度），所以优化器也必须换成认得 `main_grad` 的那个。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# 1. **simple loop 的优化器不更新权重（运行确认）。** [`run_simple_mcore_train_loop.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L227) 的 `torch.optim.Adam`
+#    与 DDP 的 `main_grad` 不配合，5 步后权重与初值完全相同；`main_grad` 因从不 `zero_grad_buffer()` 而一直累加。修法见上：换 `get_megatron_optimizer`
+#    并每步清零 buffer（或在 `optim.step()` 前把 `main_grad` 赋给 `param.grad`）。
+# 2. **初值不确定。** 原脚本只调用 `model_parallel_cuda_manual_seed(123)`，它设的是 CUDA 与模型并行的 RNG；`use_cpu_initialization=True`
+#    的初值来自没有设种子的 CPU 默认生成器。本篇为可复现加了 `torch.manual_seed(123)`。
+# 3. **tokenizer 的词表与模型不一致。** 数据集用 `vocab_size=_SEQUENCE_LENGTH`（64）的 null tokenizer，模型 vocab 是 100；mock 数据的 token
+#    只落在前 64 个 id，不出错，但读代码时容易误会。
+
+# %% [markdown]
+# ## 自测
+#
+# **1. 原样的 simple loop 跑 5 步，权重最大变化是多少？**
+#
+# <details><summary>答案</summary>
+#
+# 0：DDP 把 `param.grad` 置为 `None`，`torch.optim.Adam` 跳过所有参数。
+#
+# </details>
+
+# %%
+print(max(s["moved"] for s in as_published[0]["log"]), all(s["grad_is_none"] for s in as_published[0]["log"]))
+
+# %% [markdown]
+# **2. 原样运行时 `main_grad` 的范数为什么逐步增大？**
+#
+# <details><summary>答案</summary>
+#
+# 循环里没有 `zero_grad_buffer()`，`main_grad` 把每步的梯度累加起来；每步梯度相近，范数近似线性增长。改后每步清零，范数不再增长。
+#
+# </details>
+
+# %%
+print([round(s["main_grad_norm"], 2) for s in as_published[0]["log"]], [round(s["main_grad_norm"], 2) for s in fixed[0]["log"]])
+
+# %% [markdown]
+# **3. 改后每步权重大约移动多少？为什么？**
+#
+# <details><summary>答案</summary>
+#
+# 约 0.001 × 步数：Adam 早期每步每个元素移动约 `lr`（`m̂ / √v̂ ≈ ±1`），`lr` = 1e-3。
+#
+# </details>
+
+# %%
+print([round(s["moved"], 4) for s in fixed[0]["log"]])
+
+# %% [markdown]
+# ## 30-second answer
+#
+# The simple loop wires Megatron Core by hand: `initialize_model_parallel`, a local-spec `GPTModel`, a mock
+# dataset, Megatron DDP, `get_forward_backward_func`, an explicit `finalize_model_grads` and
+# `dist_checkpointing`; the formal entry does the same inside `pretrain` → `setup_model_and_optimizer` →
+# `train` → `train_step`. Run as published at TP=2, its weights never change: DDP moves gradients into
+# `main_grad` and clears `.grad`, so `torch.optim.Adam` skips every parameter, and `main_grad` keeps
+# accumulating. With `get_megatron_optimizer` and `zero_grad_buffer()` the loss falls.
