@@ -118,7 +118,7 @@ def train_step(clip_grad):
     with recorder.record() as in_step:
         update_successful, grad_norm, num_zeros = optimizer.step()
     after = by_global_name([ddp], "param")
-    return dict(loss=sum(l["lm loss"].item() for l in losses) / n, local=local, grad_norm=grad_norm,
+    return dict(clipped=by_global_name([ddp], "main_grad"), loss=sum(l["lm loss"].item() for l in losses) / n, local=local, grad_norm=grad_norm,
                 update_successful=update_successful, params=after, before=before,
                 finalize=in_finalize, step=in_step,
                 optimizer=type(optimizer).__name__, inner=[type(o).__name__ for o in optimizer.chained_optimizers],
@@ -176,22 +176,36 @@ recorder.communication_table(dp2[0]["step"])
 # ### 梯度裁剪
 #
 # `clip_grad > 0` 时，`step()` 先算全部参数梯度的总 L2 范数 `‖g‖`，若 `‖g‖ > clip_grad` 就把所有梯度乘以
-# `clip_grad / (‖g‖ + 1e-6)`（`clip_grad_by_total_norm_fp32`）。**裁剪本身在 CPU 上跑不了**（见遗留问题 2），
-# 所以这里只核对它用的范数：`step()` 返回的范数等于把单进程的全部梯度拼起来算的 L2 范数，DP=2 的两个 rank 也是同一个值。
-# 若 `clip_grad=1.0`，梯度会乘以下面的系数：
+# `clip_grad / (‖g‖ + 1e-6)`（`clip_grad_by_total_norm_fp32`，就地缩放，不通信）。CPU 上它需要一个补丁
+# `clip_grads_type_check`（见遗留问题 2 和 [CPU 页](../../cpu/)）。下面用 `clip_grad=1.0` 再跑一遍 DP=2 和单进程：
+# 范数 1.66 > 1，裁剪真的发生；`FP32Optimizer` 的 `param.grad` 就是 `main_grad`，所以 step 之后的 `main_grad`
+# 正是被缩放过的梯度。
 
 # %%
 import torch
 
+dp2_clip = run_ranks(train_step, 2, clip_grad=1.0)
+one_clip = run_ranks(train_step, 1, clip_grad=1.0)[0]
 by_hand = torch.linalg.vector_norm(torch.cat([g.flatten() for g in one["local"].values()])).item()
+coeff = 1.0 / (by_hand + 1e-6)
+scaled_as_predicted = all(torch.allclose(one_clip["clipped"][k], coeff * one_clip["local"][k], atol=1e-7)
+                          for k in one_clip["local"])
 Table(["量", "值"], [
     ["手算 ‖g‖（单进程全部 main_grad）", round(by_hand, 4)],
     ["step() 返回的范数：单进程 / DP=2 rank 0 / rank 1", [round(r["grad_norm"], 4) for r in (one, *dp2)]],
-    ["clip_grad=1.0 时的缩放系数 1 / (‖g‖ + 1e-6)", round(1.0 / (by_hand + 1e-6), 4)],
+    ["clip_grad=1.0 的缩放系数 1 / (‖g‖ + 1e-6)", round(coeff, 4)],
+    ["裁剪后 main_grad = 系数 × 裁剪前（单进程，逐元素）", scaled_as_predicted],
+    ["裁剪后 DP=2 两个 rank 的 main_grad 与单进程相同", max_abs_diff(dp2_clip[0]["clipped"], one_clip["clipped"]) < 1e-7
+     and max_abs_diff(dp2_clip[1]["clipped"], one_clip["clipped"]) < 1e-7],
+    ["裁剪后 DP=2 一步的参数与单进程相差 < 1e-6", max_abs_diff(dp2_clip[0]["params"], one_clip["params"]) < 1e-6],
+    ["裁剪与不裁剪的参数最大差（Adam 第一步）", round(max_abs_diff(one_clip["params"], one["params"]), 4)],
 ])
 
 # %% [markdown]
-# 对 Adam 来说，第一步把梯度整体缩放几乎不改变更新（`m̂ / √v̂` 与缩放无关）；裁剪影响的是之后各步 m、v 的积累。
+# 最后一行很小（每个参数这一步移动约 `lr` = 0.01）：对 Adam 来说，第一步把梯度整体缩放几乎不改变更新（`m̂ / (√v̂ + ε)` 只在
+# 梯度与 ε 同量级的元素上受缩放影响）；裁剪影响的是之后各步 m、v 的积累。
+# 裁剪的结果要从梯度上看，上面逐元素核对了。跨进程的部分只有范数：每个 rank 先算本地平方和，再在
+# `get_grad_stats_parallel_group()` 里求和（这里 TP=PP=1 且不用分布式优化器，群里只有自己），缩放本身各 rank 就地做。
 #
 # ### 为什么梯度住在 `main_grad`
 #
@@ -217,10 +231,11 @@ Table(["量", "值"], [
 #
 # 1. **DP=2 与单进程不是 bitwise 相同。** 梯度差在 1e-8 量级（求和顺序不同），Adam 第一步把梯度归一化，参数差仍远小于 1e-6；
 #    若梯度某元素恰好接近 0，Adam 会放大噪声（`snippets/tiny_gpt.py` 去掉 bias 就是为此）。
-# 2. **CPU 上裁剪会断言失败（运行确认）。** `clip_grad > 0` 时 `ChainedOptimizer.step` 调用
+# 2. **CPU 上裁剪原本会断言失败（运行确认）。** `clip_grad > 0` 时 `ChainedOptimizer.step` 调用
 #    `clip_grad_by_total_norm_fp32`，它逐个断言 `param.grad.type() == 'torch.cuda.FloatTensor'`
-#    （[`clip_grads.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L167)）。
-#    本站的 CPU 层只在建分布式优化器期间改写 `Tensor.type()`，step 时不改，所以本篇用 `clip_grad=0.0`，只核对范数。
+#    （[`clip_grads.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L167)），
+#    CPU 上的 fp32 梯度答 `torch.FloatTensor`。本站的补丁 `clip_grads_type_check` 只在这个函数运行期间让无参数的
+#    `Tensor.type()` 返回 CUDA 类型名，并替换 `optimizer.py` 按名字导入的那份引用；它的测试对照 `torch.nn.utils.clip_grad_norm_`。
 #    `get_megatron_optimizer` 和 `get_grad_norm_fp32` 写死的 `device='cuda'` 由 `optimizer_device`、`grad_norm_device` 两个补丁处理，见 [CPU 页](../../cpu/)。
 
 # %% [markdown]
@@ -274,6 +289,19 @@ print(dp2[0]["grad_norm"] == dp2[1]["grad_norm"], abs(dp2[0]["grad_norm"] - by_h
 
 # %%
 print(round(max_abs_diff(one["params"], one["before"]), 4))
+
+# %% [markdown]
+# **5. `clip_grad=1.0` 时，这一步的梯度被乘以多少？DP=2 时裁剪要跨 rank 通信吗？**
+#
+# <details><summary>答案</summary>
+#
+# 乘以 `1 / (‖g‖ + 1e-6)` ≈ 0.6014（‖g‖ ≈ 1.6628 > 1）。缩放本身不通信；通信只在算范数时（在 tp-pp 群里求平方和），
+# 而这一步 step 里没有任何跨 rank 的集合通信。
+#
+# </details>
+
+# %%
+print(round(coeff, 4), [(c.api, list(c.ranks)) for c in dp2_clip[0]["step"] if len(c.ranks) > 1])
 
 # %% [markdown]
 # ## 30-second answer

@@ -212,25 +212,43 @@ def _type_with_cuda_names(self, dtype=None, non_blocking=False, **kwargs):
     return torch._C.TensorBase.type(self, dtype, non_blocking, **kwargs)
 
 
-def _patch_distrib_optimizer_type_check():
-    # DistributedOptimizer sorts parameters by `param.type()` names such as
-    # 'torch.cuda.FloatTensor' and raises on anything else. A CPU tensor answers
-    # 'torch.FloatTensor', so while (and only while) that one classmethod runs, tensors report
-    # the CUDA name of their dtype. Tensor.type lives on TensorBase; we shadow it on
-    # torch.Tensor and delete the shadow afterwards.
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+def _with_cuda_type_names(fn):
+    """``fn`` with no-argument ``Tensor.type()`` answering CUDA type names while (only while) it runs.
 
-    build = DistributedOptimizer.__dict__["_build_model_and_main_param_groups"].__func__
+    Tensor.type lives on TensorBase; the shadow set on torch.Tensor is deleted afterwards.
+    """
 
-    def with_cuda_type_names(cls, *args, **kwargs):
+    def wrapper(*args, **kwargs):
         torch.Tensor.type = _type_with_cuda_names
         try:
-            return build(cls, *args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             del torch.Tensor.type
 
-    with_cuda_type_names.__wrapped__ = build
-    DistributedOptimizer._build_model_and_main_param_groups = classmethod(with_cuda_type_names)
+    wrapper.__wrapped__ = fn
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+def _patch_distrib_optimizer_type_check():
+    # DistributedOptimizer sorts parameters by `param.type()` names such as
+    # 'torch.cuda.FloatTensor' and raises on anything else; a CPU tensor answers
+    # 'torch.FloatTensor'. It is a method call, so a module proxy cannot reach it: the patch is
+    # scoped in time to this one classmethod instead.
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    build = DistributedOptimizer.__dict__["_build_model_and_main_param_groups"].__func__
+    DistributedOptimizer._build_model_and_main_param_groups = classmethod(_with_cuda_type_names(build))
+
+
+def _patch_clip_grads_type_check():
+    # clip_grad_by_total_norm_fp32 asserts every grad is a 'torch.cuda.FloatTensor' before it
+    # scales them. optimizer.py imported the function by name, so both bindings are replaced.
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    clip = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
+    clip_grads.clip_grad_by_total_norm_fp32 = clip
+    optimizer.clip_grad_by_total_norm_fp32 = clip
 
 
 def _patch_moe_te_general_gemm():
@@ -409,6 +427,21 @@ PATCHES: tuple[Patch, ...] = (
                  "model_param.type() == 'torch.cuda.FloatTensor'"),
         ),
         apply=_patch_distrib_optimizer_type_check,
+    ),
+    Patch(
+        name="clip_grads_type_check",
+        scope="megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32",
+        what="只在这个函数运行期间，无参数的 `Tensor.type()` 返回 CUDA 类型名；"
+        "`optimizer.py` 按名字导入的那份引用一起替换",
+        why="`clip_grad > 0` 时优化器先算总范数再调它缩放梯度；它逐个断言 "
+        "`param.grad.type() == 'torch.cuda.FloatTensor'`，CPU 上的 fp32 梯度答 `torch.FloatTensor`。"
+        "缩放用的临时张量（`device='cuda'`）已由 `grad_norm_device` 的模块代理放到 CPU。",
+        sites=(
+            Site("megatron/core/optimizer/clip_grads.py", 167,
+                 "param.grad.type() == 'torch.cuda.FloatTensor'"),
+            Site("megatron/core/optimizer/clip_grads.py", 174, "device='cuda'"),
+        ),
+        apply=_patch_clip_grads_type_check,
     ),
     Patch(
         name="moe_te_general_gemm",

@@ -229,7 +229,7 @@ def test_torch_norm_sequence_parallel_layer_equals_tp1():
             assert torch.allclose(grad, expected, atol=1e-5), name
 
 
-def _adam_two_steps(use_distributed_optimizer):
+def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
     # DP ranks each see half of a fixed batch; DDP averages their grads, so the optimizer must
     # reproduce torch's AdamW run in one process on the whole batch.
     import torch.distributed as dist
@@ -249,7 +249,7 @@ def _adam_two_steps(use_distributed_optimizer):
         config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer),
         module)
     opt = get_megatron_optimizer(
-        OptimizerConfig(lr=0.05, clip_grad=0.0, use_distributed_optimizer=use_distributed_optimizer),
+        OptimizerConfig(lr=0.05, clip_grad=clip_grad, use_distributed_optimizer=use_distributed_optimizer),
         [ddp])
     torch_adam = torch.optim.AdamW(reference.parameters(), lr=0.05, weight_decay=0.01)
     norms = []
@@ -264,6 +264,8 @@ def _adam_two_steps(use_distributed_optimizer):
         reference(x).pow(2).mean().backward()
         expected_norm = torch.linalg.vector_norm(
             torch.cat([p.grad.flatten() for p in reference.parameters()])).item()
+        if clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), clip_grad)
         torch_adam.step()
         norms.append((grad_norm, expected_norm))
     diff = max((a - b).abs().max().item() for a, b in zip(module.parameters(), reference.parameters()))
@@ -292,6 +294,58 @@ def test_distrib_optimizer_type_check_dp2_equals_one_process_adamw():
     for name, ok, diff, _, type_after in run_ranks(_adam_two_steps, 2, True):
         assert name == "DistributedOptimizer" and ok and diff < 1e-6
         assert type_after == "torch.FloatTensor"
+
+
+def _adam_clipped_steps(use_distributed_optimizer, megatron_clip, reference_clip):
+    # Adam with a large eps: with the default eps Adam's update hardly depends on the grads'
+    # scale, which would hide a clip that did nothing. (The distributed optimizer takes only Adam.)
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer import TransformerConfig
+
+    ps.initialize_model_parallel()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False))
+    reference = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False))
+    reference.load_state_dict(module.state_dict())
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+    ddp = DistributedDataParallel(
+        config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer),
+        module)
+    opt = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=0.5, adam_eps=0.1, weight_decay=0.0, clip_grad=megatron_clip,
+                        use_distributed_optimizer=use_distributed_optimizer), [ddp])
+    torch_adam = torch.optim.Adam(reference.parameters(), lr=0.5, eps=0.1)
+    norms = []
+    for step in range(2):
+        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        ddp(x[rank * 8 // world:(rank + 1) * 8 // world]).pow(2).mean().backward()
+        ddp.finish_grad_sync()
+        ok, grad_norm, _ = opt.step()
+        torch_adam.zero_grad()
+        reference(x).pow(2).mean().backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(reference.parameters(),
+                                                    reference_clip or float("inf")).item())
+        torch_adam.step()
+    diff = max((a - b).abs().max().item() for a, b in zip(module.parameters(), reference.parameters()))
+    return ok, diff, norms, torch.zeros(1).type()
+
+
+@pytest.mark.parametrize("dp, distributed", [(1, False), (2, True)])
+def test_clip_grads_type_check_clipped_step_equals_torch_clip_grad_norm(dp, distributed):
+    # clip_grads_type_check: with clip_grad below the norm, Megatron scales every (sharded) grad
+    # by clip_grad / (norm + 1e-6) like torch.nn.utils.clip_grad_norm_ in one process.
+    for ok, diff, norms, type_after in run_ranks(_adam_clipped_steps, dp, distributed, 0.05, 0.05):
+        assert ok and diff < 1e-6 and type_after == "torch.FloatTensor"
+        assert all(norm > 0.05 for norm in norms)  # the clip really acted
+    # The comparison can tell a clipped step from an unclipped one.
+    (_, unclipped, _, _), = run_ranks(_adam_clipped_steps, 1, False, 0.0, 0.05)
+    assert unclipped > 1e-3
 
 
 def _gloo_refit_tp2_to_replicas():
