@@ -300,7 +300,19 @@ def answers_page(docs_dir: Path) -> str:
     return "\n".join(lines)
 
 
-GENERATED = {NOTE_MAP_MARK: lambda d: note_map(d), SELF_TEST_MARK: self_test_bank, ANSWERS_MARK: answers_page}
+NOTE_TEMPLATE_MARK = "<!-- note-template -->"
+
+
+def note_template(docs_dir: Path) -> str:
+    from snippets.new_note import SECTIONS  # the list the scaffold and tests/test_notes.py use
+
+    rows = ["| # | 标题 | 写什么 |", "|---|---|---|"]
+    rows += [f"| {k} | `## {heading}` | {what} |" for k, (heading, what) in enumerate(SECTIONS, 1)]
+    return "\n".join(rows)
+
+
+GENERATED = {NOTE_MAP_MARK: lambda d: note_map(d), SELF_TEST_MARK: self_test_bank,
+             ANSWERS_MARK: answers_page, NOTE_TEMPLATE_MARK: note_template}
 
 
 def on_page_markdown(markdown, page, config, files):

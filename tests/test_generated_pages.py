@@ -124,3 +124,12 @@ def test_what_it_runs_reads_launches_and_imports(tmp_path, hook):
     path.write_text(nbformat.writes(nb), encoding="utf-8")
     assert hook.what_it_runs(path) == (
         "2、4 个 rank · `parallel_state`, `ColumnParallelLinear`, `RowParallelLinear`")
+
+
+def test_write_a_note_page_prints_the_template_the_checks_use(site):
+    from snippets.new_note import SECTIONS
+
+    text = _page(site, "write_a_note")
+    rows = re.findall(r"<tr>\s*<td>(\d+)</td>\s*<td><code>## ([^<]+)</code></td>", text)
+    assert [html.unescape(h) for _, h in rows] == [h for h, _ in SECTIONS]
+    assert "python -m snippets.new_note" in _text(text)
