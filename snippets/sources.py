@@ -153,6 +153,22 @@ def check_link(text: str, path: str, line: int | None, src: Path | None = None) 
     return None
 
 
+def citing_files(root: Path) -> list[Path]:
+    """The files whose links the site shows: notes' text, the Markdown pages, the README."""
+    files = [*root.glob("notes/*.py"), *root.glob("docs/**/*.md"), root / "README.md"]
+    return sorted(f for f in files if f.exists() and not f.is_symlink())
+
+
+def cited_links(root: Path) -> list[tuple[str, str, str, int | None]]:
+    """Every pinned link under ``root``: (citing file, link text, Megatron path, line or None)."""
+    found = []
+    for file in citing_files(root):
+        for m in LINK_RE.finditer(file.read_text(encoding="utf-8")):
+            found.append((file.relative_to(root).as_posix(), m["text"], m["path"],
+                          int(m["line"]) if m["line"] else None))
+    return found
+
+
 def _pin_command(argv: list[str] | None = None) -> int:
     """``python -m snippets.sources --megatron-src PATH FILE...``: record in the data file every
     citation outside the pip package that the given files make, after checking each line

@@ -9,23 +9,8 @@ import pytest
 from snippets import sources
 
 ROOT = Path(__file__).resolve().parents[1]
-CITING = sorted(
-    [*ROOT.glob("notes/*.py"), *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]
-)
-
-
-def _links():
-    found = []
-    for path in CITING:
-        if path.is_symlink() or not path.exists():
-            continue
-        for match in sources.LINK_RE.finditer(path.read_text()):
-            line = int(match["line"]) if match["line"] else None
-            found.append((path.relative_to(ROOT).as_posix(), match["text"], match["path"], line))
-    return found
-
-
-LINKS = _links()
+CITING = sources.citing_files(ROOT)
+LINKS = sources.cited_links(ROOT)
 
 
 def megatron_src(config):
@@ -41,11 +26,10 @@ def test_no_link_to_another_ref():
     # Links to Megatron-LM must use the pinned tag, never main or a moving branch.
     bad = []
     for path in CITING:
-        if path.exists() and not path.is_symlink():
-            for url in re.findall(r"https://github\.com/NVIDIA/Megatron-LM/(?:blob|tree)/[^\s)\"']+",
-                                  path.read_text()):
-                if not url.split("/")[6] == sources.TAG:
-                    bad.append((path.name, url))
+        for url in re.findall(r"https://github\.com/NVIDIA/Megatron-LM/(?:blob|tree)/[^\s)\"']+",
+                              path.read_text()):
+            if not url.split("/")[6] == sources.TAG:
+                bad.append((path.name, url))
     assert not bad
 
 
