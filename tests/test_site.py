@@ -342,3 +342,19 @@ def test_home_page_maps_every_planned_note_with_its_status(site, note_names):
         assert f'href="notes/{Path(name).stem}/"' in home, name
     assert home.count("<td>可运行</td>") == len(note_names)
     assert home.count("<td>计划中</td>") == len(hook.PLAN) - len(note_names)
+
+
+def test_pages_workflow_builds_the_strict_site_from_main_and_uploads_it():
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    flow = yaml.safe_load((root / ".github" / "workflows" / "pages.yml").read_text())
+    assert flow[True]["push"]["branches"] == ["main"]  # YAML reads the key `on` as True
+    steps = flow["jobs"]["build"]["steps"]
+    build = next(s["run"] for s in steps if "mkdocs build" in s.get("run", ""))
+    assert "--strict" in build.split()
+    out = build.split("-d", 1)[1].split()[0]
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact"))
+    assert upload["with"]["path"] == out
+    assert any("pip install -e ." in s.get("run", "") for s in steps)
+    assert flow["jobs"]["deploy"]["needs"] == "build"

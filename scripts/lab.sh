@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Open the notes in JupyterLab: installs the project (scripts/setup.sh) and JupyterLab into .venv,
+# then starts JupyterLab on notes/ at http://127.0.0.1:8888/ (the .py twins open as notebooks too,
+# through jupytext). Run a note top to bottom; outputs should equal the stored ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/python -c "import jupyterlab" 2>/dev/null \
+  || .venv/bin/python -m pip install --quiet --disable-pip-version-check jupyterlab
+exec .venv/bin/jupyter lab --ip 127.0.0.1 --port "${PORT:-8888}" --no-browser notes/ "$@"
