@@ -97,18 +97,14 @@
 import torch
 
 from snippets import pipeline_timeline as timeline
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.pipeline import pipeline_run
 from snippets.launch import run_ranks
-from snippets.pipeline_timeline import record_schedule
 from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, init_by_global_name, \
-    max_abs_diff, microbatches, tiny_config
+from snippets.tiny_gpt import max_abs_diff, tiny_config
 
 from IPython.display import SVG
 from megatron.core import parallel_state
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 # %% [markdown]
 # ## 关键对象
@@ -123,46 +119,75 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 函数在每个 `m`（micro-batch 个数）下调用一次 `get_forward_backward_func()` 返回的 schedule，
 # 用 `record_schedule()` 记下本 rank 依次做的每个 forward、backward 和 p2p 调用（以及 p2p 里的 collective），
 # 再问代码本身的公式 `get_pp_rank_microbatches` 这个 rank 应该有几步 warm-up。
+#
+# 这个函数就是 `snippets/experiments/pipeline.py` 里的 `pipeline_run`：本篇的单元格和命令行
+# `torchrun ... -m snippets.run pipeline --dims qwen3-8b --pp 4`（见 README 的 "Running at real scale"）调用的是同一个函数，
+# 模型尺寸（层数、hidden、head、vocab、sequence、micro-batch）都是参数 `dims`，本篇用它的 `tiny`：8 层、hidden 16、
+# vocab 32、sequence 8、micro-batch 2。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def pipeline_run(dims, pp: int, vp=None, microbatch_counts=(4,), batch_p2p_comm: bool = True,
+#                  tp: int = 1, sequence_parallel: bool = False, device: str = "cpu",
+#                  keep_grads: bool = True) -> dict:
+#     """On every rank: build this rank's stage(s), run the schedule once per micro-batch count.
+#
+#     Returns the schedule function's name, each chunk's layers, and per ``m`` the recorded ops,
+#     the losses (last stage only), the code's own warm-up counts and -- with ``keep_grads`` -- every
+#     gradient by global name (note 13 compares them with one process; at real sizes leave it off).
+#     """
+#     from snippets.tiny_gpt import by_global_name, forward_step, init_by_global_name
+#     from megatron.core import parallel_state
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
+#                                              pipeline_model_parallel_size=pp,
+#                                              virtual_pipeline_model_parallel_size=vp)
+#     model_parallel_cuda_manual_seed(0)
+#     config = pipeline_config(dims, pp, vp, tp, sequence_parallel, batch_p2p_comm, device)
+#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
+#     chunks = []
+#     for vp_stage in (range(vp) if vp else [None]):
+#         with torch.device(device):
+#             chunks.append(GPTModel(
+#                 config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+#                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+#                 share_embeddings_and_output_weights=False, vp_stage=vp_stage,
+#                 position_embedding_type="rope" if dims.rope else "learned_absolute"))
+#         init_by_global_name(chunks[-1])
+#     forward_backward_func = get_forward_backward_func()
+#     runs = {}
+#     for m in microbatch_counts:
+#         for chunk in chunks:
+#             chunk.zero_grad()
+#         data = microbatches(dims, m, device)
+#         with timeline.record_schedule() as ops:
+#             losses = forward_backward_func(
+#                 forward_step_func=forward_step,
+#                 data_iterator=[iter(data) for _ in chunks] if vp else iter(data),
+#                 model=chunks, num_microbatches=m, seq_length=dims.seq,
+#                 micro_batch_size=dims.micro_batch_size)
+#         warmup = schedules.get_pp_rank_microbatches(m, len(chunks), config.microbatch_group_size_per_vp_stage)
+#         runs[m] = dict(ops=ops, losses=[x["lm loss"].cpu() for x in losses],
+#                        grads=by_global_name(chunks) if keep_grads else None, code_counts=warmup)
+#     stages = [dict(pre=c.pre_process, post=c.post_process,
+#                    layers=[layer.layer_number for layer in c.decoder.layers]) for c in chunks]
+#     return dict(func=forward_backward_func.__name__, stages=stages, runs=runs,
+#                 ranks=dict(pp=parallel_state.get_pipeline_model_parallel_rank(),
+#                            tp=parallel_state.get_tensor_model_parallel_rank(),
+#                            dp=parallel_state.get_data_parallel_rank(), world=torch.distributed.get_rank()))
+# ```
 
 # %%
-def pipeline_run(pp, vp=None, microbatch_counts=(4,), batch_p2p_comm=True):
-    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=pp,
-                                             virtual_pipeline_model_parallel_size=vp)
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config(num_layers=8, pipeline_model_parallel_size=pp,
-                         virtual_pipeline_model_parallel_size=vp, batch_p2p_comm=batch_p2p_comm)
-    chunks = []
-    for vp_stage in (range(vp) if vp else [None]):
-        chunks.append(GPTModel(
-            config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            share_embeddings_and_output_weights=False, vp_stage=vp_stage))
-        init_by_global_name(chunks[-1])
-    forward_backward_func = get_forward_backward_func()
-    runs = {}
-    for m in microbatch_counts:
-        for chunk in chunks:
-            chunk.zero_grad()
-        data = microbatches(m)
-        with record_schedule() as ops:
-            losses = forward_backward_func(
-                forward_step_func=forward_step,
-                data_iterator=[iter(data) for _ in chunks] if vp else iter(data),
-                model=chunks, num_microbatches=m, seq_length=SEQ, micro_batch_size=MBS)
-        warmup = schedules.get_pp_rank_microbatches(m, len(chunks), config.microbatch_group_size_per_vp_stage)
-        runs[m] = dict(ops=ops, losses=[x["lm loss"] for x in losses], grads=by_global_name(chunks),
-                       code_counts=warmup)
-    stages = [dict(pre=c.pre_process, post=c.post_process,
-                   layers=[layer.layer_number for layer in c.decoder.layers]) for c in chunks]
-    return dict(func=forward_backward_func.__name__, stages=stages, runs=runs)
-
-
-ref = run_ranks(pipeline_run, 1, pp=1)
-pp2 = run_ranks(pipeline_run, 2, pp=2)
-pp4 = run_ranks(pipeline_run, 4, pp=4, microbatch_counts=(1, 2, 4, 8))
-vpp2 = run_ranks(pipeline_run, 2, pp=2, vp=2, batch_p2p_comm=False)
-vpp4 = run_ranks(pipeline_run, 4, pp=4, vp=2, microbatch_counts=(4, 8))
+TINY = EXPERIMENTS["pipeline"].tiny
+ref = run_ranks(pipeline_run, 1, TINY, pp=1)
+pp2 = run_ranks(pipeline_run, 2, TINY, pp=2)
+pp4 = run_ranks(pipeline_run, 4, TINY, pp=4, microbatch_counts=(1, 2, 4, 8))
+vpp2 = run_ranks(pipeline_run, 2, TINY, pp=2, vp=2, batch_p2p_comm=False)
+vpp4 = run_ranks(pipeline_run, 4, TINY, pp=4, vp=2, microbatch_counts=(4, 8))
 
 # %% [markdown]
 # 谁拿到哪几层（`layer_number` 是全局的、从 1 数起）：
@@ -383,7 +408,7 @@ Table(["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p�
 # 先看现象：同一配置只把 `batch_p2p_comm` 从 False 换回缺省的 True：
 
 # %%
-vpp2_batched = run_ranks(pipeline_run, 2, pp=2, vp=2, batch_p2p_comm=True)
+vpp2_batched = run_ranks(pipeline_run, 2, TINY, pp=2, vp=2, batch_p2p_comm=True)
 print("loss:", round(mean_loss(vpp2_batched), 3), "vs PP=1", round(mean_loss(ref), 3))
 print("梯度与 PP=1 最大差超过 1:", max_abs_diff(all_grads(vpp2_batched), reference_grads) > 1)
 

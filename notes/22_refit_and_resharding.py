@@ -131,83 +131,107 @@ from megatron.core import parallel_state
 #   `ProcessGroupCollection.use_mpu_process_groups()` 交给 `GPTModel`；每个 PP stage 只建自己的 2 层。
 # - **rollout 模型（目标）** 不能再调一次 `initialize_model_parallel`（全局群只有一套），所以用 `HyperCommGrid`
 #   按 TP=4 另建一套群，装进它自己的 `ProcessGroupCollection`。模型的层从 `pg_collection` 取群，不看全局变量。
+#
+# 这些构造函数和下面的 `one_rl_round` 都在 `snippets/experiments/refit.py`：本篇的单元格和命令行
+# `torchrun ... -m snippets.run refit --dims dense-8b --tp 2 --pp 4`（见 README 的 "Running at real scale"）调用的是
+# 同一组函数，模型尺寸是参数 `dims`，本篇用它的 `tiny`（上面那个小 GPT）。原样列出（`tests/test_run.py` 检查
+# 这里和模块里的源码一字不差）：
+#
+# ```python
+# def gpt_config(dims, tp: int, pp: int, device: str = "cpu"):
+#     from megatron.core.transformer import TransformerConfig
+#
+#     return TransformerConfig(**dims.transformer_config_kwargs(), tensor_model_parallel_size=tp,
+#                              pipeline_model_parallel_size=pp, use_cpu_initialization=device == "cpu",
+#                              pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
+#
+#
+# def gpt(dims, config, pg_collection, first: bool = True, last: bool = True):
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#
+#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
+#     return GPTModel(config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                     pre_process=first, post_process=last, share_embeddings_and_output_weights=False,
+#                     position_embedding_type="rope" if dims.rope else "learned_absolute",
+#                     pg_collection=pg_collection)
+#
+#
+# def rollout_groups(tp: int):
+#     """The inference layout's own groups: TP=tp, PP=1, the rest data parallel."""
+#     from megatron.core.hyper_comm_grid import HyperCommGrid
+#     from megatron.core.process_groups_config import ProcessGroupCollection
+#
+#     grid = HyperCommGrid([tp, 1, 1, 1, dist.get_world_size() // tp], ["tp", "cp", "ep", "pp", "dp"])
+#     return ProcessGroupCollection(tp=grid.create_pg("tp"), cp=grid.create_pg("cp"),
+#                                   pp=grid.create_pg("pp"), ep=grid.create_pg("ep"),
+#                                   dp=grid.create_pg("dp"),
+#                                   embd=None, pos_embd=None)  # PP=1: no stage shares the embedding
+# ```
 
 # %%
-SEQ, VOCAB, BATCH = 8, 64, 2
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.refit import gpt, gpt_config, one_rl_round, rollout_groups
+
+TINY = EXPERIMENTS["refit"].tiny
+SEQ, VOCAB, BATCH = TINY.seq, TINY.vocab, TINY.micro_batch_size
 POS = torch.arange(SEQ).expand(BATCH, SEQ)
 MASK = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).view(1, 1, SEQ, SEQ)  # True = 看不见
-
-
-def gpt_config(tp, pp, groups=4):
-    from megatron.core.transformer import TransformerConfig
-
-    return TransformerConfig(num_layers=4, hidden_size=32, num_attention_heads=8,
-                             num_query_groups=groups, tensor_model_parallel_size=tp,
-                             pipeline_model_parallel_size=pp, use_cpu_initialization=True,
-                             pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
-
-
-def gpt(config, pg_collection, first=True, last=True):
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    return GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-                    pre_process=first, post_process=last, share_embeddings_and_output_weights=False,
-                    position_embedding_type="rope", pg_collection=pg_collection)
-
-
-def rollout_groups(tp):
-    """The inference layout's own groups: TP=tp, PP=1, the rest data parallel."""
-    from megatron.core.hyper_comm_grid import HyperCommGrid
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    grid = HyperCommGrid([tp, 1, 1, 1, dist.get_world_size() // tp], ["tp", "cp", "ep", "pp", "dp"])
-    return ProcessGroupCollection(tp=grid.create_pg("tp"), cp=grid.create_pg("cp"),
-                                  pp=grid.create_pg("pp"), ep=grid.create_pg("ep"),
-                                  dp=grid.create_pg("dp"),
-                                  embd=None, pos_embd=None)  # PP=1: no stage shares the embedding
 
 # %% [markdown]
 # 训练一步走真实的 pipeline schedule（PP=2 时 `get_forward_backward_func()` 给出 1F1B），再对本 rank 的参数做一次
 # 普通的 `torch.optim.SGD`。比较 logits 时训练模型也要走 pipeline（forward only）：最后一个 stage 拿到完整 vocab 的
 # logits（`runtime_gather_output=True`），再在 PP 群里广播给前面的 stage。rollout 模型 PP=1，直接调用。
-
-# %%
-def train_one_step(model, batches, lr=0.5):
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    def step(data, model):
-        tokens = next(data)
-        loss = model(tokens, POS, MASK, labels=tokens.roll(-1, dims=1))  # [b, s] per-token loss
-        return loss, lambda l: (l.mean(), {"loss": l.mean().detach().clone()})
-
-    out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter(batches),
-                                      model=[model], num_microbatches=len(batches),
-                                      seq_length=SEQ, micro_batch_size=BATCH)
-    torch.optim.SGD(model.parameters(), lr=lr).step()
-    return [round(float(o["loss"]), 4) for o in out]
-
-
-def pipeline_logits(model, tokens):
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    def step(data, model):
-        out = model(next(data), POS, MASK, runtime_gather_output=True)
-        return out, lambda o: (o.sum() * 0, {"logits": o.detach().clone()})
-
-    out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([tokens]),
-                                      model=[model], num_microbatches=1, seq_length=SEQ,
-                                      micro_batch_size=BATCH, forward_only=True)
-    last = parallel_state.is_pipeline_last_stage()
-    logits = out[0]["logits"] if last else torch.empty(BATCH, SEQ, VOCAB)
-    dist.broadcast(logits, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                   group=parallel_state.get_pipeline_model_parallel_group())
-    return logits
-
-
-def rollout_logits(model, tokens):
-    with torch.no_grad():
-        return model(tokens, POS, MASK, runtime_gather_output=True)
+#
+# ```python
+# class Inputs:
+#     """Positions and the causal mask for ``[batch, seq]`` tokens, on ``device``."""
+#
+#     def __init__(self, dims, device: str = "cpu"):
+#         s, b = dims.seq, dims.micro_batch_size
+#         self.seq, self.batch, self.vocab = s, b, dims.vocab
+#         self.pos = torch.arange(s, device=device).expand(b, s)
+#         self.mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1).view(1, 1, s, s)
+#
+#
+# def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5):
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#
+#     def step(data, model):
+#         tokens = next(data)
+#         loss = model(tokens, inputs.pos, inputs.mask, labels=tokens.roll(-1, dims=1))  # [b, s]
+#         return loss, lambda l: (l.mean(), {"loss": l.mean().detach().clone()})
+#
+#     out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter(batches),
+#                                       model=[model], num_microbatches=len(batches),
+#                                       seq_length=inputs.seq, micro_batch_size=inputs.batch)
+#     torch.optim.SGD(model.parameters(), lr=lr).step()
+#     return [round(float(o["loss"]), 4) for o in out]
+#
+#
+# def pipeline_logits(model, tokens, inputs: Inputs):
+#     from megatron.core import parallel_state
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#
+#     def step(data, model):
+#         out = model(next(data), inputs.pos, inputs.mask, runtime_gather_output=True)
+#         return out, lambda o: (o.sum() * 0, {"logits": o.detach().clone()})
+#
+#     out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([tokens]),
+#                                       model=[model], num_microbatches=1, seq_length=inputs.seq,
+#                                       micro_batch_size=inputs.batch, forward_only=True)
+#     last = parallel_state.is_pipeline_last_stage()
+#     logits = out[0]["logits"] if last else torch.empty(inputs.batch, inputs.seq, inputs.vocab,
+#                                                        device=tokens.device)
+#     dist.broadcast(logits, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+#                    group=parallel_state.get_pipeline_model_parallel_group())
+#     return logits
+#
+#
+# def rollout_logits(model, tokens, inputs: Inputs):
+#     with torch.no_grad():
+#         return model(tokens, inputs.pos, inputs.mask, runtime_gather_output=True)
+# ```
 
 # %% [markdown]
 # ### 一轮 RL，在每个 rank 上
@@ -215,66 +239,75 @@ def rollout_logits(model, tokens):
 # 建两个模型 → 第一次同步（rollout 从当前 policy 出发）→ 训练一步 → 不同步时 rollout 用的是哪个 policy →
 # 第二次同步。两次 `swap_model_weights` 各自用 `snippets.recorder` 记下全部 collective；最后把缓存在目标模型上的
 # plan 拆成记录（`refit_cost.plan_ops`）带回 notebook。
+#
+# ```python
+# def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None,
+#                  device: str = "cpu") -> dict:
+#     """On every rank: refit, train one step, see the stale rollout, refit again (note 22)."""
+#     from snippets import recorder
+#     from megatron.core import parallel_state
+#     from megatron.core.process_groups_config import ProcessGroupCollection
+#     from megatron.core.resharding.refit import swap_model_weights
+#     from megatron.core.resharding.utils import (_build_layer_module_prefix_map,
+#                                                 _resolve_global_layer_number_in_name)
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#
+#     rollout_tp = rollout_tp or dist.get_world_size()
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+#     model_parallel_cuda_manual_seed(123)
+#     torch.manual_seed(100 * parallel_state.get_pipeline_model_parallel_rank())  # each stage its own layers
+#     with torch.device(device):
+#         policy = gpt(dims, gpt_config(dims, tp, pp, device), ProcessGroupCollection.use_mpu_process_groups(),
+#                      parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
+#         rollout = gpt(dims, gpt_config(dims, rollout_tp, 1, device), rollout_groups(rollout_tp))
+#     backend = "nccl" if device == "cuda" else "gloo"
+#     inputs = Inputs(dims, device)
+#
+#     data = torch.randint(0, dims.vocab, (dims.microbatches + 1, dims.micro_batch_size, dims.seq),
+#                          generator=torch.Generator().manual_seed(7)).to(device)
+#     prompts, batches = data[0], list(data[1:])
+#
+#     with recorder.record() as first_sync:
+#         swap_model_weights(policy, rollout, backend)         # round 0: from the current policy
+#     before = pipeline_logits(policy, prompts, inputs)
+#     synced = torch.allclose(rollout_logits(rollout, prompts, inputs), before, atol=1e-5)
+#
+#     losses = train_one_step(policy, batches, inputs)         # the policy moved
+#     after = pipeline_logits(policy, prompts, inputs)
+#     stale = rollout_logits(rollout, prompts, inputs)         # rollout still has the old weights
+#
+#     with recorder.record() as second_sync:
+#         swap_model_weights(policy, rollout, backend)         # round 1: sync again
+#     fresh = rollout_logits(rollout, prompts, inputs)
+#
+#     def shapes(model):
+#         prefix = _build_layer_module_prefix_map(model)
+#         return {_resolve_global_layer_number_in_name(n, prefix): tuple(p.shape)
+#                 for n, p in model.named_parameters()}
+#
+#     tp_sharded = [getattr(p, "tensor_model_parallel", False) for p in rollout.parameters()]
+#     return dict(
+#         losses=losses, synced=synced,
+#         policy_changed=not torch.allclose(after, before, atol=1e-5),
+#         max_change=round(float((after - before).abs().max()), 4),
+#         stale_is_old=torch.allclose(stale, before, atol=1e-5),
+#         stale_is_new=torch.allclose(stale, after, atol=1e-5),
+#         fresh_is_new=torch.allclose(fresh, after, atol=1e-5),
+#         fresh_diff=float((fresh - after).abs().max()),
+#         policy_shapes=shapes(policy), rollout_shapes=shapes(rollout),
+#         sharded_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if s),
+#         replicated_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if not s),
+#         plan=refit_cost.plan_ops(rollout._cached_reshard_plan, policy, rollout),
+#         first_sync=first_sync, second_sync=second_sync,
+#         groups={"训练 tp": dist.get_process_group_ranks(policy.pg_collection.tp),
+#                 "训练 pp": dist.get_process_group_ranks(policy.pg_collection.pp),
+#                 "rollout tp": dist.get_process_group_ranks(rollout.pg_collection.tp),
+#                 "rollout dp": dist.get_process_group_ranks(rollout.pg_collection.dp)},
+#     )
+# ```
 
 # %%
-def one_rl_round():
-    from snippets import recorder, refit_cost  # first: quiets the known warnings on this rank
-    from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.resharding.refit import swap_model_weights
-    from megatron.core.resharding.utils import (_build_layer_module_prefix_map,
-                                                _resolve_global_layer_number_in_name)
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
-    model_parallel_cuda_manual_seed(123)
-    torch.manual_seed(100 * parallel_state.get_pipeline_model_parallel_rank())  # 各 stage 各自的层
-    policy = gpt(gpt_config(tp=2, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
-                 parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
-    rollout = gpt(gpt_config(tp=4, pp=1), rollout_groups(tp=4))
-
-    data = torch.randint(0, VOCAB, (3, BATCH, SEQ), generator=torch.Generator().manual_seed(7))
-    prompts, batches = data[0], list(data[1:])
-
-    with recorder.record() as first_sync:
-        swap_model_weights(policy, rollout, "gloo")         # 第 0 轮：从当前 policy 出发
-    before = pipeline_logits(policy, prompts)
-    synced = torch.allclose(rollout_logits(rollout, prompts), before, atol=1e-5)
-
-    losses = train_one_step(policy, batches)                # policy 更新了
-    after = pipeline_logits(policy, prompts)
-    stale = rollout_logits(rollout, prompts)                # rollout 手里还是旧 weight
-
-    with recorder.record() as second_sync:
-        swap_model_weights(policy, rollout, "gloo")         # 第 1 轮：再同步
-    fresh = rollout_logits(rollout, prompts)
-
-    def shapes(model):
-        prefix = _build_layer_module_prefix_map(model)
-        return {_resolve_global_layer_number_in_name(n, prefix): tuple(p.shape)
-                for n, p in model.named_parameters()}
-
-    tp_sharded = [getattr(p, "tensor_model_parallel", False) for p in rollout.parameters()]
-    return dict(
-        losses=losses, synced=synced,
-        policy_changed=not torch.allclose(after, before, atol=1e-5),
-        max_change=round(float((after - before).abs().max()), 4),
-        stale_is_old=torch.allclose(stale, before, atol=1e-5),
-        stale_is_new=torch.allclose(stale, after, atol=1e-5),
-        fresh_is_new=torch.allclose(fresh, after, atol=1e-5),
-        fresh_diff=float((fresh - after).abs().max()),
-        policy_shapes=shapes(policy), rollout_shapes=shapes(rollout),
-        sharded_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if s),
-        replicated_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if not s),
-        plan=refit_cost.plan_ops(rollout._cached_reshard_plan, policy, rollout),
-        first_sync=first_sync, second_sync=second_sync,
-        groups={"训练 tp": dist.get_process_group_ranks(policy.pg_collection.tp),
-                "训练 pp": dist.get_process_group_ranks(policy.pg_collection.pp),
-                "rollout tp": dist.get_process_group_ranks(rollout.pg_collection.tp),
-                "rollout dp": dist.get_process_group_ranks(rollout.pg_collection.dp)},
-    )
-
-
-ranks = run_ranks(one_rl_round, 4, grid=dict(tp=2, pp=2))
+ranks = run_ranks(one_rl_round, 4, TINY, tp=2, pp=2, grid=dict(tp=2, pp=2))
 r0 = ranks[0]
 Table(["检查", "rank 0、1、2、3 的结果"], [
     ["训练一步的 loss（最后一个 stage 才有，2 个 microbatch）", [r["losses"] for r in ranks]],
@@ -505,7 +538,7 @@ def attention_check():
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
     spec = get_gpt_layer_local_spec().submodules.self_attention
-    attn = SelfAttention(gpt_config(tp=1, pp=1), spec.submodules, layer_number=1,
+    attn = SelfAttention(gpt_config(TINY, tp=1, pp=1), spec.submodules, layer_number=1,
                          attn_mask_type=AttnMaskType.causal)
     with torch.no_grad():
         attn.linear_qkv.bias.normal_()  # a non-zero bias, so its reorder is checked too
@@ -698,7 +731,7 @@ def surprises():
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     model_parallel_cuda_manual_seed(123)
     # 1. the rollout model asked for a loss, against cross entropy of its own full logits
-    rollout = gpt(gpt_config(tp=4, pp=1), rollout_groups(tp=4))
+    rollout = gpt(TINY, gpt_config(TINY, tp=4, pp=1), rollout_groups(tp=4))
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(7))
     labels = tokens.roll(-1, dims=1)
     with torch.no_grad():
@@ -706,8 +739,8 @@ def surprises():
         logits = rollout(tokens, POS, MASK, runtime_gather_output=True)
     reference = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
     # 2. like the unit test: PP groups in pg_collection, but the config does not say PP=2
-    unit_test_like = gpt(gpt_config(tp=2, pp=1), ProcessGroupCollection.use_mpu_process_groups())
-    real_pp = gpt(gpt_config(tp=2, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
+    unit_test_like = gpt(TINY, gpt_config(TINY, tp=2, pp=1), ProcessGroupCollection.use_mpu_process_groups())
+    real_pp = gpt(TINY, gpt_config(TINY, tp=2, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
                   parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
     layer_numbers = lambda model: [layer.layer_number for layer in model.decoder.layers]
     # 3. HyperCommGrid vs RankGenerator on tp=1, dp=2, pp=2
@@ -830,9 +863,10 @@ def seed_layout_plan():
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=4, pipeline_model_parallel_size=2)
     model_parallel_cuda_manual_seed(123)
-    policy = gpt(gpt_config(tp=4, pp=2, groups=8), ProcessGroupCollection.use_mpu_process_groups(),
+    eight_groups = TINY.replace(query_groups=8)
+    policy = gpt(eight_groups, gpt_config(eight_groups, tp=4, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
                  parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
-    rollout = gpt(gpt_config(tp=8, pp=1, groups=8), rollout_groups(tp=8))
+    rollout = gpt(eight_groups, gpt_config(eight_groups, tp=8, pp=1), rollout_groups(tp=8))
     plan = build_centralized_reshard_plan(policy, rollout)
     count = lambda split: sum(p.numel() for p in rollout.parameters()
                               if getattr(p, "tensor_model_parallel", False) == split)
