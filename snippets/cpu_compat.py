@@ -302,6 +302,132 @@ def _patch_moe_host_split_sizes():
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
+
+def _patch_grad_scaler_device():
+    # Both grad scalers keep the loss scale (and the dynamic one its min scale, growth and backoff
+    # factors) in one-element tensors made with a literal device='cuda'.
+    _scope_torch("megatron.core.optimizer.grad_scaler", tensor=_cpu_factory(torch.tensor))
+
+
+def _patch_float16_optimizer_type_check():
+    # Float16OptimizerWithFloat16Params sorts parameters by `param.type()` names
+    # ('torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor', 'torch.cuda.FloatTensor') and raises
+    # on anything else; the same time-scoped Tensor.type() as for the distributed optimizer.
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params as F16
+
+    if getattr(F16.__init__, "__wrapped__", None) is None:
+        F16.__init__ = _with_cuda_type_names(F16.__init__)
+
+
+def _same_tensor(self, *args, **kwargs):
+    return self
+
+
+def _patch_shared_embedding_cuda():
+    # With PP > 1 and tied embeddings, the last stage zeroes its copy of the word embedding, moves
+    # it with `weight.data.cuda()` and all-reduces it over the embedding group to receive the first
+    # stage's values. The move is the only CUDA part; `.cuda()` answers the tensor itself while
+    # (only while) this one method runs.
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    setup = LanguageModule.setup_embeddings_and_output_layer
+    if getattr(setup, "_cpu_compat", False):
+        return
+
+    def setup_embeddings_and_output_layer(self):
+        torch.Tensor.cuda = _same_tensor
+        try:
+            return setup(self)
+        finally:
+            del torch.Tensor.cuda
+
+    setup_embeddings_and_output_layer._cpu_compat = True
+    setup_embeddings_and_output_layer.__wrapped__ = setup
+    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
+
+
+
+def _patch_distrib_optimizer_init_type_check():
+    # Before it builds the shards, DistributedOptimizer.__init__ gives every 16-bit parameter the
+    # placeholders `main_param = None`, `main_param_sharded = True` -- but only if `param.type()`
+    # names a CUDA half / bfloat16 tensor. On a CPU the test fails silently: the parameters this
+    # rank does not own keep no `main_param` at all, and readers that fall back to the full
+    # weight (training/utils.py's parameter norm) count them on every DP rank. The classmethod
+    # patched by `distrib_optimizer_type_check` runs inside this constructor and removes its own
+    # shadow when it returns, so this wrapper removes the shadow only if it is still there.
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    init = DistributedOptimizer.__init__
+    if getattr(init, "_cpu_compat", False):
+        return
+
+    def __init__(*args, **kwargs):
+        torch.Tensor.type = _type_with_cuda_names
+        try:
+            return init(*args, **kwargs)
+        finally:
+            if "type" in torch.Tensor.__dict__:
+                del torch.Tensor.type
+
+    __init__._cpu_compat = True
+    __init__.__wrapped__ = init
+    DistributedOptimizer.__init__ = __init__
+
+
+
+def _patch_distrib_optimizer_gather_cuda():
+    # get_parameter_state_dp_zero copies this rank's optimizer shard into a CPU buffer and, unless
+    # told to use the gloo group, moves it with `.cuda()` before gathering it over the DP group.
+    # The `fully_reshardable` and `dp_zero_gather_scatter` checkpoint formats both save through it.
+    # `.cuda()` answers the tensor itself while (only while) this one method runs; the gather is
+    # the same collective on gloo.
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    gather = DistributedOptimizer.get_parameter_state_dp_zero
+    if getattr(gather, "_cpu_compat", False):
+        return
+
+    def get_parameter_state_dp_zero(self, *args, **kwargs):
+        torch.Tensor.cuda = _same_tensor
+        try:
+            return gather(self, *args, **kwargs)
+        finally:
+            if "cuda" in torch.Tensor.__dict__:
+                del torch.Tensor.cuda
+
+    get_parameter_state_dp_zero._cpu_compat = True
+    get_parameter_state_dp_zero.__wrapped__ = gather
+    DistributedOptimizer.get_parameter_state_dp_zero = get_parameter_state_dp_zero
+
+
+
+def _patch_distrib_optimizer_torch_adam_step():
+    # Without Transformer Engine or Apex the inner optimizer is torch's Adam, which keeps a
+    # per-parameter "step" tensor next to exp_avg and exp_avg_sq. _set_main_param_and_optimizer_states
+    # copies *every* key of that state from the loaded tensors, but the fully_reshardable and
+    # dp_zero_gather_scatter formats load only param / exp_avg / exp_avg_sq (the step travels in
+    # param_groups and load_state_dict has already set it), so the copy stops at "step" with a
+    # KeyError -- on a GPU without TE / Apex too. A missing "step" keeps the value already there.
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    setter = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(setter, "_cpu_compat", False):
+        return
+
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state[main_param].get("step")
+            if step is not None:
+                tensors = {**tensors, "step": step}
+        return setter(self, model_param, tensors)
+
+    _set_main_param_and_optimizer_states._cpu_compat = True
+    _set_main_param_and_optimizer_states.__wrapped__ = setter
+    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="current_device",
@@ -484,6 +610,86 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/tensor_parallel/mappings.py", 444, "torch.distributed.all_to_all_single("),
         ),
         apply=_patch_moe_host_split_sizes,
+    ),
+    Patch(
+        name="grad_scaler_device",
+        scope="megatron.core.optimizer.grad_scaler",
+        what="`torch.tensor(..., device='cuda')` 落在 CPU 上",
+        why="fp16 时 `get_megatron_optimizer` 建 `DynamicGradScaler`（给了 `loss_scale` 则建 "
+        "`ConstantGradScaler`），loss scale 以及动态 scaler 的下限、增长和回退系数都是用写死的 "
+        "`device='cuda'` 建的单元素张量。",
+        sites=(
+            Site("megatron/core/optimizer/grad_scaler.py", 15, "device='cuda'"),
+            Site("megatron/core/optimizer/grad_scaler.py", 88, "device='cuda'"),
+        ),
+        apply=_patch_grad_scaler_device,
+    ),
+    Patch(
+        name="float16_optimizer_type_check",
+        scope="megatron.core.optimizer.optimizer.Float16OptimizerWithFloat16Params.__init__",
+        what="只在这个构造函数运行期间，无参数的 `Tensor.type()` 返回 CUDA 类型名",
+        why="bf16 / fp16（不用分布式优化器）时的优化器按 `param.type()` 的字符串区分 16 位参数"
+        "（为它们建 fp32 主参数）和 fp32 参数，其余一律 `TypeError`；CPU 上的 bf16 参数答 "
+        "`torch.BFloat16Tensor`。与 `distrib_optimizer_type_check` 同一种时间范围收窄的补丁。",
+        sites=(
+            Site("megatron/core/optimizer/optimizer.py", 671,
+                 "param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']"),
+        ),
+        apply=_patch_float16_optimizer_type_check,
+    ),
+    Patch(
+        name="shared_embedding_cuda",
+        scope="megatron.core.models.common.language_module.language_module.LanguageModule"
+        ".setup_embeddings_and_output_layer",
+        what="只在这个方法运行期间，`Tensor.cuda()` 返回张量本身",
+        why="PP>1 且共享词嵌入时，最后一个 stage 把自己那份词嵌入清零、`weight.data.cuda()`，"
+        "再在 embedding 群里 all-reduce，拿到第一个 stage 的初值；CPU 版 torch 在 `.cuda()` 上报错。"
+        "搬到 GPU 是唯一与 CUDA 有关的一步，all-reduce 照常在 gloo 上做。",
+        sites=(
+            Site("megatron/core/models/common/language_module/language_module.py", 244,
+                 "weight.data = weight.data.cuda()"),
+        ),
+        apply=_patch_shared_embedding_cuda,
+    ),
+    Patch(
+        name="distrib_optimizer_init_type_check",
+        scope="megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.__init__",
+        what="只在这个构造函数运行期间，无参数的 `Tensor.type()` 返回 CUDA 类型名",
+        why="构造函数先给每个 16 位参数放上占位 `main_param = None`、`main_param_sharded = True`，"
+        "再为本 rank 拥有的那段建 fp32 主参数；占位只在 `param.type()` 是 CUDA 的 half / bfloat16 类型名时才放。"
+        "CPU 上不报错、静默跳过：本 rank 不拥有的参数没有 `main_param` 属性，读它的代码（如 training/utils.py "
+        "的参数范数）就退回用完整权重、在每个 DP rank 上重复计数。",
+        sites=(
+            Site("megatron/core/optimizer/distrib_optimizer.py", 582,
+                 "param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']"),
+        ),
+        apply=_patch_distrib_optimizer_init_type_check,
+    ),
+    Patch(
+        name="distrib_optimizer_gather_cuda",
+        scope="megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.get_parameter_state_dp_zero",
+        what="只在这个方法运行期间，`Tensor.cuda()` 返回张量本身",
+        why="分布式优化器的 checkpoint 格式 `fully_reshardable` 和 `dp_zero_gather_scatter` 保存时都经过它："
+        "每个 DP rank 把自己那段优化器状态拷进 CPU 缓冲，不用 gloo 群时先 `.cuda()` 再在 DP 群里 all-gather / gather。"
+        "搬到 GPU 是唯一与 CUDA 有关的一步，收集照常在 gloo 上做（笔记 21）。",
+        sites=(
+            Site("megatron/core/optimizer/distrib_optimizer.py", 1089, "send_tensor = send_tensor.cuda()"),
+        ),
+        apply=_patch_distrib_optimizer_gather_cuda,
+    ),
+    Patch(
+        name="distrib_optimizer_torch_adam_step",
+        scope="megatron.core.optimizer.distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states",
+        what="加载时来源里没有 `step` 就保留已有的 `step`",
+        why="没有 Transformer Engine / Apex 时最里层是 torch 的 Adam，它给每个参数存一个 `step` 张量；"
+        "这个方法把优化器状态的每个键都从加载来的张量里拷贝，而 `fully_reshardable`、`dp_zero_gather_scatter` "
+        "只带回 param / exp_avg / exp_avg_sq（step 走 param_groups，`load_state_dict` 已经设好），于是在 `step` 上 "
+        "`KeyError`。GPU 上不装 TE / Apex 也一样（笔记 21）。",
+        sites=(
+            Site("megatron/core/optimizer/distrib_optimizer.py", 938, 'dst_tensors = {"param": main_param, **optim_state}'),
+            Site("megatron/core/optimizer/distrib_optimizer.py", 940, "dst_tensors[key].copy_(tensors[key])"),
+        ),
+        apply=_patch_distrib_optimizer_torch_adam_step,
     ),
 )
 

@@ -1,0 +1,913 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 20 优化器专题：混合精度、loss scale、分片与裁剪
+#
+# 第三轮第 3 篇。主链路已经走过三遍：[笔记 06](../06_gradient_sync_and_optimizer/) 用 fp32 模型走通了
+# `finalize_model_grads` → `optimizer.step()`，[笔记 14](../14_data_parallel_ddp/) 拆开了 DDP 的 buffer 和 bucket，
+# [笔记 15](../15_distributed_optimizer/) 拆开了分布式优化器的分片。本篇不再重复这些，而是逐条回答路线图"优化器专题"的五个关注点，
+# 每一条都由一次真实的运行回答：同一个 `get_megatron_optimizer` 在不同配置下建出哪个类；bf16 / fp16 时参数有几份、各是什么 dtype；
+# fp16 的动态 loss scale 怎样跳过一步、减半、再长回来；bf16 下分布式优化器每个 rank 多存了什么；梯度范数跨 TP / PP / DP 怎样
+# 不重不漏；overlap 打开后 bucket 的通信在 step 的哪一刻发出。
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. **optimizer 如何创建**：`get_megatron_optimizer` → `_get_megatron_optimizer_based_on_param_groups` 对 fp32 / bf16 / fp16 /
+#    分布式优化器 / MoE 各返回哪一串类，grad scaler 选哪个，梯度统计在哪个群里归约。
+# 2. **混合精度**：bf16 与 fp16 时模型权重、`main_grad`、fp32 主参数各是什么 dtype、是不是同一块内存；为什么需要 fp32 主参数。
+# 3. **grad scaler**：loss 在哪里乘上 scale，哪里除回来；溢出时 `step()` 返回什么、参数是否不动、scale 怎样变；`hysteresis` 与
+#    `loss_scale_window` 的确切含义。
+# 4. **分布式优化器的切分**：bf16 时每个 rank 持有哪些 buffer、多大（笔记 15 只看了 fp32）。
+# 5. **梯度范数与裁剪跨 rank**：哪些参数的梯度被跳过（TP 复制的、PP 共享的），为什么 TP=2、PP=2、TP=2 + 分布式优化器 DP=2
+#    的范数都等于单进程；裁剪后的一步也相等。
+# 6. **overlap grad reduce / param gather**：reduce-scatter 与 all-gather 在 backward、`finish_grad_sync`、下一次 forward 的哪里发出，
+#    结果是否与不 overlap 相同。
+
+# %% [markdown]
+# ## 源码位置
+#
+# 路线图"优化器专题"的"核心文件"一栏是空的。下表补上它：每一行链接到 tag 的那一行，最后一列说本篇在哪一节用它。
+#
+# | 文件 :: 符号 | 做什么 | 本篇 |
+# |---|---|---|
+# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L505) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` | 1 |
+# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L267) | 建 torch 的 AdamW / SGD，选 grad scaler，选外层的类 | 1 |
+# | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… | 1、3 |
+# | [`optimizer/optimizer.py::MegatronOptimizer.get_main_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L136) | 过滤：跳过共享的、TP 复制的参数 | 5 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L437) | 16 位与分布式优化器的共同父类：拷梯度、unscale、查 inf | 2、3 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L496) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX | 3 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L524) | 拷梯度 → unscale → `grad_scaler.update` | 3 |
+# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L640) | 为每个 16 位参数建 fp32 主参数，换进 AdamW 的参数组 | 2 |
+# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L754) | `main_param.grad = main_grad.float()` | 2 |
+# | [`optimizer/optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1308) | 每一步：prepare → 溢出则返回 → 范数 → 裁剪 → 更新 | 3、5 |
+# | [`optimizer/grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L108) | 动态 loss scale 的策略 | 3 |
+# | [`optimizer/grad_scaler.py::ConstantGradScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L38) | 给了 `loss_scale` 时的固定 scale | 1 |
+# | [`optimizer/clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L51) | 本地平方和，在 grad-stats 群里求和 | 5 |
+# | [`optimizer/clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L138) | 范数超过 `clip_grad` 时就地缩放 | 5 |
+# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L89) | TP 切过的参数，或 TP rank 0 | 5 |
+# | [`transformer/module.py::param_is_not_shared`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/module.py#L25) | 没有 `shared=True` | 5 |
+# | [`transformer/module.py::Float16Module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/module.py#L412) | 把模型转成 bf16 / fp16，输入转 16 位、输出转回 fp32 | 2 |
+# | [`models/common/language_module/language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L173) | PP>1 共享词嵌入：最后一个 stage 的副本标 `shared=True` | 5 |
+# | [`optimizer/distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L307) | 16 位参数：只为本 rank 那段建 fp32 主参数 | 4 |
+# | [`optimizer/distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2598) | 不 overlap 时在这里 all-gather 参数 | 6 |
+# | [`distributed/distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel_config.py#L8) | `overlap_grad_reduce`、`overlap_param_gather`、`grad_reduce_in_fp32` | 2、6 |
+# | [`distributed/distributed_data_parallel.py::DistributedDataParallel._make_forward_pre_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L384) | 模块 forward 前：等本模块参数所在 bucket 的 all-gather | 6 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L302) | 没发就发、等完成、再发下一个 bucket 的 all-gather | 6 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L539) | backward 里 bucket 的梯度齐了就发 reduce-scatter | 6 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L507) | 不 overlap（或第一步）时在这里发，否则只等 | 6 |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1438) | 正式入口：`get_model`（含 `Float16Module`、DDP）后调 `get_megatron_optimizer` | 全篇 |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 正式入口的一步：`update_successful` 为假时不推进学习率 | 3 |
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# megatron/training/training.py::setup_model_and_optimizer
+# ├─ get_model: Float16Module(config, model)  (--bf16 / --fp16 时)           # 权重转 16 位
+# │             DistributedDataParallel(config, ddp_config, module)         # grad buffer；bf16 时缺省 fp32 梯度
+# └─ megatron/core/optimizer/__init__.py::get_megatron_optimizer
+#    ├─ _get_param_groups_and_buffers(filter: 非 expert)                     # 稠密参数一组
+#    │  └─ _get_megatron_optimizer_based_on_param_groups
+#    │     ├─ torch.optim.AdamW(param_groups)                               # 没有 TE / Apex
+#    │     ├─ grad_scaler: loss_scale → ConstantGradScaler；fp16 → DynamicGradScaler；否则 None
+#    │     └─ fp16 或 bf16 或分布式优化器？
+#    │        ├─ 分布式优化器 → DistributedOptimizer      grad-stats 群 = intra_dist_opt（tp·pp·dp 全体）
+#    │        ├─ 否则         → Float16OptimizerWithFloat16Params   grad-stats 群 = tp-pp
+#    │        └─ 都不是       → FP32Optimizer                      grad-stats 群 = tp-pp
+#    ├─ _get_param_groups_and_buffers(filter: expert)                      # EP>1 时 expert 参数另一组
+#    │  └─ _get_megatron_optimizer_based_on_param_groups(..., model_parallel_group=expt_tp_pp)
+#    └─ ChainedOptimizer([...])
+#
+# megatron/training/training.py::train_step（每一步）
+# ├─ forward_backward_func(...)
+# │  ├─ forward：DDP forward pre-hook → finish_param_sync                    # overlap_param_gather：all_gather(dp-cp)
+# │  ├─ backward_step: output_tensor = grad_scale_func(loss)               # loss × scale（schedules.py:477）
+# │  └─ backward：DDP hook → register_grad_ready                            # overlap_grad_reduce：reduce_scatter / all_reduce(dp-cp)
+# ├─ finalize_model_grads → finish_grad_sync                               # 不 overlap：在这里发；overlap：等
+# └─ optimizer.step() = ChainedOptimizer.step
+#    ├─ prepare_grads → MixedPrecisionOptimizer.prepare_grads
+#    │  ├─ _copy_model_grads_to_main_grads                                 # main_param.grad = main_grad.float()
+#    │  ├─ _unscale_main_grads_and_check_for_nan                           # × 1/scale；all_reduce(MAX, grad-stats 群)
+#    │  └─ grad_scaler.update(found_inf)                                   # 减半 / 不变 / 翻倍
+#    ├─ found_inf → return (False, None, None)                             # 跳过：参数不动
+#    ├─ get_grad_norm → get_main_grads_for_grad_norm → get_grad_norm_fp32   # all_reduce(SUM, grad-stats 群)
+#    ├─ clip_grad_by_total_norm_fp32                                       # 本地 × clip/(norm+1e-6)
+#    └─ step_with_ready_grads
+#       ├─ AdamW.step()                                                    # 更新 fp32 主参数（或其分片）
+#       ├─ _copy_main_params_to_model_params                               # 主参数 → 16 位权重
+#       └─ DistributedOptimizer：不 overlap 时 start_param_sync             # all_gather(dp-cp)
+# ```
+#
+# **每个函数的阅读记录：**
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `get_megatron_optimizer` | `OptimizerConfig`、DDP 包装的 model chunk | `ChainedOptimizer` | `_get_param_groups_and_buffers`、`_get_megatron_optimizer_based_on_param_groups` | 取 dp-cp、tp-pp、expert 各群，不通信 | 否 | 是：建优化器 | simple loop 不调用（用 torch 的 Adam） |
+# | `_get_megatron_optimizer_based_on_param_groups` | config、参数组、buffers、各群 | 一个 `MegatronOptimizer` | AdamW、grad scaler、三种外层类 | 记下 grad-stats 群 | 分布式优化器时切状态 | 是 | 同上 |
+# | `Float16OptimizerWithFloat16Params.__init__` | AdamW、config、scaler | 优化器 | `copy_tensor_model_parallel_attributes` | 否 | 否 | 是：每个 16 位参数多一份 fp32 `main_param` | 同上 |
+# | `MixedPrecisionOptimizer.prepare_grads` | 无（读 `main_grad`） | 是否发现 inf | `_copy_model_grads_to_main_grads`、`_unscale_main_grads_and_check_for_nan`、`grad_scaler.update` | **是**：found_inf 的 all-reduce(MAX) | 否 | 是：主梯度、loss scale | `optim.step()` 之内 |
+# | `DynamicGradScaler.update` | `found_inf` | 无 | 无 | 否 | 否 | 是：scale 与两个计数器 | 同上 |
+# | `ChainedOptimizer.step` | 无 | `(update_successful, grad_norm, num_zeros)` | 以上全部、`get_grad_norm_fp32`、`clip_grad_by_total_norm_fp32` | **是** | 否 | 是 | `optim.step()` |
+# | `get_main_grads_for_grad_norm` | 本优化器的参数 | 要计入范数的梯度 | `param_is_not_shared`、`param_is_not_tensor_parallel_duplicate` | 只读 TP rank | 否 | 否 | 同上 |
+# | `get_grad_norm_fp32` | 梯度列表、grad-stats 群 | 总范数（float） | l2 范数（无 TE / Apex 时 `local_multi_tensor_l2_norm`） | **是**：all-reduce(SUM) | 每个 rank 只算自己持有的 | 否 | 同上 |
+# | `clip_grad_by_total_norm_fp32` | 参数、`clip_grad`、总范数 | 无 | `multi_tensor_scale` | 否 | 否 | 是：梯度就地缩放 | 同上 |
+# | `DDP._make_forward_pre_hook` 的 hook | 模块 | 无 | `finish_param_sync` | **是**：all-gather(dp-cp) | 是：拼回参数分片 | 是：权重变成最新 | forward 之内 |
+# | `_ParamAndGradBucketGroup.register_grad_ready` | 参数 | 无 | `start_grad_sync` | **是**：reduce-scatter / all-reduce(dp-cp) | 是：分布式优化器时按 rank 分段 | 是：梯度归约 | backward 之内 |
+
+# %%
+import torch
+
+from snippets import grad_norm, loss_scale, mixed_precision, optimizer_memory, overlap_timeline, recorder
+from snippets.launch import run_ranks
+from snippets.param_table import gather
+from snippets.recorder import communication_table
+from snippets.tables import Table
+from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, global_name, max_abs_diff, microbatches, \
+    tiny_config
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.transformer.module import Float16Module
+
+# %% [markdown]
+# 全篇共用两个小函数，都在 rank 进程里运行。`build` 和正式入口 `get_model` 的顺序一样：建 `GPTModel`，16 位时用
+# `Float16Module` 包一层（它把权重转成 bf16 / fp16），再用 DDP 包装。权重按参数的**全局**名字生成、TP 时取自己那片
+# （`grad_norm.init_full_by_global_name`），所以不管怎么切，拼起来都是同一个单进程模型。`train_step` 是一步里优化器之前的部分。
+
+# %%
+def build(config, ddp_config, share_embeddings=False):
+    model = GPTModel(config, get_gpt_layer_local_spec(num_experts=config.num_moe_experts), vocab_size=VOCAB,
+                     max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage(),
+                     share_embeddings_and_output_weights=share_embeddings)
+    grad_norm.init_full_by_global_name(model, parallel_state.get_tensor_model_parallel_rank(),
+                                       config.tensor_model_parallel_size)
+    if config.fp16 or config.bf16:
+        model = Float16Module(config, model)
+    return DistributedDataParallel(config, ddp_config, model)
+
+
+def train_step(ddp, optimizer, batches):
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=[ddp],
+                                         num_microbatches=len(batches), seq_length=SEQ, micro_batch_size=MBS)
+    finalize_model_grads([ddp])
+    return sum(loss["lm loss"].item() for loss in losses) / len(batches)
+
+# %% [markdown]
+# ## 关键对象
+#
+# ### 1. optimizer 如何创建：配置决定类
+#
+# 在 2 个 rank（DP=2，EP=2 留给 MoE 那一行）上，用同一个单层模型、八种配置各调一次真实的 `get_megatron_optimizer`，
+# 读出它返回的那一串对象：
+
+# %%
+def which_optimizer(cases):
+    parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(0)
+    rows = []
+    for label, precision, opt_kwargs, moe in cases:
+        config = tiny_config(num_layers=1, **precision, **moe)
+        ddp = build(config, DistributedDataParallelConfig(
+            use_distributed_optimizer=opt_kwargs.get("use_distributed_optimizer", False)))
+        optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, **precision, **opt_kwargs), [ddp])
+        parts = optimizer.chained_optimizers
+        rows.append([label, type(optimizer).__name__,
+                     " + ".join(f"{type(o).__name__}({type(o.optimizer).__name__})" for o in parts),
+                     " + ".join(type(getattr(o, "grad_scaler", None)).__name__ for o in parts).replace("NoneType", "None"),
+                     parts[0].get_loss_scale().item(),
+                     " + ".join(str(torch.distributed.get_process_group_ranks(o.get_grad_stats_parallel_group()))
+                                for o in parts)])
+    return rows
+
+
+moe = dict(num_moe_experts=2, moe_ffn_hidden_size=32, expert_model_parallel_size=2)
+cases = [("fp32", {}, {}, {}),
+         ("bf16", dict(bf16=True), {}, {}),
+         ("fp16", dict(fp16=True), {}, {}),
+         ("fp16, loss_scale=1024", dict(fp16=True), dict(loss_scale=1024.0), {}),
+         ("fp32, use_distributed_optimizer", {}, dict(use_distributed_optimizer=True), {}),
+         ("bf16, use_distributed_optimizer", dict(bf16=True), dict(use_distributed_optimizer=True), {}),
+         ("fp32, MoE（EP=2）", {}, {}, moe),
+         ("bf16, MoE（EP=2）, use_distributed_optimizer", dict(bf16=True), dict(use_distributed_optimizer=True), moe)]
+created = run_ranks(which_optimizer, 2, cases)[0]
+Table(["配置", "返回", "里面（最里层）", "grad_scaler", "loss scale", "grad-stats 群"], created)
+
+# %% [markdown]
+# 读这张表：
+#
+# - **外面总是 `ChainedOptimizer`**（不用 Megatron FSDP 时，[`__init__.py:689`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L689)）。
+#   它装一个还是两个，取决于有没有 expert 参数：EP>1 时 expert 参数（`allreduce=False`）单独一组、单独一个优化器。
+# - **里面是哪个类**只看三个开关（[`__init__.py:419`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L419)）：
+#   `use_distributed_optimizer` → `DistributedOptimizer`；否则 `fp16` 或 `bf16` → `Float16OptimizerWithFloat16Params`；
+#   都没有 → `FP32Optimizer`。fp32 模型开分布式优化器，走的也是混合精度那一支（只是没有 scaler）。
+# - **grad scaler**：给了 `loss_scale` 就是固定的 `ConstantGradScaler`；否则只有 fp16 才建 `DynamicGradScaler`，初值
+#   `initial_loss_scale` 缺省 2³² = 4294967296；bf16 没有 scaler，`get_loss_scale()` 是常数 1。
+# - **grad-stats 群**（范数和 inf 标志在哪里求和）：不分片时是 `tp-pp` 群（这里 TP=PP=1，只有自己）；分布式优化器时是整个
+#   分布式优化器实例（这里 [0, 1]：梯度分散在 DP rank 上，范数必须跨 DP 求和）；expert 优化器用 expert 的 `tp-ep-pp` 群——
+#   EP=2 时两个 rank 各持不同的 expert，所以即使不分片也要跨 rank 求和。两个子优化器的群不同时，`ChainedOptimizer.get_grad_norm`
+#   各自求范数再平方相加（[`optimizer.py::ChainedOptimizer.get_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1270)）。
+# - 最里层是 torch 的 `AdamW`（`decoupled_weight_decay` 缺省为真）：本机没有 Transformer Engine / Apex 的 FusedAdam。
+#
+# 三个外层类的继承关系：
+
+# %%
+from megatron.core.optimizer import ChainedOptimizer, DistributedOptimizer, FP32Optimizer, Float16OptimizerWithFloat16Params
+
+for cls in (FP32Optimizer, Float16OptimizerWithFloat16Params, DistributedOptimizer, ChainedOptimizer):
+    print(" → ".join(c.__name__ for c in cls.__mro__[:cls.__mro__.index(object)] if c.__name__ != "ABC"))
+
+# %% [markdown]
+# `MixedPrecisionOptimizer` 是"模型参数和优化器参数不是同一批张量"的共同父类：16 位优化器和分布式优化器都从它继承
+# 拷梯度、unscale、查 inf、把主参数写回模型这几步，区别只在主参数是整份还是一段。
+#
+# ### 2. 混合精度：权重、梯度、主参数
+#
+# 1 个 rank，同一个 4 层模型分别用 bf16 和 fp16 训练 3 步。bf16 按正式入口的缺省在 fp32 里累加梯度（`grad_reduce_in_fp32=True`，
+# [`arguments.py:723`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L723)）；fp16 用 DDP 的缺省（梯度 buffer 也是 fp16）和固定的
+# `loss_scale=1024`。学习率特意取得很小（1e-4），看 16 位权重能不能记住这么小的更新。
+
+# %%
+def main_params(lr, steps):
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    out = {}
+    for name, precision, grad_reduce_in_fp32, loss_scale_value in (("bf16", dict(bf16=True), True, None),
+                                                                    ("fp16", dict(fp16=True), False, 1024.0)):
+        config = tiny_config(**precision)
+        ddp = build(config, DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32))
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(lr=lr, clip_grad=0.0, loss_scale=loss_scale_value, **precision), [ddp])
+        config.grad_scale_func = optimizer.scale_loss  # as train() does: the schedule multiplies the loss
+        start = {n: (p.detach().clone(), p.main_param.detach().clone()) for n, p in ddp.module.named_parameters()}
+        for _ in range(steps):
+            train_step(ddp, optimizer, microbatches(1))
+            optimizer.step()
+        adam_params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        out[name] = dict(
+            rows=mixed_precision.param_rows(ddp), numel=sum(p.numel() for p in ddp.parameters()),
+            adam_updates_main=all(id(p.main_param) in adam_params and id(p) not in adam_params for p in ddp.parameters()),
+            grad_shares_main_grad=all(p.main_param.grad.data_ptr() == p.main_grad.data_ptr() for p in ddp.parameters()),
+            cast_back=mixed_precision.main_matches_param(ddp),
+            param_unchanged=sum((p == start[n][0]).sum().item() for n, p in ddp.module.named_parameters()),
+            main_unchanged=sum((p.main_param == start[n][1]).sum().item() for n, p in ddp.module.named_parameters()))
+    return out
+
+
+mp = run_ranks(main_params, 1, lr=1e-4, steps=3)[0]
+rows = []
+for name, r in mp.items():
+    kinds = {(x["param"], x["main_grad"], x["main_param"], x["main_is_copy"], x["main_grad_in_buffer"]) for x in r["rows"]}
+    (param, grad, main, copy, in_buffer), = kinds  # every parameter alike
+    rows.append([name, len(r["rows"]), param, f"{grad}（在 DDP buffer 里: {in_buffer}）", main, copy,
+                 r["grad_shares_main_grad"], r["adam_updates_main"], r["cast_back"],
+                 f"{r['param_unchanged']} / {r['numel']}", f"{r['main_unchanged']} / {r['numel']}"])
+Table(["模型", "参数个数", "权重", "main_grad", "main_param", "主参数是独立拷贝", "main_param.grad 与 main_grad 同一块内存",
+       "AdamW 更新的是主参数", "权重 == 主参数转回 16 位", "3 步后权重没变的元素", "3 步后主参数没变的元素"], rows)
+
+# %% [markdown]
+# - **三份数**：模型算 forward / backward 用的是 16 位权重；梯度在 DDP 的 buffer 里（`main_grad`，bf16 时 fp32、fp16 时 fp16）；
+#   `Float16OptimizerWithFloat16Params` 给每个 16 位参数建了一份独立的 fp32 `main_param`，并把 AdamW 参数组里的参数**换成**它
+#   （[`optimizer.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L671) 起）。所以 Adam 的动量也是 fp32，对应的是主参数。
+# - **梯度怎么到主参数**：`_copy_model_grads_to_main_grads` 做 `main_param.grad = main_grad.float()`。bf16 配 fp32 buffer 时
+#   `.float()` 什么也不做，主参数的 `.grad` 就是 DDP buffer 的那一段（同一块内存，表中 True）；fp16 时它是一份新的 fp32 拷贝。
+# - **为什么要 fp32 主参数**：lr = 1e-4 时每步每个元素只动约 1e-4。bf16 只有 8 位有效数字（7 位尾数），1 附近的间距是 2⁻⁷ ≈ 0.0078，
+#   这么小的更新写回 bf16 就被舍掉了：3 步之后一半以上的 bf16 权重**一位都没变**，而 fp32 主参数每个元素都变了。
+#   主参数把这些小更新攒起来，攒够了才在 bf16 里体现。fp16 有 11 位有效数字，舍掉的少得多，但它的指数范围小，这就是下一节 loss scale 的事。
+# - **写回**：`step` 的最后把主参数转成 16 位拷回模型（`_copy_main_params_to_model_params`）：表中"权重 == 主参数转回 16 位"对每个元素成立。
+
+# %% [markdown]
+# ### 3. fp16 的动态 loss scale
+#
+# fp16 能表示的最大数约 65504，6e-5 以下精度开始变差，6e-8 以下直接成 0。小梯度因此会丢失，于是先把 loss 乘一个大数 S 再 backward，所有梯度都大 S 倍；
+# 优化器在更新前乘回 1/S。S 太大时某些梯度溢出成 inf：这一步作废、S 减小；一段时间没溢出，S 再变大。
+# 在 Megatron 里这三处分别是：`config.grad_scale_func = optimizer.scale_loss`（正式入口
+# [`training.py:2547`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2547)），schedule 在 backward 前用它乘 loss
+# （[`schedules.py:477`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L477)）；
+# `_unscale_main_grads_and_check_for_nan` 乘回 1/S 并查 inf；`DynamicGradScaler.update` 调整 S。
+#
+# 下面在 1 个 rank 上用真实的 fp16 模型和真实的优化器跑两组。第一组是缺省配置（初值 2³²、`hysteresis=2`、`loss_scale_window=1000`），
+# 一直跑到第一次更新成功；第二组把初值设成 1024、`loss_scale_window=3`，并在第 1、2 步往一个梯度里**注入 inf**。
+# 每步记下：step 前的 scale S、`step()` 返回的 `update_successful` 和 `grad_norm`、参数变没变、step 后的 scale 与两个计数器，
+# 以及 `‖main_grad‖ / (S·grad_norm)`——它等于 1 就说明 buffer 里放的是放大了 S 倍的梯度、返回的范数是除回来之后的。
+
+# %%
+def fp16_steps(opt_kwargs, inject_at, steps, stop_at_first_update=False):
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    config = tiny_config(fp16=True)
+    ddp = build(config, DistributedDataParallelConfig())
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, fp16=True, **opt_kwargs), [ddp])
+    config.grad_scale_func = optimizer.scale_loss
+    scaler = optimizer.chained_optimizers[0].grad_scaler
+    rows = []
+    for step in range(steps):
+        loss = train_step(ddp, optimizer, microbatches(1, seed=step))
+        if step in inject_at:
+            next(ddp.parameters()).main_grad.view(-1)[0] = float("inf")
+        scale = optimizer.get_loss_scale().item()
+        scaled_norm = torch.cat([p.main_grad.float().flatten() for p in ddp.parameters()]).norm().item()
+        before = by_global_name([ddp], "param")
+        update_successful, norm, _ = optimizer.step()
+        rows.append([step, scale, step in inject_at, update_successful, "-" if norm is None else norm,
+                     "-" if norm is None else round(scaled_norm / scale / norm, 3),
+                     max_abs_diff(before, by_global_name([ddp], "param")) > 0,
+                     optimizer.get_loss_scale().item(), scaler._growth_tracker, scaler._hysteresis_tracker, loss])
+        if stop_at_first_update and update_successful:
+            break
+    return rows
+
+
+header = ["step", "S（前）", "注入 inf", "update_successful", "grad_norm", "‖main_grad‖ / (S·grad_norm)",
+          "参数变了", "S（后）", "growth", "hysteresis", "loss"]
+default = run_ranks(fp16_steps, 1, {}, (), 40, stop_at_first_update=True)[0]
+controlled = run_ranks(fp16_steps, 1, dict(initial_loss_scale=1024.0, loss_scale_window=3, hysteresis=2), (1, 2), 7)[0]
+print(f"缺省配置：前 {len(default) - 1} 步全部溢出、被跳过；第一次成功更新时 scale = {default[-1][1]:.0f}（前 3 步与最后 3 步）")
+display(Table(header, default[:3] + default[-3:]))
+print("initial_loss_scale=1024, loss_scale_window=3, hysteresis=2，第 1、2 步注入 inf：")
+Table(header, controlled)
+
+# %% [markdown]
+# 第二张表逐行读：
+#
+# - **step 1 注入 inf**：`update_successful=False`、`grad_norm` 为 `None`、参数一位未变——`ChainedOptimizer.step` 在
+#   `prepare_grads` 报告 inf 后直接返回（[`optimizer.py:1312`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1312)），
+#   不算范数、不裁剪、不更新。但 scale **没有减半**：`hysteresis=2` 允许一次，计数器从 2 减到 1。
+# - **step 2 再注入**：计数器到 0，scale 乘 `backoff_factor=0.5`，1024 → 512。这一步同样被跳过。
+#   loss 列：step 2 与 step 1 用的是不同的 micro-batch，但参数自 step 0 之后没变过。
+# - **step 3–5 干净**：growth 计数 1、2、3，到 `loss_scale_window=3` 时 scale 乘 `growth_factor=2` 回到 1024，两个计数器复位
+#   （hysteresis 回到 2）。
+# - `‖main_grad‖ / (S·grad_norm)` 恒为 1：buffer 里的梯度是放大了 S 倍的，返回的 `grad_norm` 是 unscale 之后的真实范数。
+#
+# 第一张表是缺省配置的真实代价：2³² 对这个模型大得离谱，每一步都溢出；第 0 步用掉那一次宽容，第 1 步起每步减半（hysteresis
+# 计数器一直往负数走，直到下一次增长才复位），十几步之后才第一次真正更新。正式入口把这些步记为 skipped iterations：
+# `train_step` 拿到 `update_successful=False` 时不推进学习率调度。
+#
+# 策略本身是十几行纯算术。`snippets/loss_scale.py` 用自己的话重写了 `DynamicGradScaler.update`（`trace`），
+# 下面直接驱动真实的 `DynamicGradScaler`，喂同一串"是否溢出"，逐步比较（`tests/test_loss_scale.py` 还比较了 40 组随机序列）：
+
+# %%
+def scaler_trace(found_infs, initial_scale, growth_interval, hysteresis):
+    scaler = DynamicGradScaler(initial_scale=initial_scale, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+                               growth_interval=growth_interval, hysteresis=hysteresis)
+    rows = []
+    for step, found_inf in enumerate(found_infs):
+        before = scaler.scale.item()
+        scaler.update(found_inf)
+        rows.append([step, found_inf, before, scaler.scale.item(), scaler._growth_tracker, scaler._hysteresis_tracker])
+    return rows
+
+
+found_infs = [False, True, False, True, False, False, False, False, True]
+policy = dict(initial_scale=1024.0, growth_interval=4, hysteresis=2)
+real = run_ranks(scaler_trace, 1, found_infs, **policy)[0]
+print("真实 DynamicGradScaler == snippets.loss_scale.trace:", real == loss_scale.trace(found_infs, **policy))
+Table(["step", "found_inf", "scale（前）", "scale（后）", "growth", "hysteresis"], real)
+
+# %% [markdown]
+# 注意 step 1 和 step 3：两次溢出**不相邻**（中间 step 2 是干净的），scale 仍然在 step 3 减半。hysteresis 计数器只在"增长"时复位，
+# 干净的一步只让 growth 计数加一，不把 hysteresis 加回去（见遗留问题 1）。
+#
+# ### 4. 分布式优化器在 bf16 下的 buffer
+#
+# [笔记 15](../15_distributed_optimizer/) 用 fp32 模型看过分片：fp32 时主参数就是模型权重的视图，不另占内存。bf16 才是真实训练的情形：
+# 2 个 rank、DP=2、`grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 持有的 buffer：
+
+# %%
+def bf16_buffers(use_distributed_optimizer, steps=1):
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    config = tiny_config(bf16=True)
+    ddp = build(config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer,
+                                                      grad_reduce_in_fp32=True))
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(lr=0.01, bf16=True, use_distributed_optimizer=use_distributed_optimizer), [ddp])
+    r = parallel_state.get_data_parallel_rank()
+    for _ in range(steps):
+        train_step(ddp, optimizer, microbatches(4)[2 * r:2 * r + 2])
+        optimizer.step()
+    return dict(buffers=mixed_precision.buffer_rows(ddp, optimizer), rows=mixed_precision.param_rows(ddp),
+                memory=optimizer_memory.measured_bytes(ddp, optimizer), numel=sum(p.numel() for p in ddp.parameters()),
+                params=by_global_name([ddp], "param"))
+
+
+zero1 = run_ranks(bf16_buffers, 2, True)
+plain = run_ranks(bf16_buffers, 2, False)
+Table(["运行", "rank", "buffer", "dtype", "元素"],
+      [[name, rank, *row] for name, results in (("分布式优化器", zero1), ("不分片", plain[:1]))
+       for rank, r in enumerate(results) for row in r["buffers"]])
+
+# %% [markdown]
+# - **不变的部分**：每个 rank 都有完整的 bf16 权重（分布式优化器时它是 DDP 的 param buffer，补齐到 10496，all-gather 就拼进这里）
+#   和完整的 fp32 梯度 buffer（10496 / 9632）。
+# - **分片的部分**：fp32 主参数和 Adam 的两个动量。rank 0 只有 4768 个元素的主参数、rank 1 有 4864 个，合起来正好是 9632 个参数；
+#   不分片时每个 rank 各有一整份 9632。这一段是 `_build_model_and_main_param_groups` 里
+#   `shard_model_param.clone().float()` 建出来的——bf16 时是拷贝，fp32 时只是视图（笔记 15）。
+# - 哪些参数在本 rank 有主参数：本 rank 不拥有任何元素的参数，`main_param` 是 `None`（CPU 上这需要一个补丁，见遗留问题 5）。
+#   这个模型里两段的分界线恰好落在参数边界上（补齐到 64 的结果），没有参数被切开：
+
+# %%
+for rank, r in enumerate(zero1):
+    owned = [x for x in r["rows"] if x["main_numel"]]
+    print(f"rank {rank}: {len(owned)} / {len(r['rows'])} 个参数有 fp32 主参数分片，共 {sum(x['main_numel'] for x in owned)} 个元素；"
+          f"被分界线切开的参数: {[(x['name'], x['main_numel'], x['numel']) for x in owned if x['main_numel'] != x['numel']]}")
+
+# %% [markdown]
+# 每个参数几个字节，实测与[笔记 15](../15_distributed_optimizer/) 的公式（bf16 权重 + fp32 梯度：不分片 18，分片 6 + 12/d）对照，
+# 以及两种优化器走完这一步之后的权重：
+
+# %%
+Table(["运行", "rank", "实测 字节 / 参数", "公式", "一步后权重与不分片逐位相同"],
+      [["分布式优化器", rank, round(r["memory"]["total"] / r["numel"], 2),
+        optimizer_memory.bytes_per_parameter("bf16", "fp32", 2, True),
+        all(torch.equal(r["params"][k], plain[0]["params"][k]) for k in r["params"])] for rank, r in enumerate(zero1)]
+      + [["不分片", 0, round(plain[0]["memory"]["total"] / plain[0]["numel"], 2),
+          optimizer_memory.bytes_per_parameter("bf16", "fp32", 2, False), True]])
+
+# %% [markdown]
+# 实测比公式多出的 0.5 字节左右是补齐（10496 个位置放 9632 个参数，小模型里 16 元素的 norm 参数各占 64 个位置）。
+
+# %% [markdown]
+# ## Tensor / Process Group 语义
+#
+# ### 5. 梯度范数跨 rank：谁被算、谁被跳过
+#
+# 模型共享词嵌入（`share_embeddings_and_output_weights=True`，`gpt_builder` 的缺省），`clip_grad=1.0`，4 个 micro-batch。
+# 同一个函数跑四种切法：单进程、TP=2、PP=2、TP=2 × DP=2 + 分布式优化器。每一步在 `optimizer.step()` 之前用
+# `grad_norm.norm_rows` 问 Megatron 自己的两个谓词每个参数算不算，并录下 `step()` 里的通信。
+
+# %%
+def norm_run(tp=1, pp=1, use_distributed_optimizer=False, clip_grad=1.0, steps=1):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_parallel_cuda_manual_seed(0)
+    config = tiny_config(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ddp = build(config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer),
+                share_embeddings=True)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(lr=0.01, clip_grad=clip_grad, use_distributed_optimizer=use_distributed_optimizer), [ddp])
+    dp, r = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    out = []
+    for _ in range(steps):
+        train_step(ddp, optimizer, microbatches(4)[4 // dp * r:4 // dp * (r + 1)])
+        rows, unclipped = grad_norm.norm_rows(ddp), by_global_name([ddp], "main_grad")
+        with recorder.record() as calls:
+            update_successful, norm, _ = optimizer.step()
+        out.append(dict(rows=rows, norm=norm, unclipped=unclipped, clipped=by_global_name([ddp], "main_grad"),
+                        calls=[c for c in calls if len(c.ranks) > 1]))
+    split = {global_name(ddp.module, n): (p.partition_dim, p.partition_stride)
+             if getattr(p, "tensor_model_parallel", False) else None for n, p in ddp.module.named_parameters()}
+    return dict(steps=out, params=by_global_name([ddp], "param"), split=split, tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+                dp_rank=r, group=torch.distributed.get_process_group_ranks(optimizer.get_grad_stats_parallel_group()))
+
+
+one = run_ranks(norm_run, 1)[0]
+tp2 = run_ranks(norm_run, 2, tp=2)
+pp2 = run_ranks(norm_run, 2, pp=2)
+tp2dp2 = run_ranks(norm_run, 4, tp=2, use_distributed_optimizer=True)
+
+# %% [markdown]
+# 每个参数在每个 rank 上算不算（✓ 计入；× 不计入，括号里是哪个谓词说不；空白：这个 rank 没有它）。只列一层，其余层相同：
+
+# %%
+def mark(row):
+    if row is None:
+        return ""
+    if row["counted"]:
+        return "✓"
+    return "× TP 复制" if not row["not_tp_duplicate"] else "× shared"
+
+
+runs = [("TP=2 rank 0", tp2[0]), ("TP=2 rank 1", tp2[1]), ("PP=2 rank 0", pp2[0]), ("PP=2 rank 1", pp2[1])]
+by_name = [{x["name"]: x for x in r["steps"][0]["rows"]} for _, r in runs]
+names = list(dict.fromkeys(n for rows in by_name for n in rows))
+shown = [n for n in names if ".layers." not in n or ".layers.2." in n]
+Table(["参数", "TP 切分", *[label for label, _ in runs]],
+      [[n.replace("decoder.", ""), next(rows[n]["tensor_model_parallel"] for rows in by_name if n in rows),
+        *[mark(rows.get(n)) for rows in by_name]] for n in shown])
+
+# %% [markdown]
+# - **TP 复制**：LayerNorm 的 weight / bias、位置嵌入、final norm 不被 TP 切分（`tensor_model_parallel` 为假），两个 TP rank 各有一份
+#   完整的、梯度也相同的拷贝。`param_is_not_tensor_parallel_duplicate` 只让 TP rank 0 的那份计入。被切的参数（QKV、MLP、词嵌入）
+#   每个 rank 只有自己那片，各自都算。
+# - **PP 共享**：PP=2 时词嵌入在 rank 0（第一个 stage 的 `embedding.word_embeddings.weight`），输出层要用同一个矩阵，于是最后一个 stage
+#   另存一份 `output_layer.weight`，`setup_embeddings_and_output_layer` 给它标上 `shared=True`
+#   （[`language_module.py:223`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L223)）。
+#   `finalize_model_grads` 把两份梯度在 embedding 群里相加，两份一样，`param_is_not_shared` 只让第一份计入。
+#   （CPU 上构造这个最后 stage 需要补丁 `shared_embedding_cuda`，见遗留问题 5。）
+#
+# 于是每个梯度元素恰好计入一次。把每个 rank 计入的平方和加起来（`grad_norm.total_norm`，就是 `get_grad_norm_fp32` all-reduce 的东西），
+# 对照 `step()` 真实返回的范数、单进程的范数，以及不过滤、全部加起来的"天真"范数：
+
+# %%
+reference = one["steps"][0]["norm"]
+table = []
+for label, results in (("单进程", [one]), ("TP=2", tp2), ("PP=2", pp2), ("TP=2 × DP=2，分布式优化器", tp2dp2)):
+    step = [r["steps"][0] for r in results]
+    counted = grad_norm.total_norm([s["rows"] for s in step]) if label != "TP=2 × DP=2，分布式优化器" else "-"
+    naive = grad_norm.naive_norm([s["rows"] for s in step]) if label != "TP=2 × DP=2，分布式优化器" else "-"
+    table.append([label, results[0]["group"], sorted({round(s["norm"], 6) for s in step}), counted, naive,
+                  all(abs(s["norm"] - reference) < 1e-6 for s in step)])
+Table(["切法", "grad-stats 群", "step() 返回的范数（各 rank）", "计入的平方和开方", "不过滤", "= 单进程（差 < 1e-6）"], table)
+
+# %% [markdown]
+# 四种切法返回的范数都是 1.7747，各 rank 一致；不过滤的话 TP=2 多算了复制的 norm 参数，PP=2 多算了一整份词嵌入梯度，结果都偏大。
+# 分布式优化器那一行没有列"计入的平方和"：那里每个 rank 只对自己那段 shard 的梯度求平方和（shard 复制了 TP 属性和 `shared` 标记，
+# 同样过滤），四个 rank 的和才是全部。
+#
+# 一步里 `optimizer.step()` 的全部跨 rank 通信（各取 rank 0，第 1 步）：
+
+# %%
+meanings = {"optimizer/clip_grads.py::get_grad_norm_fp32": "范数：各 rank 计入的平方和相加（SUM）",
+            "distributed/param_and_grad_buffer.py::start_param_sync": "分布式优化器：各 rank 更新过的那段权重拼回完整 buffer"}
+for label, results in (("TP=2", tp2), ("PP=2", pp2)):
+    print(label)
+    display(communication_table(results[0]["steps"][0]["calls"], meanings))
+print("TP=2 × DP=2，分布式优化器（第一个群是 intra_dist_opt_group，记录器只认得出它的成员）")
+communication_table(tp2dp2[0]["steps"][0]["calls"], meanings, ranks=False)
+
+# %% [markdown]
+# - 不分片时范数在 `tp-pp` 群里求和：TP=2 是 [0, 1]，PP=2 也是 [0, 1]（这两个 rank 一起才是一份完整的模型）。DP 不参与：
+#   `finalize_model_grads` 之后各 DP rank 的梯度相同，再加就重复了。
+# - 分布式优化器时群是 [0, 1, 2, 3]（`intra_dist_opt_group`，这里就是 `tp·pp·dp` 全体）：梯度按 DP 分散了，必须连 DP 一起加。
+#   这一步的 all-gather 在 `dp-cp` 群 [0, 2] 里：它只拼 DP 方向的分片，TP 的两片本来就各管各的。
+# - 裁剪本身（乘一个系数）不通信。
+#
+# ### 6. 裁剪：TP=2 的裁剪一步 = 单进程的裁剪一步
+#
+# 范数 1.7747 > `clip_grad=1.0`，所以每一步梯度都被乘以 `1 / (1.7747 + 1e-6)`。不分片时 `param.grad` 就是 `main_grad`，
+# step 之后读 `main_grad` 就是裁剪后的梯度。把 TP=2 两个 rank 的分片按 `partition_dim` 拼回去（`param_table.gather`），与单进程比较；
+# PP=2 的两个 stage 合起来比较；分布式优化器只比较参数。
+
+# %%
+def full(results, what, step=None):
+    """{global name: full tensor} from the TP shards of the ranks with DP rank 0."""
+    ranks = sorted((r for r in results if r["dp_rank"] == 0), key=lambda r: r["tp_rank"])
+    values = [r["steps"][step][what] if step is not None else r[what] for r in ranks]
+    out = {}
+    for name in one["params"]:
+        holders = [(r, v[name]) for r, v in zip(ranks, values) if name in v]
+        split = holders[0][0]["split"][name]
+        out[name] = gather([v for _, v in holders], *split) if split else holders[0][1]
+    return out
+
+
+coeff = 1.0 / (reference + 1e-6)
+rows = [["单进程：裁剪后 = 系数 × 裁剪前（逐元素）",
+         all(torch.allclose(one["steps"][0]["clipped"][k], coeff * one["steps"][0]["unclipped"][k], atol=1e-7)
+             for k in one["params"])]]
+for label, results in (("TP=2", tp2), ("PP=2", pp2)):
+    rows.append([f"{label}：裁剪后的梯度（拼回）vs 单进程，max |Δ|",
+                 max_abs_diff(full(results, "clipped", 0), one["steps"][0]["clipped"])])
+for label, results in (("TP=2", tp2), ("PP=2", pp2), ("TP=2 × DP=2，分布式优化器", tp2dp2)):
+    rows.append([f"{label}：裁剪后一步 Adam 之后的参数 vs 单进程，allclose(atol=1e-6)",
+                 all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full(results, "params").values(), one["params"].values()))])
+rows.append(["对照：裁剪前与裁剪后的梯度 max |Δ|（裁剪确实改变了梯度）",
+             max_abs_diff(one["steps"][0]["clipped"], one["steps"][0]["unclipped"])])
+Table(["检查", "结果"], rows)
+
+# %% [markdown]
+# 裁剪要跨 rank 的只有"范数"这个数：只要每个 rank 拿到的是同一个、正确的总范数，各自就地乘同一个系数，结果就和单进程一样。
+# 上一节证明了这个数在每种切法下都正确。（`clip_grad_by_total_norm_fp32` 在 CPU 上需要补丁 `clip_grads_type_check`，见笔记 06。）
+#
+# ### 7. fp16 的溢出标志跨 rank
+#
+# 范数要跨 rank 求和，inf 标志也一样要跨 rank：只要有一个 rank 溢出，**所有** rank 都必须跳过这一步，否则 TP 的两片权重就不再属于同一个模型。
+# TP=2、fp16，只在 TP rank 0 的梯度里注入 inf：
+
+# %%
+def fp16_tp2_overflow():
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(0)
+    config = tiny_config(fp16=True, tensor_model_parallel_size=2)
+    ddp = build(config, DistributedDataParallelConfig())
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, fp16=True, initial_loss_scale=1024.0, hysteresis=1), [ddp])
+    config.grad_scale_func = optimizer.scale_loss
+    train_step(ddp, optimizer, microbatches(2))
+    if parallel_state.get_tensor_model_parallel_rank() == 0:
+        next(ddp.parameters()).main_grad.view(-1)[0] = float("inf")
+    before = by_global_name([ddp], "param")
+    with recorder.record() as calls:
+        update_successful, _, _ = optimizer.step()
+    return dict(injected=parallel_state.get_tensor_model_parallel_rank() == 0, update_successful=update_successful,
+                unchanged=max_abs_diff(before, by_global_name([ddp], "param")) == 0,
+                scale=optimizer.get_loss_scale().item(), calls=[c for c in calls if len(c.ranks) > 1])
+
+
+overflow = run_ranks(fp16_tp2_overflow, 2)
+display(Table(["rank", "注入了 inf", "update_successful", "参数没变", "scale（后）"],
+              [[rank, r["injected"], r["update_successful"], r["unchanged"], r["scale"]] for rank, r in enumerate(overflow)]))
+communication_table(overflow[1]["calls"], {
+    "optimizer/optimizer.py::_unscale_main_grads_and_check_for_nan": "inf 标志取 MAX：任何一个 rank 溢出，全体跳过"})
+
+# %% [markdown]
+# rank 1 自己的梯度干净，却也跳过了这一步、scale 也减半：`found_inf` 在 grad-stats 群里做了 MAX all-reduce
+# （[`optimizer.py:512`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L512)）。
+# 溢出时 step 到此为止，所以只有这一次通信，没有范数的那次。
+#
+# ### 8. overlap grad reduce 与 overlap param gather
+#
+# 2 个 rank、DP=2、分布式优化器，`bucket_size=3000` 切出 3 个 bucket，每步 2 个 micro-batch，跑 2 步；一次
+# `overlap_grad_reduce=overlap_param_gather=False`，一次都为 True。录下每一步从 schedule 到 `optimizer.step()` 的全部 collective，
+# 并用 `overlap_timeline.markers` 在同一张记录里插入"某个模块开始 forward""某个参数的梯度算好了"，这样能看出每次通信夹在哪些计算之间。
+
+# %%
+def overlap_run(overlap, iterations=2):
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    config = tiny_config()
+    ddp = build(config, DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=overlap,
+                                                      overlap_param_gather=overlap, bucket_size=3000))
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, use_distributed_optimizer=True), [ddp])
+    config.no_sync_func = ddp.no_sync
+    r = parallel_state.get_data_parallel_rank()
+    steps = []
+    for _ in range(iterations):
+        with recorder.record() as events, overlap_timeline.markers(ddp, events):
+            events.append("schedule")
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(microbatches(4)[2 * r:2 * r + 2]),
+                                        model=[ddp], num_microbatches=2, seq_length=SEQ, micro_batch_size=MBS)
+            events.append("finalize_model_grads")
+            finalize_model_grads([ddp])
+            events.append("optimizer.step")
+            optimizer.step()
+        steps.append(events)
+    after_step = by_global_name([ddp], "param")
+    ddp.start_param_sync(force_sync=True)  # what the formal entry does before saving a checkpoint
+    return dict(steps=steps, after_step=after_step, synced=by_global_name([ddp], "param"),
+                buckets=[b.grad_data.numel() for b in ddp.buffers[0].buckets])
+
+
+plain_ddp = run_ranks(overlap_run, 2, False)
+overlapped = run_ranks(overlap_run, 2, True)
+print("bucket 大小（buffer 顺序，bucket 0 在输出层那端）:", overlapped[0]["buckets"])
+
+
+def counts(events):
+    found = overlap_timeline.where_counts(events)
+    short = {"all_gather_into_tensor": "AG", "reduce_scatter_tensor": "RS", "all_reduce": "AR"}
+    return [" ".join(f"{short[api]}×{apis.count(api)}" for api in dict.fromkeys(apis))
+            for apis in (found.get(key, []) for key in (("schedule", "forward"), ("schedule", "backward"),
+                                                          ("finalize_model_grads", "forward"), ("optimizer.step", "forward")))]
+
+
+Table(["overlap", "第几步", "schedule：forward 中", "schedule：backward 中", "finalize_model_grads", "optimizer.step"],
+      [[name, i + 1, *counts(events)] for name, runs in (("否", plain_ddp), ("是", overlapped))
+       for i, events in enumerate(runs[0]["steps"])])
+
+# %% [markdown]
+# （AG = all-gather 参数，RS = reduce-scatter 梯度，AR = 范数的 all-reduce；只数跨 rank 的。）
+#
+# - **不 overlap**：每步一次整块的 RS 在 `finalize_model_grads` 里，一次整块的 AG 在 `optimizer.step()` 的末尾
+#   （`DistributedOptimizer.step_with_ready_grads` 里 `overlap_param_gather` 为假的那一支，
+#   [`distrib_optimizer.py:2617`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2617)）。
+# - **overlap**：三个 bucket 各一次 RS、各一次 AG。AG 全部移进了**下一次 forward**；RS 从第 2 步起移进了 **backward**。
+#   第 1 步的 RS 仍在 finalize 里——和[笔记 14](../14_data_parallel_ddp/) 看到的一样，第一步只数每个参数的梯度会报到几次。
+#   第 1 步的 forward 里也有 3 次 AG：这时还没有任何 step，拼回来的是没变过的参数（遗留问题 2）。
+#
+# 第 2 步（overlap）的完整时间线，rank 0：
+
+# %%
+Table(["#", "step 里的位置", "事件", "细节"],
+      overlap_timeline.timeline(overlapped[0]["steps"][1], overlap_timeline.bucket_namer(overlapped[0]["buckets"])))
+
+# %% [markdown]
+# - **AG 在 forward 里按需发出、预取下一个**：第一个有参数的模块 `word_embeddings` 开始 forward 时，它的 pre-hook 发现自己的 bucket
+#   （bucket 2，buffer 的词嵌入那端）的 AG 还没发，就发出并等它完成（[`param_and_grad_buffer.py:322`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L322)），
+#   随即**异步**发出下一个 bucket 1 的 AG（第 338 行）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
+#   时才等 bucket 1，再发 bucket 0。AG 的顺序与 forward 用参数的顺序一致，和 bucket 的编号相反。第二个 micro-batch 的 forward 不再 AG。
+# - **RS 在 backward 里、紧跟在 bucket 凑齐之后**：backward 从输出层往回算，`output_layer.weight` 到 `layers.2` 的 `linear_fc2` 这 12 个梯度
+#   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。`tests/test_overlap_timeline.py`
+#   对每个 RS 检查：它前面恰好刚算完它那个 bucket 的最后一个梯度。
+# - 第一个 micro-batch 的 backward 没有通信（`no_sync`）。
+#
+# gloo 在 CPU 上也给了异步句柄，所以顺序与 GPU 上一致；真正的"重叠"（通信和计算同时进行）要 GPU 上独立的通信 stream，
+# 这里只能看到发出的时刻。结果是否相同：
+
+# %%
+Table(["比较（rank 0，2 步之后）", "max |Δ|"], [
+    ["overlap vs 不 overlap：强制同步参数之后", max_abs_diff(overlapped[0]["synced"], plain_ddp[0]["synced"])],
+    ["overlap vs 不 overlap：刚做完 optimizer.step()", max_abs_diff(overlapped[0]["after_step"], plain_ddp[0]["after_step"])],
+    ["overlap：step 之后 vs 强制同步之后", max_abs_diff(overlapped[0]["after_step"], overlapped[0]["synced"])],
+])
+
+# %% [markdown]
+# 同步之后逐位相同（0.0）。但**刚做完 step 时**不同：overlap 时 step 只更新了本 rank 那段，另一段要等下一次 forward 的 AG，
+# 这时读参数（存 checkpoint、做评估）读到的是另一半旧值。正式入口存 checkpoint 前因此先 `force_param_sync`
+# （[`training.py:2192`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2192)）；自己调 Megatron Core 时要记得（遗留问题 3）。
+
+# %% [markdown]
+# ## 机制解释
+#
+# **loss scale 的数学。** backward 是线性的：loss 乘 S，每个梯度都乘 S。fp16 的尾数只有 10 位，但相对精度与数值大小无关，
+# 所以放大 S 倍不损失精度，只是把整个梯度分布往 fp16 能表示的区间里挪：太小的不再下溢，太大的（S 过大时）溢出成 inf。
+# 溢出是能检测的（`_amp_foreach_non_finite_check_and_unscale_` 在乘 1/S 的同时查 inf / nan），下溢不能，所以策略是"尽量大、溢出就退"：
+# 每 `loss_scale_window` 步试着翻倍，溢出了减半并丢掉这一步。`hysteresis` 让偶发的一次溢出不立刻减半。
+#
+# **为什么 bf16 不要 scaler。** bf16 的指数位和 fp32 一样是 8 位，范围到 3e38，梯度不会下溢或溢出，于是 `grad_scaler` 为 `None`，
+# `get_loss_scale()` 恒为 1，`prepare_grads` 连 inf 检查都跳过（遗留问题 4）。它缺的是精度（7 位尾数），这由 fp32 主参数和 fp32 梯度 buffer 补上：
+# 第 2 节里一半的 bf16 权重吸收不了 1e-4 的更新，主参数可以。
+#
+# **过滤为什么是"按参数"的。** 范数是对模型的每个梯度**元素**求平方和。TP 切过的参数，每个 rank 持有不同的元素；TP 复制的参数，
+# 每个 rank 持有相同的元素；PP 共享的词嵌入，两个 stage 持有相同的元素。所以只需对"复制"的那类在 TP 群里留一份（rank 0），
+# 对共享的留第一个 stage 那份，然后在 tp-pp 群里求和。DP 副本持有的元素完全相同，不分片时根本不进群；分片时每个 DP rank 持有不同的段，
+# 才把 DP 也纳入。同一个谓词也用在 `count_zeros_fp32` 和正式入口的参数范数里。
+#
+# **overlap 为什么能正确。** 梯度归约只要等这个 bucket 的每个参数都报到（次数与第一步记下的相同），与其余 bucket 无关，所以能在 backward
+# 中途发出；参数 all-gather 只要在第一个用到这个 bucket 参数的模块 forward 之前完成，所以能推迟到下一次 forward，由 pre-hook 逐个等待、
+# 逐个预取。两者改变的只是发出时刻，不改变参与求和的数和求和的群，所以结果逐位相同。
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# - **建**：`setup_model_and_optimizer` 先 `get_model`（`--bf16` / `--fp16` 时包 `Float16Module`，再包 DDP），再 `get_megatron_optimizer`；
+#   `--fp16` 且没给 `--loss-scale` 时，正式入口顺手关掉 DDP 的 NaN 检查
+#   （[`arguments.py:707`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L707)），因为 inf 正是 scaler 要的信号。
+# - **每步**：`train` 把 `optimizer.scale_loss` 挂到 `config.grad_scale_func`，schedule 在 backward 前乘 loss；`train_step` 末尾
+#   `optimizer.step()` 返回 `update_successful`，为假时不推进学习率、记一次 skipped iteration。
+# - **overlap**：`--overlap-grad-reduce` 时 `train` 把 `no_sync` 挂到 config；`--overlap-param-gather` 时正式入口在训练开始时先关掉
+#   forward pre-hook，第一步成功之后才打开（[`training.py:2657`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2657)、
+#   [`training.py:2825`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2825)），存 checkpoint 和评估前强制同步参数。
+# - simple loop 用 torch 的 Adam、fp32，以上都不涉及（笔记 14 遗留问题 2）。
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **浮点格式**：fp16 = 1 符号 + 5 指数 + 10 尾数，bf16 = 1 + 8 + 7，fp32 = 1 + 8 + 23。fp16 缺范围，bf16 缺精度，混合精度各补其短。
+# - **torch 的 AMP `GradScaler`**：同一种思路（缺省增长间隔 2000 步、回退 0.5、增长 2），没有 hysteresis。Megatron 的版本多了
+#   hysteresis，而且 inf 标志在 grad-stats 群里取 MAX（第 7 节），保证模型的各片一起跳过。
+# - **`torch.nn.utils.clip_grad_norm_`**：同样的数学；分布式时只是把平方和拆到持有不同元素的 rank 上再 all-reduce。
+# - **ZeRO-1**：分布式优化器分片的是主参数和动量（第 4 节），权重和梯度 buffer 仍是完整的（笔记 15）。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# **1. hysteresis 不是"连续"溢出（运行确认）。** `DynamicGradScaler` 的说明写的是连续出现 `hysteresis` 次 NaN 才减小 scale；
+# 代码里 hysteresis 计数器只在增长的那一支里复位
+# （[`grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L108)），干净的一步不复位它。
+# 第 3 节的序列里两次溢出之间隔着干净的一步，scale 照样减半；而且减半一次之后计数器停在 0 以下，直到下一次增长之前**每一次**溢出都减半，
+# 不再有任何宽容。缺省 `loss_scale_window=1000`，所以这段"不宽容期"可长达上千步。
+#
+# **2. overlap_param_gather 的第一次 forward 白做了一次 all-gather（运行确认）。** 第 8 节第 1 步的 forward 里有 3 次 AG，
+# 那时还没有任何 `step()`。原因是 bucket group 的 `param_gather_dispatched` 初值为假，第一个 pre-hook 就会发出。正式入口为此在训练开始时
+# 先关掉 pre-hook、第一次成功的 step 之后再打开（见上），直接用 Megatron Core 的代码没有这层保护。
+# 另外，`step_with_ready_grads` 里的注释说 overlap 时第一个 all-gather 在下一次 `optimizer.zero_grad()` 里发出
+# （[`distrib_optimizer.py:2615`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2615)），
+# 但这个版本的 [`distrib_optimizer.py::DistributedOptimizer.zero_grad`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2269)
+# 只清梯度；记录也显示 AG 出现在 forward 的 pre-hook 里，而 `zero_grad` 期间没有任何通信（第 2 步时间线的开头）。
+#
+# **3. overlap 时 step 之后参数有一半是旧的（运行确认）。** 见第 8 节最后一张表：max |Δ| 0.0101（约一个 lr），直到下一次 forward。
+# 正式入口存 checkpoint、评估前调用 `force_param_sync` / `disable_forward_pre_hook`；自己写训练循环时，在 step 和下一次 forward 之间读参数前
+# 要调 `ddp.start_param_sync(force_sync=True)`。
+#
+# **4. bf16 时优化器不查 inf（运行确认）。** bf16 没有 grad scaler，`MixedPrecisionOptimizer.prepare_grads` 跳过 unscale 和 inf 检查
+# （[`optimizer.py:524`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L524) 里 `if self.grad_scaler:` 那一支）。
+# 往 bf16 的一个梯度元素里注入 inf，连跑两步：
+
+# %%
+def bf16_inf():
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    config = tiny_config(bf16=True)
+    ddp = build(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True))
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, bf16=True), [ddp])
+    rows = []
+    for step in range(2):
+        loss = train_step(ddp, optimizer, microbatches(1))
+        if step == 0:
+            next(ddp.parameters()).main_grad.view(-1)[0] = float("inf")
+        update_successful, norm, _ = optimizer.step()
+        rows.append([step, step == 0, loss, update_successful, norm,
+                     sum((p.main_grad == 0).sum().item() for p in ddp.parameters()),
+                     sum(p.isnan().sum().item() for p in ddp.parameters())])
+    return rows
+
+
+Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后为 0 的梯度元素", "step 后是 NaN 的权重（共 9632）"],
+      run_ranks(bf16_inf, 1)[0])
+
+# %% [markdown]
+# 第 0 步 `step()` 照样返回成功：范数是 inf，裁剪系数 `1 / (inf + 1e-6)` = 0 把其余 9631 个梯度全部乘成 0，那个 inf 乘 0 成了 NaN，
+# AdamW 把它写进一个权重（和它的动量）。第 1 步的 forward 用到这个权重，loss 就是 NaN，范数 NaN（`NaN < 1` 为假，不裁剪），
+# `step()` 还是返回成功，绝大多数权重变成 NaN。正式入口靠别处兜底：它把 `--check-for-nan-in-loss-and-grad`（缺省开）交给 DDP 的
+# `check_for_nan_in_grad`（[`training.py:1296`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1296)），
+# 梯度归约前检查每个 bucket 的范数，发现 NaN / inf 就报错。只用 Megatron Core、没开这个检查时，一个坏 batch 会静默毁掉 bf16 的权重。
+#
+# **5. 本篇加的 CPU 补丁（[在 CPU 上运行](../../cpu/)）。** `grad_scaler_device`：两个 scaler 用写死的 `device='cuda'` 建 scale 张量
+# （[`grad_scaler.py:15`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L15)）。
+# `float16_optimizer_type_check`：16 位优化器按 `param.type()` 的 CUDA 类型名分类，CPU 上 `TypeError`
+# （[`optimizer.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L671)）。
+# `distrib_optimizer_init_type_check`：分布式优化器给 16 位参数放 `main_param = None` 占位的那个判断在 CPU 上**静默**不成立
+# （[`distrib_optimizer.py:582`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L582)），
+# 不拥有的参数就没有 `main_param` 属性——不报错，但读它的代码（正式入口的参数范数）会退回用完整权重、在每个 DP rank 上重复计数。
+# `shared_embedding_cuda`：PP>1 共享词嵌入时最后一个 stage 的 `weight.data.cuda()`
+# （[`language_module.py:244`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L244)，
+# 笔记 13 遗留问题 4 提到过）。每个都在 `tests/test_cpu_compat.py` 里对照参考实现测过。fp16 的数值在 CPU 上与 GPU 不同
+# （矩阵乘的累加方式不同），所以第 3 节"缺省配置跳过 16 步"这个数只属于这台机器和这个小模型，不是 Megatron 的性质。
+
+# %% [markdown]
+# ## 自测
+#
+# **1. fp16、不给 `loss_scale` 时 `get_megatron_optimizer` 建出什么？loss scale 初值是多少？bf16 呢？**
+#
+# <details><summary>答案</summary>
+#
+# fp16：`ChainedOptimizer` 里一个 `Float16OptimizerWithFloat16Params`，带 `DynamicGradScaler`，初值 `initial_loss_scale` = 2³²。
+# bf16：同一个类，但没有 scaler，loss scale 恒为 1。
+#
+# </details>
+
+# %%
+print([row for row in created if row[0] in ("fp16", "bf16")])
+
+# %% [markdown]
+# **2. `hysteresis=2`、`loss_scale_window=1000`、初值 1024，溢出序列是"溢出、干净、溢出"。第 3 步后 scale 是多少？**
+#
+# <details><summary>答案</summary>
+#
+# 512。第一次溢出把 hysteresis 计数从 2 减到 1；干净的一步只让 growth 计数加一，不把 hysteresis 加回去；第二次溢出计数到 0，减半。
+#
+# </details>
+
+# %%
+print(run_ranks(scaler_trace, 1, [True, False, True], initial_scale=1024.0, growth_interval=1000, hysteresis=2)[0][-1])
+
+# %% [markdown]
+# **3. bf16 权重 + fp32 梯度、分布式优化器、DP=4，每个参数每个 rank 几个字节？比不分片省多少？**
+#
+# <details><summary>答案</summary>
+#
+# 2（bf16 权重）+ 4（fp32 梯度）+ (4 主参数 + 8 动量) / 4 = 9 字节；不分片 18 字节，省一半。
+#
+# </details>
+
+# %%
+print(optimizer_memory.bytes_per_parameter("bf16", "fp32", 4, True), optimizer_memory.bytes_per_parameter("bf16", "fp32", 4, False))
+
+# %% [markdown]
+# **4. TP=2 时，不过滤的"天真"范数比真实范数多算了哪些梯度？多算的平方和是多少？**
+#
+# <details><summary>答案</summary>
+#
+# TP rank 1 上那些没被 TP 切分的参数（各层的 LayerNorm weight / bias、位置嵌入、final norm）：它们与 rank 0 的梯度相同。
+# 天真范数² − 真实范数² 正好等于 rank 1 上这些参数的平方和。
+#
+# </details>
+
+# %%
+step0 = [r["steps"][0]["rows"] for r in tp2]
+extra = sum(x["sumsq"] for rows in step0 for x in rows if not x["counted"])
+print(sorted({x["name"].split(".")[-2] + "." + x["name"].split(".")[-1] for x in step0[1] if not x["counted"]}))
+print(round(grad_norm.naive_norm(step0) ** 2 - grad_norm.total_norm(step0) ** 2, 6), round(extra, 6))
+
+# %% [markdown]
+# **5. overlap 时，第 2 步的第一次 reduce-scatter 在 backward 里算完了几个梯度之后发出？为什么是它？**
+#
+# <details><summary>答案</summary>
+#
+# 12 个：`output_layer.weight`、final norm 的两个、第 4 层（下标 3）的 8 个，再到第 3 层（下标 2）的 `linear_fc2`——它们是 bucket 0
+# 的全部参数。buffer 倒序排放参数，bucket 0 正是 backward 最先算完的那些，所以它最先凑齐、最先发出。
+#
+# </details>
+
+# %%
+since_forward = []
+for event in overlapped[0]["steps"][1]:
+    if isinstance(event, overlap_timeline.Marker):
+        since_forward = [] if event.kind == "forward" else since_forward + [event.name]
+    elif not isinstance(event, str) and event.api == "reduce_scatter_tensor":
+        break
+print(len(since_forward), since_forward[0], "…", since_forward[-1])
+
+# %% [markdown]
+# ## 30-second answer
+#
+# `get_megatron_optimizer` always returns a `ChainedOptimizer`; inside, `use_distributed_optimizer` picks `DistributedOptimizer`,
+# else fp16/bf16 picks `Float16OptimizerWithFloat16Params`, else `FP32Optimizer`, with expert parameters in a second optimizer.
+# Mixed precision keeps 16-bit weights for compute and fp32 main copies that Adam updates. fp16 adds a dynamic loss scale:
+# an inf skips the step on every rank and halves the scale after `hysteresis` overflows; clean windows double it. The grad norm
+# counts TP-replicated and PP-shared parameters once, so any split gives the one-process norm. Overlap only moves when buckets
+# communicate, not the result.
