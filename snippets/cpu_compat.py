@@ -47,6 +47,7 @@ class Patch:
     why: str    # why Megatron needs it on a CPU
     sites: tuple[Site, ...]
     apply: Callable[[], None]
+    proof: str = ""  # what its test (tests/test_cpu_compat.py::test_<name>_...) shows, for the site
 
 
 class ModuleProxy:
@@ -444,6 +445,7 @@ PATCHES: tuple[Patch, ...] = (
                  "device=torch.cuda.current_device()"),
         ),
         apply=_patch_current_device,
+        proof='`ColumnParallelLinear(gather_output=True)` 在 2 个 rank 上的输出等于用完整权重算的稠密矩阵乘',
     ),
     Patch(
         name="synchronize",
@@ -456,6 +458,7 @@ PATCHES: tuple[Patch, ...] = (
                  "torch.cuda.synchronize()"),
         ),
         apply=_patch_synchronize,
+        proof='`dist_checkpointing.save` 再 `load` 一个按 TP 切分的张量，读回的值与写入的相同',
     ),
     Patch(
         name="rng_tracker",
@@ -470,6 +473,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/tensor_parallel/random.py", 422, "torch.cuda.manual_seed"),
         ),
         apply=_patch_rng_tracker,
+        proof='`model_parallel_cuda_manual_seed` 之后，同一 TP rank 的模型并行流相同、不同 TP rank 不同，离开 `fork()` 后默认流复原',
     ),
     Patch(
         name="schedules_device",
@@ -482,6 +486,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/pipeline_parallel/schedules.py", 2138, 'device="cuda"'),
         ),
         apply=_patch_schedules_device,
+        proof='`forward_backward_no_pipelining` 的 loss 和梯度等于直接用 autograd 算的',
     ),
     Patch(
         name="refit_streams",
@@ -496,6 +501,7 @@ PATCHES: tuple[Patch, ...] = (
                  "torch.cuda.current_stream().wait_stream"),
         ),
         apply=_patch_refit_streams,
+        proof='2 个 rank 上真实的 `swap_model_weights(..., "gloo")` 把 TP=2 切开的 `ColumnParallelLinear` 权重搬进每个 rank 一份完整副本（TP=1）：搬完的权重等于 all-gather 拼起来的原权重，一半来自本 rank（本地拷贝）、一半来自另一 rank',
     ),
     Patch(
         name="torch_norm_sequence_parallel",
@@ -513,6 +519,7 @@ PATCHES: tuple[Patch, ...] = (
                  'getattr(param, "sequence_parallel", False)'),
         ),
         apply=_patch_torch_norm_sequence_parallel,
+        proof='local spec 的 `TransformerLayer` 在 TP=2、`sequence_parallel=True` 下建得起来，输出和输入梯度拼起来等于 TP=1；norm 的梯度各 rank 只是部分和，经 `finalize_model_grads` 在 TP 群求和后等于 TP=1',
     ),
     Patch(
         name="optimizer_device",
@@ -526,6 +533,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/optimizer/optimizer.py", 907, "device='cuda'"),
         ),
         apply=_patch_optimizer_device,
+        proof='一个 rank 上 `get_megatron_optimizer` 建出的 `FP32Optimizer` 走两步 Adam，参数等于 `torch.optim.AdamW` 走两步',
     ),
     Patch(
         name="grad_norm_device",
@@ -538,6 +546,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/utils.py", 1207, 'device="cuda"'),
         ),
         apply=_patch_grad_norm_device,
+        proof='DP=2、分布式优化器：`step()` 返回的梯度范数（两个 rank 各持一半梯度，平方和跨 rank 相加）等于单进程全部梯度的范数',
     ),
     Patch(
         name="distrib_optimizer_type_check",
@@ -553,6 +562,7 @@ PATCHES: tuple[Patch, ...] = (
                  "model_param.type() == 'torch.cuda.FloatTensor'"),
         ),
         apply=_patch_distrib_optimizer_type_check,
+        proof='DP=2 的 `DistributedOptimizer` 走两步 Adam，参数等于单进程整批数据上的 `torch.optim.AdamW`；建完之后 `Tensor.type()` 恢复原样',
     ),
     Patch(
         name="clip_grads_type_check",
@@ -568,6 +578,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/optimizer/clip_grads.py", 174, "device='cuda'"),
         ),
         apply=_patch_clip_grads_type_check,
+        proof='`clip_grad=0.05`（小于梯度范数）时 Megatron 的一步（单进程 `FP32Optimizer`、DP=2 分布式优化器）等于 `torch.nn.utils.clip_grad_norm_` 之后的 torch Adam；不裁剪时结果可分辨',
     ),
     Patch(
         name="moe_te_general_gemm",
@@ -581,6 +592,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/transformer/moe/moe_utils.py", 1225, "te_general_gemm is not None"),
         ),
         apply=_patch_moe_te_general_gemm,
+        proof='一个 rank 上 `moe_utils.router_gating_linear` 的 logits 与输入、权重的梯度等于 `x @ Wᵀ` 用 autograd 算的；`te_general_gemm` 为 `None`、`HAVE_TE` 为 False',
     ),
     Patch(
         name="moe_dispatcher_streams",
@@ -596,6 +608,7 @@ PATCHES: tuple[Patch, ...] = (
                  "torch.cuda.stream(self.cuda_dtoh_stream)"),
         ),
         apply=_patch_moe_dispatcher_streams,
+        proof='一个 rank、EP=1：local spec 的 `MoELayer`（`MoEAlltoAllTokenDispatcher` + `SequentialMLP`）的输出和输入梯度等于手算的稠密 MoE（router logits 取 top-2、对这 2 个 softmax、加权求和各 expert 的 `fc2(gelu(fc1 x))`）',
     ),
     Patch(
         name="moe_host_split_sizes",
@@ -610,6 +623,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/tensor_parallel/mappings.py", 444, "torch.distributed.all_to_all_single("),
         ),
         apply=_patch_moe_host_split_sizes,
+        proof='2 个 rank、EP=2：同一个 `MoELayer` 的输出和输入梯度等于用 all-gather 来的全部 expert 手算的稠密 MoE；`input_splits` 是 numpy 数组，记录到的 6 次 `all_to_all_single` 搬的行数都等于各自的 split sizes 之和',
     ),
     Patch(
         name="grad_scaler_device",
@@ -623,6 +637,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/optimizer/grad_scaler.py", 88, "device='cuda'"),
         ),
         apply=_patch_grad_scaler_device,
+        proof='fp16 模型、注入一个 inf：这一步被跳过，权重逐位不变，scale 从 64 减半到 32；其余各步跟 torch AdamW 一致',
     ),
     Patch(
         name="float16_optimizer_type_check",
@@ -636,6 +651,7 @@ PATCHES: tuple[Patch, ...] = (
                  "param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']"),
         ),
         apply=_patch_float16_optimizer_type_check,
+        proof='bf16 模型的 fp32 main params 走 Adam 后与 torch AdamW 相差 < 1e-6，权重等于 main params 转成 bf16',
     ),
     Patch(
         name="shared_embedding_cuda",
@@ -650,6 +666,7 @@ PATCHES: tuple[Patch, ...] = (
                  "weight.data = weight.data.cuda()"),
         ),
         apply=_patch_shared_embedding_cuda,
+        proof='PP=2、词嵌入与输出层共享：两个 stage 的两份权重开始时逐位相同；finalize 之后两份的梯度都等于两 stage 梯度之和',
     ),
     Patch(
         name="distrib_optimizer_init_type_check",
@@ -664,6 +681,7 @@ PATCHES: tuple[Patch, ...] = (
                  "param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']"),
         ),
         apply=_patch_distrib_optimizer_init_type_check,
+        proof='DP=2 分布式优化器、bf16：本 rank 不拥有的参数 `main_param` 为 None，各 rank 的分片恰好覆盖每个权重一次',
     ),
     Patch(
         name="distrib_optimizer_gather_cuda",
@@ -676,6 +694,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/optimizer/distrib_optimizer.py", 1089, "send_tensor = send_tensor.cuda()"),
         ),
         apply=_patch_distrib_optimizer_gather_cuda,
+        proof='DP=2：每个 rank 只拥有一半 fp32 main params，`get_parameter_state_dp_zero` 的收集把每个参数完整地放回 buffer 里它的位置，两个 rank 都是；之后 `Tensor.cuda` 恢复原样',
     ),
     Patch(
         name="distrib_optimizer_torch_adam_step",
@@ -690,6 +709,7 @@ PATCHES: tuple[Patch, ...] = (
             Site("megatron/core/optimizer/distrib_optimizer.py", 940, "dst_tensors[key].copy_(tensors[key])"),
         ),
         apply=_patch_distrib_optimizer_torch_adam_step,
+        proof='torch Adam 的状态带 `step`，加载来的张量不带：param、exp_avg、exp_avg_sq 被拷入，`step` 保持原值',
     ),
 )
 
@@ -712,9 +732,11 @@ def apply(names: list[str] | None = None) -> list[str]:
 
 def render_table() -> str:
     """The patch table shown on the site (markdown), one row per patched Megatron line."""
-    rows = ["| 补丁 | 范围 | 做了什么 | 为什么 | 需要它的 Megatron 行 |", "|---|---|---|---|---|"]
+    rows = ["| 补丁 | 范围 | 做了什么 | 为什么 | 需要它的 Megatron 行 | 证明它的测试 |",
+            "|---|---|---|---|---|---|"]
     for patch in PATCHES:
         links = "<br>".join(f"[`{s.path}:{s.line}`]({s.url})" for s in patch.sites)
-        rows.append(f"| `{patch.name}` | `{patch.scope}` | {patch.what} | {patch.why} | {links} |")
+        rows.append(f"| `{patch.name}` | `{patch.scope}` | {patch.what} | {patch.why} | {links} "
+                    f"| {patch.proof} |")
     return "\n".join(rows)
 

@@ -686,3 +686,11 @@ def test_distrib_optimizer_torch_adam_step_load_without_step_keeps_step():
     ((keys, after, new, step),) = run_ranks(_set_state_without_step, 1)
     assert keys == ["exp_avg", "exp_avg_sq", "param", "step"]
     assert all(torch.equal(after[k], new[k]) for k in new) and step == 1.0
+
+
+def test_every_patch_has_its_own_test_and_says_what_it_proves():
+    tests = {name for name in globals() if name.startswith("test_")}
+    for patch in cpu_compat.PATCHES:
+        assert patch.proof, patch.name
+        assert any(t.startswith(f"test_{patch.name}_") for t in tests), \
+            f"no test_{patch.name}_... in tests/test_cpu_compat.py"
