@@ -245,10 +245,31 @@ Table(["加载", "加载前 logits 相同", "加载后 logits 相同 (atol 1e-6)
 # - **目录与 tracker。** 写在 `<save>/iter_0000100/`，rank 0 再写 `latest_checkpointed_iteration.txt`；`load_checkpoint` 先读它决定加载哪一步。
 # - **格式。** `--ckpt-format torch_dist` 走 `dist_checkpointing.save`（`checkpointing.py:606` 起的分支）；老的 `torch` 格式是每个 (TP, PP) rank 一个
 #   `mp_rank_XX/model_optim_rng.pt`，不能换并行度加载。
-# - **优化器状态。** 分布式优化器的 Adam 状态按 DP 切成连续的扁平区间（笔记 15）；`optimizer.sharded_state_dict` 把它重新表示成
-#   与参数同形状、同偏移的 ShardedTensor（或按 `fully_sharded_model_space` 等格式），所以 DP 改变时也能重切。
+# - **优化器状态。** 分布式优化器的 Adam 状态按 DP 切成连续的扁平区间（笔记 15）。`optimizer.sharded_state_dict(model_sd,
+#   sharding_type=...)` 按所选格式描述它：`dp_reshardable` 按 DP 段存，`fully_reshardable` 先在 DP 群里 all-gather 再按参数存，
+#   所以能否换并行度取决于格式（正式入口由 `--dist-ckpt-optim-fully-reshardable` 选）。下面真的跑一次。
 # - **RNG 状态。** 每个 (TP, PP) rank 一份，存成 ShardedObject；并行度改变后无法一一对应：`load_checkpoint` 只在 checkpoint 的
 #   (TP, PP) 与当前相同时才加载它，否则忽略（[`checkpointing.py:1560`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1560)；`--no-load-rng` 也可关掉）。
+
+# %% [markdown]
+# ### 换并行度加载优化器状态：DP=2 存 → DP=1 读
+#
+# `optim_reshard.reshard_optimizer_state` 在 DP=2 上用分布式优化器训练两步 Adam，按两种格式各存一份（模型 + 优化器），
+# 再在 DP=1 上新建模型和优化器加载，逐位比较加载后的权重、fp32 main params、`exp_avg`、`exp_avg_sq` 与保存时
+# （DP=2 各段拼起来）是否相同，并读出 Adam 的 `step`。细节与另外两种格式、TP 改变时的报错见笔记 21
+# （[21 checkpoint 专题](../21_checkpoint_topic/)）。
+
+# %%
+from snippets import optim_reshard
+
+resharded = optim_reshard.reshard_optimizer_state(dict(dp=2), dict(dp=1), ("dp_reshardable", "fully_reshardable"))
+Table(optim_reshard.COMPARED, optim_reshard.rows(resharded, optim_reshard.COMPARED),
+      title="DP=2 存 → DP=1 读：加载后与保存时逐位相同？")
+
+# %% [markdown]
+# 两种格式都把张量原样搬到了新的 DP 布局，但 `dp_reshardable` 读回的 Adam `step` 是 1 而不是 2：这个格式不带回 step，
+# 加载方保留的是自己新建优化器时的值，续训时 Adam 的偏差修正因此错位（笔记 21 遗留问题里有对应的行）。
+# `fully_reshardable` 的 step 随 `param_groups` 一起恢复。
 
 # %% [markdown]
 # ## 与训练主链路的关系
@@ -272,7 +293,8 @@ Table(["加载", "加载前 logits 相同", "加载后 logits 相同 (atol 1e-6)
 #    代价是直接读 `.metadata` 的外部工具看到的名字和 `model.state_dict()` 不同。
 # 2. **保存需要 psutil（CPU 上运行确认）。** `torch_dist` 默认用 fork 出的写进程，没有 psutil 时它们静默死掉、`save()` 永远等待，
 #    见 [CPU 页](../../cpu/)。
-# 3. **优化器状态的重切本篇没有跑。** DP 改变时分布式优化器的状态重切放到笔记 15、21。
+# 3. **`dp_reshardable` 换 DP 后 Adam 的 step 回到加载方的值（运行确认，见上表）。** 张量都对，step 不对；
+#    `fully_reshardable` 没有这个问题。更多格式和 TP 改变时的报错见笔记 21。
 
 # %% [markdown]
 # ## 自测
@@ -337,6 +359,19 @@ print(sum(name.endswith(".distcp") for name in cv.saved_files(ckpt_dir)))
 
 # %%
 print(len(stored), sum(r[2] == "ShardedTensor" for r in rank0.values()))
+
+# %% [markdown]
+# **5. DP=2 用分布式优化器存的 checkpoint，在 DP=1 上加载后 `exp_avg` 与保存时相同吗？Adam 的 step 呢？**
+#
+# <details><summary>答案</summary>
+#
+# 两种格式（`dp_reshardable`、`fully_reshardable`）下 `exp_avg`、`exp_avg_sq`、fp32 main params 和权重都逐位相同；
+# step 只有 `fully_reshardable` 恢复成 2，`dp_reshardable` 是 1。
+#
+# </details>
+
+# %%
+print([(r["sharding_type"], r["exp_avg"], r["adam_step"]) for r in resharded])
 
 # %% [markdown]
 # ## 30-second answer

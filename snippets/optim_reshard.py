@@ -44,6 +44,7 @@ import warnings
 
 import torch
 
+from snippets import rank_env
 from snippets.launch import DEFAULT_TIMEOUT_S, run_ranks
 
 # Each load goes through torch.distributed.checkpoint's older entry points, which announce their
@@ -242,21 +243,8 @@ def _reraise_interrupts(exc: BaseException) -> None:
         raise exc
 
 
-def use_local_writer_queue() -> None:
-    """Give ``dist_checkpointing.save`` a queue in this process instead of a spawned Manager.
-
-    torch_dist's writer hands its results back through a module-level queue; on first use it makes
-    one with a *spawned* multiprocessing Manager, so an async save running in another process
-    could use it too. A synchronous save writes from this very process, where a plain thread
-    queue does the same job. That spares a Python start-up per rank (about 2 s per save launch
-    here) and leaves no Manager behind when a rank ends with ``os._exit``. Call before saving.
-    """
-    import queue
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = queue.Queue()
+# Every CPU rank now gets the local queue in rank_env.init_rank; kept under this name for note 21.
+use_local_writer_queue = rank_env.use_local_writer_queue
 
 
 def _freeze_imported_objects() -> None:
