@@ -86,7 +86,9 @@
 # 见[在 CPU 上运行](../../cpu/)）；每个 rank 的函数里只剩 Megatron 自己的那一行。
 
 # %%
-from snippets.groups import describe_rank, group_summary, rank_table, unique_groups
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.groups import kinds_for, run
+from snippets.groups import group_summary, rank_table, unique_groups
 from snippets.launch import Grid, RankError, run_ranks
 from snippets.tables import Table
 
@@ -95,19 +97,33 @@ from megatron.core import parallel_state
 # %% [markdown]
 # 每个 rank 上要跑的函数：调真实的 `initialize_model_parallel`，再用 Megatron 自己的 getter
 # 读出本 rank 的坐标和所属的每个群（`describe_rank`）。
+#
+# 它就是 `snippets/experiments/groups.py` 里的 `run`：本篇的单元格和命令行
+# `torchrun ... -m snippets.run groups --tp 2 --pp 4`（见 README 的 "Running at real scale"）调用的是同一个函数。
+# 并行尺寸装在 `Parallel` 里（world size 和 tp、pp、cp、ep）；`dims` 是模型尺寸，建群用不到。
+# `kinds_for` 决定表里列出哪些群。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def run(dims, par) -> dict:
+#     from megatron.core import parallel_state
+#
+#     parallel_state.initialize_model_parallel(
+#         tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
+#         context_parallel_size=par.cp, expert_model_parallel_size=par.ep)
+#     return describe_rank()
+#
+#
+# def kinds_for(par) -> tuple[str, ...]:
+#     """The group kinds worth a column: note 02's without context parallelism, its CP table's with."""
+#     kinds = ("tp", "cp", "dp", "dp-cp") if par.cp > 1 else ("tp", "pp", "dp", "tp-pp", "embd", "pos-embd")
+#     return kinds + (("ep", "etp", "edp") if par.ep > 1 else ())
+# ```
 
 # %%
-def init_model_parallel(tp, pp, cp=1):
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        context_parallel_size=cp,
-    )
-    return describe_rank()
-
-
-ranks = run_ranks(init_model_parallel, 4, tp=2, pp=2, grid=dict(tp=2, pp=2))
-rank_table(ranks, kinds=("tp", "pp", "dp", "tp-pp", "embd", "pos-embd"))
+TINY = EXPERIMENTS["groups"].tiny
+PAR = Parallel(world=4, tp=2, pp=2)
+ranks = run_ranks(run, 4, TINY, PAR, grid=dict(tp=2, pp=2))
+rank_table(ranks, kinds=kinds_for(PAR))
 
 # %% [markdown]
 # 4 个 rank、TP=2、PP=2，所以 DP = 4 ÷ (2·2·1) = 1：每个 rank 的 DP 群只有它自己。坐标按
@@ -198,12 +214,12 @@ print(", ".join(changed))
 
 # %%
 try:
-    run_ranks(init_model_parallel, 4, tp=3, pp=1, grid=dict(tp=3))
+    run_ranks(run, 4, TINY, Parallel(world=4, tp=3), grid=dict(tp=3))
 except ValueError as err:
     print("启动前拒绝:", err)
 
 try:
-    run_ranks(init_model_parallel, 4, tp=3, pp=1)  # 不做检查，让 Megatron 自己报
+    run_ranks(run, 4, TINY, Parallel(world=4, tp=3))  # 不做检查，让 Megatron 自己报
 except RankError as err:
     print("Megatron 在每个 rank 上报:", err.summary)
 
@@ -262,8 +278,9 @@ except RankError as err:
 # `dp` 与 `dp-cp` 的差别要在 CP > 1 时才看得出来。8 个 rank、TP=2、CP=2：
 
 # %%
-cp_ranks = run_ranks(init_model_parallel, 8, tp=2, pp=1, cp=2, grid=dict(tp=2, cp=2))
-rank_table(cp_ranks, kinds=("tp", "cp", "dp", "dp-cp"))
+CP_PAR = Parallel(world=8, tp=2, cp=2)
+cp_ranks = run_ranks(run, 8, TINY, CP_PAR, grid=dict(tp=2, cp=2))
+rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 
 # %% [markdown]
 # CP 的两个 rank 持有**同一份**权重、处理同一条序列的不同片段，所以对权重梯度来说它们和 DP 副本一样

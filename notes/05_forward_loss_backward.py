@@ -103,6 +103,8 @@ from functools import partial
 
 import torch
 
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.forward_loss import one_step
 from snippets.launch import run_ranks
 from snippets.loss_flow import annotate, masked_mean, masked_token_sum, microbatches, train_step_report
 from snippets.param_table import gather
@@ -123,51 +125,76 @@ from snippets.tables import Table
 # `snippets/loss_flow.py` 用自己的话写了这两种契约（`masked_token_sum`、`masked_mean`），下面的 rank 函数把它们交给
 # Megatron 的 schedule。模型与[笔记 04](../04_model_provider_and_gpt_model/) 相同（1 层、hidden 16、词表 32，CPU 初始化，去掉 dropout 以便比较），
 # 2 个 micro-batch，各 2 条长 8 的序列，`loss_mask` 分别保留 16 个和 6 个 token。
+#
+# 这个 rank 函数在 `snippets/experiments/forward_loss.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run loss --dims qwen3-8b --layers 2 --tp 8`（见 README 的 "Running at real scale"）调用的是同一个函数，
+# 模型尺寸、sequence、micro-batch 大小和个数是参数 `dims`（本篇用它的 `tiny`；`tokens_kept` 按它算出 16 和 6）。
+# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def tokens_kept(dims) -> list[int]:
+#     """Tokens each micro-batch keeps in its loss mask: all of them, then 3/8 of them, alternating
+#     (note 05's 16 and 6 of 2 x 8)."""
+#     n = dims.micro_batch_size * dims.seq
+#     return [n if i % 2 == 0 else max(1, 3 * n // 8) for i in range(dims.microbatches)]
+#
+#
+# def one_step(dims, tp, loss_contract="three", report="same", device="cpu", keep_tensors=True):
+#     """On every rank: the schedule over ``dims.microbatches`` micro-batches, recorded; the
+#     per-micro-batch reports, and with ``keep_tensors`` the gradients and micro-batch 0's logits."""
+#     from snippets import param_table, recorder  # param_table first: it quiets the known import warnings
+#     from snippets.loss_flow import masked_mean, masked_token_sum, microbatches
+#
+#     from megatron.core import parallel_state as mpu
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#     from megatron.core.transformer import TransformerConfig
+#
+#     if not mpu.model_parallel_is_initialized():
+#         mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
+#     model_parallel_cuda_manual_seed(1234)
+#     config = TransformerConfig(**dims.transformer_config_kwargs(),
+#                                tensor_model_parallel_size=tp, use_cpu_initialization=device == "cpu",
+#                                pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
+#     with torch.device(device):
+#         model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=dims.vocab,
+#                          max_sequence_length=dims.seq, parallel_output=True, share_embeddings_and_output_weights=True,
+#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
+#     batches = [{k: v.to(device) for k, v in b.items()} for b in
+#                microbatches(dims.microbatches, micro_batch_size=dims.micro_batch_size, seq_length=dims.seq,
+#                             vocab_size=dims.vocab, tokens_kept=tokens_kept(dims))]
+#
+#     def forward_step(data_iterator, model):
+#         batch = next(data_iterator)
+#         output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+#         if loss_contract == "three":
+#             return output, partial(masked_token_sum, batch["loss_mask"])
+#         return output, partial(masked_mean, batch["loss_mask"], report=report)
+#
+#     forward_backward_func = get_forward_backward_func()
+#     with recorder.record() as calls:
+#         reports = forward_backward_func(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
+#                                         num_microbatches=dims.microbatches, seq_length=dims.seq,
+#                                         micro_batch_size=dims.micro_batch_size, forward_only=False)
+#     out = dict(schedule=forward_backward_func.__name__, calls=calls,
+#                reports=[{k: v.detach().clone().cpu() for k, v in r.items()} for r in reports],
+#                rows=param_table.param_rows(model))
+#     if keep_tensors:
+#         with torch.no_grad():  # after the step, outside the recording: this rank's logits and per-token loss
+#             b = batches[0]
+#             logits = model(b["tokens"], b["position_ids"], b["attention_mask"])
+#             token_loss = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"])
+#         out.update(grads={n: p.grad.clone() for n, p in model.named_parameters()},
+#                    logits=logits, token_loss=token_loss, labels=b["labels"])
+#     return out
+# ```
 
 # %%
-def one_step(tp, loss_contract="three", report="same", num_microbatches=2):
-    from snippets import param_table, recorder  # param_table first: it quiets the known import warnings
-
-    from megatron.core import parallel_state as mpu
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer import TransformerConfig
-
-    mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
-    model_parallel_cuda_manual_seed(1234)
-    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
-                               tensor_model_parallel_size=tp, use_cpu_initialization=True,
-                               pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
-                     max_sequence_length=8, parallel_output=True, share_embeddings_and_output_weights=True)
-    batches = microbatches(num_microbatches, micro_batch_size=2, seq_length=8, vocab_size=32, tokens_kept=[16, 6])
-
-    def forward_step(data_iterator, model):
-        batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
-        if loss_contract == "three":
-            return output, partial(masked_token_sum, batch["loss_mask"])
-        return output, partial(masked_mean, batch["loss_mask"], report=report)
-
-    forward_backward_func = get_forward_backward_func()
-    with recorder.record() as calls:
-        reports = forward_backward_func(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
-                                        num_microbatches=num_microbatches, seq_length=8, micro_batch_size=2,
-                                        forward_only=False)
-    with torch.no_grad():  # after the step, outside the recording: this rank's logits and per-token loss
-        b = batches[0]
-        logits = model(b["tokens"], b["position_ids"], b["attention_mask"])
-        token_loss = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"])
-    return dict(schedule=forward_backward_func.__name__, calls=calls,
-                reports=[{k: v.detach().clone() for k, v in r.items()} for r in reports],
-                rows=param_table.param_rows(model), grads={n: p.grad.clone() for n, p in model.named_parameters()},
-                logits=logits, token_loss=token_loss, labels=b["labels"])
-
-
-tp2 = run_ranks(one_step, 2, 2, grid=dict(tp=2))
-tp1 = run_ranks(one_step, 1, 1)[0]
+TINY = EXPERIMENTS["loss"].tiny
+tp2 = run_ranks(one_step, 2, TINY, 2, grid=dict(tp=2))
+tp1 = run_ranks(one_step, 1, TINY, 1)[0]
 print("schedule:", tp2[0]["schedule"])
 print("每个 micro-batch 的报告（rank 0）:", [[round(x, 4) for x in r["lm loss"].tolist()] for r in tp2[0]["reports"]])
 print("train_step 会记下的 lm loss:", round(train_step_report(tp2[0]["reports"]), 4))

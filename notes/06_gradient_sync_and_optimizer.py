@@ -73,6 +73,8 @@
 
 # %%
 from snippets import recorder
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.train_step import train_step
 from snippets.launch import run_ranks
 from snippets.tables import Table
 from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, init_by_global_name, max_abs_diff, microbatches, tiny_config
@@ -91,44 +93,63 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 一次完整的训练步。模型是 4 层、hidden 16 的真实 `GPTModel`，权重按参数名生成（与 rank 无关，见 `snippets/tiny_gpt.py`）。
 # global batch = 4 个 micro-batch × 2 条序列：DP=2 时 DP rank r 拿第 2r、2r+1 个；DP=1 时一个进程拿全部 4 个。
 # 优化器 `OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=...)`，不用分布式优化器。
+#
+# 这个 rank 函数在 `snippets/experiments/train_step.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run train-step --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）调用的是同一个函数，
+# 模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），模型由笔记 14 的同一个 `build_model` 建。
+# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
+#     """On every rank: one training step; what the optimizer is, where the gradients live, the
+#     recorded communication and -- with ``keep_tensors`` -- the gradients and weights before and
+#     after (by global name, comparable across any DP size)."""
+#     from snippets import recorder
+#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+#                                            finalize_model_grads)
+#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel()
+#     model, config = build_model(dims, device)
+#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+#     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=clip_grad), [ddp])
+#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+#     n = dims.microbatches // dp
+#     mine = microbatches(dims, dims.microbatches, device)[n * dp_rank:n * (dp_rank + 1)]
+#     before = by_global_name([ddp], "param") if keep_tensors else None
+#
+#     ddp.zero_grad_buffer()
+#     optimizer.zero_grad()
+#     losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
+#                                          num_microbatches=n, seq_length=dims.seq,
+#                                          micro_batch_size=dims.micro_batch_size)
+#     local = by_global_name([ddp], "main_grad") if keep_tensors else None
+#     param = next(iter(ddp.parameters()))
+#     grad_none_before_step = param.grad is None
+#     with recorder.record() as in_finalize:
+#         finalize_model_grads([ddp])
+#     with recorder.record() as in_step:
+#         update_successful, grad_norm, num_zeros = optimizer.step()
+#     out = dict(loss=sum(l["lm loss"].item() for l in losses) / n, grad_norm=grad_norm,
+#                update_successful=update_successful, finalize=in_finalize, step=in_step,
+#                optimizer=type(optimizer).__name__, inner=[type(o).__name__ for o in optimizer.chained_optimizers],
+#                grad_none_before_step=grad_none_before_step,
+#                grad_is_main_grad_after_step=param.grad.data_ptr() == param.main_grad.data_ptr(),
+#                main_grad_in_buffer=param.main_grad.data_ptr() >= ddp.buffers[0].grad_data.data_ptr())
+#     if keep_tensors:
+#         out.update(clipped=by_global_name([ddp], "main_grad"), local=local, before=before,
+#                    params=by_global_name([ddp], "param"))
+#     return out
+# ```
 
 # %%
-def train_step(clip_grad):
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config()
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
-    init_by_global_name(model)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=clip_grad), [ddp])
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    n = 4 // dp
-    mine = microbatches(4)[n * dp_rank:n * (dp_rank + 1)]
-    before = by_global_name([ddp], "param")
-
-    ddp.zero_grad_buffer()
-    optimizer.zero_grad()
-    losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-                                         num_microbatches=n, seq_length=SEQ, micro_batch_size=MBS)
-    local = by_global_name([ddp], "main_grad")
-    param = next(iter(ddp.parameters()))
-    grad_none_before_step = param.grad is None
-    with recorder.record() as in_finalize:
-        finalize_model_grads([ddp])
-    with recorder.record() as in_step:
-        update_successful, grad_norm, num_zeros = optimizer.step()
-    after = by_global_name([ddp], "param")
-    return dict(clipped=by_global_name([ddp], "main_grad"), loss=sum(l["lm loss"].item() for l in losses) / n, local=local, grad_norm=grad_norm,
-                update_successful=update_successful, params=after, before=before,
-                finalize=in_finalize, step=in_step,
-                optimizer=type(optimizer).__name__, inner=[type(o).__name__ for o in optimizer.chained_optimizers],
-                grad_none_before_step=grad_none_before_step,
-                grad_is_main_grad_after_step=param.grad.data_ptr() == param.main_grad.data_ptr(),
-                main_grad_in_buffer=param.main_grad.data_ptr() >= ddp.buffers[0].grad_data.data_ptr())
-
-
-dp2 = run_ranks(train_step, 2, clip_grad=0.0)
-one = run_ranks(train_step, 1, clip_grad=0.0)[0]
+TINY = EXPERIMENTS["train-step"].tiny
+dp2 = run_ranks(train_step, 2, TINY, clip_grad=0.0)
+one = run_ranks(train_step, 1, TINY, clip_grad=0.0)[0]
 print("optimizer:", dp2[0]["optimizer"], dp2[0]["inner"], " update_successful:", dp2[0]["update_successful"])
 print("backward 之后 param.grad is None:", dp2[0]["grad_none_before_step"],
       " main_grad 在 DDP 的 grad buffer 里:", dp2[0]["main_grad_in_buffer"],
@@ -184,8 +205,8 @@ recorder.communication_table(dp2[0]["step"])
 # %%
 import torch
 
-dp2_clip = run_ranks(train_step, 2, clip_grad=1.0)
-one_clip = run_ranks(train_step, 1, clip_grad=1.0)[0]
+dp2_clip = run_ranks(train_step, 2, TINY, clip_grad=1.0)
+one_clip = run_ranks(train_step, 1, TINY, clip_grad=1.0)[0]
 by_hand = torch.linalg.vector_norm(torch.cat([g.flatten() for g in one["local"].values()])).item()
 coeff = 1.0 / (by_hand + 1e-6)
 scaled_as_predicted = all(torch.allclose(one_clip["clipped"][k], coeff * one_clip["local"][k], atol=1e-7)

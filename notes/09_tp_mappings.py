@@ -121,6 +121,9 @@ from math import prod
 import torch
 
 from snippets import recorder
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.mappings import (MAPPINGS, conjugate_pairs, issuer_table, record_rows, record_table,
+                                           run_every_mapping, signatures)
 from snippets.launch import run_ranks
 from snippets.tables import Table
 
@@ -132,61 +135,87 @@ from megatron.core.tensor_parallel import mappings
 #
 # 每个函数怎么调，写成一张表（`x` 是本 rank 的输入，`tp` 是 TP 群）。
 # `gather_from_sequence_parallel_region` 多跑一个 `tensor_parallel_output_grad=False` 的变体，它的反向不同。
-
-# %%
-MAPPINGS = {
-    "copy_to_tensor_model_parallel_region (f)":
-        lambda x, tp: mappings.copy_to_tensor_model_parallel_region(x, group=tp),
-    "reduce_from_tensor_model_parallel_region (g)":
-        lambda x, tp: mappings.reduce_from_tensor_model_parallel_region(x, group=tp),
-    "scatter_to_tensor_model_parallel_region":
-        lambda x, tp: mappings.scatter_to_tensor_model_parallel_region(x, group=tp),
-    "gather_from_tensor_model_parallel_region":
-        lambda x, tp: mappings.gather_from_tensor_model_parallel_region(x, group=tp),
-    "scatter_to_sequence_parallel_region":
-        lambda x, tp: mappings.scatter_to_sequence_parallel_region(x, group=tp),
-    "gather_from_sequence_parallel_region":
-        lambda x, tp: mappings.gather_from_sequence_parallel_region(x, group=tp),
-    "gather_from_sequence_parallel_region [output_grad=False]":
-        lambda x, tp: mappings.gather_from_sequence_parallel_region(
-            x, tensor_parallel_output_grad=False, group=tp),
-    "reduce_scatter_to_sequence_parallel_region":
-        lambda x, tp: mappings.reduce_scatter_to_sequence_parallel_region(x, group=tp),
-    "all_gather_last_dim_from_tensor_parallel_region":
-        lambda x, tp: mappings.all_gather_last_dim_from_tensor_parallel_region(x, group=tp),
-    "reduce_scatter_last_dim_to_tensor_parallel_region":
-        lambda x, tp: mappings.reduce_scatter_last_dim_to_tensor_parallel_region(x, group=tp),
-    "all_to_all": lambda x, tp: mappings.all_to_all(tp, x),
-    "all_to_all_sp2hp": lambda x, tp: mappings.all_to_all_sp2hp(x, group=tp),
-    "all_to_all_hp2sp": lambda x, tp: mappings.all_to_all_hp2sp(x, group=tp),
-}
+#
+# 这张表和下面在 rank 上跑的函数都在 `snippets/experiments/mappings.py` 里（`m` 就是 `megatron.core.tensor_parallel.mappings`）：
+# 本篇的单元格和命令行 `torchrun ... -m snippets.run mappings --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）
+# 调用的是同一份代码。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def mappings_by_name(m) -> dict:
+#     """How each function is called: ``m`` is ``megatron.core.tensor_parallel.mappings``, ``x`` this
+#     rank's input, ``tp`` the TP group. The gather along the sequence has a second variant whose
+#     backward only slices."""
+#     return {
+#         "copy_to_tensor_model_parallel_region (f)":
+#             lambda x, tp: m.copy_to_tensor_model_parallel_region(x, group=tp),
+#         "reduce_from_tensor_model_parallel_region (g)":
+#             lambda x, tp: m.reduce_from_tensor_model_parallel_region(x, group=tp),
+#         "scatter_to_tensor_model_parallel_region":
+#             lambda x, tp: m.scatter_to_tensor_model_parallel_region(x, group=tp),
+#         "gather_from_tensor_model_parallel_region":
+#             lambda x, tp: m.gather_from_tensor_model_parallel_region(x, group=tp),
+#         "scatter_to_sequence_parallel_region":
+#             lambda x, tp: m.scatter_to_sequence_parallel_region(x, group=tp),
+#         "gather_from_sequence_parallel_region":
+#             lambda x, tp: m.gather_from_sequence_parallel_region(x, group=tp),
+#         "gather_from_sequence_parallel_region [output_grad=False]":
+#             lambda x, tp: m.gather_from_sequence_parallel_region(
+#                 x, tensor_parallel_output_grad=False, group=tp),
+#         "reduce_scatter_to_sequence_parallel_region":
+#             lambda x, tp: m.reduce_scatter_to_sequence_parallel_region(x, group=tp),
+#         "all_gather_last_dim_from_tensor_parallel_region":
+#             lambda x, tp: m.all_gather_last_dim_from_tensor_parallel_region(x, group=tp),
+#         "reduce_scatter_last_dim_to_tensor_parallel_region":
+#             lambda x, tp: m.reduce_scatter_last_dim_to_tensor_parallel_region(x, group=tp),
+#         "all_to_all": lambda x, tp: m.all_to_all(tp, x),
+#         "all_to_all_sp2hp": lambda x, tp: m.all_to_all_sp2hp(x, group=tp),
+#         "all_to_all_hp2sp": lambda x, tp: m.all_to_all_hp2sp(x, group=tp),
+#     }
+# ```
 
 # %% [markdown]
 # 每个 rank 上：TP=2 初始化，然后对每个函数做一次正向、一次反向，全程录下 collective。输入 `x` 是
-# `[s, b, h] = [4, 2, 6]`，数值是 `0…47` 加上 `100 × rank`（百位就是来源 rank）；上游梯度 `dy` 也按 rank 不同。
-# 同时记下：调用之后 `x`、`dy` 自己有没有被改写。
+# `[s, b, h] = [4, 2, 6]`（本篇的 `dims`），数值是 `0…47` 加上 `100 × rank`（百位就是来源 rank）；上游梯度 `dy` 也按 rank 不同。
+# 同时记下：调用之后 `x`、`dy` 自己有没有被改写：
+#
+# ```python
+# def run_every_mapping(dims, tp_size, device="cpu", keep_tensors=True):
+#     """On every rank: each of :data:`MAPPINGS` once forward and once backward, recorded.
+#
+#     ``x`` is ``[seq, micro_batch_size, hidden]`` holding ``0, 1, 2, ...`` plus ``100 * rank`` (the
+#     hundreds name the rank it came from); the upstream gradient differs by rank too. Returns per
+#     function the calls, the four function-level shapes, whether ``x`` or ``dy`` were overwritten,
+#     and with ``keep_tensors`` the tensors themselves (note 09 checks them against a reference).
+#     """
+#     from megatron.core import parallel_state
+#     from megatron.core.tensor_parallel import mappings
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
+#     tp = parallel_state.get_tensor_model_parallel_group()
+#     rank = parallel_state.get_tensor_model_parallel_rank()
+#     s, b, h = dims.seq, dims.micro_batch_size, dims.hidden
+#     runs = {}
+#     for name, call in mappings_by_name(mappings).items():
+#         x = (torch.arange(float(s * b * h), device=device).reshape(s, b, h) + 100 * rank).requires_grad_()
+#         x_in = x.detach().clone()
+#         with recorder.record() as calls:
+#             y = call(x, tp)
+#             dy = torch.arange(float(y.numel()), device=device).reshape(y.shape) * (rank + 1)
+#             dy_in = dy.clone()
+#             y.backward(dy)
+#         runs[name] = dict(calls=calls, shapes=dict(x=list(x.shape), y=list(y.shape), dy=list(dy.shape),
+#                                                    dx=list(x.grad.shape)),
+#                           x_overwritten=not torch.equal(x.detach(), x_in),
+#                           dy_overwritten=not torch.equal(dy, dy_in))
+#         if keep_tensors:
+#             runs[name].update(x=x_in, y=y.detach().clone(), dy=dy_in, dx=x.grad.clone())
+#     return runs
+# ```
 
 # %%
-def run_every_mapping():
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    tp = parallel_state.get_tensor_model_parallel_group()
-    rank = parallel_state.get_tensor_model_parallel_rank()
-    runs = {}
-    for name, call in MAPPINGS.items():
-        x = (torch.arange(48.0).reshape(4, 2, 6) + 100 * rank).requires_grad_()
-        x_in = x.detach().clone()
-        with recorder.record() as calls:
-            y = call(x, tp)
-            dy = torch.arange(float(y.numel())).reshape(y.shape) * (rank + 1)
-            dy_in = dy.clone()
-            y.backward(dy)
-        runs[name] = dict(x=x_in, y=y.detach().clone(), dy=dy_in, dx=x.grad.clone(), calls=calls,
-                          x_overwritten=not torch.equal(x.detach(), x_in),
-                          dy_overwritten=not torch.equal(dy, dy_in))
-    return runs
-
-
-runs = run_ranks(run_every_mapping, 2)
+TINY = EXPERIMENTS["mappings"].tiny
+runs = run_ranks(run_every_mapping, 2, TINY, 2)
 print("每个 rank 跑了", len(runs[0]), "个调用；记录到的 collective 条数（rank 0, rank 1）:",
       [sum(len(r["calls"]) for r in rank_runs.values()) for rank_runs in runs])
 
@@ -198,52 +227,17 @@ print("每个 rank 跑了", len(runs[0]), "个调用；记录到的 collective �
 # roadmap 的通信记录：每个函数、每个方向一行（不通信的方向也列出，API 记作 `—`）。"通信前 / 通信后"是
 # collective 自己的缓冲区 shape；"张量"是函数层面的 shape（正向是 `x → y`，反向是 `dy → dx`）。
 # 含义按发出 collective 的 Megatron 函数查 `snippets.recorder.MEANINGS`；同一个 helper 在不同上下文含义不同的，
-# 用 `IN_CONTEXT` 覆盖。
+# 用模块里的 `IN_CONTEXT` 覆盖。
 
 # %%
-IN_CONTEXT = {
-    ("copy_to_tensor_model_parallel_region (f)", "backward"): "f 的反向：各 rank 对同一输入的梯度相加",
-    ("all_gather_last_dim_from_tensor_parallel_region", "backward"): "梯度相加，按最后一维切给各 rank",
-    ("reduce_scatter_last_dim_to_tensor_parallel_region", "forward"): "部分和相加，按最后一维切给各 rank",
-}
-
-
-def shape(t):
-    return str(list(t.shape))
-
-
-def phases(run):  # (phase, 函数层面的输入, 输出, 这个方向的 collective)
-    return [("forward", run["x"], run["y"], [c for c in run["calls"] if c.phase == "forward"]),
-            ("backward", run["dy"], run["dx"], [c for c in run["calls"] if c.phase == "backward"])]
-
-
-def record_rows(rank_runs):
-    rows = []
-    for name, run in rank_runs.items():
-        for phase, a, b, calls in phases(run):
-            tensor = f"{shape(a)} → {shape(b)}"
-            if not calls:
-                local = "原样传过" if a.shape == b.shape else "只留本 rank 的一块"
-                rows.append([name, phase, "—", "—", "—", "—", tensor, f"不通信：{local}"])
-            for c in calls:
-                meaning = IN_CONTEXT.get((name, phase), recorder.MEANINGS.get(c.where, ""))
-                rows.append([name, phase, c.api, f"{c.group} {list(c.ranks)}", c.before, c.after, tensor, meaning])
-    return rows
-
-
-Table(["函数", "phase", "API", "group", "通信前", "通信后", "张量", "含义"], record_rows(runs[0]))
+record_table(runs[0])
 
 # %% [markdown]
 # 发出 collective 的是哪个私有 helper（recorder 记下的最内层 Megatron 函数；all-to-all 一栏的 `forward` 是
 # `_AllToAll.forward`，它的反向也是再调一次它）：
 
 # %%
-def issuer(calls):
-    return ", ".join(c.where.split("::")[-1] for c in calls) or "—"
-
-
-Table(["函数", "正向", "反向"],
-      [[name] + [issuer(calls) for *_, calls in phases(run)] for name, run in runs[0].items()])
+issuer_table(runs[0])
 
 # %% [markdown]
 # rank 1 的记录和 rank 0 一样（同样的 API、群、shape、顺序）：
@@ -380,26 +374,33 @@ print("rank 1 的 x 每行的梯度:", v[1][3][:, 0, 0].tolist())
 # 把每个函数每个方向概括成一个"签名"：发了哪些 collective（或不通信）+ 张量 shape 怎么变（按 `[token, hidden]`
 # 看：前几维之积是 token 数，最后一维是 hidden）。A 的正向签名等于 B 的反向签名、且 A 的反向签名等于 B 的正向签名，
 # A、B 就是一对共轭。签名只用上面录到的数据：
+#
+# ```python
+# def change(before, after):
+#     """How a shape changes, read as ``[token, hidden]`` (all leading dims are tokens)."""
+#     ratios = {"token": Fraction(prod(after[:-1]), prod(before[:-1])), "hidden": Fraction(after[-1], before[-1])}
+#     parts = [f"{k} {'×' if v > 1 else '÷'}{max(v, 1 / v)}" for k, v in ratios.items() if v != 1]
+#     return "，".join(parts) or "形状不变"
+#
+#
+# def phase_signature(run, phase):
+#     (_, a, b, calls), = [p for p in phases(run) if p[0] == phase]
+#     apis = " + ".join(c.api for c in calls) or "不通信"
+#     return f"{apis}；{change(a, b)}"
+#
+#
+# def conjugate_pairs(sig) -> list:
+#     """A and B are conjugate when A's forward is B's backward and A's backward B's forward."""
+#     return [(a, b) for i, a in enumerate(sig) for b in list(sig)[i:]
+#             if sig[a][0] == sig[b][1] and sig[a][1] == sig[b][0]]
+# ```
 
 # %%
-def change(before, after):
-    ratios = {"token": Fraction(prod(after[:-1]), prod(before[:-1])), "hidden": Fraction(after[-1], before[-1])}
-    parts = [f"{k} {'×' if v > 1 else '÷'}{max(v, 1 / v)}" for k, v in ratios.items() if v != 1]
-    return "，".join(parts) or "形状不变"
-
-
-def phase_signature(run, phase):
-    a, b = (run["x"], run["y"]) if phase == "forward" else (run["dy"], run["dx"])
-    apis = " + ".join(c.api for c in run["calls"] if c.phase == phase) or "不通信"
-    return f"{apis}；{change(a.shape, b.shape)}"
-
-
-sig = {name: (phase_signature(run, "forward"), phase_signature(run, "backward")) for name, run in runs[0].items()}
+sig = signatures(runs[0])
 Table(["函数", "正向签名", "反向签名"], [[name, f, b] for name, (f, b) in sig.items()])
 
 # %%
-pairs = [(a, b) for i, a in enumerate(sig) for b in list(sig)[i:]
-         if sig[a][0] == sig[b][1] and sig[a][1] == sig[b][0]]
+pairs = conjugate_pairs(sig)
 Table(["A", "B（A 的共轭）"], pairs)
 
 # %% [markdown]
@@ -529,7 +530,7 @@ print("g:", sig["reduce_from_tensor_model_parallel_region (g)"])
 
 # %%
 run = runs[0]["gather_from_tensor_model_parallel_region"]
-print(run["calls"][0].after, shape(run["y"]))
+print(run["calls"][0].after, run["shapes"]["y"])
 
 # %% [markdown]
 # **3. 哪两个公开函数的正向完全相同、反向不同？反向各是什么？**

@@ -106,7 +106,10 @@ os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；�
 
 import torch
 
-from snippets import recorder, tp_linear
+from snippets import recorder
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.parallel_linear import (CASES, build, comm_table, inputs, kinds, kinds_table,
+                                                  layout_table, run_cases, weight_layout)
 from snippets.launch import run_ranks
 from snippets.tables import Table
 
@@ -120,59 +123,78 @@ from megatron.core.utils import init_method_normal
 #
 # 形状取一个缩小的 MLP：`hidden = 8`、`ffn = 16`，激活 `[s, b, h] = [4, 2, 8]`。column 层 `8 → 16`（像 `linear_fc1`），
 # row 层 `16 → 8`（像 `linear_fc2`）。构造方式就是 Megatron 的：一个 `ModelParallelConfig`，一个 `init_method`。
+#
+# 本篇在 rank 上跑的函数（`build`、`weight_layout`、`run_cases`）都在 `snippets/experiments/parallel_linear.py` 里：
+# 本篇的单元格和命令行 `torchrun ... -m snippets.run linear --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）
+# 调用的是同一份代码，尺寸是参数 `dims`（hidden、ffn、sequence、micro-batch），本篇用它的 `tiny`。
+# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def build(dims, kind, tp, gather_output=False, input_is_parallel=True, sequence_parallel=False,
+#           init_method=None, device="cpu"):
+#     """The real layer on this rank: ``ColumnParallelLinear(hidden, ffn)`` or
+#     ``RowParallelLinear(ffn, hidden)``, with a bias, initialized on the CPU from one master weight
+#     (kept, so our own layer and the probes can use it), then moved to ``device``."""
+#     from megatron.core.model_parallel_config import ModelParallelConfig
+#     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+#     from megatron.core.utils import init_method_normal
+#
+#     config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
+#                                  sequence_parallel=sequence_parallel)
+#     init_method = init_method or init_method_normal(0.02)
+#     torch.manual_seed(0)
+#     if kind == "column":
+#         layer = ColumnParallelLinear(dims.hidden, dims.ffn, config=config, init_method=init_method,
+#                                      bias=True, gather_output=gather_output,
+#                                      keep_master_weight_for_test=True)
+#     else:
+#         layer = RowParallelLinear(dims.ffn, dims.hidden, config=config, init_method=init_method,
+#                                   bias=True, input_is_parallel=input_is_parallel,
+#                                   skip_bias_add=False, keep_master_weight_for_test=True)
+#     return layer.to(device)
+# ```
 
 # %%
-HIDDEN, FFN, S, B = 8, 16, 4, 2
-
-
-def build(kind, tp, gather_output=False, input_is_parallel=True, sequence_parallel=False,
-          init_method=init_method_normal(0.02)):
-    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
-                                 sequence_parallel=sequence_parallel)
-    torch.manual_seed(0)
-    if kind == "column":
-        return ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=init_method, bias=True,
-                                    gather_output=gather_output, keep_master_weight_for_test=True)
-    return RowParallelLinear(FFN, HIDDEN, config=config, init_method=init_method, bias=True,
-                             input_is_parallel=input_is_parallel, skip_bias_add=False,
-                             keep_master_weight_for_test=True)
+TINY = EXPERIMENTS["linear"].tiny
+HIDDEN, FFN, S, B = TINY.hidden, TINY.ffn, TINY.seq, TINY.micro_batch_size
 
 # %% [markdown]
 # ### 每个 rank 的权重：切哪一维，拿到主权重的哪一块
 #
-# 用一个特殊的 `init_method` 把主权重的第 `i` 行第 `j` 列填成 `100·i + j`，就能从每个 rank 的分片直接读出它拿到了
-# 主权重的哪些行、哪些列：
+# 用两个特殊的 `init_method` 当探针：先把主权重的第 `i` 行第 `j` 列填成 `i`、再建一次填成 `j`，就能从每个 rank 的分片
+# 直接读出它拿到了主权重的哪些行、哪些列（fp32 表示到 2²⁴ 的整数都是精确的，真实尺寸的层也能这样读）：
+#
+# ```python
+# def weight_layout(dims, tp, device="cpu"):
+#     """Which rows and columns of the master weight this rank's shard holds, per layer.
+#
+#     Two probes as ``init_method``: master[i, j] = i, then master[i, j] = j; the shard then names
+#     its rows and columns itself (exact in fp32 up to 2**24, any real layer's size).
+#     """
+#     def rows_probe(master):
+#         with torch.no_grad():
+#             master.copy_(torch.arange(master.shape[0]).unsqueeze(1).expand_as(master))
+#
+#     def cols_probe(master):
+#         with torch.no_grad():
+#             master.copy_(torch.arange(master.shape[1]).expand_as(master))
+#
+#     _model_parallel(tp)
+#     out = []
+#     for kind in ("column", "row"):
+#         layer = build(dims, kind, tp, init_method=rows_probe, device=device)
+#         rows = sorted(set(layer.weight[:, 0].int().tolist()))
+#         cols = sorted(set(build(dims, kind, tp, init_method=cols_probe, device=device).weight[0, :].int().tolist()))
+#         out.append(dict(kind=kind, weight=list(layer.weight.shape), bias=list(layer.bias.shape),
+#                         master=list(layer.master_weight.shape), rows=rows, cols=cols,
+#                         partition_dim=layer.weight.partition_dim,
+#                         bias_split=getattr(layer.bias, "tensor_model_parallel", False)))
+#     return out
+# ```
 
 # %%
-def index_init(master):  # master[i, j] = 100·i + j
-    with torch.no_grad():
-        master.copy_(100 * torch.arange(master.shape[0]).unsqueeze(1) + torch.arange(master.shape[1]))
-
-
-def weight_layout(tp):
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    rows = []
-    for kind in ("column", "row"):
-        layer = build(kind, tp, init_method=index_init)
-        w = layer.weight.detach()
-        rows.append(dict(kind=kind, weight=list(w.shape), bias=list(layer.bias.shape),
-                         master=list(layer.master_weight.shape),
-                         rows=sorted(set((w[:, 0] // 100).int().tolist())),
-                         cols=sorted(set((w[0, :] % 100).int().tolist())),
-                         partition_dim=layer.weight.partition_dim,
-                         bias_split=getattr(layer.bias, "tensor_model_parallel", False)))
-    return rows
-
-
-def span(values):
-    return f"{values[0]}–{values[-1]}" if values == list(range(values[0], values[-1] + 1)) else str(values)
-
-
-layouts = {tp: run_ranks(weight_layout, tp, tp) for tp in (2, 4)}
-Table(["层", "TP", "rank", "weight（本 rank）", "主权重的行", "主权重的列", "partition_dim", "bias", "bias 切分", "主权重（每个 rank 都造）"],
-      [[d["kind"], tp, r, d["weight"], span(d["rows"]), span(d["cols"]), d["partition_dim"], d["bias"],
-        d["bias_split"], d["master"]]
-       for i in (0, 1) for tp, ranks in layouts.items() for r, per_rank in enumerate(ranks) for d in [per_rank[i]]])
+layouts = {tp: run_ranks(weight_layout, tp, TINY, tp) for tp in (2, 4)}
+layout_table(layouts)
 
 # %% [markdown]
 # - `ColumnParallelLinear(8, 16)` 的 rank `r` 拿主权重 `[16, 8]` 的第 `r` 段**行**（输出），所有列：`[16/tp, 8]`；
@@ -184,55 +206,67 @@ Table(["层", "TP", "rank", "weight（本 rank）", "主权重的行", "主权�
 #   再切出自己那块。好处是结果与 TP 大小无关：用同一个种子，把分片拼回去就是单进程初始化的那个矩阵。下面用真正的
 #   `init_method_normal(0.02)` 验证（TP=2、TP=4 各跑一次，后面的数值比较也复用这两次运行）。
 
-# %%
-CASES = {  # 配置: (层, 构造参数, 本 rank 的输入是 X 沿哪一维的一段, 输出是 Y 沿哪一维的一段；None = 完整)
-    "Column, gather_output=False": ("column", dict(gather_output=False), None, -1),
-    "Column, gather_output=True": ("column", dict(gather_output=True), None, None),
-    "Row, input_is_parallel=True": ("row", dict(input_is_parallel=True), -1, None),
-    "Row, input_is_parallel=False": ("row", dict(input_is_parallel=False), None, None),
-    "Column, SP": ("column", dict(sequence_parallel=True), 0, -1),
-    "Row, SP": ("row", dict(input_is_parallel=True, sequence_parallel=True), -1, 0),
-}
+# %% [markdown]
+# 六种配置在模块的 `CASES` 里：每种是（层，构造参数，本 rank 的输入是完整 `X` 沿哪一维的一段，输出是完整 `Y` 沿哪一维的一段；
+# `None` = 完整）——column 的 `gather_output=False/True`、row 的 `input_is_parallel=True/False`，以及两者开 SP。
+# `inputs` 用固定种子造出完整输入 `X`、完整的上游梯度 `G` 和完整 bias（Megatron 把 bias 初始化为 0，换成随机的才看得出它加在哪里），
+# 每个 rank 上和主进程里都是同一份：
 
-torch.manual_seed(0)
-X = {"column": torch.randn(S, B, HIDDEN), "row": torch.randn(S, B, FFN)}      # 完整输入
-G = {"column": torch.randn(S, B, FFN), "row": torch.randn(S, B, HIDDEN)}      # 完整的上游梯度
-BIAS = {"column": torch.randn(FFN), "row": torch.randn(HIDDEN)}              # 完整 bias（Megatron 初始化为 0）
+# %%
+X, G, BIAS = inputs(TINY)
 print("X:", {k: list(v.shape) for k, v in X.items()}, " G:", {k: list(v.shape) for k, v in G.items()})
 
 # %% [markdown]
 # 每个 rank 上：对每种配置构造真实的层，把 bias 换成 `BIAS`（column 取自己那段），取自己那份输入和上游梯度，
-# 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp_linear` 里我们自己的层，做同样的事。
+# 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp_linear` 里我们自己的层，做同样的事：
+#
+# ```python
+# def part(t, dim, tp, r):
+#     """This rank's part of ``t``: all of it (``dim`` None) or its chunk along ``dim``."""
+#     return t if dim is None else t.chunk(tp, dim)[r]
+#
+#
+# def run_cases(dims, tp, device="cpu", keep_tensors=True):
+#     """Every configuration of :data:`CASES` on this rank: the real layer and ours ("ours",
+#     :mod:`snippets.tp_linear`) on the same master weight, one recorded forward and backward each.
+#
+#     Per (configuration, "real" / "ours"): the collectives, ``allreduce_dgrad``, whether the bias is
+#     marked ``sequence_parallel``, and whether ours gave the same numbers; with ``keep_tensors`` also
+#     the weight, output and the three gradients (note 10 compares them with a dense layer).
+#     """
+#     from snippets import tp_linear
+#
+#     group, r = _model_parallel(tp)
+#     X, G, BIAS = inputs(dims, device)
+#     out = {}
+#     for name, (kind, kwargs, x_dim, y_dim) in CASES.items():
+#         real = build(dims, kind, tp, device=device, **kwargs)
+#         with torch.no_grad():
+#             real.bias.copy_(part(BIAS[kind], 0 if kind == "column" else None, tp, r))
+#         ours = (tp_linear.ColumnParallelLinear if kind == "column" else tp_linear.RowParallelLinear)(
+#             *((dims.hidden, dims.ffn) if kind == "column" else (dims.ffn, dims.hidden)), tp_group=group,
+#             master_weight=real.master_weight.to(device), master_bias=BIAS[kind], **kwargs).to(device)
+#         for who, layer in (("real", real), ("ours", ours)):
+#             x = part(X[kind], x_dim, tp, r).clone().requires_grad_()
+#             with recorder.record() as calls:
+#                 y = layer(x)
+#                 y = y[0] if isinstance(y, tuple) else y  # Megatron's layers return (output, bias)
+#                 y.backward(part(G[kind], y_dim, tp, r))
+#             out[name, who] = dict(w=layer.weight.detach(), y=y.detach(), dx=x.grad, dw=layer.weight.grad,
+#                                   db=layer.bias.grad, calls=calls,
+#                                   allreduce_dgrad=getattr(layer, "allreduce_dgrad", None),
+#                                   bias_sequence_parallel=getattr(layer.bias, "sequence_parallel", None))
+#         mine, theirs = out[name, "ours"], out[name, "real"]
+#         mine["same"] = [torch.allclose(mine[k], theirs[k], atol=1e-6) for k in ("y", "dx", "dw", "db")]
+#         if not keep_tensors:
+#             for who in ("real", "ours"):
+#                 for key in ("w", "y", "dx", "dw", "db"):
+#                     del out[name, who][key]
+#     return out
+# ```
 
 # %%
-def part(t, dim, tp, r):
-    return t if dim is None else t.chunk(tp, dim)[r]
-
-
-def run_cases(tp):
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    group, r = parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_rank()
-    out = {}
-    for name, (kind, kwargs, x_dim, y_dim) in CASES.items():
-        real = build(kind, tp, **kwargs)
-        with torch.no_grad():
-            real.bias.copy_(part(BIAS[kind], 0 if kind == "column" else None, tp, r))
-        ours = (tp_linear.ColumnParallelLinear if kind == "column" else tp_linear.RowParallelLinear)(
-            *((HIDDEN, FFN) if kind == "column" else (FFN, HIDDEN)), tp_group=group,
-            master_weight=real.master_weight, master_bias=BIAS[kind], **kwargs)
-        for who, layer in (("real", real), ("ours", ours)):
-            x = part(X[kind], x_dim, tp, r).clone().requires_grad_()
-            with recorder.record() as calls:
-                y = layer(x)
-                y = y[0] if isinstance(y, tuple) else y  # Megatron 的层返回 (output, bias)
-                y.backward(part(G[kind], y_dim, tp, r))
-            out[name, who] = dict(w=layer.weight.detach(), y=y.detach(), dx=x.grad, dw=layer.weight.grad,
-                                  db=layer.bias.grad, calls=calls, allreduce_dgrad=getattr(layer, "allreduce_dgrad", None),
-                                  bias_sequence_parallel=getattr(layer.bias, "sequence_parallel", None))
-    return out
-
-
-results = {tp: run_ranks(run_cases, tp, tp) for tp in (2, 4)}
+results = {tp: run_ranks(run_cases, tp, TINY, tp) for tp in (2, 4)}
 
 
 def single_process_init(kind):
@@ -253,40 +287,10 @@ Table(["层", "TP", "分片拼回 = 单进程初始化"],
 #
 # ### 每种配置的通信（TP=2，录下来的）
 #
-# 含义列先按 (发出者, API, phase) 查本篇的表，再退回 `snippets.recorder.MEANINGS`：
+# 含义列先按 (发出者, API, phase) 查模块里的 `IN_LAYER` 表，再退回 `snippets.recorder.MEANINGS`：
 
 # %%
-IN_LAYER = {
-    ("tensor_parallel/layers.py::backward", "all_reduce", "backward"):
-        "f 的反向，融合在 linear 的 backward 里：各 rank 的输入梯度相加",
-    ("tensor_parallel/layers.py::forward", "all_gather_into_tensor", "forward"):
-        "SP：沿 sequence 收齐输入，再做矩阵乘",
-    ("tensor_parallel/layers.py::backward", "all_gather_into_tensor", "backward"):
-        "SP：反向再收齐一次输入，用来算权重梯度",
-    ("tensor_parallel/layers.py::backward", "reduce_scatter_tensor", "backward"):
-        "SP：输入梯度相加，并按 sequence 切回各 rank",
-    ("tensor_parallel/mappings.py::_gather_along_last_dim", "all_gather_into_tensor", "backward"):
-        "scatter 的反向：沿最后一维收齐输入梯度",
-    ("tensor_parallel/mappings.py::_gather_along_first_dim", "all_gather_into_tensor", "backward"):
-        "reduce-scatter 的反向：沿 sequence 收齐输出梯度",
-}
-
-
-def comm_rows(res, who="real"):
-    rows = []
-    for name in CASES:
-        calls = res[0][name, who]["calls"]
-        for c in calls or [None]:
-            if c is None:
-                rows.append([name, "—", "不通信", "—", "—", "—", "—", ""])
-                continue
-            meaning = IN_LAYER.get((c.where, c.api, c.phase), recorder.MEANINGS.get(c.where, ""))
-            rows.append([name, c.phase, c.api, f"{c.group} {list(c.ranks)}", c.before, c.after,
-                         c.where.split("/")[-1], meaning])
-    return rows
-
-
-Table(["配置", "phase", "API", "group", "通信前", "通信后", "发出者", "含义"], comm_rows(results[2]))
+comm_table(results[2])
 
 # %% [markdown]
 # 从表里读：
@@ -318,7 +322,7 @@ def who_reduces_dgrad(tp, sequence_parallels):
     rows = []
     for sp in sequence_parallels:
         f_calls.clear()
-        layer = build("column", tp, sequence_parallel=sp)
+        layer = build(TINY, "column", tp, sequence_parallel=sp)
         x = torch.randn(S // tp if sp else S, B, HIDDEN, requires_grad=True)
         with recorder.record() as calls:
             y, _ = layer(x)
@@ -454,17 +458,7 @@ Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"],
 # 数一样，通信却不完全一样。按 collective 的种类（AR = all-reduce，AG = all-gather，RS = reduce-scatter）并排：
 
 # %%
-KIND = {"all_reduce": "AR", "all_gather": "AG", "all_gather_into_tensor": "AG",
-        "reduce_scatter": "RS", "reduce_scatter_tensor": "RS"}
-
-
-def kinds(calls, phase):
-    return " ".join(KIND[c.api] for c in calls if c.phase == phase) or "—"
-
-
-Table(["配置", "Megatron 正向", "Megatron 反向", "ours 正向", "ours 反向"],
-      [[name] + [kinds(results[2][0][name, who]["calls"], phase) for who in ("real", "ours")
-                 for phase in ("forward", "backward")] for name in CASES])
+kinds_table(results[2])
 
 # %% [markdown]
 # 唯一的差别在 "Column, SP" 的反向：我们的实现让 autograd 保存收齐后的完整输入，所以反向只有一次 RS；Megatron
@@ -486,8 +480,8 @@ def mlp_pair(sequence_parallels):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     recorded = {}
     for sp in sequence_parallels:
-        fc1 = build("column", 2, sequence_parallel=sp)
-        fc2 = build("row", 2, input_is_parallel=True, sequence_parallel=sp)
+        fc1 = build(TINY, "column", 2, sequence_parallel=sp)
+        fc2 = build(TINY, "row", 2, input_is_parallel=True, sequence_parallel=sp)
         x = torch.randn(S // 2 if sp else S, B, HIDDEN, requires_grad=True)
         with recorder.record() as calls:
             h, _ = fc1(x)
@@ -614,6 +608,11 @@ for sp, calls in mlp_calls.items():
 # </details>
 
 # %%
+def index_init(master):  # master[i, j] = 100·i + j
+    with torch.no_grad():
+        master.copy_(100 * torch.arange(master.shape[0]).unsqueeze(1) + torch.arange(master.shape[1]))
+
+
 def strided_rows():
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     config = ModelParallelConfig(tensor_model_parallel_size=2, use_cpu_initialization=True)

@@ -104,10 +104,12 @@
 # | `_allreduce_non_tensor_model_parallel_grads` | 模型块、config | 无（就地改梯度） | 无 | TP 群 all-reduce | 否 | 是：改梯度 | `finalize_model_grads`（optimizer step 之前） |
 
 # %%
-from snippets.layer_walk import (WALK, apis, collectives_by_submodule, counts_by_submodule, kind_of,
-                                 layout, millions, only_in, owner_of, param_counts, qkv_rows,
-                                 record_table, short, tp_shard, unattributed, weight_rows)
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.tp_layer import build_layer, run, submodule_table, weight_table
+from snippets.layer_walk import (WALK, counts_by_submodule, kind_of, layout, millions, owner_of,
+                                 param_counts, qkv_rows, short, tp_shard, weight_rows)
 from snippets.launch import run_ranks
+from snippets.presets import PRESETS
 from snippets.tables import Table
 
 import torch
@@ -122,33 +124,44 @@ from megatron.core.transformer import TransformerConfig
 # Qwen3-8B：hidden 4096、32 个 Q head、8 个 KV head（`num_query_groups`）、head_dim 128、ffn 12288、SwiGLU、
 # RMSNorm、QK norm、linear 不带 bias。小层 `TINY` 用完全相同的开关，只把尺寸缩小（Q:KV 从 4:1 改成 2:1，
 # 让 TP=2 时每卡有两个 query group，交错的样子看得清楚）。
-# 每个 rank 上都调同一个函数：建 TP 群、设 RNG、用 `get_gpt_layer_local_spec` 和 `build_module` 建真实的层。
+# 每个 rank 上都调同一个函数 `build_layer`：设 RNG、用 `get_gpt_layer_local_spec` 和 `build_module` 建真实的层
+# （TP 群由调用方先建好）。尺寸是参数 `dims`（`Dims`：hidden、head、query group、head_dim、ffn 和上面这些开关），
+# `dims.transformer_config_kwargs()` 把它们换成 `TransformerConfig` 的参数名。
 # `use_cpu_initialization=True` 时 Megatron 先按种子生成**完整的** weight 再切片，所以任何 TP 下种子相同、weight 就是同一份的切片。
+#
+# 这个函数和下面的 `forward_backward`、`run` 都在 `snippets/experiments/tp_layer.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run tp-layer --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
+# `QWEN3_8B` 就是那里的 `--dims qwen3-8b`，`TINY` 是 `--dims tiny`。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def build_layer(dims, tp: int, sequence_parallel: bool = False, device: str = "cpu"):
+#     """The real layer at ``dims`` on this rank's TP group (model parallel must be initialized).
+#
+#     On CPU the weights come from ``use_cpu_initialization`` (the full matrix, then this rank's
+#     slice: independent of TP); on a GPU Megatron initializes each shard on the device. On
+#     ``"meta"`` (note 11's Qwen3-8B layer) the same path gives parameters with shapes and no storage.
+#     """
+#     from snippets import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#     from megatron.core.transformer import TransformerConfig
+#     from megatron.core.transformer.spec_utils import build_module
+#
+#     model_parallel_cuda_manual_seed(123)
+#     kwargs = dims.transformer_config_kwargs()
+#     kwargs["num_layers"] = 1
+#     config = TransformerConfig(**kwargs, attention_dropout=0.0, hidden_dropout=0.0,
+#                                tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
+#                                use_cpu_initialization=device != "cuda")
+#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=kwargs["normalization"])
+#     torch.manual_seed(0)
+#     with torch.device(device):
+#         return build_module(spec, config=config, layer_number=1), config
+# ```
 
 # %%
-QWEN3_8B = dict(hidden_size=4096, num_attention_heads=32, num_query_groups=8, kv_channels=128,
-                ffn_hidden_size=12288)
-TINY = dict(hidden_size=32, num_attention_heads=8, num_query_groups=4, kv_channels=4, ffn_hidden_size=48)
-
-
-def qwen3_style_layer(dims, tp, sequence_parallel=False, device="cpu"):
-    from snippets import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
-    import torch.nn.functional as F
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer.spec_utils import build_module
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    model_parallel_cuda_manual_seed(123)
-    config = TransformerConfig(
-        num_layers=1, **dims, gated_linear_unit=True, activation_func=F.silu,
-        normalization="RMSNorm", qk_layernorm=True, add_bias_linear=False,
-        attention_dropout=0.0, hidden_dropout=0.0, tensor_model_parallel_size=tp,
-        sequence_parallel=sequence_parallel, use_cpu_initialization=True)
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
-    torch.manual_seed(0)
-    with torch.device(device):
-        return build_module(spec, config=config, layer_number=1), config
+QWEN3_8B = PRESETS["qwen3-8b"]
+TINY = EXPERIMENTS["tp-layer"].tiny
 
 
 # %% [markdown]
@@ -158,8 +171,9 @@ def qwen3_style_layer(dims, tp, sequence_parallel=False, device="cpu"):
 # Megatron 在切片时给参数挂上 `tensor_model_parallel`、`partition_dim`、`partition_stride`，`weight_rows` 直接读这些属性：
 
 # %%
-def qwen3_on_meta():
-    layer, config = qwen3_style_layer(QWEN3_8B, tp=2, device="meta")
+def qwen3_on_meta(dims, tp):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    layer, config = build_layer(dims, tp, device="meta")
     attn = layer.self_attention
     return dict(rows=weight_rows(layer), kinds={path: kind_of(layer, path) for path, _ in WALK},
                 heads=attn.num_attention_heads_per_partition,
@@ -167,16 +181,10 @@ def qwen3_on_meta():
                 device=str(attn.linear_qkv.weight.device))
 
 
-meta = run_ranks(qwen3_on_meta, 2, grid=dict(tp=2))
+meta = run_ranks(qwen3_on_meta, 2, QWEN3_8B, 2, grid=dict(tp=2))
 rank0 = {r["name"]: r for r in meta[0]["rows"]}
 print("device:", meta[0]["device"], " 每卡 Q head:", meta[0]["heads"], " 每卡 query group（= KV head）:", meta[0]["groups"])
-def weight_of(path):
-    return next(([r["shape"], r["split"], r["numel"]] for r in meta[0]["rows"]
-                 if r["name"].startswith(path + ".")), ["—", "—", 0])
-
-
-Table(["子模块", "类", "每卡 weight [out, in]", "切分", "每卡参数"],
-      [[short(path), meta[0]["kinds"][path], *weight_of(path)] for path, _ in WALK])
+weight_table(meta[0])  # 即 Table(["子模块", "类", "每卡 weight [out, in]", "切分", "每卡参数"], 每个子模块一行)
 
 # %% [markdown]
 # 读这张表：
@@ -193,8 +201,7 @@ Table(["子模块", "类", "每卡 weight [out, in]", "切分", "每卡参数"],
 # `tests/test_layer_walk.py` 在 tiny 的真实层上（TP=1、2，RMSNorm/LayerNorm，有无 bias）检查公式。
 
 # %%
-config = TransformerConfig(num_layers=1, **QWEN3_8B, gated_linear_unit=True, normalization="RMSNorm",
-                           qk_layernorm=True, add_bias_linear=False)
+config = TransformerConfig(**dict(QWEN3_8B.transformer_config_kwargs(), num_layers=1))
 per_rank = counts_by_submodule(meta[0]["rows"])
 whole = {name: n * (2 if rank0[name + ".weight"]["sharded"] else 1) for name, n in per_rank.items()}
 ATTENTION = ("self_attention.linear_qkv", "self_attention.q_layernorm", "self_attention.k_layernorm",
@@ -254,55 +261,81 @@ Table(["seed 000 的说法", "值"], [
 # 层外面包一层 Megatron 的 `DistributedDataParallel`（这里 DP=1），这样 backward 之后可以调真实的 `finalize_model_grads`。
 # forward + backward 期间 `recorder.record()` 记下每个 collective，`collectives_by_submodule` 用 forward hook 和张量梯度 hook
 # 把每次通信归到发出它的子模块（`self_attention` 也在追踪之列，用来抓"不在它的三个子模块里、由它自己发出"的通信）。
+#
+# `run` 在每个 rank 上建 TP 群，先不开、再开 SP（TP>1 时）各建一次层、跑一次 `forward_backward`；
+# 命令行只要表里用的字符串和形状，本篇加 `keep_tensors=True`，把输出、梯度和记录也带回来，好和 TP=1 逐元素比较。
+# 2 个 rank 的一次启动就同时给出 TP=2 和 SP 两次运行：
+#
+# ```python
+# def forward_backward(layer, config, dims, sequence_parallel: bool, device: str = "cpu",
+#                      keep_tensors: bool = False) -> dict:
+#     """One DDP forward + backward of ``layer`` and ``finalize_model_grads``, recorded; returns
+#     only what the tables need (strings and shapes), so it is small at any size -- and with
+#     ``keep_tensors`` also the output, input gradient, parameters, gradients before and after
+#     ``finalize_model_grads`` and the recorded calls (note 11 compares them with TP=1)."""
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+#                                            finalize_model_grads)
+#     from snippets import recorder
+#
+#     model = DistributedDataParallel(config, DistributedDataParallelConfig(), module=layer)
+#     s, b = dims.seq, dims.micro_batch_size
+#     x = torch.randn(s, b, dims.hidden, generator=torch.Generator().manual_seed(1))
+#     if sequence_parallel:
+#         x = x.chunk(config.tensor_model_parallel_size)[parallel_state.get_tensor_model_parallel_rank()]
+#     x = x.to(device).clone().requires_grad_()
+#     causal = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool, device=device), diagonal=1)
+#     with recorder.record() as calls, collectives_by_submodule(layer, calls, TRACED) as by_module:
+#         y, _ = model(x, attention_mask=causal)
+#         y.pow(2).sum().backward()
+#     before = {n: p.main_grad.clone() for n, p in layer.named_parameters()} if keep_tensors else None
+#     with recorder.record() as finalize_calls:
+#         finalize_model_grads([model])
+#     out = dict(
+#         calls=len(calls), missing=len(unattributed(calls, by_module)),
+#         apis={name: {phase: apis(only_in(by_module, name, phase)) for phase in ("forward", "backward")}
+#               for name in TRACED},
+#         comm=record_table(calls, meaning, owner_of(by_module)),
+#         finalize=[[c.api, f"{c.group} {list(c.ranks)}", c.before, c.where] for c in finalize_calls],
+#     )
+#     if keep_tensors:
+#         out.update(y=y.detach(), dx=x.grad, before=before, params=dict(layer.named_parameters()),
+#                    grads={n: p.main_grad.clone() for n, p in layer.named_parameters()},
+#                    recorded=calls, by_module=by_module)
+#     return out
+#
+#
+# def run(dims, par, keep_tensors: bool = False) -> dict:
+#     """On every rank: the layer's weights, then one recorded step without and with SP."""
+#     from megatron.core import parallel_state
+#
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
+#     out = {}
+#     for sp in ([False, True] if par.tp > 1 else [False]):
+#         layer, config = build_layer(dims, par.tp, sp, par.device)
+#         if not sp:
+#             attn = layer.self_attention
+#             out["weights"] = dict(rows=weight_rows(layer),
+#                                   kinds={path: kind_of(layer, path) for path, _ in WALK},
+#                                   heads=attn.num_attention_heads_per_partition,
+#                                   groups=attn.num_query_groups_per_partition)
+#         out[sp] = forward_backward(layer, config, dims, sp, par.device, keep_tensors)
+#         del layer
+#     return out
+# ```
 
 # %%
-TRACED = ["input_layernorm", "self_attention", "self_attention.linear_qkv", "self_attention.core_attention",
-          "self_attention.linear_proj", "pre_mlp_layernorm", "mlp.linear_fc1", "mlp.linear_fc2"]
-
-
-def forward_backward(dims, tp, sequence_parallel=False):
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
-    from snippets import recorder
-
-    layer, config = qwen3_style_layer(dims, tp, sequence_parallel)
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(), module=layer)
-    s = 8
-    x = torch.randn(s, 2, dims["hidden_size"], generator=torch.Generator().manual_seed(1))
-    if sequence_parallel:
-        x = x.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()]
-    x = x.clone().requires_grad_()
-    causal = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
-    with recorder.record() as calls, collectives_by_submodule(layer, calls, TRACED) as by_module:
-        y, _ = model(x, attention_mask=causal)
-        y.pow(2).sum().backward()
-    before = {n: p.main_grad.clone() for n, p in layer.named_parameters()}
-    with recorder.record() as finalize_calls:
-        finalize_model_grads([model])
-    return dict(y=y.detach(), dx=x.grad, before=before, params=dict(layer.named_parameters()),
-                grads={n: p.main_grad.clone() for n, p in layer.named_parameters()},
-                calls=calls, by_module=by_module, missing=len(unattributed(calls, by_module)),
-                finalize_calls=finalize_calls)
-
-
-(one,) = run_ranks(forward_backward, 1, TINY, 1)
-two = run_ranks(forward_backward, 2, TINY, 2, grid=dict(tp=2))
-sp = run_ranks(forward_backward, 2, TINY, 2, True, grid=dict(tp=2))
-print("TP=2:", len(two[0]["calls"]), "次通信，未归属的:", two[0]["missing"],
-      " | SP:", len(sp[0]["calls"]), "次通信，未归属的:", sp[0]["missing"])
+(one,) = (r[False] for r in run_ranks(run, 1, TINY, Parallel(world=1), keep_tensors=True))
+tp2 = run_ranks(run, 2, TINY, Parallel(world=2, tp=2), keep_tensors=True, grid=dict(tp=2))
+two, sp = [r[False] for r in tp2], [r[True] for r in tp2]
+print("TP=2:", two[0]["calls"], "次通信，未归属的:", two[0]["missing"],
+      " | SP:", sp[0]["calls"], "次通信，未归属的:", sp[0]["missing"])
 
 # %% [markdown]
 # 每个子模块在 rank 0 上发出的通信（rank 1 完全相同），左边不开 SP，右边开 SP：
 
 # %%
-def by_phase(run, name, phase):
-    return apis(only_in(run[0]["by_module"], name, phase))
-
-
-Table(["子模块", "TP=2 forward", "TP=2 backward", "SP forward", "SP backward"],
-      [[short(name) + (" 自身" if name == "self_attention" else ""),
-        by_phase(two, name, "forward"), by_phase(two, name, "backward"),
-        by_phase(sp, name, "forward"), by_phase(sp, name, "backward")] for name in TRACED])
+submodule_table(tp2[0], tp=2)
 
 # %% [markdown]
 # 和 seed 000 一致：不开 SP 时 forward 2 次 all-reduce（`linear_proj`、`linear_fc2` 的 g），backward 2 次
@@ -343,12 +376,7 @@ Table(["", "TP=2 backward 后", "TP=2 finalize 后", "SP backward 后", "SP fina
 # `finalize_model_grads` 这一步发出的通信（DP=1，所以 DDP 自己的那次 all-reduce 只有 1 个成员）：
 
 # %%
-def finalize_table(run):
-    return Table(["API", "group", "shape", "issued by"],
-                 [[c.api, f"{c.group} {list(c.ranks)}", c.before, c.where] for c in run[0]["finalize_calls"]])
-
-
-finalize_table(sp)
+Table(["API", "group", "shape", "issued by"], sp[0]["finalize"])
 
 # %% [markdown]
 # `[72]` = 两个 norm 各 32 + QK norm 各 4，拼成一个扁平张量一次 all-reduce（不开 SP 时只有 QK norm 的 8 个）。
@@ -363,10 +391,11 @@ finalize_table(sp)
 
 # %%
 def qkv_split(dims, tp):
-    layer, config = qwen3_style_layer(dims, tp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    layer, config = build_layer(dims, tp)
     attn, rank = layer.self_attention, parallel_state.get_tensor_model_parallel_rank()
-    heads, groups, d = dims["num_attention_heads"], dims["num_query_groups"], dims["kv_channels"]
-    x = torch.randn(8, 2, dims["hidden_size"])
+    heads, groups, d = dims.heads, dims.query_groups, dims.kv_channels
+    x = torch.randn(8, 2, dims.hidden)
     q, k, v = attn.get_query_key_value_tensors(x)                       # Megatron 的切法
     W, rows = attn.linear_qkv.weight, qkv_rows(heads, groups, d, tp, rank, local=True)
     by_hand = {kind: torch.stack([x @ W[r].T for r in rows[kind]], dim=2) for kind in "qkv"}
@@ -377,7 +406,7 @@ def qkv_split(dims, tp):
         W.zero_()
         W[:, 0] = torch.arange(W.shape[0]) + rank * W.shape[0]
     attn.q_layernorm = attn.k_layernorm = None
-    e0 = torch.zeros(1, 1, dims["hidden_size"])
+    e0 = torch.zeros(1, 1, dims.hidden)
     e0[..., 0] = 1
     q, k, v = attn.get_query_key_value_tensors(e0)
     read_back = {kind: t[0, 0].long().tolist() for kind, t in zip("qkv", (q, k, v))}
@@ -385,7 +414,7 @@ def qkv_split(dims, tp):
 
 
 split = run_ranks(qkv_split, 2, TINY, 2, grid=dict(tp=2))
-per_rank_q, per_rank_kv = TINY["num_attention_heads"] // 2, TINY["num_query_groups"] // 2
+per_rank_q, per_rank_kv = TINY.heads // 2, TINY.query_groups // 2
 Table(["rank", "每卡 weight", "Q、K、V 与手工切相同", "Megatron 切出的顺序（全局 head 号）", "与 qkv_rows 相同"],
       [[rank, r["shape"], r["same"], layout(r["read_back"], rank * per_rank_q, rank * per_rank_kv),
         r["read_back"] == qkv_rows(8, 4, 4, 2, rank)] for rank, r in enumerate(split)])
@@ -421,33 +450,16 @@ Table(["位置", "不开 SP", "开 SP"], [
 ])
 
 # %% [markdown]
-# 每次通信的记录（小层，rank 0；shape 是 `[s, b, h] = [8, 2, 32]`）。不开 SP：
+# 每次通信的记录（小层，rank 0；shape 是 `[s, b, h] = [8, 2, 32]`）。"含义"一列来自同一模块里按（API, 发出它的函数）查的 `MEANING` 表。不开 SP：
 
 # %%
-MEANING = {
-    ("all_reduce", "tensor_parallel/mappings.py::_reduce"): "g：行并行输出的部分和相加",
-    ("all_reduce", "tensor_parallel/layers.py::backward"): "f 的 backward：输入梯度的部分和相加",
-    ("all_gather_into_tensor", "tensor_parallel/layers.py::forward"): "SP：把 s 分片的输入拼回完整 s",
-    ("reduce_scatter_tensor", "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"):
-        "SP 的 g：部分和相加并按 s 切回各卡",
-    ("all_gather_into_tensor", "tensor_parallel/mappings.py::_gather_along_first_dim"):
-        "reduce-scatter 的 backward：输出梯度拼回完整 s",
-    ("all_gather_into_tensor", "tensor_parallel/layers.py::backward"): "再拼一次输入，算 weight 梯度用",
-    ("reduce_scatter_tensor", "tensor_parallel/layers.py::backward"): "all-gather 的 backward：输入梯度相加并按 s 切回",
-}
-
-
-def comm_table(run, meaning=MEANING):
-    return record_table(run[0]["calls"], meaning, owner_of(run[0]["by_module"]))
-
-
-comm_table(two)
+two[0]["comm"]
 
 # %% [markdown]
 # 开 SP（层的输入、输出都是 `[s/2, b, h] = [4, 2, 32]`）：
 
 # %%
-comm_table(sp)
+sp[0]["comm"]
 
 # %% [markdown]
 # ## 机制解释
@@ -519,16 +531,13 @@ comm_table(sp)
 #    换一个名字的自定义 QK norm 会被静默漏掉，TP 各卡的权重随之漂移。
 
 # %%
-GQA_TINY = dict(TINY, num_query_groups=2)
-(gqa_one,) = run_ranks(forward_backward, 1, GQA_TINY, 1)
-gqa = run_ranks(forward_backward, 4, GQA_TINY, 4, grid=dict(tp=4))
+GQA_TINY = TINY.replace(query_groups=2)
+(gqa_one,) = (r[False] for r in run_ranks(run, 1, GQA_TINY, Parallel(world=1), keep_tensors=True))
+gqa = [r[False] for r in run_ranks(run, 4, GQA_TINY, Parallel(world=4, tp=4), keep_tensors=True,
+                                   grid=dict(tp=4))]
 print("TP=4、2 个 group：输出等于 TP=1:", torch.allclose(gqa[0]["y"], gqa_one["y"], atol=1e-5),
       " linear_qkv 每卡 weight:", list(gqa[0]["params"]["self_attention.linear_qkv.weight"].shape))
-comm_table(gqa, {**MEANING,
-                 ("all_gather_into_tensor", "tensor_parallel/mappings.py::_gather_along_last_dim"):
-                     "拼回完整宽度的 QKV 输出，再挑本卡的 group",
-                 ("reduce_scatter_tensor", "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"):
-                     "上一行的 backward：梯度相加，按最后一维切回"})
+gqa[0]["comm"]
 
 # %% [markdown]
 # `linear_qkv` 每卡 12 行 = 半个 group（一组是 4 个 Q + K + V = 6 个 head × 4 = 24 行）。多出的两次通信由
@@ -547,9 +556,9 @@ comm_table(gqa, {**MEANING,
 # </details>
 
 # %%
-groups_per_rank = QWEN3_8B["num_query_groups"] // 2
-heads_per_group = QWEN3_8B["num_attention_heads"] // QWEN3_8B["num_query_groups"]
-print(groups_per_rank * (heads_per_group + 2) * QWEN3_8B["kv_channels"], qkv["shape"])
+groups_per_rank = QWEN3_8B.query_groups // 2
+heads_per_group = QWEN3_8B.heads // QWEN3_8B.query_groups
+print(groups_per_rank * (heads_per_group + 2) * QWEN3_8B.kv_channels, qkv["shape"])
 
 # %% [markdown]
 # **2. 同一层在 TP=4、TP=8 时每卡多少参数？**
@@ -576,7 +585,7 @@ for tp in (2, 4, 8):
 
 # %%
 owner = owner_of(sp[0]["by_module"])
-print([(owner[id(c)], c.where) for c in sp[0]["calls"]
+print([(owner[id(c)], c.where) for c in sp[0]["recorded"]
        if c.phase == "backward" and c.api == "all_gather_into_tensor" and c.where.endswith("layers.py::backward")])
 
 # %% [markdown]

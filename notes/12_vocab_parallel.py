@@ -87,6 +87,9 @@
 
 # %%
 from snippets.layer_walk import record_table  # importing it also quiets known Megatron warnings
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.vocab import (ALPHA, ce_comm_table, ce_inputs, cross_entropy_run, embedding_comm_table,
+                                        embedding_run, padded)
 from snippets.launch import run_ranks
 from snippets.sources import installed_root
 from snippets.tables import Table
@@ -109,13 +112,19 @@ from megatron.core.tensor_parallel.utils import VocabUtility
 # 所以正式入口先把 tokenizer 的词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数
 # （[`arguments.py:1678`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1678) 缺省 128）。
 # 这个函数在 `megatron/training` 里、不在 pip 包中，下面按它的公式算；多出来的"假 token"只是永远不会出现的类别。
+#
+# 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/vocab.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run vocab --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
+# 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def padded(vocab, tp, divisible_by=128):
+#     """The vocabulary rounded up to a multiple of ``divisible_by * tp`` (Megatron's training entry)."""
+#     multiple = divisible_by * tp
+#     return math.ceil(vocab / multiple) * multiple
+# ```
 
 # %%
-def padded(vocab, tp, divisible_by=128):
-    multiple = divisible_by * tp
-    return math.ceil(vocab / multiple) * multiple
-
-
 QWEN3_VOCAB = 151936   # Qwen3 tokenizer 的 vocab_size
 rows = []
 for name, vocab, tp in (("tiny", 16, 2), ("tiny", 16, 4), ("Qwen3-8B", padded(QWEN3_VOCAB, 2), 2),
@@ -132,36 +141,45 @@ Table(["", "V（pad 之后）", "TP", "每卡宽度", "各卡 range(start, end)"
 #
 # V=16、h=6，token `[b, s] = [2, 4]`。同一个种子建两个真实的 `VocabParallelEmbedding`：一个直接 all-reduce，
 # 一个 `reduce_scatter_embeddings=True`（SP 的走法，输出按 s 切）。稠密参照是把各卡的表 all-gather 起来的完整表上的 `F.embedding`。
+#
+# ```python
+# def embedding_run(dims, tp, device="cpu", keep_tensors=True):
+#     """On every rank: the real embedding without and with ``reduce_scatter_embeddings``, one
+#     recorded lookup + backward each; with ``keep_tensors`` also the output, the weight gradient,
+#     the tokens and the whole table gathered from every rank (note 12's dense reference)."""
+#     import torch.distributed as dist
+#     from megatron.core.model_parallel_config import ModelParallelConfig
+#     from megatron.core.tensor_parallel import VocabParallelEmbedding
+#     from snippets import recorder
+#
+#     _model_parallel(tp)
+#     V, H = dims.vocab, dims.hidden
+#     config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
+#     tokens = torch.randint(0, V, (dims.micro_batch_size, dims.seq),
+#                            generator=torch.Generator().manual_seed(1)).to(device)   # [b, s]
+#     out = {}
+#     for sp in (False, True):
+#         torch.manual_seed(0)
+#         emb = VocabParallelEmbedding(V, H, init_method=torch.nn.init.normal_, config=config,
+#                                      reduce_scatter_embeddings=sp).to(device)
+#         with recorder.record() as calls:
+#             y = emb(tokens)
+#             y.pow(2).sum().backward()
+#         out[sp] = dict(calls=calls, shape=list(emb.weight.shape), out_shape=list(y.shape),
+#                        range=(emb.vocab_start_index, emb.vocab_end_index))
+#         if keep_tensors:
+#             out[sp].update(y=y.detach(), grad=emb.weight.grad)
+#     if not keep_tensors:
+#         return out
+#     shards = [torch.empty(V // tp, H, device=device) for _ in range(tp)]
+#     dist.all_gather(shards, emb.weight.detach())          # the whole table, for the reference (not recorded)
+#     return {"tokens": tokens, "full": torch.cat(shards), **out}
+# ```
 
 # %%
-V, H = 16, 6
-
-
-def embedding_run(tp):
-    import torch.distributed as dist
-    from megatron.core.model_parallel_config import ModelParallelConfig
-    from megatron.core.tensor_parallel import VocabParallelEmbedding
-    from snippets import recorder
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
-    tokens = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(1))   # [b, s]
-    out = {}
-    for sp in (False, True):
-        torch.manual_seed(0)
-        emb = VocabParallelEmbedding(V, H, init_method=torch.nn.init.normal_, config=config,
-                                     reduce_scatter_embeddings=sp)
-        with recorder.record() as calls:
-            y = emb(tokens)
-            y.pow(2).sum().backward()
-        out[sp] = dict(y=y.detach(), grad=emb.weight.grad, calls=calls, shape=list(emb.weight.shape),
-                       range=(emb.vocab_start_index, emb.vocab_end_index))
-    shards = [torch.empty(V // tp, H) for _ in range(tp)]
-    dist.all_gather(shards, emb.weight.detach())          # 参照用的完整表（不在记录里）
-    return {"tokens": tokens, "full": torch.cat(shards), **out}
-
-
-emb = {tp: run_ranks(embedding_run, tp, tp, grid=dict(tp=tp)) for tp in (2, 4)}
+TINY = EXPERIMENTS["vocab"].tiny
+V, H = TINY.vocab, TINY.hidden
+emb = {tp: run_ranks(embedding_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (2, 4)}
 
 
 # %%
@@ -188,41 +206,58 @@ Table(["TP", "SP（reduce-scatter）", "每卡 weight", "各卡词表段", "输�
 #
 # logits `[s, b, V] = [4, 2, 16]` 在每卡上相同（固定种子），每卡取自己那一段 `[4, 2, V/TP]` 交给真实的 `vocab_parallel_cross_entropy`；
 # 对 loss 乘一个随机权重再 backward，检查梯度里"乘上游梯度"那一步。TP=1、2、4，不开和开 label smoothing（0.1）各跑一次：
+#
+# ```python
+# def ce_inputs(dims, device="cpu"):
+#     """``[s, b, vocab]`` logits, ``[s, b]`` targets and a per-token weight, the same everywhere."""
+#     s, b, V = dims.seq, dims.micro_batch_size, dims.vocab
+#     logits = torch.randn(s, b, V, generator=torch.Generator().manual_seed(3)) * 2
+#     target = torch.randint(0, V, (s, b), generator=torch.Generator().manual_seed(4))
+#     weight = torch.rand(s, b, generator=torch.Generator().manual_seed(5))
+#     return logits.to(device), target.to(device), weight.to(device)
+#
+#
+# def cross_entropy_run(dims, tp, device="cpu", keep_tensors=True):
+#     """On every rank: this rank's slice of the logits through ``vocab_parallel_cross_entropy``
+#     (label smoothing 0 and :data:`ALPHA`) and the fused version, backward with a weighted loss,
+#     recorded; with ``keep_tensors`` also the losses, the gradients and the input after forward and
+#     after backward (the function overwrites it: note 12's open question 5)."""
+#     from megatron.core import parallel_state
+#     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+#     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+#     from snippets import recorder
+#
+#     _model_parallel(tp)
+#     rank = parallel_state.get_tensor_model_parallel_rank()
+#     logits, target, weight = ce_inputs(dims, device)
+#     out = {}
+#     for alpha in (0.0, ALPHA):
+#         local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
+#         with recorder.record() as calls:
+#             loss = vocab_parallel_cross_entropy(local, target, label_smoothing=alpha)
+#             after_forward = local.detach().clone() if keep_tensors else None
+#             (loss * weight).sum().backward()
+#         out[alpha] = dict(calls=calls, local_shape=list(local.shape))
+#         if keep_tensors:
+#             out[alpha].update(loss=loss.detach(), grad=local.grad, after_forward=after_forward,
+#                               after_backward=local.detach().clone())
+#     if device == "cpu":
+#         from torch._dynamo import config as dynamo
+#         dynamo.disable = True  # the fused version is torch.compile'd: on CPU run it eagerly, same math
+#     local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
+#     with recorder.record() as calls:
+#         loss = fused_vocab_parallel_cross_entropy(local, target, parallel_state.get_tensor_model_parallel_group())
+#         (loss * weight).sum().backward()
+#     out["fused"] = dict(calls=calls)
+#     if keep_tensors:
+#         out["fused"].update(loss=loss.detach(), grad=local.grad)
+#     return out
+# ```
 
 # %%
-S, B, ALPHA = 4, 2, 0.1
-logits = torch.randn(S, B, V, generator=torch.Generator().manual_seed(3)) * 2
-target = torch.randint(0, V, (S, B), generator=torch.Generator().manual_seed(4))
-weight = torch.rand(S, B, generator=torch.Generator().manual_seed(5))
-
-
-def cross_entropy_run(tp):
-    from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-    from snippets import recorder
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    rank = parallel_state.get_tensor_model_parallel_rank()
-    out = {}
-    for alpha in (0.0, ALPHA):
-        local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
-        with recorder.record() as calls:
-            loss = vocab_parallel_cross_entropy(local, target, label_smoothing=alpha)
-            after_forward = local.detach().clone()      # 看看输入 logits 还是不是原来的值（遗留问题 5）
-            (loss * weight).sum().backward()
-        out[alpha] = dict(loss=loss.detach(), grad=local.grad, calls=calls, after_forward=after_forward,
-                          after_backward=local.detach().clone())
-    from torch._dynamo import config as dynamo
-    dynamo.disable = True      # 融合版套了 torch.compile：CPU 上改为即时执行（免掉编译的几秒），算的东西不变
-    local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
-    with recorder.record() as calls:
-        loss = fused_vocab_parallel_cross_entropy(local, target, parallel_state.get_tensor_model_parallel_group())
-        (loss * weight).sum().backward()
-    out["fused"] = dict(loss=loss.detach(), grad=local.grad, calls=calls)
-    return out
-
-
-ce = {tp: run_ranks(cross_entropy_run, tp, tp, grid=dict(tp=tp)) for tp in (1, 2, 4)}
+S, B = TINY.seq, TINY.micro_batch_size
+logits, target, weight = ce_inputs(TINY)
+ce = {tp: run_ranks(cross_entropy_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (1, 2, 4)}
 
 
 # %%
@@ -288,24 +323,13 @@ for tp in (2, 4):
 # `reduce_scatter_embeddings=True` 时 forward 是 reduce-scatter（顺带把 `[b, s, h]` 转成 `[s, b, h]` 再按 s 切），backward 是 all-gather：
 
 # %%
-MEANINGS = {
-    ("all_reduce", "tensor_parallel/mappings.py::_reduce"): "各卡的查表结果（不归本卡的 token 是 0）相加",
-    ("reduce_scatter_tensor", "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"):
-        "相加，并按 s 切给各卡（SP）",
-    ("all_gather_into_tensor", "tensor_parallel/mappings.py::_gather_along_first_dim"):
-        "reduce-scatter 的 backward：输出梯度拼回完整 s",
-}
-record_table(emb[2][0][False]["calls"] + emb[2][0][True]["calls"], MEANINGS)
+embedding_comm_table(emb[2][0])
 
 # %% [markdown]
 # 交叉熵（TP=2，rank 0）：forward 3 次 all-reduce，每次都是 `[s, b]`——和 V 无关；backward 没有通信。
 
 # %%
-calls = ce[2][0][0.0]["calls"]
-what = dict(zip(map(id, calls), ["MAX：每个 token 的 logit 最大值（数值稳定）",
-                                 "SUM：target 的 logit（只有拥有它的卡非 0）",
-                                 "SUM：Σ exp(logit − max)，完整词表上的归一化"]))
-record_table(calls, lambda c: what[id(c)])
+ce_comm_table(ce[2][0][0.0]["calls"])
 
 # %% [markdown]
 # 两种通信量对比（每个 token）：拼出完整 logits 要 all-gather `V` 个数；vocab-parallel 交叉熵只 all-reduce 3 个数。

@@ -101,6 +101,8 @@
 import torch
 
 from snippets import grad_buffers, recorder
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.ddp import ddp_run, one_process_full_batch
 from snippets.launch import run_ranks
 from snippets.recorder import communication_table
 from snippets.tables import Table
@@ -123,54 +125,70 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # micro-batch、每个 2 条序列；DP=2 时 DP rank r 拿第 2r、2r+1 个 micro-batch（切数据是 data loader 的事，[笔记 03](../03_data_and_batch_flow/)）。
 # 每个 rank 跑一次 schedule（2 个 micro-batch，`no_sync` 挂在 config 上，和正式入口 `train` 一样），
 # 然后像 simple loop 那样显式调用 `finalize_model_grads`；两段分别录下通信。
+#
+# 这两个函数在 `snippets/experiments/ddp.py` 里：本篇的单元格和命令行 `torchrun ... -m snippets.run ddp --dims qwen3-8b --layers 2`
+# （见 README 的 "Running at real scale"）调用的是同一份代码，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`：
+# 4 层、hidden 16、vocab 32、sequence 8、micro-batch 2、一个 global batch 4 个 micro-batch），模型由同一模块的 `build_model`
+# 建（local spec 的 `GPTModel`，权重按全局名字生成）。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="cpu", keep_grads=True):
+#     """On every rank: ``iterations`` DDP steps (schedule, then ``finalize_model_grads``), recorded."""
+#     from snippets import grad_buffers, recorder
+#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+#                                            finalize_model_grads)
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel()
+#     model, config = build_model(dims, device)
+#     ddp = DistributedDataParallel(
+#         config, DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce, bucket_size=bucket_size),
+#         model)
+#     config.no_sync_func = ddp.no_sync
+#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+#     per_rank = dims.microbatches // dp
+#     mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank:per_rank * (dp_rank + 1)]
+#     steps = []
+#     for _ in range(iterations):
+#         ddp.zero_grad_buffer()
+#         with recorder.record() as in_schedule:
+#             get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
+#                                         num_microbatches=per_rank, seq_length=dims.seq,
+#                                         micro_batch_size=dims.micro_batch_size)
+#         local = by_global_name([ddp], "main_grad") if keep_grads else None
+#         with recorder.record() as in_finalize:
+#             finalize_model_grads([ddp])
+#         # cross entropy all-reduces over TP, here a group of one: not communication, left out
+#         steps.append(dict(schedule=[c for c in in_schedule if len(c.ranks) > 1],
+#                           finalize=[c for c in in_finalize if len(c.ranks) > 1]))
+#     return dict(steps=steps, local=local, reduced=by_global_name([ddp], "main_grad") if keep_grads else None,
+#                 buckets=grad_buffers.bucket_rows(ddp), params=grad_buffers.param_rows(ddp),
+#                 dtypes=grad_buffers.buffer_dtypes(ddp), param_buffer=ddp.buffers[0].param_data is not None,
+#                 bucket_size=ddp.ddp_config.bucket_size, views=grad_buffers.main_grads_are_views(ddp),
+#                 grad_is_none=all(p.grad is None for p in ddp.parameters()))
+#
+#
+# def one_process_full_batch(dims, device="cpu"):
+#     """The reference: one process, all of the global batch's sequences in one forward + backward."""
+#     from snippets.tiny_gpt import by_global_name, concat
+#     from megatron.core import parallel_state
+#
+#     parallel_state.initialize_model_parallel()
+#     model, _ = build_model(dims, device)
+#     batch = concat(microbatches(dims, dims.microbatches, device))
+#     loss = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]).mean()
+#     loss.backward()
+#     return by_global_name([model])
+# ```
 
 # %%
-def ddp_run(overlap_grad_reduce, bucket_size=None, iterations=1):
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config()
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
-    init_by_global_name(model)
-    ddp = DistributedDataParallel(
-        config, DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce, bucket_size=bucket_size),
-        model)
-    config.no_sync_func = ddp.no_sync
-    dp_rank = parallel_state.get_data_parallel_rank()
-    mine = microbatches(4)[2 * dp_rank:2 * dp_rank + 2]
-    steps = []
-    for _ in range(iterations):
-        ddp.zero_grad_buffer()
-        with recorder.record() as in_schedule:
-            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-                                        num_microbatches=2, seq_length=SEQ, micro_batch_size=MBS)
-        local = by_global_name([ddp], "main_grad")
-        with recorder.record() as in_finalize:
-            finalize_model_grads([ddp])
-        # cross entropy all-reduces over TP, here a group of one: not communication, left out
-        steps.append(dict(schedule=[c for c in in_schedule if len(c.ranks) > 1],
-                          finalize=[c for c in in_finalize if len(c.ranks) > 1]))
-    return dict(steps=steps, local=local, reduced=by_global_name([ddp], "main_grad"),
-                buckets=grad_buffers.bucket_rows(ddp), params=grad_buffers.param_rows(ddp),
-                dtypes=grad_buffers.buffer_dtypes(ddp), param_buffer=ddp.buffers[0].param_data is not None,
-                bucket_size=ddp.ddp_config.bucket_size, views=grad_buffers.main_grads_are_views(ddp),
-                grad_is_none=all(p.grad is None for p in ddp.parameters()))
-
-
-def one_process_full_batch():
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config()
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
-    init_by_global_name(model)
-    batch = concat(microbatches(4))  # all 8 sequences at once
-    loss = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]).mean()
-    loss.backward()
-    return by_global_name([model])
-
-
-full = run_ranks(one_process_full_batch, 1)[0]
-plain = run_ranks(ddp_run, 2, overlap_grad_reduce=False)
-overlapped = run_ranks(ddp_run, 2, overlap_grad_reduce=True, bucket_size=1000, iterations=2)
+TINY = EXPERIMENTS["ddp"].tiny
+full = run_ranks(one_process_full_batch, 1, TINY)[0]
+plain = run_ranks(ddp_run, 2, TINY, overlap_grad_reduce=False)
+overlapped = run_ranks(ddp_run, 2, TINY, overlap_grad_reduce=True, bucket_size=1000, iterations=2)
 
 # %% [markdown]
 # ### buffer 与 bucket

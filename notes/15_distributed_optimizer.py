@@ -106,6 +106,8 @@
 import torch
 
 from snippets import grad_buffers, optimizer_memory, recorder
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.dist_optimizer import train_two_steps
 from snippets.launch import run_ranks
 from snippets.recorder import communication_table
 from snippets.tables import Table
@@ -129,46 +131,62 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 一个 global batch 4 个 micro-batch，DP rank 各拿一半；每步：清梯度、schedule、像 simple loop 那样显式
 # `finalize_model_grads`、`optimizer.step()`。`clip_grad=0`：裁剪只是本地乘一个系数，留给笔记 20；在 CPU 上它还需要
 # 一个额外的补丁（遗留问题 2）。同一个函数在 1 个 rank 上跑就是"单进程、整批、不分片"的参照。
+#
+# 这个函数在 `snippets/experiments/dist_optimizer.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run dist-optimizer --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）调用的是同一个函数，
+# 模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），模型由笔记 14 的同一个 `build_model` 建。
+# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def train_two_steps(dims, use_distributed_optimizer, steps=2, device="cpu", keep_tensors=True):
+#     """On every rank: ``steps`` training steps, the last one's optimizer part recorded."""
+#     from snippets import grad_buffers, optimizer_memory, recorder
+#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+#                                            finalize_model_grads)
+#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel()
+#     model, config = build_model(dims, device)
+#     ddp = DistributedDataParallel(
+#         config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer), model)
+#     optimizer = get_megatron_optimizer(
+#         OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=0.0, use_distributed_optimizer=use_distributed_optimizer),
+#         [ddp])
+#     config.no_sync_func = ddp.no_sync
+#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+#     per_rank = dims.microbatches // dp
+#     mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank:per_rank * (dp_rank + 1)]
+#     for _ in range(steps):
+#         ddp.zero_grad_buffer()
+#         optimizer.zero_grad()
+#         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
+#                                     num_microbatches=len(mine), seq_length=dims.seq,
+#                                     micro_batch_size=dims.micro_batch_size)
+#         local = ddp.buffers[0].grad_data.clone() if keep_tensors else None
+#         with recorder.record() as calls:
+#             finalize_model_grads([ddp])
+#             reduced = ddp.buffers[0].grad_data.clone() if keep_tensors else None
+#             ok, grad_norm, _ = optimizer.step()
+#     inner = optimizer.chained_optimizers[0]
+#     return dict(
+#         types=(type(optimizer).__name__, type(inner).__name__, type(inner.optimizer).__name__),
+#         ok=ok, grad_norm=grad_norm, params=by_global_name([ddp], "param") if keep_tensors else None,
+#         calls=[c for c in calls if len(c.ranks) > 1],  # groups of one rank move nothing
+#         local=local, reduced=reduced, buckets=grad_buffers.bucket_rows(ddp),
+#         shards=grad_buffers.shard_rows(inner, ddp) if use_distributed_optimizer else [],
+#         memory=optimizer_memory.measured_bytes(ddp, optimizer),
+#         numel=sum(p.numel() for p in ddp.parameters()))
+# ```
 
 # %%
-def train_two_steps(use_distributed_optimizer, steps=2):
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config(num_layers=3, ffn_hidden_size=48)
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
-    init_by_global_name(model)
-    ddp = DistributedDataParallel(
-        config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer), model)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=0.0, use_distributed_optimizer=use_distributed_optimizer),
-        [ddp])
-    config.no_sync_func = ddp.no_sync
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    mine = microbatches(4)[4 // dp * dp_rank:4 // dp * (dp_rank + 1)]
-    for _ in range(steps):
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-                                    num_microbatches=len(mine), seq_length=SEQ, micro_batch_size=MBS)
-        local = ddp.buffers[0].grad_data.clone()
-        with recorder.record() as calls:
-            finalize_model_grads([ddp])
-            reduced = ddp.buffers[0].grad_data.clone()
-            ok, grad_norm, _ = optimizer.step()
-    inner = optimizer.chained_optimizers[0]
-    return dict(
-        types=(type(optimizer).__name__, type(inner).__name__, type(inner.optimizer).__name__),
-        ok=ok, grad_norm=grad_norm, params=by_global_name([ddp], "param"),
-        calls=[c for c in calls if len(c.ranks) > 1],  # groups of one rank move nothing
-        local=local, reduced=reduced, buckets=grad_buffers.bucket_rows(ddp),
-        shards=grad_buffers.shard_rows(inner, ddp) if use_distributed_optimizer else [],
-        memory=optimizer_memory.measured_bytes(ddp, optimizer),
-        numel=sum(p.numel() for p in ddp.parameters()))
-
-
-one = run_ranks(train_two_steps, 1, use_distributed_optimizer=False)[0]
-plain = run_ranks(train_two_steps, 2, use_distributed_optimizer=False)
-zero1 = run_ranks(train_two_steps, 2, use_distributed_optimizer=True)
+TINY = EXPERIMENTS["dist-optimizer"].tiny
+one = run_ranks(train_two_steps, 1, TINY, use_distributed_optimizer=False)[0]
+plain = run_ranks(train_two_steps, 2, TINY, use_distributed_optimizer=False)
+zero1 = run_ranks(train_two_steps, 2, TINY, use_distributed_optimizer=True)
 
 # %% [markdown]
 # 建出来的对象（不用 Megatron FSDP 时 `get_megatron_optimizer` 总是返回 `ChainedOptimizer`，里面按配置是哪种优化器；

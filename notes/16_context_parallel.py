@@ -81,6 +81,9 @@
 # | `ring_attention`（本站） | 本地 `q, k, v` `[s/CP, b, np, hn]`、`cp_group` | 本地输出 | 无（torch.distributed） | **是**：CP 群内 p2p | 否（K/V 只是路过） | 否 | forward / backward |
 
 # %%
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.context_parallel import (batch_on_cp_rank, make_batch, ring_table, ring_vs_full, shapes,
+                                                   split_table)
 from snippets.groups import describe_rank, rank_table
 from snippets.launch import RankError, run_ranks
 from snippets.recorder import record
@@ -97,18 +100,26 @@ import torch.distributed as dist
 #
 # GPT 的 micro-batch 是一个 dict（来历见笔记 03）：`tokens`、`labels`、`loss_mask`、`position_ids` 形状
 # `[b, s]`，`attention_mask` 形状 `[b, 1, s, s]`（Megatron 的约定：`True` 表示**遮住**）。
-# 下面造一个 `s = 16` 的 batch，token 取 `100, 101, …`，方便认出每个 rank 拿到了哪些位置：
+# 下面造一个 `s = 16` 的 batch，token 取 `100, 101, …`，方便认出每个 rank 拿到了哪些位置。
+#
+# 本篇在 rank 上跑的函数和 `make_batch` 都在 `snippets/experiments/context_parallel.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run cp --dims qwen3-8b --cp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
+# 序列长度、micro-batch、head 数和 head 维是参数 `dims`，本篇用它的 `tiny`（s = 16、b = 1、2 个 head、head 维 4）。
+# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def make_batch(seq_len, first_token=100, micro_batch=1):
+#     """A GPT micro-batch's five fields for ``[b, s]`` tokens ``first_token, first_token + 1, ...``."""
+#     tokens = torch.arange(first_token, first_token + seq_len).expand(micro_batch, seq_len).clone()
+#     causal = torch.ones(seq_len, seq_len).tril().bool()
+#     return dict(tokens=tokens, labels=tokens + 1, loss_mask=torch.ones(micro_batch, seq_len),
+#                 attention_mask=(~causal).expand(micro_batch, 1, seq_len, seq_len).clone(),
+#                 position_ids=torch.arange(seq_len).expand(micro_batch, seq_len).clone())
+# ```
 
 # %%
-def make_batch(seq_len, first_token=100, micro_batch=1):
-    tokens = torch.arange(first_token, first_token + seq_len).expand(micro_batch, seq_len).clone()
-    causal = torch.ones(seq_len, seq_len).tril().bool()
-    return dict(tokens=tokens, labels=tokens + 1, loss_mask=torch.ones(micro_batch, seq_len),
-                attention_mask=(~causal).expand(micro_batch, 1, seq_len, seq_len).clone(),
-                position_ids=torch.arange(seq_len).expand(micro_batch, seq_len).clone())
-
-
-print({k: list(v.shape) for k, v in make_batch(16).items()})
+TINY = EXPERIMENTS["cp"].tiny
+print({k: list(v.shape) for k, v in make_batch(TINY.seq).items()})
 
 # %% [markdown]
 # ### 真实的 `get_batch_on_this_cp_rank`，CP = 2 与 CP = 4
@@ -116,45 +127,33 @@ print({k: list(v.shape) for k, v in make_batch(16).items()})
 # 每个 rank 调 `initialize_model_parallel(context_parallel_size=CP)`，再把同一个 batch 交给真实函数。
 # （Megatron 的 import 写在 rank 函数里：rank 进程从预先导入过 Megatron 的 fork server 分出来，不再花时间；
 # notebook 进程自己只做表格和算术，用不着它。）
+#
+# ```python
+# def batch_on_cp_rank(dims, cp):
+#     """On every rank: the real ``get_batch_on_this_cp_rank`` on one batch of ``dims.seq`` tokens."""
+#     from megatron.core import parallel_state
+#     from megatron.core.utils import get_batch_on_this_cp_rank
+#
+#     _context_parallel(cp)
+#     full, batch = make_batch(dims.seq), make_batch(dims.seq)
+#     local = get_batch_on_this_cp_rank(batch)
+#     positions = local["position_ids"][0]
+#     return dict(
+#         cp_rank=parallel_state.get_context_parallel_rank(),
+#         same_dict=local is batch,
+#         shapes={k: list(v.shape) for k, v in local.items()},
+#         positions=positions.tolist(),
+#         tokens=local["tokens"][0].tolist(),
+#         mask_rows_kept=torch.equal(local["attention_mask"],
+#                                    full["attention_mask"][:, :, positions]),
+#     )
+# ```
 
 # %%
-def batch_on_cp_rank(cp, seq_len):
-    from megatron.core import parallel_state
-    from megatron.core.utils import get_batch_on_this_cp_rank
-
-    parallel_state.initialize_model_parallel(context_parallel_size=cp)
-    full, batch = make_batch(seq_len), make_batch(seq_len)
-    local = get_batch_on_this_cp_rank(batch)
-    positions = local["position_ids"][0]
-    return dict(
-        cp_rank=parallel_state.get_context_parallel_rank(),
-        same_dict=local is batch,
-        shapes={k: list(v.shape) for k, v in local.items()},
-        positions=positions.tolist(),
-        tokens=local["tokens"][0].tolist(),
-        mask_rows_kept=torch.equal(local["attention_mask"],
-                                   full["attention_mask"][:, :, positions]),
-    )
-
-
-def split_table(cp, seq_len=16):
-    chunk = seq_len // (2 * cp)
-    rows = []
-    results = run_ranks(batch_on_cp_rank, cp, cp, seq_len, grid=dict(cp=cp))
-    for rank, r in enumerate(results):
-        chunks = sorted({p // chunk for p in r["positions"]})
-        rows.append([f"{rank} / {r['cp_rank']}", chunks, r["positions"], r["shapes"]["tokens"],
-                     r["shapes"]["attention_mask"], r["mask_rows_kept"]])
-    same_dict = all(r["same_dict"] for r in results)
-    return Table(["rank / cp_rank", "持有的块", "position_ids", "tokens 等", "attention_mask",
-                  "mask 行 = 全序列这些行"], rows,
-                 title=f"CP={cp}（共 2·CP 块）；返回的是传入的同一个 dict：{same_dict}")
-
-
-split_table(cp=2)
+split_table(run_ranks(batch_on_cp_rank, 2, TINY, 2, grid=dict(cp=2)), 2, TINY.seq)
 
 # %%
-cp4_table = split_table(cp=4)
+cp4_table = split_table(run_ranks(batch_on_cp_rank, 4, TINY, 4, grid=dict(cp=4)), 4, TINY.seq)
 cp4_table
 
 # %% [markdown]
@@ -224,30 +223,39 @@ Table(["CP", "s", "连续切 max/mean", "2·CP 块切 max/mean"],
 # 前向、反向各一个环），通信用 `torch.distributed.batch_isend_irecv`。下面在 CP=2 与 CP=4 上验证：每个 rank
 # 的 `q, k, v` 取自真实 `get_batch_on_this_cp_rank` 给出的 `position_ids`，与单进程整条序列上的 causal attention
 # 比较输出和三个梯度：
+#
+# ```python
+# def ring_vs_full(dims, cp, device="cpu"):
+#     """On every rank: ring attention on this rank's positions against one process's full causal
+#     attention (output, dQ, dK, dV), and the recorded p2p calls.
+#
+#     ``q, k, v`` are ``[s, b, heads, kv_channels]``, laid out as in Megatron's attention.
+#     """
+#     from snippets.recorder import record
+#     from snippets.ring_attention import causal_attention, ring_attention
+#     from megatron.core import parallel_state
+#     from megatron.core.utils import get_batch_on_this_cp_rank
+#
+#     _context_parallel(cp)
+#     positions = get_batch_on_this_cp_rank(make_batch(dims.seq))["position_ids"][0].to(device)
+#     torch.manual_seed(0)  # every rank draws the same full-sequence q, k, v and upstream gradient
+#     q, k, v, dout = (torch.randn(dims.seq, dims.micro_batch_size, dims.heads, dims.kv_channels).to(device)
+#                      for _ in range(4))
+#     full = [t.clone().requires_grad_() for t in (q, k, v)]
+#     causal_attention(*full).backward(dout)                 # reference: one process, whole sequence
+#     local = [t[positions].clone().requires_grad_() for t in (q, k, v)]
+#     with record() as calls:
+#         out = ring_attention(*local, parallel_state.get_context_parallel_group())
+#         out.backward(dout[positions])
+#     reference_out = causal_attention(q, k, v)[positions]
+#     same = [torch.allclose(out, reference_out, atol=1e-6)]
+#     same += [torch.allclose(l.grad, f.grad[positions], atol=1e-6) for l, f in zip(local, full)]
+#     return same, calls
+# ```
 
 # %%
-def ring_vs_full(cp, seq_len=16, micro_batch=1, heads=2, head_dim=4):
-    from megatron.core import parallel_state
-    from megatron.core.utils import get_batch_on_this_cp_rank
-
-    parallel_state.initialize_model_parallel(context_parallel_size=cp)
-    positions = get_batch_on_this_cp_rank(make_batch(seq_len))["position_ids"][0]
-    torch.manual_seed(0)  # every rank draws the same full-sequence q, k, v and upstream gradient
-    q, k, v, dout = (torch.randn(seq_len, micro_batch, heads, head_dim) for _ in range(4))
-    full = [t.clone().requires_grad_() for t in (q, k, v)]
-    causal_attention(*full).backward(dout)                 # reference: one process, whole sequence
-    local = [t[positions].clone().requires_grad_() for t in (q, k, v)]
-    with record() as calls:
-        out = ring_attention(*local, parallel_state.get_context_parallel_group())
-        out.backward(dout[positions])
-    reference_out = causal_attention(q, k, v)[positions]
-    same = [torch.allclose(out, reference_out, atol=1e-6)]
-    same += [torch.allclose(l.grad, f.grad[positions], atol=1e-6) for l, f in zip(local, full)]
-    return same, calls
-
-
-ring2 = run_ranks(ring_vs_full, 2, 2, grid=dict(cp=2))
-ring4 = run_ranks(ring_vs_full, 4, 4, grid=dict(cp=4))
+ring2 = run_ranks(ring_vs_full, 2, TINY, 2, grid=dict(cp=2))
+ring4 = run_ranks(ring_vs_full, 4, TINY, 4, grid=dict(cp=4))
 Table(["CP", "rank", "输出相等", "dQ 相等", "dK 相等", "dV 相等"],
       [[cp, rank, *same] for cp, result in ((2, ring2), (4, ring4))
        for rank, (same, _) in enumerate(result)])
@@ -256,31 +264,6 @@ Table(["CP", "rank", "输出相等", "dQ 相等", "dK 相等", "dV 相等"],
 # 每个 rank 记录到的通信（CP=4、rank 1 的完整记录；每一行是一次 `batch_isend_irecv`，含一个 isend 和一个 irecv）：
 
 # %%
-def ring_meaning(call):
-    if call.phase == "forward":
-        return "把手里的 K/V 块交给下一个 CP rank，收上一个的"
-    if call.before.startswith("isend[4"):
-        return "K/V 块连同累计的 dK/dV 往下传"
-    return "最后一跳：dK/dV 回到块的主人"
-
-
-def shapes(call):  # what goes in → what comes out; for a p2p batch: what is sent → received
-    if call.api == "batch_isend_irecv":
-        sent, received = call.before.split("; ")
-        return f"{sent.removeprefix('isend')} → {received.removeprefix('irecv')}"
-    return f"{call.before} → {call.after}"
-
-
-def ring_table(calls):
-    rows = []
-    for i, c in enumerate(calls, 1):
-        peers = dict(c.extra["ops"])
-        rows.append([i, c.phase, c.api, f"{c.group} {list(c.ranks)}", shapes(c),
-                     f"→ {peers['isend']} / ← {peers['irecv']}", ring_meaning(c)])
-    return Table(["#", "phase", "API", "group", "shape before（发出）→ after（收到）",
-                  "send_dst / recv_src", "meaning"], rows)
-
-
 ring_table(ring4[1][1])
 
 # %% [markdown]
@@ -501,7 +484,7 @@ print(len(positions), [positions[i].item() for i in (0, 511, 512, 1023)])
 
 # %%
 try:
-    run_ranks(batch_on_cp_rank, 2, 2, 6, grid=dict(cp=2))
+    run_ranks(batch_on_cp_rank, 2, TINY.replace(seq=6), 2, grid=dict(cp=2))
 except RankError as err:
     print(err.summary)
 

@@ -98,6 +98,9 @@
 # | `MoEAllGatherTokenDispatcher.token_dispatch` / `token_combine` | 同上 | 同上 | `gather_from_sequence_parallel_region`、`reduce_scatter_to_sequence_parallel_region` | **是**：`tp_ep` 群 all-gather / reduce-scatter | 是 | 否 | forward |
 
 # %%
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.moe import (allgather_meaning, alltoall_meaning, build_moe_layer, expert_parallel_step,
+                                      flow_table, micro_batch, reference, tokens_table)
 from snippets.moe_tables import dispatch_table, local_expert_state, pop_aux_loss, watch
 from snippets.groups import describe_rank, rank_table
 from snippets.launch import run_ranks
@@ -117,59 +120,77 @@ import torch.distributed as dist
 # 每个 expert 是一个普通的 `MLP`）。`micro_batch(i)` 给出第 `i` 个数据并行 rank 进入 MoE 层的激活 `[S=6, B=1, H=8]`
 # 和反向传回的梯度。Megatron 的 import 写在 rank 函数里（rank 从预先导入过 Megatron 的 fork server 分出来）；
 # `snippets.moe_tables` 只挂 hook、读日志、拷权重，不实现 MoE 的任何一步。
+#
+# 本篇在 rank 上跑的函数都在 `snippets/experiments/moe.py` 里：本篇的单元格和命令行
+# `torchrun ... -m snippets.run moe --dims qwen3-8b --ep 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
+# hidden、expert 的 FFN 宽、token 数（`[S, B]`）和数据并行的 micro-batch 个数是参数 `dims`，expert 个数和 top-k 是另两个参数；
+# 本篇用 `dims` 的 `tiny`。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def build_moe_layer(dims, ep, dispatcher="alltoall", tell_router=True, experts=4, topk=TOPK):
+#     """The real ``MoELayer`` on this rank: ``experts`` experts of FFN ``dims.ffn``, top-``topk``."""
+#     import warnings
+#
+#     # two known warnings on every CPU rank, or they land in the notebook as stderr (note 17, 遗留问题 5)
+#     warnings.filterwarnings("ignore", message="Apex is not installed|full scope is deprecated")
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.transformer import TransformerConfig
+#     from megatron.core.transformer.moe.moe_layer import MoELayer
+#
+#     config = TransformerConfig(
+#         num_layers=1, hidden_size=dims.hidden, num_attention_heads=dims.heads, add_bias_linear=False,
+#         num_moe_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=dims.ffn, moe_aux_loss_coeff=0.01,
+#         expert_model_parallel_size=ep, moe_token_dispatcher_type=dispatcher,
+#         use_cpu_initialization=True)
+#     spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False)
+#     layer = MoELayer(config, spec.submodules.mlp.submodules, layer_number=1)
+#     if tell_router:  # the constructor keeps layer_number to itself (note 17, 遗留问题 3)
+#         layer.set_layer_number(1)
+#     return layer
+#
+#
+# def micro_batch(dims, i):
+#     """Data-parallel rank ``i``'s activation entering the MoE layer, ``[s, b, h]``, and the gradient
+#     that comes back to it."""
+#     g = torch.Generator().manual_seed(100 + i)
+#     shape = (dims.seq, dims.micro_batch_size, dims.hidden)
+#     x = torch.randn(*shape, generator=g).requires_grad_()
+#     return x, torch.randn(*shape, generator=g)
+# ```
 
 # %%
-def build_moe_layer(ep, dispatcher="alltoall", tell_router=True):
-    import warnings
-
-    # two known warnings on every CPU rank, or they land in the notebook as stderr (遗留问题 5)
-    warnings.filterwarnings("ignore", message="Apex is not installed|full scope is deprecated")
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.moe.moe_layer import MoELayer
-
-    config = TransformerConfig(
-        num_layers=1, hidden_size=8, num_attention_heads=2, add_bias_linear=False,
-        num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16, moe_aux_loss_coeff=0.01,
-        expert_model_parallel_size=ep, moe_token_dispatcher_type=dispatcher,
-        use_cpu_initialization=True)
-    spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False)
-    layer = MoELayer(config, spec.submodules.mlp.submodules, layer_number=1)
-    if tell_router:  # the constructor keeps layer_number to itself (遗留问题 3)
-        layer.set_layer_number(1)
-    return layer
-
-
-def micro_batch(i, tokens=6, hidden=8):
-    g = torch.Generator().manual_seed(100 + i)
-    x = torch.randn(tokens, 1, hidden, generator=g).requires_grad_()
-    return x, torch.randn(tokens, 1, hidden, generator=g)
+TINY = EXPERIMENTS["moe"].tiny
 
 # %% [markdown]
 # **参考答案：EP=1。** 一个进程持有全部 4 个 expert，依次处理 4 个数据并行 rank 的 micro-batch，梯度累加：
+#
+# ```python
+# def reference(dims, experts=4, topk=TOPK):
+#     """EP=1: one process with every expert takes the ``dims.microbatches`` data-parallel ranks'
+#     micro-batches one after the other, accumulating gradients."""
+#     from snippets.moe_tables import pop_aux_loss, watch
+#     from megatron.core import parallel_state
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel()
+#     torch.manual_seed(0)
+#     layer = build_moe_layer(dims, ep=1, experts=experts, topk=topk)
+#     seen = watch(layer)
+#     outputs, aux = [], []
+#     for i in range(dims.microbatches):
+#         x, upstream = micro_batch(dims, i)
+#         y, _ = layer(x)
+#         (y * upstream).sum().backward()
+#         outputs.append(y.detach())
+#         aux.append(pop_aux_loss())
+#     return dict(state=layer.state_dict(), outputs=outputs, aux=aux, seen=seen,
+#                 grads={name: p.grad.clone() for name, p in layer.named_parameters()},
+#                 modules=[(name, type(m).__name__) for name, m in layer.named_children()],
+#                 params=[(name, list(p.shape)) for name, p in layer.named_parameters()])
+# ```
 
 # %%
-def reference(num_micro_batches=4):
-    from megatron.core import parallel_state
-
-    parallel_state.initialize_model_parallel()
-    torch.manual_seed(0)
-    layer = build_moe_layer(ep=1)
-    seen = watch(layer)
-    outputs, aux = [], []
-    for i in range(num_micro_batches):
-        x, upstream = micro_batch(i)
-        y, _ = layer(x)
-        (y * upstream).sum().backward()
-        outputs.append(y.detach())
-        aux.append(pop_aux_loss())
-    return dict(state=layer.state_dict(), outputs=outputs, aux=aux, seen=seen,
-                grads={name: p.grad.clone() for name, p in layer.named_parameters()},
-                modules=[(name, type(m).__name__) for name, m in layer.named_children()],
-                params=[(name, list(p.shape)) for name, p in layer.named_parameters()])
-
-
-ref = run_ranks(reference, 1)[0]
+ref = run_ranks(reference, 1, TINY)[0]
 print(ref["modules"])
 Table(["parameter", "shape"], ref["params"])
 
@@ -183,7 +204,7 @@ Table(["parameter", "shape"], ref["params"])
 
 # %%
 router_weight = ref["state"]["router.weight"]
-x0 = micro_batch(0)[0].detach().view(-1, 8)
+x0 = micro_batch(TINY, 0)[0].detach().view(-1, 8)
 logits = x0 @ router_weight.T
 top_logits, top_experts = logits.topk(2, dim=-1)
 by_hand = torch.zeros_like(logits).scatter(1, top_experts, torch.softmax(top_logits, dim=-1))
@@ -218,31 +239,39 @@ print("手算 aux / coeff:", round(aux_by_hand.item(), 4),
 # 4 个 rank、`expert_model_parallel_size=2`。每个 rank 建同样配置的层（EP=2 时只有 2 个本地 expert），
 # 再从 EP=1 的参考 `state_dict` 拷入**自己那两个** expert（`local_expert_state`）；每个 rank 处理自己那个
 # 数据并行 rank 的 micro-batch。两种 dispatcher 在同一次运行里各跑一遍，通信各自记录：
+#
+# ```python
+# def expert_parallel_step(dims, state, ep=2, experts=4, topk=TOPK):
+#     """On every rank: the layer with this EP rank's experts from ``state``, one recorded forward +
+#     backward per dispatcher on this data-parallel rank's micro-batch."""
+#     import torch.distributed as dist
+#     from snippets.groups import describe_rank
+#     from snippets.moe_tables import local_expert_state, pop_aux_loss, watch
+#     from snippets.recorder import record
+#     from megatron.core import parallel_state
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
+#     result = {"rank": describe_rank()}
+#     for dispatcher in ("alltoall", "allgather"):
+#         layer = build_moe_layer(dims, ep, dispatcher, experts=experts, topk=topk)
+#         layer.load_state_dict(local_expert_state(state, layer.local_expert_indices))
+#         seen = watch(layer)
+#         x, upstream = micro_batch(dims, dist.get_rank())
+#         with record() as calls:
+#             y, _ = layer(x)
+#             (y * upstream).sum().backward()
+#         result[dispatcher] = dict(
+#             output=y.detach(), aux=pop_aux_loss(), seen=seen[0], calls=calls,
+#             local_experts=layer.local_expert_indices,
+#             dispatcher=type(layer.token_dispatcher).__name__,
+#             grads={name: p.grad.clone() for name, p in layer.named_parameters()},
+#             allreduce={name: getattr(p, "allreduce", True) for name, p in layer.named_parameters()})
+#     return result
+# ```
 
 # %%
-def expert_parallel_step(state, ep=2):
-    from megatron.core import parallel_state
-
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
-    result = {"rank": describe_rank()}
-    for dispatcher in ("alltoall", "allgather"):
-        layer = build_moe_layer(ep, dispatcher)
-        layer.load_state_dict(local_expert_state(state, layer.local_expert_indices))
-        seen = watch(layer)
-        x, upstream = micro_batch(dist.get_rank())
-        with record() as calls:
-            y, _ = layer(x)
-            (y * upstream).sum().backward()
-        result[dispatcher] = dict(
-            output=y.detach(), aux=pop_aux_loss(), seen=seen[0], calls=calls,
-            local_experts=layer.local_expert_indices,
-            dispatcher=type(layer.token_dispatcher).__name__,
-            grads={name: p.grad.clone() for name, p in layer.named_parameters()},
-            allreduce={name: getattr(p, "allreduce", True) for name, p in layer.named_parameters()})
-    return result
-
-
-ep_run = run_ranks(expert_parallel_step, 4, ref["state"], grid=dict(ep=2))
+ep_run = run_ranks(expert_parallel_step, 4, TINY, ref["state"], grid=dict(ep=2))
 rank_table([r["rank"] for r in ep_run], kinds=("dp", "ep", "edp", "etp-ep"))
 
 # %% [markdown]
@@ -257,15 +286,7 @@ rank_table([r["rank"] for r in ep_run], kinds=("dp", "ep", "edp", "etp-ep"))
 # `input_splits`（发往每个 EP rank 的行数）；交换计数后得到 `output_splits`（从每个 EP rank 收到的行数）：
 
 # %%
-def flow_row(rank, r):
-    s = r["alltoall"]["seen"]
-    return [rank, r["alltoall"]["local_experts"], s["routing_map"].sum(dim=0).tolist(),
-            s["input_splits"], s["output_splits"], s["tokens_per_expert"], s["expert_rows"]]
-
-
-Table(["rank", "本地 expert", "选中 expert 0–3 的次数", "input_splits", "output_splits",
-       "本地 expert 各收到", "expert 输入行数"],
-      [flow_row(i, r) for i, r in enumerate(ep_run)])
+flow_table(ep_run)
 
 # %% [markdown]
 # 6 个 token × top-2 = 12 行离开每个 rank；rank 0 的 expert 0、1 收到自己的 6 行和 rank 1 的 7 行，共 13 行。
@@ -275,17 +296,6 @@ Table(["rank", "本地 expert", "选中 expert 0–3 的次数", "input_splits",
 # ### alltoall dispatcher 的全部通信（rank 0）
 
 # %%
-def alltoall_meaning(i, c):
-    if c.api == "all_gather_into_tensor":
-        return "交换每个 expert 的 token 计数，算 output_splits"
-    if c.phase == "forward":
-        return {2: "dispatch：token 送到 expert 所在 rank", 3: "dispatch：probs 跟着 token 走",
-                4: "combine：expert 输出送回来源 rank"}[i]
-    return {5: "combine 的反向：输出梯度送到 expert",
-            6: "probs 的梯度送回来源 rank（router 的梯度）",
-            7: "token 的梯度送回来源 rank"}[i]
-
-
 dispatch_table(ep_run[0]["alltoall"]["calls"], alltoall_meaning)
 
 # %% [markdown]
@@ -348,14 +358,6 @@ Table(["rank", "本地参数（略去 .weight）", "EP=1 里的名字", "allredu
 # 算完后用 reduce-scatter 把结果加回并切回各自的 token。rank 0 的记录：
 
 # %%
-def allgather_meaning(i, c):
-    return {1: "all-gather routing_map", 2: "all-gather probs", 3: "all-gather 全部 token",
-            4: "reduce-scatter：各 rank 的 expert 输出相加、切回来源 rank",
-            5: "reduce-scatter 的反向：输出梯度 all-gather 到每个 rank",
-            6: "token 梯度 reduce-scatter 回来源 rank",
-            7: "probs 梯度 reduce-scatter 回来源 rank"}[i]
-
-
 dispatch_table(ep_run[0]["allgather"]["calls"], allgather_meaning)
 
 # %% [markdown]
@@ -365,9 +367,7 @@ dispatch_table(ep_run[0]["allgather"]["calls"], allgather_meaning)
 # 也不需要事先交换计数。
 
 # %%
-Table(["rank", "本地 expert", "alltoall：各收到", "allgather：各收到"],
-      [[i, r["alltoall"]["local_experts"], r["alltoall"]["seen"]["tokens_per_expert"],
-        r["allgather"]["seen"]["tokens_per_expert"]] for i, r in enumerate(ep_run)])
+tokens_table(ep_run)
 
 # %% [markdown]
 # ## 机制解释
@@ -439,8 +439,8 @@ def quirks():
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
-    layer = build_moe_layer(ep=2, tell_router=False)  # MoELayer(..., layer_number=1) only
-    x, upstream = micro_batch(dist.get_rank())
+    layer = build_moe_layer(TINY, ep=2, tell_router=False)  # MoELayer(..., layer_number=1) only
+    x, upstream = micro_batch(TINY, dist.get_rank())
     with record() as calls:
         y, _ = layer(x.detach())  # an input that does not need a gradient
         (y * upstream).sum().backward()

@@ -8,8 +8,10 @@ with a jupytext-style .py twin that must not become a page).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import http.server
+import json
 import os
 import re
 import shutil
@@ -70,14 +72,7 @@ def expected_note_names() -> list[str]:
     return sorted(p.name for p in (ROOT / "notes").glob("*.ipynb") if NOTE_NAME.match(p.name))
 
 
-@pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Site:
-    tmp = tmp_path_factory.mktemp("site")
-    if fixture_mode():
-        config, notes_dir = _fixture_project(tmp)
-    else:
-        config, notes_dir = ROOT / "mkdocs.yml", ROOT / "notes"
-    out = tmp / "built"
+def _build(config: Path, out: Path) -> tuple[str, float, int]:
     start = time.monotonic()
     # A subprocess, not mkdocs in-process: mkdocs-jupyter monkeypatches nbconvert globally.
     proc = subprocess.run(
@@ -86,12 +81,38 @@ def site(tmp_path_factory) -> Site:
         cwd=config.parent, capture_output=True, text=True, timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    seconds = time.monotonic() - start
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        pytest.fail(f"mkdocs build --strict failed (rc={proc.returncode}):\n{log}", pytrace=False)
+    return proc.stdout + proc.stderr, time.monotonic() - start, proc.returncode
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Site:
+    """The site, built once per test run: under pytest-xdist the first worker to get here builds
+    it into the run's shared temporary directory while the others wait on a lock, then reuse it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's base directory, common to all workers
+    tmp = shared / ("site-fixture" if fixture_mode() else "site-real")
+    tmp.mkdir(exist_ok=True)
+    with open(tmp / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = tmp / "result.json"
+        if done.exists():
+            result = json.loads(done.read_text())
+        else:
+            if fixture_mode():
+                config, notes_dir = _fixture_project(tmp)
+            else:
+                config, notes_dir = ROOT / "mkdocs.yml", ROOT / "notes"
+            log, seconds, code = _build(config, tmp / "built")
+            result = dict(log=log, seconds=seconds, code=code, notes_dir=str(notes_dir))
+            done.write_text(json.dumps(result))
+    if result["code"] != 0:
+        pytest.fail(f"mkdocs build --strict failed (rc={result['code']}):\n{result['log']}",
+                    pytrace=False)
+    notes_dir = Path(result["notes_dir"])
     names = sorted(p.name for p in notes_dir.glob("*.ipynb") if NOTE_NAME.match(p.name))
-    return Site(dir=out, notes_dir=notes_dir, log=log, seconds=seconds, note_names=names)
+    return Site(dir=tmp / "built", notes_dir=notes_dir, log=result["log"],
+                seconds=result["seconds"], note_names=names)
 
 
 @pytest.fixture(scope="session")

@@ -78,6 +78,7 @@ def test_resolve_tiny_is_the_experiments_own_and_overrides_rename():
         tiny.replace(heads=8, query_groups=3)
 
 
+@pytest.mark.real_size
 def test_a_qwen3_8b_sized_layer_runs_on_two_cpu_ranks():
     """The real layer at Qwen3-8B's sizes (8 tokens), TP=2, gloo: rank 0's weight table is note
     11's table -- which the note builds on the meta device -- and the wire carries hidden 4096."""

@@ -285,7 +285,18 @@ def test_estimate_and_list_start_nothing():
 
 # ----------------------------------------------------------------------------- notes call the same code
 
-LISTED = {"13_pipeline_schedules": "snippets.experiments.pipeline",
+LISTED = {"02_distributed_initialization": "snippets.experiments.groups",
+          "05_forward_loss_backward": "snippets.experiments.forward_loss",
+          "06_gradient_sync_and_optimizer": "snippets.experiments.train_step",
+          "09_tp_mappings": "snippets.experiments.mappings",
+          "10_column_row_parallel_linear": "snippets.experiments.parallel_linear",
+          "11_transformer_layer": "snippets.experiments.tp_layer",
+          "12_vocab_parallel": "snippets.experiments.vocab",
+          "13_pipeline_schedules": "snippets.experiments.pipeline",
+          "14_data_parallel_ddp": "snippets.experiments.ddp",
+          "15_distributed_optimizer": "snippets.experiments.dist_optimizer",
+          "16_context_parallel": "snippets.experiments.context_parallel",
+          "17_moe_expert_parallel": "snippets.experiments.moe",
           "22_refit_and_resharding": "snippets.experiments.refit"}
 """Notes whose cells call an experiment module and list its functions' source in markdown."""
 
@@ -308,3 +319,82 @@ def test_notes_list_the_experiment_code_their_cells_call(note, module):
         assert block.rstrip("\n") == expected, f"{note}: the listing of {names} differs from {module}"
     source = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert f"from {module} import" in source
+
+
+# ----------------------------------------------------------------------------- in-process runs of the runner's path
+
+def runner_tables(name: str, world: int, **parallel) -> list[str]:
+    """What ``python -m snippets.run name --dims tiny`` prints as tables, computed in-process with
+    ``run_ranks`` (the same ``run`` and ``tables``; no torchrun start, so cheap)."""
+    from snippets.experiments import Parallel
+    from snippets.launch import run_ranks
+    from snippets.tables import Table
+
+    exp = EXPERIMENTS[name]
+    run, make_tables = exp.functions()
+    par = Parallel(world=world, **parallel)
+    results = run_ranks(run, world, exp.tiny, par, grid={k: v for k, v in parallel.items() if k in ("tp", "pp", "cp")})
+    return [tables(t.markdown())[0] for t in make_tables(results, exp.tiny, par) if isinstance(t, Table)]
+
+
+def test_linear_runner_path_prints_note_10_tables():
+    layout, comm, ours, kinds = runner_tables("linear", 2, tp=2)
+    note = "10_column_row_parallel_linear"
+    for table in (comm, kinds):
+        assert_in_note(table, note)
+    for table in (layout, ours):  # the note's tables hold TP=2 and TP=4 (layout: column rows, then row rows)
+        header, rows = rows_of(table)
+        for row in rows:
+            assert_in_note("\n".join(table.splitlines()[:2] + [row]), note, whole=False)
+
+
+def test_mappings_runner_path_prints_note_09_tables():
+    for table in runner_tables("mappings", 2, tp=2):
+        assert_in_note(table, "09_tp_mappings")
+
+
+def test_vocab_runner_path_prints_note_12_tables():
+    summary, embedding, cross_entropy = runner_tables("vocab", 2, tp=2)
+    assert "| 16 | 2 | [8, 6] | [(0, 8), (8, 16)] | [2, 4, 6] / [2, 2, 6] |" in summary
+    for table in (embedding, cross_entropy):
+        assert_in_note(table, "12_vocab_parallel")
+
+
+def test_ddp_runner_path_prints_note_14_tables():
+    buckets, plain, first, second = runner_tables("ddp", 2)
+    for table in (buckets, plain, first, second):
+        assert_in_note(table, "14_data_parallel_ddp")
+
+
+def test_dist_optimizer_runner_path_prints_note_15_tables():
+    types, buffers, shards, sharded_calls, plain_calls, memory = runner_tables("dist-optimizer", 2)
+    note = "15_distributed_optimizer"
+    for table in (buffers, shards, sharded_calls, plain_calls, memory):
+        assert_in_note(table, note)
+    assert_in_note(types, note, whole=False)  # the note's table also has the one-process run
+
+
+def test_cp_runner_path_prints_note_16_tables():
+    split, same, ring = runner_tables("cp", 4, cp=4)
+    note = "16_context_parallel"
+    for table in (split, ring):
+        assert_in_note(table, note)
+    assert_in_note(same, note, whole=False)  # the note's table also has CP=2
+
+
+def test_moe_runner_path_prints_note_17_tables():
+    """The runner builds its EP=1 reference inside the job (seed 0, then ``destroy_model_parallel``
+    and the EP grid): the same experts, routing and tables as the note's separate reference run."""
+    for table in runner_tables("moe", 4, ep=2):
+        assert_in_note(table, "17_moe_expert_parallel")
+
+
+def test_loss_runner_path_prints_note_05_table():
+    (collectives,) = runner_tables("loss", 2, tp=2)
+    assert_in_note(collectives, "05_forward_loss_backward")
+
+
+def test_train_step_runner_path_prints_note_06_tables():
+    for table in runner_tables("train-step", 2):
+        assert_in_note(table, "06_gradient_sync_and_optimizer")
+

@@ -207,7 +207,168 @@ def _groups_checks(d: Dims, par: Parallel) -> list[str]:
     return []
 
 
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+def _linear_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    hf = d.hidden * d.ffn
+    acts = d.seq * d.micro_batch_size * (d.hidden + d.ffn)
+    return mem.Estimate({
+        # the kept master weight (also our layer's), this rank's shard and its gradient, two layers
+        # alive at a time (the real one and ours)
+        "weights": 2 * (hf + hf // par.tp) * mem.FP32,
+        "gradients": 2 * (hf // par.tp) * mem.FP32,
+        "cpu init": 0 if par.cuda else hf * mem.FP32,
+        # the full X, G and, per configuration and layer, input, output and their gradients
+        "activations": 8 * acts * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _linear_checks(d: Dims, par: Parallel) -> list[str]:
+    out: list[str] = []
+    _divides(out, "ffn", d.ffn, "tp", par.tp)
+    _divides(out, "seq", d.seq, "tp (sequence parallel cases)", par.tp)
+    return out
+
+
+def _mappings_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    act = d.seq * d.micro_batch_size * d.hidden
+    # x, its copy, y (up to tp times x after a gather), dy and its copy, dx; one call at a time
+    return mem.Estimate({"activations": (4 + 3 * par.tp) * act * mem.FP32,
+                         "runtime": mem.RUNTIME_BYTES[par.device]})
+
+
+def _mappings_checks(d: Dims, par: Parallel) -> list[str]:
+    out: list[str] = []
+    _divides(out, "seq", d.seq, "tp", par.tp)
+    _divides(out, "hidden", d.hidden, "tp", par.tp)
+    return out
+
+
+def _vocab_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    table = d.vocab * d.hidden // par.tp
+    tokens = d.seq * d.micro_batch_size
+    return mem.Estimate({
+        "weights": table * mem.FP32,
+        "gradients": table * mem.FP32,
+        "cpu init": 0 if par.cuda else d.vocab * d.hidden * mem.FP32,
+        # the whole [s, b, V] logits on every rank (each slices its part), the slice, its gradient
+        # and the cross entropy's softmax copies; the embedding's [b, s, h] output is small
+        "logits": (d.vocab + 4 * d.vocab // par.tp) * tokens * mem.FP32,
+        "activations": 4 * tokens * d.hidden * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _vocab_checks(d: Dims, par: Parallel) -> list[str]:
+    out: list[str] = []
+    _divides(out, "vocab", d.vocab, "tp", par.tp)
+    _divides(out, "seq", d.seq, "tp (reduce-scattered embedding)", par.tp)
+    return out
+
+
+def _ddp_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    weights = mem.stage_weight_elements(d) * mem.FP32
+    return mem.Estimate({
+        "weights": weights,
+        "gradients": 2 * weights,        # .grad while it is added into DDP's main_grad buffer
+        "cpu init": 0 if par.cuda else mem.largest_weight_elements(d) * mem.FP32,
+        "activations": (d.layers * mem.layer_activation_elements(d)
+                        + 2 * mem.attention_scores_elements(d)) * mem.FP32,
+        "logits": mem.logits_elements(d) * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _ddp_checks(d: Dims, par: Parallel) -> list[str]:
+    out: list[str] = []
+    _divides(out, "micro-batches", d.microbatches, "dp (= world size)", par.dp)
+    return out
+
+
+def _dist_optimizer_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    n = mem.stage_weight_elements(d)
+    return mem.Estimate({
+        "weights": n * mem.FP32,
+        "gradients": 2 * n * mem.FP32,   # .grad while it is added into the grad buffer
+        # fp32 Adam: two moments, unsharded (the first run) -- the sharded run needs less
+        "optimizer": 2 * n * mem.FP32,
+        "cpu init": 0 if par.cuda else mem.largest_weight_elements(d) * mem.FP32,
+        "activations": (d.layers * mem.layer_activation_elements(d)
+                        + 2 * mem.attention_scores_elements(d)) * mem.FP32,
+        "logits": mem.logits_elements(d) * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _cp_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    qkv = d.seq * d.micro_batch_size * d.heads * d.kv_channels
+    scores = d.micro_batch_size * d.heads * d.seq * d.seq
+    return mem.Estimate({
+        # q, k, v, dout and their full-sequence copies with gradients, the local pieces, the ring's
+        # K/V(+dK/dV) buffers; the reference's [b, heads, s, s] scores, probabilities and gradients
+        "activations": (16 * qkv + 4 * scores) * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _cp_checks(d: Dims, par: Parallel) -> list[str]:
+    out: list[str] = []
+    _divides(out, "seq", d.seq, "2 * cp", 2 * par.cp)
+    return out
+
+
+def _moe_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    experts = 2 * par.ep                                  # snippets.experiments.moe.EXPERTS_PER_EP_RANK
+    expert = 2 * d.hidden * d.ffn
+    tokens = d.seq * d.micro_batch_size
+    return mem.Estimate({
+        # the EP=1 reference layer (every expert) and its state_dict, then two EP layers in turn
+        "weights": (2 * experts + 2 * 2) * expert * mem.FP32,
+        "gradients": 2 * expert * mem.FP32,
+        # each token goes to top-2 experts: the dispatched rows, expert activations and gradients;
+        # allgather moves every EP rank's tokens
+        "activations": (8 * par.ep * tokens * d.hidden + 8 * tokens * d.ffn) * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _loss_estimate(d: Dims, par: Parallel) -> mem.Estimate:
+    weights = mem.stage_weight_elements(d, par.tp) * mem.FP32
+    return mem.Estimate({
+        "weights": weights,
+        "gradients": weights,
+        "cpu init": 0 if par.cuda else mem.largest_weight_elements(d) * mem.FP32,
+        "activations": (d.layers * mem.layer_activation_elements(d, par.tp)
+                        + 2 * mem.attention_scores_elements(d, par.tp)) * mem.FP32,
+        "logits": mem.logits_elements(d, par.tp) * mem.FP32,
+        "runtime": mem.RUNTIME_BYTES[par.device],
+    })
+
+
+def _loss_checks(d: Dims, par: Parallel) -> list[str]:
+    out: list[str] = []
+    _divides(out, "heads", d.heads, "tp", par.tp)
+    _divides(out, "vocab", d.vocab, "tp", par.tp)
+    _divides(out, "ffn", d.ffn, "tp", par.tp)
+    return out
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
+    Experiment(
+        name="loss", note="05_forward_loss_backward",
+        what="one forward+backward of a real GPTModel through get_forward_backward_func with "
+             "pretrain_gpt's three-value loss_func: the reports, the logged lm loss, every TP collective",
+        module="snippets.experiments.forward_loss",
+        tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32,
+                  layers=1, seq=8, micro_batch_size=2, microbatches=2),
+        uses=("tp",), estimate=_loss_estimate, checks=_loss_checks, example="--tp 2"),
+    Experiment(
+        name="train-step", note="06_gradient_sync_and_optimizer",
+        what="one whole training step of a real GPTModel in DDP with Megatron's Adam: schedule, "
+             "finalize_model_grads (the DP all-reduce), optimizer.step() (norm, Adam), recorded",
+        module="snippets.experiments.train_step",
+        tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
+                  layers=4, seq=8, micro_batch_size=2, microbatches=4, bias=False),
+        uses=(), estimate=_dist_optimizer_estimate, checks=_ddp_checks),
     Experiment(
         name="groups", note="02_distributed_initialization",
         what="the real initialize_model_parallel: every rank's coordinates and the members of its "
@@ -217,6 +378,35 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                   seq=1, micro_batch_size=1, microbatches=1),
         uses=("tp", "pp", "cp", "ep"), estimate=_groups_estimate, checks=_groups_checks,
         example="--tp 2 --pp 2", unused=presets.OVERRIDES),
+    Experiment(
+        name="mappings", note="09_tp_mappings",
+        what="every function of tensor_parallel/mappings.py (f, g, scatter/gather, SP, all-to-all) "
+             "forward and backward: the collective, its group and shapes, who issued it, and the "
+             "conjugate pairs computed from the records",
+        module="snippets.experiments.mappings",
+        tiny=Dims("tiny", hidden=6, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=1,
+                  layers=1, seq=4, micro_batch_size=2, microbatches=1),
+        uses=("tp",), estimate=_mappings_estimate, checks=_mappings_checks, example="--tp 2",
+        unused=("heads", "query_groups", "kv_channels", "ffn", "vocab", "layers", "microbatches")),
+    Experiment(
+        name="linear", note="10_column_row_parallel_linear",
+        what="ColumnParallelLinear(hidden, ffn) and RowParallelLinear(ffn, hidden) in six "
+             "configurations (gather_output, input_is_parallel, SP): which rows/columns each rank "
+             "holds, every collective, and our snippets.tp_linear on the same weights",
+        module="snippets.experiments.parallel_linear",
+        tiny=Dims("tiny", hidden=8, heads=1, query_groups=1, kv_channels=1, ffn=16, vocab=1,
+                  layers=1, seq=4, micro_batch_size=2, microbatches=1),
+        uses=("tp",), estimate=_linear_estimate, checks=_linear_checks, example="--tp 2",
+        unused=("heads", "query_groups", "kv_channels", "vocab", "layers", "microbatches")),
+    Experiment(
+        name="vocab", note="12_vocab_parallel",
+        what="VocabParallelEmbedding (all-reduce and reduce-scatter) and vocab_parallel_cross_entropy "
+             "(plain, label smoothing, fused) on this rank's vocab slice: shapes and every collective",
+        module="snippets.experiments.vocab",
+        tiny=Dims("tiny", hidden=6, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=16,
+                  layers=1, seq=4, micro_batch_size=2, microbatches=1),
+        uses=("tp",), estimate=_vocab_estimate, checks=_vocab_checks, example="--tp 2",
+        unused=("heads", "query_groups", "kv_channels", "ffn", "layers", "microbatches")),
     Experiment(
         name="tp-layer", note="11_transformer_layer",
         what="one TransformerLayer (local spec) forward+backward under TP, without and with "
@@ -236,6 +426,44 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         uses=("tp", "pp", "vp", "sp"), estimate=_pipeline_estimate, checks=_pipeline_checks,
         example="--pp 4"),
     Experiment(
+        name="ddp", note="14_data_parallel_ddp",
+        what="a real GPTModel in Megatron's DistributedDataParallel, every rank data parallel: the grad "
+             "buffer's buckets, and the all-reduces without overlap, and with overlap (step 1 in "
+             "finalize, step 2 inside backward)",
+        module="snippets.experiments.ddp",
+        tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
+                  layers=4, seq=8, micro_batch_size=2, microbatches=4, bias=False),
+        uses=(), estimate=_ddp_estimate, checks=_ddp_checks),
+    Experiment(
+        name="cp", note="16_context_parallel",
+        what="the real get_batch_on_this_cp_rank (2*CP chunks, head and tail per rank) and ring "
+             "attention over the CP group against one process's full causal attention: positions, "
+             "equal outputs and gradients, every p2p step of the ring",
+        module="snippets.experiments.context_parallel",
+        tiny=Dims("tiny", hidden=8, heads=2, query_groups=2, kv_channels=4, ffn=1, vocab=1,
+                  layers=1, seq=16, micro_batch_size=1, microbatches=1),
+        uses=("cp",), estimate=_cp_estimate, checks=_cp_checks, example="--cp 2",
+        unused=("hidden", "ffn", "vocab", "layers", "microbatches")),
+    Experiment(
+        name="dist-optimizer", note="15_distributed_optimizer",
+        what="two Adam steps of a real GPTModel with get_megatron_optimizer, without and with "
+             "use_distributed_optimizer: padded buffer, each rank's shard, reduce-scatter / all-gather "
+             "against one all-reduce, bytes per parameter",
+        module="snippets.experiments.dist_optimizer",
+        tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=48, vocab=32,
+                  layers=3, seq=8, micro_batch_size=2, microbatches=4, bias=False),
+        uses=(), estimate=_dist_optimizer_estimate, checks=_ddp_checks),
+    Experiment(
+        name="moe", note="17_moe_expert_parallel",
+        what="a real MoELayer (TopKRouter, SequentialMLP, top-2, 2 experts per EP rank) under expert "
+             "parallelism with the alltoall and allgather dispatchers: the expert groups, where each "
+             "rank's tokens go, every collective with its split sizes, output equal to EP=1",
+        module="snippets.experiments.moe",
+        tiny=Dims("tiny", hidden=8, heads=2, query_groups=2, kv_channels=4, ffn=16, vocab=1,
+                  layers=1, seq=6, micro_batch_size=1, microbatches=4, bias=False),
+        uses=("ep",), estimate=_moe_estimate, checks=_groups_checks, example="--ep 2",
+        unused=("query_groups", "kv_channels", "vocab", "layers", "microbatches")),
+    Experiment(
         name="refit", note="22_refit_and_resharding",
         what="one RL round: train a TPxPP policy one step, swap_model_weights into a rollout model "
              "with TP = world size, check stale vs fresh logits, and what the plan moved",
@@ -244,8 +472,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                   layers=4, seq=8, micro_batch_size=2, microbatches=2, rope=True),
         uses=("tp", "pp"), estimate=_refit_estimate, checks=_refit_checks,
         example="--tp 2 --pp 2"),
-]}
-"""Registered experiments by name (the runner's first argument)."""
+], key=lambda e: e.note)}
+"""Registered experiments by name (the runner's first argument), in the order of their notes."""
 
 
 __all__ = ["EXPERIMENTS", "Experiment", "PARALLEL_FLAGS", "Parallel", "problems"]

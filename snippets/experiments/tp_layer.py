@@ -53,7 +53,8 @@ def build_layer(dims, tp: int, sequence_parallel: bool = False, device: str = "c
     """The real layer at ``dims`` on this rank's TP group (model parallel must be initialized).
 
     On CPU the weights come from ``use_cpu_initialization`` (the full matrix, then this rank's
-    slice: independent of TP); on a GPU Megatron initializes each shard on the device.
+    slice: independent of TP); on a GPU Megatron initializes each shard on the device. On
+    ``"meta"`` (note 11's Qwen3-8B layer) the same path gives parameters with shapes and no storage.
     """
     from snippets import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -66,16 +67,19 @@ def build_layer(dims, tp: int, sequence_parallel: bool = False, device: str = "c
     kwargs["num_layers"] = 1
     config = TransformerConfig(**kwargs, attention_dropout=0.0, hidden_dropout=0.0,
                                tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
-                               use_cpu_initialization=device == "cpu")
+                               use_cpu_initialization=device != "cuda")
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=kwargs["normalization"])
     torch.manual_seed(0)
     with torch.device(device):
         return build_module(spec, config=config, layer_number=1), config
 
 
-def forward_backward(layer, config, dims, sequence_parallel: bool, device: str = "cpu") -> dict:
+def forward_backward(layer, config, dims, sequence_parallel: bool, device: str = "cpu",
+                     keep_tensors: bool = False) -> dict:
     """One DDP forward + backward of ``layer`` and ``finalize_model_grads``, recorded; returns
-    only what the tables need (strings and shapes), so it is small at any size."""
+    only what the tables need (strings and shapes), so it is small at any size -- and with
+    ``keep_tensors`` also the output, input gradient, parameters, gradients before and after
+    ``finalize_model_grads`` and the recorded calls (note 11 compares them with TP=1)."""
     from megatron.core import parallel_state
     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                            finalize_model_grads)
@@ -91,18 +95,24 @@ def forward_backward(layer, config, dims, sequence_parallel: bool, device: str =
     with recorder.record() as calls, collectives_by_submodule(layer, calls, TRACED) as by_module:
         y, _ = model(x, attention_mask=causal)
         y.pow(2).sum().backward()
+    before = {n: p.main_grad.clone() for n, p in layer.named_parameters()} if keep_tensors else None
     with recorder.record() as finalize_calls:
         finalize_model_grads([model])
-    return dict(
+    out = dict(
         calls=len(calls), missing=len(unattributed(calls, by_module)),
         apis={name: {phase: apis(only_in(by_module, name, phase)) for phase in ("forward", "backward")}
               for name in TRACED},
         comm=record_table(calls, meaning, owner_of(by_module)),
         finalize=[[c.api, f"{c.group} {list(c.ranks)}", c.before, c.where] for c in finalize_calls],
     )
+    if keep_tensors:
+        out.update(y=y.detach(), dx=x.grad, before=before, params=dict(layer.named_parameters()),
+                   grads={n: p.main_grad.clone() for n, p in layer.named_parameters()},
+                   recorded=calls, by_module=by_module)
+    return out
 
 
-def run(dims, par) -> dict:
+def run(dims, par, keep_tensors: bool = False) -> dict:
     """On every rank: the layer's weights, then one recorded step without and with SP."""
     from megatron.core import parallel_state
 
@@ -116,7 +126,7 @@ def run(dims, par) -> dict:
                                   kinds={path: kind_of(layer, path) for path, _ in WALK},
                                   heads=attn.num_attention_heads_per_partition,
                                   groups=attn.num_query_groups_per_partition)
-        out[sp] = forward_backward(layer, config, dims, sp, par.device)
+        out[sp] = forward_backward(layer, config, dims, sp, par.device, keep_tensors)
         del layer
     return out
 
