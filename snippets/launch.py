@@ -6,9 +6,11 @@ leak from one experiment into the next.
 
 How the ranks start, and why:
 
-* **fork, from a clean server.** Importing torch + megatron.core costs ~4-5 s per process, so
-  spawning every rank is slow; forking the notebook kernel is fast but hangs once the kernel has
-  run multi-threaded torch work. We use Python's ``forkserver``: one small server process is
+* **fork, from a clean process.** Importing torch + megatron.core costs ~4-5 s per process, so
+  spawning every rank is slow; forking is fast but hangs once the forking process has run
+  multi-threaded torch work. In a notebook kernel that imported ``snippets`` before torch, torch
+  is pinned to one thread (``snippets/__init__.py``), so ranks are forked from the kernel itself.
+  Everywhere else (pytest, scripts) we use Python's ``forkserver``: one small server process is
   started on the first launch, imports torch, megatron.core and ``snippets`` once, never runs
   torch compute, and forks every rank from there. Later launches cost a fork, not an import.
 * **functions travel by value.** A function defined in a notebook cell cannot be pickled by
@@ -28,6 +30,7 @@ The same rank functions run under ``torchrun`` with NCCL on real GPUs: they only
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -107,6 +110,14 @@ class Grid:
 
 
 def _context() -> mp.context.BaseContext:
+    import snippets
+
+    if snippets.KERNEL_FORKS_RANKS:
+        # a notebook kernel whose torch never ran multi-threaded (snippets/__init__.py); what the
+        # fork server would preload is imported here once, not in every forked rank
+        for module in _PRELOAD:
+            importlib.import_module(module)
+        return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx
@@ -114,6 +125,11 @@ def _context() -> mp.context.BaseContext:
 
 def _rank_main(rank, world_size, store_dir, payload, args, kwargs, conn, stack_file, timeout_s):
     """Body of one rank process: join the gloo world, run the function, send back the result."""
+    if type(sys.stdout).__module__.startswith("ipykernel"):
+        # Forked from a notebook kernel: its sys.stdout/stderr are ipykernel streams that flush
+        # through kernel threads this process does not have. Plain file descriptors instead.
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
     # SIGUSR1 dumps this rank's Python stack, so a hang can be reported with its location.
     stack = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=False)
