@@ -256,6 +256,14 @@ def _notes_present(docs_dir: Path) -> dict[int, Path]:
     return present
 
 
+def _notes_by_round(present: dict[int, Path]):
+    """(round title, its notebooks in order) for every round that has a note written."""
+    for round_title, numbers in ROUNDS:
+        notes = [present[n] for n in sorted(numbers) if n in present]
+        if notes:
+            yield round_title, notes
+
+
 def _note_title(nb: Path) -> str:
     return _first_h1(nb) or nb.stem
 
@@ -280,12 +288,9 @@ def self_test_bank(docs_dir: Path) -> str:
         link = f"{NOTES_DIR}/{nb.name}#cell-id={cell['id']}"
         lines += [f"**{k}. {question}** → [{_note_title(nb)} · 计算答案的单元格]({link})", ""]
         lines += _details("运行结果", _output_markdown(cell))
-    for round_title, numbers in ROUNDS:
-        notes = [(n, present[n]) for n in sorted(numbers) if n in present]
-        if not notes:
-            continue
+    for round_title, notes in _notes_by_round(present):
         lines += [f"## {round_title}", ""]
-        for n, nb in notes:
+        for nb in notes:
             lines += [f"### [{_note_title(nb)}]({NOTES_DIR}/{nb.name}#自测)", ""]
             for q in self_test(nb):
                 cell = f" · [计算答案的单元格]({NOTES_DIR}/{nb.name}#cell-id={q['cell_id']})" if q["cell_id"] else ""
@@ -298,12 +303,9 @@ def self_test_bank(docs_dir: Path) -> str:
 def answers_page(docs_dir: Path) -> str:
     present = _notes_present(docs_dir)
     lines = []
-    for round_title, numbers in ROUNDS:
-        notes = [(n, present[n]) for n in sorted(numbers) if n in present]
-        if not notes:
-            continue
+    for round_title, notes in _notes_by_round(present):
         lines += [f"## {round_title}", ""]
-        for n, nb in notes:
+        for nb in notes:
             lines += [f"### [{_note_title(nb)}]({NOTES_DIR}/{nb.name}#30-second-answer)", "",
                       _root_links(thirty_second_answer(nb)), ""]
     return "\n".join(lines)

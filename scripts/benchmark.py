@@ -61,14 +61,27 @@ def notebook_seconds() -> list[list]:
     return rows
 
 
-def mkdocs_seconds() -> float:
+def mkdocs_seconds_and_pages() -> tuple[float, list[list]]:
+    """Build time, and the weight of each note page (its HTML; the shared CSS/JS assets that every
+    page loads once from the browser cache are not counted)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         subprocess.run([str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
-                       check=True, cwd=ROOT, capture_output=True)
-        return time.perf_counter() - start
+                       check=True, cwd=ROOT, capture_output=True,
+                       env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+        seconds = time.perf_counter() - start
+        pages = sorted((p.stat().st_size, p.parent.name) for p in Path(out).glob("notes/*/index.html"))
+    return seconds, [[name, f"{size / 1024:.0f}"] for size, name in pages]
+
+
+def suite_seconds() -> float:
+    """The whole test command (scripts/test.sh without the install step)."""
+    start = time.perf_counter()
+    subprocess.run([PY, "-m", "pytest", "--nbval", "notes/", "tests/", "-n", "2", "--dist", "loadfile",
+                    "-q", "-p", "no:cacheprovider"], check=True, cwd=ROOT, capture_output=True)
+    return time.perf_counter() - start
 
 
 def table(headers, rows) -> str:
@@ -80,6 +93,7 @@ def table(headers, rows) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launch", action="store_true", help="only the launcher")
+    parser.add_argument("--suite", action="store_true", help="also time the whole test command")
     args = parser.parse_args()
     print(table(["ranks", "first launch (s)", "later launches, median (s)", "later, max (s)"],
                 launch_overhead()))
@@ -87,8 +101,12 @@ def main() -> None:
         return
     print()
     print(table(["notebook", "nbval (s, incl. kernel start)"], notebook_seconds()))
+    build, pages = mkdocs_seconds_and_pages()
     print()
-    print(f"mkdocs build --strict: {mkdocs_seconds():.1f} s")
+    print(f"mkdocs build --strict: {build:.1f} s")
+    print(f"largest note page: {pages[-1][0]} {pages[-1][1]} KB (smallest {pages[0][0]} {pages[0][1]} KB)")
+    if args.suite:
+        print(f"whole test command (nbval + tests/, -n 2): {suite_seconds():.0f} s")
 
 
 if __name__ == "__main__":

@@ -229,9 +229,8 @@ def test_torch_norm_sequence_parallel_layer_equals_tp1():
             assert torch.allclose(grad, expected, atol=1e-5), name
 
 
-def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
-    # DP ranks each see half of a fixed batch; DDP averages their grads, so the optimizer must
-    # reproduce torch's AdamW run in one process on the whole batch.
+def _two_layer_ddp(use_distributed_optimizer, **optimizer_config):
+    """A two-layer module in Megatron DDP with Megatron's optimizer, and a torch copy of it."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -239,7 +238,6 @@ def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
     from megatron.core.transformer import TransformerConfig
 
     ps.initialize_model_parallel()
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False))
     reference = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False))
@@ -249,8 +247,15 @@ def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
         config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer),
         module)
     opt = get_megatron_optimizer(
-        OptimizerConfig(lr=0.05, clip_grad=clip_grad, use_distributed_optimizer=use_distributed_optimizer),
-        [ddp])
+        OptimizerConfig(use_distributed_optimizer=use_distributed_optimizer, **optimizer_config), [ddp])
+    return dist.get_rank(), dist.get_world_size(), module, reference, ddp, opt
+
+
+def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
+    # DP ranks each see half of a fixed batch; DDP averages their grads, so the optimizer must
+    # reproduce torch's AdamW run in one process on the whole batch.
+    rank, world, module, reference, ddp, opt = _two_layer_ddp(
+        use_distributed_optimizer, lr=0.05, clip_grad=clip_grad)
     torch_adam = torch.optim.AdamW(reference.parameters(), lr=0.05, weight_decay=0.01)
     norms = []
     for step in range(2):
@@ -299,25 +304,9 @@ def test_distrib_optimizer_type_check_dp2_equals_one_process_adamw():
 def _adam_clipped_steps(use_distributed_optimizer, megatron_clip, reference_clip):
     # Adam with a large eps: with the default eps Adam's update hardly depends on the grads'
     # scale, which would hide a clip that did nothing. (The distributed optimizer takes only Adam.)
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.transformer import TransformerConfig
-
-    ps.initialize_model_parallel()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False))
-    reference = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False))
-    reference.load_state_dict(module.state_dict())
-    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
-    ddp = DistributedDataParallel(
-        config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer),
-        module)
-    opt = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=0.5, adam_eps=0.1, weight_decay=0.0, clip_grad=megatron_clip,
-                        use_distributed_optimizer=use_distributed_optimizer), [ddp])
+    rank, world, module, reference, ddp, opt = _two_layer_ddp(
+        use_distributed_optimizer, optimizer="adam", lr=0.5, adam_eps=0.1, weight_decay=0.0,
+        clip_grad=megatron_clip)
     torch_adam = torch.optim.Adam(reference.parameters(), lr=0.5, eps=0.1)
     norms = []
     for step in range(2):

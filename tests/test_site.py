@@ -358,3 +358,10 @@ def test_pages_workflow_builds_the_strict_site_from_main_and_uploads_it():
     assert upload["with"]["path"] == out
     assert any("pip install -e ." in s.get("run", "") for s in steps)
     assert flow["jobs"]["deploy"]["needs"] == "build"
+
+
+def test_note_pages_stay_under_one_megabyte(site, note_names):
+    # The budget (README): a note page's own HTML, without the shared CSS/JS every page caches.
+    sizes = {name: site.note_page(name).stat().st_size for name in note_names}
+    heavy = {name: size for name, size in sizes.items() if size > 1_000_000}
+    assert not heavy, heavy
