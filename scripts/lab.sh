@@ -7,4 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -c "import jupyterlab" 2>/dev/null \
   || .venv/bin/python -m pip install --quiet --disable-pip-version-check jupyterlab
-exec .venv/bin/jupyter lab --ip 127.0.0.1 --port "${PORT:-8888}" --no-browser notes/ "$@"
+root=()
+[ "$(id -u)" = 0 ] && root=(--allow-root)  # containers often run as root; JupyterLab refuses without it
+exec .venv/bin/jupyter lab --ip 127.0.0.1 --port "${PORT:-8888}" --no-browser "${root[@]}" notes/ "$@"
