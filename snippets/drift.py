@@ -179,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {name} {src} is not a Megatron-LM checkout (no megatron/core/)",
                   file=sys.stderr)
             return 2
-    print(render(report(args.new_src, args.old_src)))
+    try:
+        print(render(report(args.new_src, args.old_src)))
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stdout = None
     return 0
 
 
