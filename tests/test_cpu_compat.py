@@ -251,12 +251,13 @@ def _two_layer_ddp(use_distributed_optimizer, **optimizer_config):
     return dist.get_rank(), dist.get_world_size(), module, reference, ddp, opt
 
 
-def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
-    # DP ranks each see half of a fixed batch; DDP averages their grads, so the optimizer must
-    # reproduce torch's AdamW run in one process on the whole batch.
-    rank, world, module, reference, ddp, opt = _two_layer_ddp(
-        use_distributed_optimizer, lr=0.05, clip_grad=clip_grad)
-    torch_adam = torch.optim.AdamW(reference.parameters(), lr=0.05, weight_decay=0.01)
+def _two_steps(use_distributed_optimizer, torch_optimizer, reference_clip=0.0, **optimizer_config):
+    # DP ranks each see half of a fixed batch; DDP averages their grads, so Megatron's optimizer
+    # must reproduce the torch optimizer run in one process on the whole batch (its grads clipped
+    # to reference_clip first, when given).
+    rank, world, module, reference, ddp, opt = _two_layer_ddp(use_distributed_optimizer,
+                                                              **optimizer_config)
+    torch_opt = torch_optimizer(reference.parameters())
     norms = []
     for step in range(2):
         x = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
@@ -265,17 +266,21 @@ def _adam_two_steps(use_distributed_optimizer, clip_grad=0.0):
         ddp(x[rank * 8 // world:(rank + 1) * 8 // world]).pow(2).mean().backward()
         ddp.finish_grad_sync()
         ok, grad_norm, _ = opt.step()
-        torch_adam.zero_grad()
+        torch_opt.zero_grad()
         reference(x).pow(2).mean().backward()
-        expected_norm = torch.linalg.vector_norm(
-            torch.cat([p.grad.flatten() for p in reference.parameters()])).item()
-        if clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(reference.parameters(), clip_grad)
-        torch_adam.step()
+        expected_norm = torch.nn.utils.clip_grad_norm_(  # the norm before clipping
+            reference.parameters(), reference_clip or float("inf")).item()
+        torch_opt.step()
         norms.append((grad_norm, expected_norm))
     diff = max((a - b).abs().max().item() for a, b in zip(module.parameters(), reference.parameters()))
     inner = opt.chained_optimizers[0]
     return type(inner).__name__, ok, diff, norms, torch.zeros(1).type()
+
+
+def _adam_two_steps(use_distributed_optimizer):
+    return _two_steps(use_distributed_optimizer,
+                      lambda params: torch.optim.AdamW(params, lr=0.05, weight_decay=0.01),
+                      lr=0.05, clip_grad=0.0)
 
 
 def test_optimizer_device_fp32_optimizer_two_adam_steps_equal_torch():
@@ -304,36 +309,21 @@ def test_distrib_optimizer_type_check_dp2_equals_one_process_adamw():
 def _adam_clipped_steps(use_distributed_optimizer, megatron_clip, reference_clip):
     # Adam with a large eps: with the default eps Adam's update hardly depends on the grads'
     # scale, which would hide a clip that did nothing. (The distributed optimizer takes only Adam.)
-    rank, world, module, reference, ddp, opt = _two_layer_ddp(
-        use_distributed_optimizer, optimizer="adam", lr=0.5, adam_eps=0.1, weight_decay=0.0,
-        clip_grad=megatron_clip)
-    torch_adam = torch.optim.Adam(reference.parameters(), lr=0.5, eps=0.1)
-    norms = []
-    for step in range(2):
-        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
-        ddp.zero_grad_buffer()
-        opt.zero_grad()
-        ddp(x[rank * 8 // world:(rank + 1) * 8 // world]).pow(2).mean().backward()
-        ddp.finish_grad_sync()
-        ok, grad_norm, _ = opt.step()
-        torch_adam.zero_grad()
-        reference(x).pow(2).mean().backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(reference.parameters(),
-                                                    reference_clip or float("inf")).item())
-        torch_adam.step()
-    diff = max((a - b).abs().max().item() for a, b in zip(module.parameters(), reference.parameters()))
-    return ok, diff, norms, torch.zeros(1).type()
+    return _two_steps(use_distributed_optimizer,
+                      lambda params: torch.optim.Adam(params, lr=0.5, eps=0.1), reference_clip,
+                      optimizer="adam", lr=0.5, adam_eps=0.1, weight_decay=0.0,
+                      clip_grad=megatron_clip)
 
 
 @pytest.mark.parametrize("dp, distributed", [(1, False), (2, True)])
 def test_clip_grads_type_check_clipped_step_equals_torch_clip_grad_norm(dp, distributed):
     # clip_grads_type_check: with clip_grad below the norm, Megatron scales every (sharded) grad
     # by clip_grad / (norm + 1e-6) like torch.nn.utils.clip_grad_norm_ in one process.
-    for ok, diff, norms, type_after in run_ranks(_adam_clipped_steps, dp, distributed, 0.05, 0.05):
+    for _, ok, diff, norms, type_after in run_ranks(_adam_clipped_steps, dp, distributed, 0.05, 0.05):
         assert ok and diff < 1e-6 and type_after == "torch.FloatTensor"
-        assert all(norm > 0.05 for norm in norms)  # the clip really acted
+        assert all(norm > 0.05 for _, norm in norms)  # the clip really acted
     # The comparison can tell a clipped step from an unclipped one.
-    (_, unclipped, _, _), = run_ranks(_adam_clipped_steps, 1, False, 0.0, 0.05)
+    (_, _, unclipped, _, _), = run_ranks(_adam_clipped_steps, 1, False, 0.0, 0.05)
     assert unclipped > 1e-3
 
 
