@@ -303,7 +303,13 @@ LISTED = {"02_distributed_initialization": "snippets.experiments.groups",
 
 @pytest.mark.parametrize("note, module", LISTED.items())
 def test_notes_list_the_experiment_code_their_cells_call(note, module):
-    """The listing a reader sees in the note is the code the cell (and torchrun) runs."""
+    check_listing(note, module)
+
+
+def check_listing(note: str, module: str) -> None:
+    """The listing a reader sees in the note is the code the cell (and torchrun) runs: every
+    ```python block of the note's markdown is the source of the ``def``/``class`` it names in
+    ``module``, and a code cell imports from ``module``."""
     import importlib
     import inspect
     import re

@@ -475,5 +475,24 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
 ], key=lambda e: e.note)}
 """Registered experiments by name (the runner's first argument), in the order of their notes."""
 
+CATALOGS = ("snippets.experiments.catalog_checkpoint", "snippets.experiments.catalog_data",
+            "snippets.experiments.catalog_model", "snippets.experiments.catalog_training")
+"""Torch-free modules that register more experiments (``ENTRIES``, a list of :class:`Experiment`),
+grouped by topic: the notes of rounds 1 and 3 and note 23."""
+
+
+def _add_catalogs() -> None:
+    for name in CATALOGS:
+        for exp in importlib.import_module(name).ENTRIES:
+            if exp.name in EXPERIMENTS:
+                raise ValueError(f"{name} registers {exp.name!r} twice")
+            EXPERIMENTS[exp.name] = exp
+    ordered = sorted(EXPERIMENTS.values(), key=lambda e: e.note)
+    EXPERIMENTS.clear()
+    EXPERIMENTS.update((e.name, e) for e in ordered)
+
+
+_add_catalogs()
+
 
 __all__ = ["EXPERIMENTS", "Experiment", "PARALLEL_FLAGS", "Parallel", "problems"]
