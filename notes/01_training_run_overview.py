@@ -83,126 +83,117 @@
 # | `load_distributed_checkpoint` | 路径、model | 填好权重的 model | `dist_checkpointing.load` | 是 | 按当前切法读 | 是 | `load_checkpoint` |
 
 # %%
-import logging
-import os
-import tempfile
-from functools import partial
-
-import torch
-from torch.utils.data import DataLoader
-
-from snippets import checkpoint_view as cv
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.overview import checkpoint_line, log_table, run
 from snippets.launch import run_ranks
-from snippets.tables import Table
-
-from megatron.core import dist_checkpointing, parallel_state
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.models.gpt.gpt_model import GPTModel
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-from megatron.core.tokenizers import MegatronTokenizer
-from megatron.core.transformer.transformer_config import TransformerConfig
 
 # %% [markdown]
 # ## 关键对象
 #
 # 下面的 `simple_loop` 逐行复现 simple loop 的 `__main__`（行号见注释），只有三处为 CPU 改动：gloo 代替 NCCL、不调用
-# `torch.cuda.set_device` / `.to("cuda")`、加一行 `torch.manual_seed(123)`（`use_cpu_initialization=True` 从 CPU 默认生成器取初值，
+# `torch.cuda.set_device`（`.to(device)` 在 CPU 上什么也不做）、加一行 `torch.manual_seed(123)`（`use_cpu_initialization=True` 从 CPU 默认生成器取初值，
 # 原脚本没有设它，每次运行的初值不同）；数据 helper 已预编译，不调用 `compile_helpers`，tokenizer 用 Core 的 null tokenizer
-# （原脚本的 `_NullTokenizer` 在 `megatron.training` 里，pip 包没有）。参数 `megatron_optimizer=True` 时换成正式入口的做法：
+# （原脚本的 `_NullTokenizer` 在 `megatron.training` 里，pip 包没有；词表照原脚本取序列长度，但不超过模型的 vocab）。参数 `megatron_optimizer=True` 时换成正式入口的做法：
 # `get_megatron_optimizer` + 每步 `zero_grad_buffer()`。
+#
+# 模型和数据的尺寸是参数 `dims`：本篇用它的 `tiny`，正是原脚本的尺寸（2 层、hidden 12、4 个头、vocab 100、序列 64、
+# micro-batch 8、每步 1 个 micro-batch）；TP 是参数 `tp`。`run` 在每个 rank 上先原样跑一遍、再换优化器跑一遍，
+# checkpoint 目录由 rank 0 在临时目录里建好、把路径广播给其他 rank，跑完删掉。它们在 `snippets/experiments/overview.py` 里：
+# 本篇的单元格和命令行 `torchrun --nproc-per-node 2 -m snippets.run overview --tp 2`（也可以 `--dims qwen3-8b --tp 8`）
+# 调用的是同一个 `run`。原样列出（`tests/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
+#     logging.getLogger("megatron.core").setLevel(logging.ERROR)  # CPU 上的 RNG tracker、mock 数据集缓存提示
+#     parallel_state.destroy_model_parallel()                                                # :42
+#     parallel_state.initialize_model_parallel(tp, 1)                                        # :206 → :56
+#     torch.manual_seed(123)
+#     model_parallel_cuda_manual_seed(123)                                                   # :207
+#     config = TransformerConfig(**dims.transformer_config_kwargs(),                         # :68
+#                                use_cpu_initialization=True, pipeline_dtype=torch.float32)
+#     gpt_model = GPTModel(config=config,                                                    # :76
+#                          transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm,
+#                                                                          normalization=config.normalization),
+#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
+#     gpt_model.to(device)                                                                   # :211
+#     gpt_model = DistributedDataParallel(                                                   # :216-225
+#         config=config, module=gpt_model,
+#         ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
+#                                                  use_distributed_optimizer=False))
+#     if megatron_optimizer:
+#         optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
+#     else:
+#         optim = torch.optim.Adam(gpt_model.parameters())                                  # :227
+#     dataset_config = GPTDatasetConfig(                                                     # :98
+#         random_seed=0, sequence_length=dims.seq, reset_position_ids=False, reset_attention_mask=False,
+#         eod_mask_loss=False, mid_level_dataset_surplus=0.005,
+#         tokenizer=MegatronTokenizer.from_pretrained(metadata_path={"library": "null"},
+#                                                     vocab_size=min(dims.seq, dims.vocab)))
+#     datasets = BlendedMegatronDatasetBuilder(MockGPTDataset, [SAMPLES, None, None], lambda: True,
+#                                              dataset_config).build()
+#     train_iterator = iter(DataLoader(datasets[0], batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
+#
+#     def loss_func(loss_mask, output_tensor):                                               # :136
+#         loss_mask = loss_mask.view(-1).float()
+#         loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum()
+#         return loss, {"lm loss": loss}
+#
+#     def forward_step_func(data_iterator, model):                                           # :120
+#         data = {k: v.to(device) for k, v in next(data_iterator).items()}
+#         output = model(data["tokens"], data["position_ids"], data["attention_mask"], labels=data["labels"])
+#         return output, partial(loss_func, data["loss_mask"])
+#
+#     forward_backward_func = get_forward_backward_func()                                    # :231
+#     start = {n: p.detach().clone() for n, p in gpt_model.named_parameters()}
+#     log = []
+#     for iteration in range(STEPS):                                                         # :234
+#         if megatron_optimizer:
+#             gpt_model.zero_grad_buffer()
+#         optim.zero_grad()                                                                  # :235
+#         losses_reduced = forward_backward_func(                                            # :237
+#             forward_step_func=forward_step_func, data_iterator=train_iterator, model=gpt_model,
+#             num_microbatches=dims.microbatches, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size,
+#             decoder_seq_length=dims.seq, forward_only=False)
+#         finalize_model_grads([gpt_model])                                                  # :251
+#         optim.step()                                                                       # :253
+#         # schedule 已把每个 "lm loss"（与返回的 loss 是同一个 tensor）原地除以 micro-batch 数：求和即平均
+#         log.append(dict(loss=sum(x["lm loss"].item() for x in losses_reduced),
+#                         moved=max((p - start[n]).abs().max().item() for n, p in gpt_model.named_parameters()),
+#                         main_grad_norm=sum(p.main_grad.norm().item() ** 2 for p in gpt_model.parameters()) ** 0.5,
+#                         grad_is_none=all(p.grad is None for p in gpt_model.parameters())))
+#
+#     trained = {k: v.clone() for k, v in gpt_model.module.state_dict().items() if torch.is_tensor(v)}
+#     os.makedirs(ckpt_dir, exist_ok=True)                                                   # :259
+#     sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")                    # :172
+#     dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :175
+#     with torch.no_grad():
+#         for p in gpt_model.parameters():
+#             p.zero_()                                                                      # 抹掉，证明权重来自文件
+#     checkpoint = dist_checkpointing.load(sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""),
+#                                          checkpoint_dir=ckpt_dir)                           # :198
+#     mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))           # :201
+#     restored = all(torch.equal(v, gpt_model.module.state_dict()[k]) for k, v in trained.items())
+#     return dict(log=log, mismatches=mismatches, restored=restored)
+#
+#
+# def run(dims, par) -> tuple:
+#     with checkpoint_dir("ckpt-simple-") as root:  # rank 0 建目录、广播路径，最后删掉
+#         return (simple_loop(dims, par.tp, os.path.join(root, "published"), False, par.device),
+#                 simple_loop(dims, par.tp, os.path.join(root, "fixed"), True, par.device))
+# ```
 
 # %%
-def simple_loop(ckpt_dir, megatron_optimizer):
-    logging.getLogger("megatron.core").setLevel(logging.ERROR)  # CPU 上的 RNG tracker、mock 数据集缓存提示
-    SEQ = 64                                                                               # :29
-    parallel_state.destroy_model_parallel()                                                # :42
-    parallel_state.initialize_model_parallel(2, 1)                                         # :206 → :56
-    torch.manual_seed(123)
-    model_parallel_cuda_manual_seed(123)                                                   # :207
-    config = TransformerConfig(num_layers=2, hidden_size=12, num_attention_heads=4,        # :68
-                               use_cpu_initialization=True, pipeline_dtype=torch.float32)
-    gpt_model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),  # :76
-                         vocab_size=100, max_sequence_length=SEQ)
-    gpt_model = DistributedDataParallel(                                                   # :216-225
-        config=config, module=gpt_model,
-        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
-                                                 use_distributed_optimizer=False))
-    if megatron_optimizer:
-        optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
-    else:
-        optim = torch.optim.Adam(gpt_model.parameters())                                  # :227
-    dataset_config = GPTDatasetConfig(                                                     # :98
-        random_seed=0, sequence_length=SEQ, reset_position_ids=False, reset_attention_mask=False,
-        eod_mask_loss=False, mid_level_dataset_surplus=0.005,
-        tokenizer=MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=SEQ))
-    datasets = BlendedMegatronDatasetBuilder(MockGPTDataset, [1000, None, None], lambda: True, dataset_config).build()
-    train_iterator = iter(DataLoader(datasets[0], batch_size=8, shuffle=True))             # :113-115
-
-    def loss_func(loss_mask, output_tensor):                                               # :136
-        loss_mask = loss_mask.view(-1).float()
-        loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum()
-        return loss, {"lm loss": loss}
-
-    def forward_step_func(data_iterator, model):                                           # :120
-        data = next(data_iterator)
-        output = model(data["tokens"], data["position_ids"], data["attention_mask"], labels=data["labels"])
-        return output, partial(loss_func, data["loss_mask"])
-
-    forward_backward_func = get_forward_backward_func()                                    # :231
-    start = {n: p.detach().clone() for n, p in gpt_model.named_parameters()}
-    log = []
-    for iteration in range(5):                                                             # :234
-        if megatron_optimizer:
-            gpt_model.zero_grad_buffer()
-        optim.zero_grad()                                                                  # :235
-        losses_reduced = forward_backward_func(                                            # :237
-            forward_step_func=forward_step_func, data_iterator=train_iterator, model=gpt_model,
-            num_microbatches=1, seq_length=SEQ, micro_batch_size=8, decoder_seq_length=SEQ, forward_only=False)
-        finalize_model_grads([gpt_model])                                                  # :251
-        optim.step()                                                                       # :253
-        log.append(dict(loss=losses_reduced[0]["lm loss"].item(),
-                        moved=max((p - start[n]).abs().max().item() for n, p in gpt_model.named_parameters()),
-                        main_grad_norm=sum(p.main_grad.norm().item() ** 2 for p in gpt_model.parameters()) ** 0.5,
-                        grad_is_none=all(p.grad is None for p in gpt_model.parameters())))
-
-    trained = {k: v.clone() for k, v in gpt_model.module.state_dict().items() if torch.is_tensor(v)}
-    os.makedirs(ckpt_dir, exist_ok=True)                                                   # :259
-    sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")                    # :172
-    dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :175
-    with torch.no_grad():
-        for p in gpt_model.parameters():
-            p.zero_()                                                                      # 抹掉，证明权重来自文件
-    checkpoint = dist_checkpointing.load(sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""),
-                                         checkpoint_dir=ckpt_dir)                           # :198
-    mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))           # :201
-    restored = all(torch.equal(v, gpt_model.module.state_dict()[k]) for k, v in trained.items())
-    return dict(log=log, mismatches=mismatches, restored=restored)
-
-
-def both(ckpt_root):  # 一次启动跑两种：先原样，再换优化器（各自从 destroy_model_parallel 重新开始）
-    return simple_loop(ckpt_root + "/published", False), simple_loop(ckpt_root + "/fixed", True)
-
-
-runs = run_ranks(both, 2, tempfile.mkdtemp(prefix="ckpt-simple-"), grid=dict(tp=2))
+TINY = EXPERIMENTS["overview"].tiny
+runs = run_ranks(run, 2, TINY, Parallel(world=2, tp=2), grid=dict(tp=2))
 as_published, fixed = [r[0] for r in runs], [r[1] for r in runs]
 
 # %% [markdown]
 # ### 原样的 simple loop：loss 和权重
 #
-# 每步 rank 0 的 loss、权重相对初值的最大变化、`main_grad` 的范数、`param.grad` 是否全为 `None`：
+# 每步 rank 0 的 loss、权重相对初值的最大变化、`main_grad` 的范数、`param.grad` 是否全为 `None`（`log_table`，同一模块）：
 
 # %%
-def log_table(runs):
-    return Table(["iteration", "lm loss", "权重最大变化", "‖main_grad‖ (rank 0)", "param.grad 全是 None"],
-                 [[i, round(s["loss"], 4), round(s["moved"], 4), round(s["main_grad_norm"], 4), s["grad_is_none"]]
-                  for i, s in enumerate(runs[0]["log"])])
-
-
 log_table(as_published)
 
 # %% [markdown]
@@ -218,7 +209,7 @@ log_table(as_published)
 # 无影响）。checkpoint 部分本身是对的：
 
 # %%
-print("原样：", [r["mismatches"] for r in as_published], "权重从文件复原:", [r["restored"] for r in as_published])
+print(checkpoint_line("原样：", as_published))
 
 # %% [markdown]
 # ### 同样的结构，用正式入口的做法
@@ -229,7 +220,7 @@ print("原样：", [r["mismatches"] for r in as_published], "权重从文件复�
 log_table(fixed)
 
 # %%
-print("改后：", [r["mismatches"] for r in fixed], "权重从文件复原:", [r["restored"] for r in fixed])
+print(checkpoint_line("改后：", fixed))
 print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["loss"] == fixed[0]["log"][0]["loss"])
 
 # %% [markdown]

@@ -108,9 +108,11 @@ import numpy
 import torch
 
 from snippets.batch_flow import (FIELDS, BatchArgs, BroadcastMismatch, describe,
-                                 get_batch, get_batch_on_this_tp_rank, paired_views)
+                                 get_batch_on_this_tp_rank, paired_views)
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.batch_flow import (chunk_table, receiver_table, role_table, run, sender_table,
+                                             summary_table)
 from snippets.launch import run_ranks
-from snippets.recorder import communication_table
 from snippets.tables import Table
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -304,41 +306,66 @@ Table(["i", "来自", "tokens"], [[i, "ab"[int(blended.dataset_index[i])], blend
 # `get_batch` / `get_batch_on_this_tp_rank` 不在 pip 包里，`snippets.batch_flow` 按 tag 上的逻辑重写了它们
 # （`tests/test_batch_flow.py` 拿 tag 上的原函数逐个 broadcast 对比），其中 CP 切分调用的是真实的
 # `megatron.core.utils.get_batch_on_this_cp_rank`。每个 collective 都被 `snippets.recorder` 记下。
+#
+# 每个 rank 上跑的函数在 `snippets/experiments/batch_flow.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 4 -m snippets.run batch-flow --tp 2 --cp 2`（见 README 的 "Running at real scale"）调用的是同一个 `run`。
+# 序列长度、micro-batch 和词表是参数 `dims`，本篇用它的 `tiny`：seq 8、micro-batch 2、vocab 32（数据集要
+# micro-batch × `microbatches` = 4 个样本）。`run` 先让 global rank 0 用 `IndexedDatasetBuilder` 把上面语料 a 的三篇文档
+# （长度按 seq 缩放：5/8、3/8、7/8）写进一个临时目录，路径用 `broadcast_object_list` 发给各 rank（不在记录里，也不打印），
+# 再调 `data_flow`。下面几张表由同一模块里的 `summary_table`、`sender_table`、`receiver_table`、`chunk_table`、
+# `role_table` 画出，命令行上 rank 0 打印的（`tables`）也是它们。原样列出（`tests/test_run_data.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def data_flow(prefix, tokenizer, dims, tp, pp, cp):
+#     from megatron.core import parallel_state as mpu
+#     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+#     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+#
+#     from snippets import recorder
+#
+#     mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+#                                   context_parallel_size=cp)
+#     config = GPTDatasetConfig(random_seed=1234, sequence_length=dims.seq, blend=([prefix], None),
+#                               split="100,0,0", tokenizer=tokenizer, reset_position_ids=False,
+#                               reset_attention_mask=False, eod_mask_loss=False)
+#
+#     def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
+#         return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
+#                 and mpu.get_tensor_model_parallel_rank() == 0)
+#
+#     num_samples = dims.micro_batch_size * dims.microbatches
+#     with recorder.record() as build_calls:
+#         train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None],
+#                                                     is_dataset_built_on_rank, config).build()
+#     loader = None if train is None else iter(torch.utils.data.DataLoader(train, batch_size=dims.micro_batch_size))
+#     log = []
+#     with recorder.record() as batch_calls:
+#         batch = get_batch(loader, BatchArgs(micro_batch_size=dims.micro_batch_size, seq_length=dims.seq,
+#                                             pipeline_model_parallel_size=pp), log=log)
+#     batch = dict(zip(FIELDS, batch))
+#
+#     def first_row(name):
+#         return None if batch[name] is None else batch[name][0].tolist()
+#
+#     return dict(coords=(mpu.get_tensor_model_parallel_rank(), mpu.get_context_parallel_rank(),
+#                         mpu.get_pipeline_model_parallel_rank()),
+#                 built=train is not None, build_calls=build_calls, log=log, batch_calls=batch_calls,
+#                 fields={name: describe(batch[name]) for name in FIELDS},
+#                 kept=[name for name in FIELDS if batch[name] is not None],
+#                 tokens=first_row("tokens"), positions=first_row("position_ids"))
+#
+#
+# def run(dims, par) -> dict:
+#     tokenizer = null_tokenizer(dims.vocab)
+#     with shared_corpus(corpus_documents(dims), tokenizer.eod) as prefix:
+#         return data_flow(prefix, tokenizer, dims, par.tp, par.pp, par.cp)
+# ```
 
 # %%
-def data_flow(prefix, tp, pp, cp):
-    from megatron.core import parallel_state as mpu
-
-    from snippets import recorder
-
-    mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                  context_parallel_size=cp)
-    config = GPTDatasetConfig(random_seed=1234, sequence_length=8, blend=([prefix], None), split="100,0,0",
-                              tokenizer=tokenizer, reset_position_ids=False, reset_attention_mask=False,
-                              eod_mask_loss=False)
-
-    def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
-        return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
-                and mpu.get_tensor_model_parallel_rank() == 0)
-
-    with recorder.record() as build_calls:
-        train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [4, None, None], is_dataset_built_on_rank,
-                                                    config).build()
-    loader = None if train is None else iter(torch.utils.data.DataLoader(train, batch_size=2))
-    log = []
-    with recorder.record() as batch_calls:
-        batch = get_batch(loader, BatchArgs(micro_batch_size=2, seq_length=8, pipeline_model_parallel_size=pp),
-                          log=log)
-    return dict(coords=(mpu.get_tensor_model_parallel_rank(), mpu.get_context_parallel_rank(),
-                        mpu.get_pipeline_model_parallel_rank()),
-                built=train is not None, build_calls=build_calls, log=log, batch_calls=batch_calls,
-                batch=dict(zip(FIELDS + ("packed_seq_params",), batch)))
-
-
-tp_cp = run_ranks(data_flow, 4, corpus_a, 2, 1, 2, grid=dict(tp=2, cp=2))
-Table(["rank", "(tp, cp)", "建了数据集", "建数据集时的 collective", "get_batch 的 broadcast 数", "tokens 之后"],
-      [[r, d["coords"][:2], d["built"], [f"{c.api} {c.group}" for c in d["build_calls"]], len(d["batch_calls"]),
-        describe(d["batch"]["tokens"])] for r, d in enumerate(tp_cp)])
+TINY = EXPERIMENTS["batch-flow"].tiny
+TP_CP = Parallel(world=4, tp=2, cp=2)
+tp_cp = run_ranks(run, 4, TINY, TP_CP, grid=dict(tp=2, cp=2))
+summary_table(tp_cp, TP_CP)
 
 # %% [markdown]
 # - **建数据集**：TP rank 0 的两个 rank（0、2，两个 CP 坐标）建，另外两个只陪一次 world barrier。
@@ -349,11 +376,10 @@ Table(["rank", "(tp, cp)", "建了数据集", "建数据集时的 collective", "
 # rank 0（发送方）记下的每一次广播，以及 rank 1（接收方）按路线图格式记下的同一串 collective：
 
 # %%
-Table(["#", "字段", "shape", "dtype"], [[i + 1, *entry] for i, entry in enumerate(tp_cp[0]["log"])])
+sender_table(tp_cp[0])
 
 # %%
-communication_table(tp_cp[1]["batch_calls"], meanings={
-    "send": "TP rank 0 读到的字段原样送给同 TP 群的其余 rank（接收方事先按 args 分配好空缓冲）"})
+receiver_table(tp_cp[1])
 
 # %% [markdown]
 # 9 次里有 4 次是 `cu_seqlens` 的"先发长度、再发内容"，而且发了两遍（长度 0、内容为空张量，因为这份数据没有 packing）：
@@ -365,13 +391,7 @@ communication_table(tp_cp[1]["batch_calls"], meanings={
 # `2·CP−1−r` 块。`position_ids` 正好暴露了每个 rank 留下的是原序列的哪些位置：
 
 # %%
-def kept_chunks(position_ids, seq_len=8, cp=2):
-    return sorted({int(p) // (seq_len // (2 * cp)) for p in position_ids[0]})
-
-
-Table(["rank", "cp rank", "留下的块", "position_ids[0]", "tokens[0]", "attention_mask"],
-      [[r, d["coords"][1], kept_chunks(d["batch"]["position_ids"]), d["batch"]["position_ids"][0].tolist(),
-        d["batch"]["tokens"][0].tolist(), describe(d["batch"]["attention_mask"])] for r, d in enumerate(tp_cp)])
+chunk_table(tp_cp, TINY, TP_CP)
 
 # %% [markdown]
 # 为什么是"一头一尾"：causal attention 里第 `i` 个 token 要和前 `i` 个 token 算，越靠后的块越贵。按 0,1 | 2,3 直接对半切，
@@ -382,21 +402,12 @@ Table(["rank", "cp rank", "留下的块", "position_ids[0]", "tokens[0]", "atten
 #
 # ### 每个 pipeline stage 广播什么：TP=2、PP=3
 #
-# 同一个函数换成 6 个 rank、三个 stage：
+# 同一个函数换成 6 个 rank、三个 stage（命令行 `torchrun --nproc-per-node 6 -m snippets.run batch-flow --tp 2 --pp 3`）：
 
 # %%
-tp_pp = run_ranks(data_flow, 6, corpus_a, 2, 3, 1, grid=dict(tp=2, pp=3))
-
-
-def role(d):
-    if not d["log"]:
-        return "不参与（直接返回 None）"
-    return "读数据并发送" if d["coords"][0] == 0 else "接收"
-
-
-Table(["rank", "(tp, pp)", "建了数据集", "角色", "broadcast 的字段（依次）", "之后不为 None 的字段"],
-      [[r, (d["coords"][0], d["coords"][2]), d["built"], role(d), [entry[0] for entry in d["log"]],
-        [k for k in FIELDS if d["batch"][k] is not None]] for r, d in enumerate(tp_pp)])
+TP_PP = Parallel(world=6, tp=2, pp=3)
+tp_pp = run_ranks(run, 6, TINY, TP_PP, grid=dict(tp=2, pp=3))
+role_table(tp_pp, TP_PP)
 
 # %% [markdown]
 # - **首 stage**（rank 0、1）只广播输入侧：`tokens`、`attention_mask`、`position_ids`；接收方的 `labels`、`loss_mask` 为 None。
@@ -595,7 +606,7 @@ print(len(tp_cp[0]["log"]), sum(entry[0].startswith("cu_seqlens") for entry in t
 # </details>
 
 # %%
-print(tp_cp[2]["batch"]["position_ids"][0].tolist())
+print(tp_cp[2]["positions"])
 
 # %% [markdown]
 # **3. TP=2、PP=3 的 6 个 rank 里，哪些 rank 建数据集？为什么中间 stage 不建？**

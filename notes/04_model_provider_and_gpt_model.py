@@ -19,7 +19,7 @@
 # 第一轮第 4 篇。`setup_model_and_optimizer` 的第一件事是造模型。本篇沿正式入口走三步：命令行参数怎样变成
 # `TransformerConfig`；`gpt_builder` 怎样选 layer spec（local 还是 Transformer Engine）；`GPTModel(config, spec)`
 # 在 TP=2 的两个 rank 上各造出了什么——每个参数的全局 shape、本地 shape、沿哪一维切，全部由运行打印，
-# 并把两个 rank 的分片拼回去，与 TP=1 的同一个模型逐元素比较。
+# 并把每个 rank 的分片与 TP=1 的同一个模型逐元素比较。
 
 # %% [markdown]
 # ## 阅读目标
@@ -108,10 +108,12 @@ import inspect
 
 import torch
 
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.gpt_model import count, run, tables
 from snippets.launch import run_ranks
 from snippets.model_args import EXCLUDED, OVERRIDES, cli_flags, transformer_config_fields, where_from
 from snippets.model_specs import spec_table, transformer_engine_spec_without_te
-from snippets.param_table import gather, global_shape
+from snippets.param_table import gather
 from snippets.tables import Table
 
 from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,
@@ -224,66 +226,102 @@ print("local spec 的 sharded_state_dict_keys_map:", local_spec.submodules.shard
 # 和 simple loop 一样用 local spec、CPU 初始化，维度取小：1 层、hidden 16、4 个 head、SwiGLU（`--swiglu`，
 # `linear_fc1` 宽 2×32）、词表 32、最长 8；`share_embeddings_and_output_weights=True` 与 `parallel_output=True`
 # 是 `gpt_builder` 的缺省。每个 rank 造完模型后像 `get_model` 那样给复制的参数补上缺省属性，
-# 再读回每个参数的 Megatron 属性；同一个函数在 1 个 rank 上跑一遍作为 TP=1 的参照。
+# 再读回每个参数的 Megatron 属性。尺寸是参数 `dims`（`snippets.presets.Dims`）：`dims.transformer_config_kwargs()`
+# 把 hidden、head、ffn 和 SwiGLU / RMSNorm / QK norm / bias 这些开关换成 `TransformerConfig` 的字段，spec 的
+# `qk_layernorm`、`GPTModel` 的位置编码也由它决定（Qwen3 式的 RMSNorm、QK norm、无 bias、RoPE 都照此生效）。
+# 本篇的 `TINY` 就是上面那组小尺寸。
+#
+# ```python
+# def build_gpt(dims, tp: int, device: str = "cpu"):
+#     """``(model, collectives recorded while building it)`` on this rank's TP group of ``tp``."""
+#     from snippets import recorder
+#
+#     from megatron.core import parallel_state as mpu
+#     from megatron.core import tensor_parallel
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#     from megatron.core.transformer import TransformerConfig
+#
+#     mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
+#     model_parallel_cuda_manual_seed(1234)
+#     config = TransformerConfig(**dims.transformer_config_kwargs(),  # --swiglu sets gated_linear_unit, silu
+#                                tensor_model_parallel_size=tp, use_cpu_initialization=True,
+#                                pipeline_dtype=torch.float32)
+#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
+#     with recorder.record() as calls, torch.device(device):
+#         model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=dims.vocab,
+#                          max_sequence_length=dims.seq, parallel_output=True,
+#                          share_embeddings_and_output_weights=True,
+#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
+#     for param in model.parameters():  # as get_model does
+#         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+#     return model, calls
+# ```
+#
+# 参照是 TP=1 的同一个模型：`run` 在同一个进程里造完 TP=2 的模型、读完它的参数后，`destroy_model_parallel`，
+# 用同一个种子再造一个 TP=1 的模型，检查本 rank 的每个分片是否正是整块里属于它的那一片（`shard_of`：
+# 按 `_initialize_affine_weight_cpu` 的切法，沿 `partition_dim` 切成 `TP · stride` 块，取第 `r, r+TP, …` 块）：
+#
+# ```python
+# def shard_of(whole: torch.Tensor, rank: int, tp: int, dim: int, stride: int = 1) -> torch.Tensor:
+#     """TP rank ``rank``'s piece of ``whole``: chunks ``rank, rank + tp, ...`` of ``tp * stride``
+#     along ``dim`` (how ``_initialize_affine_weight_cpu`` cuts the master weight)."""
+#     return torch.cat(whole.chunk(tp * stride, dim=dim)[rank::tp], dim=dim)
+#
+#
+# def run(dims, par, keep_values: bool = False) -> dict:
+#     from megatron.core import parallel_state as mpu
+#
+#     model, calls = build_gpt(dims, par.tp, par.device)
+#     layer = model.decoder.layers[0]
+#     built = {"embedding.word_embeddings": model.embedding.word_embeddings, "output_layer": model.output_layer,
+#              "linear_qkv": layer.self_attention.linear_qkv, "linear_proj": layer.self_attention.linear_proj,
+#              "linear_fc1": layer.mlp.linear_fc1, "linear_fc2": layer.mlp.linear_fc2,
+#              "input_layernorm": layer.input_layernorm}
+#     out = dict(rank=torch.distributed.get_rank(), tp_rank=mpu.get_tensor_model_parallel_rank(),
+#                dp_rank=mpu.get_data_parallel_rank(), rows=param_rows(model), collectives=len(calls),
+#                built={k: type(v).__name__ for k, v in built.items()},
+#                output_weight_is_none=model.output_layer.weight is None,
+#                shared=model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight)
+#     shards = {name: p.detach() for name, p in model.named_parameters()}
+#     del model, layer, built
+#     mpu.destroy_model_parallel()
+#     reference, _ = build_gpt(dims, 1, par.device)  # the same seed, the whole model on this rank
+#     whole = {name: p.detach() for name, p in reference.named_parameters()}
+#     out["tp1_rows"] = param_rows(reference)
+#     out["equal_tp1"] = {
+#         row["name"]: torch.equal(shards[row["name"]], shard_of(whole[row["name"]], out["tp_rank"], par.tp,
+#                                                                 row["partition_dim"], row["stride"])
+#                                  if row["split"] else whole[row["name"]])
+#         for row in out["rows"]}
+#     if keep_values:
+#         out["values"] = {name: t.cpu().clone() for name, t in shards.items()}
+#         out["tp1_values"] = {name: t.cpu().clone() for name, t in whole.items()}
+#     return out
+# ```
+#
+# 这几个函数在 `snippets/experiments/gpt_model.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 2 -m snippets.run gpt-model --tp 2`（加 `--dims qwen3-8b` 即 Qwen3-8B 的尺寸）调用的是
+# 同一个 `run`，rank 0 打印的也是同一个 `tables`。原样列出（`tests/test_run_model.py` 检查这里和模块里的源码一字不差）。
+# 本篇多要一份数值（`keep_values=True`），下面拼 `linear_fc1` 时用。
 
 # %%
-def build_gpt(tp):
-    from snippets import param_table, recorder  # param_table first: it quiets the known import warnings
-
-    import torch.nn.functional as F
-    from megatron.core import parallel_state as mpu
-    from megatron.core import tensor_parallel
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer import TransformerConfig
-
-    mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
-    model_parallel_cuda_manual_seed(1234)
-    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
-                               gated_linear_unit=True, activation_func=F.silu,  # what --swiglu sets
-                               tensor_model_parallel_size=tp, use_cpu_initialization=True,
-                               pipeline_dtype=torch.float32)
-    with recorder.record() as calls:
-        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
-                         max_sequence_length=8, parallel_output=True, share_embeddings_and_output_weights=True)
-    for param in model.parameters():  # as get_model does
-        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
-    layer = model.decoder.layers[0]
-    built = {"embedding.word_embeddings": model.embedding.word_embeddings, "output_layer": model.output_layer,
-             "linear_qkv": layer.self_attention.linear_qkv, "linear_proj": layer.self_attention.linear_proj,
-             "linear_fc1": layer.mlp.linear_fc1, "linear_fc2": layer.mlp.linear_fc2,
-             "input_layernorm": layer.input_layernorm}
-    return dict(rows=param_table.param_rows(model), values={n: p.detach().clone() for n, p in model.named_parameters()},
-                built={k: type(v).__name__ for k, v in built.items()}, collectives=len(calls),
-                output_weight_is_none=model.output_layer.weight is None,
-                shared=model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight)
-
-
-tp2 = run_ranks(build_gpt, 2, 2, grid=dict(tp=2))
-tp1 = run_ranks(build_gpt, 1, 1)[0]
-print("造模型期间的 collective 条数（每个 rank）:", [r["collectives"] for r in tp2])
-print("实例化出的类:", tp2[0]["built"])
+TINY = EXPERIMENTS["gpt-model"].tiny
+PAR = Parallel(world=2, tp=2)
+tp2 = run_ranks(run, 2, TINY, PAR, grid=dict(tp=2), keep_values=True)
+tp1 = dict(rows=tp2[0]["tp1_rows"], values=tp2[0]["tp1_values"])
+built_line, classes_line, param_rows_table, shared_line, count_rows_table = tables(tp2, TINY, PAR)
+print(built_line)
+print(classes_line)
 
 # %% [markdown]
-# 每个参数一行：全局 shape 由本地 shape 与 `partition_dim` 算出；"拼回 = TP=1"是把两个 rank 的分片按
-# `partition_dim`、`partition_stride` 拼回（`snippets.param_table.gather`）后与 TP=1 模型的同名参数逐元素比较，
-# 复制的参数则比较两个 rank 是否相同、是否等于 TP=1。
+# 每个参数一行：全局 shape 由本地 shape 与 `partition_dim` 算出；"拼回 = TP=1"是每个 rank 的分片都等于 TP=1 模型
+# 同名参数里属于它的那一片（复制的参数则是整块相等）——等价于把两个 rank 的分片按 `partition_dim`、`partition_stride`
+# 拼回（`snippets.param_table.gather`）后与 TP=1 的参数逐元素相等。
 
 # %%
-def whole(name, row):
-    shards = [tp2[r]["values"][name] for r in range(2)]
-    if row["split"]:
-        return gather(shards, row["partition_dim"], row["stride"])
-    return shards[0] if torch.equal(shards[0], shards[1]) else None
-
-
-rows1 = {row["name"]: row for row in tp2[1]["rows"]}
-Table(["参数", "全局 shape", "rank 0 本地", "rank 1 本地", "partition_dim", "stride", "拼回 = TP=1"],
-      [[row["name"], list(global_shape(row, 2)), list(row["local_shape"]), list(rows1[row["name"]]["local_shape"]),
-        row["partition_dim"] if row["split"] else "复制", row["stride"] if row["split"] else "-",
-        whole(row["name"], row) is not None and torch.equal(whole(row["name"], row), tp1["values"][row["name"]])]
-       for row in tp2[0]["rows"]])
+param_rows_table
 
 # %% [markdown]
 # 读表：
@@ -309,22 +347,13 @@ print("直接 cat == TP=1:", torch.equal(naive, tp1["values"][fc1]),
 # `word_embeddings.weight`：它也是按词表切的 `[V/TP, h]`，正好就是列并行输出层要的分片。
 
 # %%
-print("output_layer.weight is None:", tp2[0]["output_weight_is_none"],
-      " 输出层用的就是 word_embeddings.weight:", tp2[0]["shared"])
+print(shared_line)
 
 # %% [markdown]
 # ### 每个 rank 多少参数
 
 # %%
-def count(rows, split):
-    return sum(row["numel"] for row in rows if row["split"] == split)
-
-
-Table(["rank", "参数张量数", "元素数", "其中切分的", "其中复制的"],
-      [[r, len(d["rows"]), sum(row["numel"] for row in d["rows"]), count(d["rows"], True), count(d["rows"], False)]
-       for r, d in enumerate(tp2)]
-      + [["TP=1", len(tp1["rows"]), sum(row["numel"] for row in tp1["rows"]), count(tp1["rows"], True),
-          count(tp1["rows"], False)]])
+count_rows_table
 
 # %% [markdown]
 # 切分的部分两个 rank 各一半（1592 + 1592 = 3184），复制的 256 个每个 rank 都有：每 rank 1848，不是 3440 的一半。

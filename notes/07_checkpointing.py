@@ -88,55 +88,78 @@
 # | `dist_checkpointing.load` | 当前模型的 sharded state dict、目录 | 普通 state dict（本地 tensor 已填好） | 同上 | 是 | 按本地偏移取区间 | 否（只返回 dict） | 同上 |
 
 # %%
+import shutil
 import tempfile
 
-import torch
-
-from snippets import checkpoint_view as cv
-from snippets import tiny_gpt
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.checkpoint import (chunks_table, entries_line, entries_table, load_at, load_row,
+                                             load_table, run, stored_table, wants_rows, wants_table,
+                                             written_table)
 from snippets.launch import run_ranks
 from snippets.tables import Table
-
-from megatron.core import dist_checkpointing
 
 # %% [markdown]
 # ## 关键对象
 #
-# 一个 2 层、hidden 16、4 个头、vocab 32 的 `GPTModel`（local spec）。同一个函数按给定的 TP 建模型；
-# `seed` 不同，权重就不同——加载前后的 logits 因此能说明权重确实是从 checkpoint 来的。
+# 一个 2 层、hidden 16、4 个头、vocab 32 的 `GPTModel`（local spec）。`build_gpt` 按给定的 TP 建模型；
+# `seed` 不同，权重就不同——加载前后的 logits 因此能说明权重确实是从 checkpoint 来的。`logits` 让每个 rank 算出自己那
+# 1/TP 的 vocab 列，再用 `gather_from_tensor_model_parallel_region`（[笔记 09](../09_tp_mappings/)）在 TP 群里拼回完整的 vocab，
+# 所以不同 TP 的结果可以直接比较。`save_at` 在 TP=`tp` 建模型（seed 1）并保存。`run` 把存和读放进同一个 job：
+# 在 TP=`par.tp` 存，再用同一批 rank 在 TP=1 和 TP=world size 各读一次（与存时相同的跳过；多出来的 rank 是 DP 副本）。
+#
+# 这些函数在 `snippets/experiments/checkpoint.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 8 -m snippets.run checkpoint --tp 2`（TP=2 存，TP=1、TP=8 读；也可以 `--dims qwen3-8b`）
+# 调用的是同一个 `run`。模型尺寸是参数 `dims`，本篇用它的 `tiny`。命令行下目录由 rank 0 在临时目录里建、广播路径、
+# 最后删掉；本篇自己给一个目录，`run` 不删它（后面还要在 4 个 rank 上读），并让 rank 0 带回保存时的 logits。
+# 原样列出（`tests/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def build_gpt(dims, tp, seed, device="cpu"):
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+#     torch.manual_seed(seed)
+#     model_parallel_cuda_manual_seed(seed)
+#     config = pipeline_config(dims, pp=1, tp=tp, device=device)
+#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
+#     with torch.device(device):
+#         return GPTModel(config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                         position_embedding_type="rope" if dims.rope else "learned_absolute")
+#
+#
+# def logits(model, dims, device="cpu"):
+#     batch = microbatches(dims, 1, device)[0]
+#     with torch.no_grad():  # 每个 rank 算出自己那 1/TP 的 vocab 列，再在 TP 群里拼回完整 vocab
+#         mine = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+#         return gather_from_tensor_model_parallel_region(mine)
+#
+#
+# def save_at(dims, tp, ckpt_dir, device="cpu"):
+#     model = build_gpt(dims, tp, seed=1, device=device)
+#     sharded_sd = model.sharded_state_dict()
+#     dist_checkpointing.save(sharded_sd, ckpt_dir)
+#     return cv.sharded_rows(sharded_sd), logits(model, dims, device)
+#
+#
+# def run(dims, par, ckpt_dir=None) -> dict:
+#     with checkpoint_dir(f"ckpt-tp{par.tp}-", ckpt_dir) as path:
+#         rows, reference = save_at(dims, par.tp, path, par.device)
+#         saved = inspect_checkpoint(path) if dist.get_rank() == 0 else None
+#         loads = []
+#         for tp in load_tps(par):
+#             parallel_state.destroy_model_parallel()
+#             loaded = load_at(dims, tp, path, par.device)
+#             loads.append(dict(tp=tp, row=load_row(par.tp, tp, reference, loaded), wants=loaded["wants"]))
+#     kept = ckpt_dir is not None and dist.get_rank() == 0  # 调用方还要再读这个目录：带回对照用的 logits
+#     return dict(rows=rows, logits_shape=tuple(reference.shape), saved=saved, loads=loads,
+#                 reference=reference.cpu() if kept else None)
+# ```
+#
+# 在 2 个 rank 上：TP=2 存，TP=1 读（两个 rank 都建完整的 TP=1 模型，互为 DP 副本）：
 
 # %%
-def build_gpt(tp, seed):
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    config = tiny_gpt.tiny_config(tensor_model_parallel_size=tp, num_layers=2, num_attention_heads=4)
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
-    return GPTModel(config, get_gpt_layer_local_spec(), vocab_size=32, max_sequence_length=8)
-
-
-def logits(model):
-    batch = tiny_gpt.microbatches(1)[0]
-    with torch.no_grad():  # 每个 rank 返回自己那 1/TP 的 vocab 列
-        return model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
-
-
-def save_at(ckpt_dir, tp):
-    model = build_gpt(tp, seed=1)
-    sharded_sd = model.sharded_state_dict()
-    dist_checkpointing.save(sharded_sd, ckpt_dir)
-    return cv.sharded_rows(sharded_sd), logits(model)
-
-
+TINY = EXPERIMENTS["checkpoint"].tiny
 ckpt_dir = tempfile.mkdtemp(prefix="ckpt-tp2-")
-saved = run_ranks(save_at, 2, ckpt_dir, tp=2, grid=dict(tp=2))
-reference = torch.cat([out for _, out in saved], dim=-1)   # 拼回完整 vocab
-print("entries per rank:", [len(rows) for rows, _ in saved], " logits:", tuple(reference.shape))
+results = run_ranks(run, 2, TINY, Parallel(world=2, tp=2), ckpt_dir=ckpt_dir, grid=dict(tp=2))
+print(entries_line(results))
 
 # %% [markdown]
 # ### `sharded_state_dict` 的每一项（TP=2，两个 rank 并排）
@@ -145,12 +168,8 @@ print("entries per rank:", [len(rows) for rows, _ in saved], " logits:", tuple(r
 # 两个 rank 的全局偏移和 `replica_id`。`_extra_state` 是 `ShardedObject`，这里只列一层的。
 
 # %%
-rank0, rank1 = (dict((r[0], r) for r in rows) for rows, _ in saved)
-shown = [k for k in rank0 if k.startswith(("embedding", "decoder.layers.0", "decoder.layers.1.self_attention.linear_qkv.weight",
-                                            "decoder.final_layernorm.weight", "output_layer"))]
-Table(["本地 key", "全局 key", "类型", "global shape", "local shape", "offset r0", "offset r1", "replica_id r0", "replica_id r1"],
-      [[k, rank0[k][1], rank0[k][2], rank0[k][3], rank0[k][4], rank0[k][5], rank1[k][5], rank0[k][6], rank1[k][6]]
-       for k in shown])
+rank0, rank1 = ({row[0]: row for row in r["rows"]} for r in results)
+entries_table(results)
 
 # %% [markdown]
 # 读这张表：
@@ -167,34 +186,31 @@ Table(["本地 key", "全局 key", "类型", "global shape", "local shape", "off
 # 一个 rank 只写 `replica_id` 全为 0 的那些片。每个 rank 写多少个 tensor：
 
 # %%
-Table(["rank", "ShardedTensor 数", "主副本（会写）", "副本（不写）"],
-      [[r, sum(row[2] == "ShardedTensor" for row in rows),
-        sum(row[2] == "ShardedTensor" and cv.is_main_replica(row[6]) for row in rows),
-        sum(row[2] == "ShardedTensor" and not cv.is_main_replica(row[6]) for row in rows)]
-       for r, (rows, _) in enumerate(saved)])
+written_table(results)
 
 # %% [markdown]
 # ### 保存的目录里有什么
 #
-# 路径都相对于 checkpoint 目录。`__<rank>_<i>.distcp` 是 `torch.distributed.checkpoint` 的数据文件（每个 rank 用两个写线程），
-# `.metadata` 记录每个全局 tensor 由哪些块组成，`common.pt` 是 rank 0 存的非分片部分，`metadata.json` 说明格式：
+# rank 0 在 `run` 里存完就读了目录（`inspect_checkpoint`），路径都相对于 checkpoint 目录。`__<rank>_<i>.distcp` 是
+# `torch.distributed.checkpoint` 的数据文件（每个 rank 用两个写线程），`.metadata` 记录每个全局 tensor 由哪些块组成，
+# `common.pt` 是 rank 0 存的非分片部分，`metadata.json` 说明格式：
 
 # %%
-print(cv.saved_files(ckpt_dir))
-print(cv.metadata_json(ckpt_dir))
+saved = results[0]["saved"]
+print(saved["files"])
+print(saved["metadata"])
 
 # %% [markdown]
 # `.metadata` 里登记的全局 tensor：与并行度无关的名字和形状。
 
 # %%
-stored = cv.stored_tensors(ckpt_dir)
-Table(["全局 key", "global shape"], [[k, v] for k, v in stored.items()])
+stored_table(saved)
 
 # %% [markdown]
 # 一个全局 tensor 由哪些块组成——`linear_qkv.weight` 的 (层, 行) 各切两半，共 4 块：
 
 # %%
-Table(["offsets", "sizes"], cv.stored_chunks(ckpt_dir, "decoder.layers.self_attention.linear_qkv.weight"))
+chunks_table(saved, "decoder.layers.self_attention.linear_qkv.weight")
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
@@ -216,26 +232,45 @@ Table(["offsets", "sizes"], cv.stored_chunks(ckpt_dir, "decoder.layers.self_atte
 #
 # 加载方用**自己的**模型生成 sharded state dict——它说明"我这个 rank 需要全局 tensor 的哪一段"；`dist_checkpointing.load`
 # 按这些偏移从文件里读出对应区间，不管保存时是怎么切的。新模型用另一个 seed 建，加载前 logits 不同，加载后应与 TP=2 相同。
+# `load_at` 还记下这个 rank 要的第 0 层 `linear_qkv.weight` 那一块；`load_row` 把一次加载和保存时的 logits 比一遍：
+#
+# ```python
+# def load_at(dims, tp, ckpt_dir, device="cpu"):
+#     model = build_gpt(dims, tp, seed=2, device=device)
+#     before = logits(model, dims, device)
+#     sharded_sd = model.sharded_state_dict()  # 这个 rank 要全局 tensor 的哪一块
+#     wants = [row for row in cv.sharded_rows(sharded_sd) if row[0] == LOCAL_QKV]
+#     state_dict = dist_checkpointing.load(sharded_sd, ckpt_dir)
+#     result = model.load_state_dict(state_dict)
+#     return dict(before=before, after=logits(model, dims, device), wants=wants,
+#                 mismatches=cv.key_mismatches(result))
+#
+#
+# def load_row(save_tp, tp, reference, loaded):
+#     before, after = loaded["before"], loaded["after"]
+#     return [f"TP={save_tp} → TP={tp}", torch.allclose(before, reference),
+#             torch.allclose(after, reference, atol=1e-6), round((after - reference).abs().max().item(), 4),
+#             *loaded["mismatches"]]
+# ```
+#
+# TP=1 那一行 `run` 已经算好；TP=4 要 4 个 rank，用同一个 `load_at` 读同一个目录，读完删掉目录：
 
 # %%
-def load_at(ckpt_dir, tp):
-    model = build_gpt(tp, seed=2)
-    before = logits(model)
-    state_dict = dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir)
-    result = model.load_state_dict(state_dict)
-    return before, logits(model), *cv.key_mismatches(result)
-
-
-rows = []
-for tp in (1, 4):
-    out = run_ranks(load_at, tp, ckpt_dir, tp=tp, grid=dict(tp=tp))
-    before = torch.cat([o[0] for o in out], dim=-1)
-    after = torch.cat([o[1] for o in out], dim=-1)
-    rows.append([f"TP=2 → TP={tp}", torch.allclose(before, reference), torch.allclose(after, reference, atol=1e-6),
-                 round((after - reference).abs().max().item(), 4), out[0][2], out[0][3]])
-Table(["加载", "加载前 logits 相同", "加载后 logits 相同 (atol 1e-6)", "max |Δ|", "missing keys", "unexpected keys"], rows)
+tp4 = run_ranks(load_at, 4, TINY, 4, ckpt_dir, grid=dict(tp=4))
+shutil.rmtree(ckpt_dir)
+load_table([results[0]["loads"][0]["row"], load_row(2, 4, results[0]["reference"], tp4[0])])
 
 # %% [markdown]
+# 每个加载的 rank 向文件要哪一块、这一块落在保存时的哪几块里（`source_chunks`：逐维比较区间是否相交）：
+
+# %%
+wants_table(wants_rows("TP=2 → TP=1", [r["loads"][0]["wants"] for r in results], saved)
+            + wants_rows("TP=2 → TP=4", [out["wants"] for out in tp4], saved))
+
+# %% [markdown]
+# TP=1 的 rank 要完整的 48 行，DCP 从 TP=2 写的两块里各读一半拼起来；两个 TP=1 rank 是 DP 副本，要的是同一块。
+# TP=4 的 rank r 要第 12r 到 12r+12 行，每一块都落在 TP=2 的某一块之内，只读那一块的一部分。文件一个字节也没改。
+#
 # 三种切法下 logits 一致（差异在 1e-7 量级，来自不同的矩阵乘分块与 vocab 并行的求和顺序，不是 bitwise 相同）。
 #
 # ### 正式入口多做了什么
@@ -345,7 +380,7 @@ print(row[1], row[5][0])
 # </details>
 
 # %%
-print(sum(name.endswith(".distcp") for name in cv.saved_files(ckpt_dir)))
+print(sum(name.endswith(".distcp") for name in saved["files"]))
 
 # %% [markdown]
 # **5. `.metadata` 里的全局 tensor 数和一个 rank 的 ShardedTensor 数为什么不同？**
@@ -358,7 +393,7 @@ print(sum(name.endswith(".distcp") for name in cv.saved_files(ckpt_dir)))
 # </details>
 
 # %%
-print(len(stored), sum(r[2] == "ShardedTensor" for r in rank0.values()))
+print(len(saved["tensors"]), sum(r[2] == "ShardedTensor" for r in rank0.values()))
 
 # %% [markdown]
 # **5. DP=2 用分布式优化器存的 checkpoint，在 DP=1 上加载后 `exp_avg` 与保存时相同吗？Adam 的 step 呢？**

@@ -69,7 +69,9 @@
 # | `initialize_model_parallel`（只看"成员"这一面） | 各维大小、`order` | 模块全局变量 | 以上全部、`create_group` | 是 | 否 | 是 | 同上 |
 
 # %%
-from snippets.groups import coordinates, describe_rank, group_summary, groups_along, rank_of, unique_groups
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.rank_generator import ETP, run, tables
+from snippets.groups import coordinates, describe_rank, group_summary, groups_along, rank_of
 from snippets.launch import RankError, run_ranks
 from snippets.tables import Table
 
@@ -219,27 +221,90 @@ group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-c
 #
 # ### 真实的 `initialize_model_parallel` 与算术一致吗？
 #
-# 8 个 gloo rank，TP=2、PP=2、EP=2（ETP=1，这样 order 以 pp 结尾时 EDP 也合法）。每个 rank 用 Megatron 的
-# getter 报出自己的群，合并后与两个 `RankGenerator` 逐类比较：
+# 8 个 gloo rank，TP=2、PP=2、EP=2（ETP=1，这样 order 以 pp 结尾时 EDP 也合法）。每个 rank 调真实的
+# `initialize_model_parallel`，再用 Megatron 的 getter 报出自己在两个网格上的坐标和所在的每个群（`describe_rank`，
+# 和[笔记 02](../02_distributed_initialization/) 的 `groups` 实验读法相同），合并后与两个 `RankGenerator` 逐类比较：
+#
+# ```python
+# def init_with_experts(tp, pp, ep, etp, cp=1):
+#     from megatron.core import parallel_state
+#
+#     parallel_state.initialize_model_parallel(
+#         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+#         expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+#     return describe_rank()
+#
+#
+# def run(dims, par) -> dict:
+#     from megatron.core import parallel_state as ps
+#
+#     described = init_with_experts(par.tp, par.pp, par.ep, ETP, par.cp)
+#     described["expert_coords"] = {"etp": ps.get_expert_tensor_parallel_rank(),
+#                                   "ep": ps.get_expert_model_parallel_rank(),
+#                                   "edp": ps.get_expert_data_parallel_rank(),
+#                                   "pp": ps.get_pipeline_model_parallel_rank()}
+#     return described
+# ```
+#
+# 比较用的两个生成器由 `generators(par)` 按同样的大小造出（decoder 网格 `tp × cp × dp × pp`，expert 网格
+# `ETP × EP × EDP × PP`），`comparison_table` 对每类群取 getter 报出的群与 `get_ranks(token)` 并排：
+#
+# ```python
+# def grid_sizes(par, etp: int = ETP) -> tuple[dict, dict]:
+#     """``(decoder, expert)``: the sizes of the two ``RankGenerator``s, keyed like ``order``."""
+#     decoder = dict(tp=par.tp, cp=par.cp, ep=1, dp=par.dp, pp=par.pp)
+#     expert = dict(tp=etp, cp=1, ep=par.ep, dp=par.world // (etp * par.ep * par.pp), pp=par.pp)
+#     return decoder, expert
+#
+#
+# def generators(par, etp: int = ETP):
+#     """The two real ``RankGenerator``s ``initialize_model_parallel`` makes for these sizes."""
+#     from megatron.core.parallel_state import RankGenerator
+#
+#     return tuple(RankGenerator(**sizes, order=ORDER) for sizes in grid_sizes(par, etp))
+#
+#
+# def checked_kinds(par) -> list[tuple[str, int, str]]:
+#     """``(group kind, grid: 0 decoder / 1 expert, RankGenerator token)`` for note 08's table."""
+#     decoder = ["tp", "dp", "pp", "tp-pp"] + (["cp", "dp-cp"] if par.cp > 1 else [])
+#     return ([(kind, 0, kind) for kind in decoder]
+#             + [("ep", 1, "ep"), ("etp", 1, "tp"), ("edp", 1, "dp")])
+#
+#
+# def comparison_table(real: list, par) -> Table:
+#     grids = generators(par)
+#     rows = []
+#     for kind, grid, token in checked_kinds(par):
+#         expected = sorted(grids[grid].get_ranks(token))
+#         rows.append([kind, unique_groups(real, kind), expected, unique_groups(real, kind) == expected])
+#     return Table(["kind", "getter 报出的群", "RankGenerator", "相同"], rows)
+# ```
+#
+# 这些函数在 `snippets/experiments/rank_generator.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 8 -m snippets.run rank-generator --tp 2 --pp 2 --ep 2` 调用的是同一个 `run`，
+# rank 0 打印的也是同一个 `tables`（`tests/test_run_model.py` 检查这里和模块里的源码一字不差）。
 
 # %%
-def init_with_experts(tp, pp, ep, etp):
-    from megatron.core import parallel_state
+TINY = EXPERIMENTS["rank-generator"].tiny
+PAR = Parallel(world=8, tp=2, pp=2, ep=2)
+real = run_ranks(run, 8, TINY, PAR, grid=dict(tp=2, pp=2, ep=2, etp=ETP))
+per_rank, expert_coords, compared = tables(real, TINY, PAR)
+compared
 
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
-    return describe_rank()
+# %% [markdown]
+# 同一次运行里每个 rank 的坐标与群（笔记 02 的逐 rank 表，加上 expert 的三类群）。每个 stage 的 4 个 rank 被切了两次：
+# 稠密层看成 TP × DP = 2 × 2，expert 看成 ETP × EP × EDP = 1 × 2 × 2。ETP=1 时 expert 网格里变化最快的是 ep 维，
+# 所以 `ep` 群 `[0, 1]` 正好落在稠密 `tp` 群的位置上，`etp` 群只有自己，`edp` 群 `[0, 2]` 与稠密的 `dp` 群相同。
 
+# %%
+per_rank
 
-real = run_ranks(init_with_experts, 8, tp=2, pp=2, ep=2, etp=1, grid=dict(tp=2, pp=2, ep=2, etp=1))
-dense = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-cp-ep-dp-pp")
-moe = RankGenerator(tp=1, ep=2, dp=2, pp=2, cp=1, order="tp-cp-ep-dp-pp")
-checks = [("tp", dense, "tp"), ("dp", dense, "dp"), ("pp", dense, "pp"), ("tp-pp", dense, "tp-pp"),
-          ("ep", moe, "ep"), ("etp", moe, "tp"), ("edp", moe, "dp")]
-Table(["kind", "getter 报出的群", "RankGenerator", "相同"],
-      [[kind, unique_groups(real, kind), sorted(g.get_ranks(token)),
-        unique_groups(real, kind) == sorted(g.get_ranks(token))] for kind, g, token in checks])
+# %% [markdown]
+# 每个 rank 在 expert 网格上的坐标由 getter 报出（`get_expert_tensor_parallel_rank`、`get_expert_model_parallel_rank`、
+# `get_expert_data_parallel_rank`），右列检查两个网格的坐标都等于 `snippets.groups.coordinates` 的混合进制分解：
+
+# %%
+expert_coords
 
 # %% [markdown]
 # ## 机制解释

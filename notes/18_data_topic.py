@@ -146,9 +146,11 @@ import torch
 from snippets.batch_flow import FIELDS, STAGE_FIELDS
 from snippets.dataset_args import (CONFIG_FROM_ARGS, core_gpt_dataset_config_from_args,
                                    get_train_valid_test_num_samples, parse_args)
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.data_topic import (build_table, checks, consumed_line, reading_ranks, resume_table,
+                                             run)
 from snippets.launch import RankError, run_ranks
 from snippets.recorder import communication_table
-from snippets.pretraining_sampler import build_pretraining_data_loader, samples_per_iteration
 from snippets.tables import Table
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -735,74 +737,89 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # `MegatronPretrainingSampler` 从这个下标接着切块。数据集本身不存状态：三张索引表由 seed 和 sizes 决定，重启后重建（或读缓存）出同样的表。
 #
 # sampler 在 `megatron/training` 里，不在 pip 包中：`snippets/pretraining_sampler.py` 按 tag 重写了它
-# （`tests/test_pretraining_sampler.py` 拿 tag 上的类逐下标对比）。每个 rank 做正式入口做的事：`initialize_model_parallel`，
-# 用本篇的命令行建数据集，按 `consumed_train_samples` 建 loader，然后跑若干步、每步取 `num_microbatches` 个 micro-batch：
+# （`tests/test_pretraining_sampler.py` 拿 tag 上的类逐下标对比）。每个 rank 做正式入口做的事（`read_iterations`）：
+# 用本篇的命令行建数据集（和 `pretrain_gpt.py` 一样只有 TP rank 0 建，其余 rank 只陪 builder 的 barrier），
+# 按 `consumed_train_samples` 建 loader，然后跑若干步、每步取 `num_microbatches` 个 micro-batch。
+#
+# `run` 在同一组 4 个 rank 上做完整件事：先以 TP=2、DP=2 不中断地读 4 步；然后像重启那样丢掉模型并行状态、数据集和 sampler，
+# 只留下第 2 步后存下的 `consumed_train_samples`，以 DP=2（TP=2）、DP=4（TP=1）、DP=1（TP=4）各重读一次第 3、4 步——
+# rank 数不变，换 DP 大小靠换 TP。global batch 固定为 micro-batch × `microbatches` × DP = 1 × 2 × 2 = 4，
+# 和 `--global-batch-size` 一样不随 DP 变。语料就是上面的语料 a：`run` 让 global rank 0 按 `dims` 把它重新写进一个临时目录
+# （逐 token 相同；路径不打印）。这些函数在 `snippets/experiments/data_topic.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 4 -m snippets.run data-topic --tp 2`（见 README 的 "Running at real scale"）调用的是同一个 `run`；
+# 序列长度、micro-batch、`microbatches` 和词表是参数 `dims`，本篇用它的 `tiny`（seq 4、micro-batch 1、2 个 micro-batch、vocab 32）。
+# 下表的 `rN` 是 DP rank：TP=2 时每个 DP rank 只有它的 TP rank 0 读数据。原样列出（`tests/test_run_data.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def read_iterations(command, tokenizer, consumed_train_samples, iterations):
+#     from megatron.core import parallel_state as mpu
+#     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+#     from megatron.core.datasets.gpt_dataset import GPTDataset
+#
+#     from snippets import recorder
+#
+#     args = parse_args(command, world_size=torch.distributed.get_world_size())
+#
+#     def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
+#         return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
+#                 and mpu.get_tensor_model_parallel_rank() == 0)
+#
+#     with recorder.record() as build_calls:  # every rank must enter build(): it holds world barriers
+#         train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(args),
+#                                                     is_dataset_built_on_rank,
+#                                                     core_gpt_dataset_config_from_args(args, tokenizer)).build()
+#     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+#     num_microbatches = args.global_batch_size // (args.micro_batch_size * dp)
+#     loader = build_pretraining_data_loader(train, consumed_train_samples, args.micro_batch_size, dp_rank, dp)
+#     batches = None if loader is None else zip(loader.batch_sampler, loader)  # indices, and the batch
+#     steps, consumed = [], []
+#     for _ in range(iterations):
+#         if batches is not None:  # TP rank 0 reads (get_batch sends it on to the other TP ranks)
+#             steps.append([next(batches) for _ in range(num_microbatches)])
+#         consumed_train_samples += samples_per_iteration(dp, args.micro_batch_size, num_microbatches)
+#         consumed.append(consumed_train_samples)  # what train() keeps in args after each step
+#     return dict(dp=dp, dp_rank=dp_rank, consumed=consumed, build_calls=build_calls,
+#                 steps=None if batches is None else [[(idx, b["tokens"]) for idx, b in step] for step in steps])
+#
+#
+# def run(dims, par) -> dict:
+#     from megatron.core import parallel_state
+#
+#     tokenizer = null_tokenizer(dims.vocab)
+#     global_batch_size = dims.micro_batch_size * dims.microbatches * par.dp
+#     with shared_corpus(corpus_documents(dims), tokenizer.eod) as prefix:
+#         parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
+#         uninterrupted = read_iterations(command(prefix, dims, global_batch_size, par.tp), tokenizer, 0,
+#                                         RESUME_ITERATIONS)
+#         saved = uninterrupted["consumed"][INTERRUPTED_AFTER - 1]  # what a checkpoint then holds in args
+#         resumed = {}
+#         for dp in resume_dp_sizes(dims, par):  # a restart: new layout, dataset and sampler; only `saved` kept
+#             parallel_state.destroy_model_parallel()
+#             parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.world // dp)
+#             resumed[dp] = read_iterations(command(prefix, dims, global_batch_size, par.world // dp), tokenizer,
+#                                           saved, RESUME_ITERATIONS - INTERRUPTED_AFTER)
+#     return dict(uninterrupted=uninterrupted, saved=saved, resumed=resumed)
+# ```
 
 # %%
-def read_iterations(command, consumed_train_samples, iterations):
-    from megatron.core import parallel_state
-
-    from snippets import recorder
-
-    parallel_state.initialize_model_parallel()
-    args = parse_args(command, world_size=torch.distributed.get_world_size())
-    with recorder.record() as build_calls:  # every rank must enter build(): it holds world barriers
-        train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(args), lambda: True,
-                                                    core_gpt_dataset_config_from_args(args, tokenizer)).build()
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    num_microbatches = args.global_batch_size // (args.micro_batch_size * dp)
-    loader = build_pretraining_data_loader(train, consumed_train_samples, args.micro_batch_size, dp_rank, dp)
-    batches = zip(loader.batch_sampler, loader)  # the indices and the batch built from them
-    steps, consumed = [], []
-    for _ in range(iterations):
-        steps.append([next(batches) for _ in range(num_microbatches)])
-        consumed_train_samples += samples_per_iteration(dp, args.micro_batch_size, num_microbatches)
-        consumed.append(consumed_train_samples)  # what train() keeps in args after each step
-    return dict(steps=[[(idx, b["tokens"]) for idx, b in step] for step in steps], consumed=consumed,
-                build_calls=build_calls)
-
-
-uninterrupted = run_ranks(read_iterations, 2, COMMAND, 0, 4)
-saved = uninterrupted[0]["consumed"][1]  # after step 2: what a checkpoint saved then would hold in args
-resumed = {dp: run_ranks(read_iterations, dp, COMMAND, saved, 2) for dp in (2, 4, 1)}  # fresh processes
-print("每步之后的 consumed_train_samples:", uninterrupted[0]["consumed"], " 在第 2 步后中断并保存:", saved)
-
-
-def indices(per_rank, step):
-    return [[idx for idx, _ in per_rank_result["steps"][step]] for per_rank_result in per_rank]
-
-
-def shown_step(per_rank, step):
-    return "；".join(f"r{r}: " + " ".join(map(str, batches)) for r, batches in enumerate(indices(per_rank, step)))
-
-
-Table(["步", "不中断 DP=2（每个 rank 的 micro-batch 下标）", "从 consumed=8 恢复，DP=2", "恢复到 DP=4", "恢复到 DP=1"],
-      [[step + 1, shown_step(uninterrupted, step),
-        *[shown_step(resumed[dp], step - 2) if step >= 2 else "-" for dp in (2, 4, 1)]] for step in range(4)])
+TINY = EXPERIMENTS["data-topic"].tiny
+PAR = Parallel(world=4, tp=2)
+resume = run_ranks(run, 4, TINY, PAR, grid=dict(tp=2))
+print(consumed_line(resume))
+resume_table(resume)
 
 
 # %%
-def global_batch(per_rank, step):
-    return sorted((idx[0], tokens[0].tolist()) for r in per_rank for idx, tokens in r["steps"][step])
-
-
-print("恢复后的第 3、4 步与不中断时逐 rank 相同（下标与 token）:",
-      all(indices(resumed[2], s) == indices(uninterrupted, s + 2) and
-          all(torch.equal(a[1], b[1]) for r, u in zip(resumed[2], uninterrupted)
-              for a, b in zip(r["steps"][s], u["steps"][s + 2])) for s in range(2)))
-print("换 DP 大小恢复，每步的 global batch（样本集合与 token）不变:",
-      all(global_batch(resumed[dp], s) == global_batch(uninterrupted, s + 2) for dp in (4, 1) for s in range(2)))
-print("中断前 2 步与恢复后 2 步的样本没有重叠:",
-      not ({i for s in range(2) for i, _ in global_batch(uninterrupted, s)}
-           & {i for s in range(2) for i, _ in global_batch(resumed[2], s)}))
+for name, value in checks(resume).items():
+    print(f"{name}:", value)
 
 # %% [markdown]
-# 重启的进程里，建数据集时的通信只有 builder 的 world barrier（每个 split 一次）：global rank 0 先建索引并写 `.npy` 缓存，
-# 其余 rank 等 barrier 之后读缓存（`build_generic_dataset`）。恢复到 DP=2 时 rank 1 记下的：
+# 重启之后，建数据集时的通信只有 builder 的 world barrier（每个 split 一次，4 个 rank 都参加）：global rank 0 先建索引并写
+# `.npy` 缓存，其余要建的 rank 等 barrier 之后读缓存（`build_generic_dataset`）。恢复到 DP=2 时 rank 2（DP rank 1 的 TP rank 0，
+# 读缓存的那个）记下的：
 
 # %%
-communication_table(resumed[2][1]["build_calls"], meanings={
-    "barrier": "等 global rank 0 把这个 split 的索引写成缓存，之后本 rank 读缓存而不重算"})
+build_table(resume)
 
 # %% [markdown]
 # sampler 的下标是顺序的（第 `k` 步的 global batch 就是下标 `[4k, 4k+4)`），随机性全在数据集的 `shuffle_index` 里。因为
@@ -931,7 +948,7 @@ print(config.split_matrix[1], valid.indices.tolist())
 # </details>
 
 # %%
-print([idx for idx, _ in resumed[2][1]["steps"][0]])
+print([idx for idx, _ in reading_ranks(resume, dp=2)[1]["steps"][0]])
 
 # %% [markdown]
 # **4. 把 `position_ids` 倒序，RoPE 模型与 learned_absolute 模型的输出各变不变？**

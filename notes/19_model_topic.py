@@ -129,11 +129,13 @@ import torch
 
 from snippets import spec_diff  # first: quiets the known warnings of building GPT models on CPU
 from snippets.config_derived import cli_default_ffn_hidden_size, describe, post_init_changes
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.model_topic import run, short_path, tables
 from snippets.launch import run_ranks
 from snippets.layer_walk import apis, only_in, owner_of
 from snippets.model_args import OVERRIDES, cli_flags, transformer_config_fields
 from snippets.model_specs import transformer_engine_spec_without_te
-from snippets.spec_diff import MISSING, diff_trees, flag_cells
+from snippets.spec_diff import flag_cells
 from snippets.tables import Table
 
 from megatron.core import parallel_state
@@ -286,47 +288,79 @@ Table(["权重", "实测 std"], sorted(stds.items(), key=lambda kv: kv[1]))
 #
 # ### 从 spec 到模块：三种 spec，建出来逐模块比较
 #
-# spec 是纯数据，可以在 notebook 里造好、pickle 给 rank；模型在 2 个 rank（TP=2）上按 spec 建出来。同一份 config
-# （1 层、hidden 16、4 个 head、无 bias）配三种 spec：缺省 local spec；加 `num_experts=2`（MoE）；加 `qk_layernorm=True`、
-# `normalization="RMSNorm"`（config 里同样设 RMSNorm 和 QK norm）。`module_tree` 记下每个模块的路径和类：
+# 模型在 2 个 rank（TP=2）上按 spec 建出来。同一份 config（1 层、hidden 16、4 个 head、无 bias）配三种 spec：缺省 local spec；
+# 加 `num_experts=2`（MoE）；加 `qk_layernorm=True`、`normalization="RMSNorm"`（config 里同样设 RMSNorm 和 QK norm）。
+# 尺寸是参数 `dims`（本篇的 `TINY` 就是这组小尺寸）：`base_config` 把它换成 `TransformerConfig` 的字段，`variants` 造出
+# 三个 (spec, config 另设字段) 对——spec 是纯数据，在哪个进程里造都一样；`build_variants` 在每个 rank 上逐个建模型，
+# `module_tree` 记下每个模块的路径和类，`parallel_layers` 记下每个 TP 层和它的标志：
+#
+# ```python
+# def base_config(dims, device: str = "cpu") -> dict:
+#     """The ``TransformerConfig`` fields every variant shares: ``dims``, no dropout, fp32."""
+#     return dict(**dims.transformer_config_kwargs(), hidden_dropout=0.0, attention_dropout=0.0,
+#                 use_cpu_initialization=device != "cuda", pipeline_dtype=torch.float32)
+#
+#
+# def variants(dims) -> dict:
+#     """label: (layer spec, TransformerConfig fields on top of :func:`base_config`)."""
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#
+#     norm = "RMSNorm" if dims.rmsnorm else "LayerNorm"
+#     return {
+#         "local": (get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=norm), {}),
+#         "MoE": (get_gpt_layer_local_spec(num_experts=EXPERTS, qk_layernorm=dims.qk_norm, normalization=norm),
+#                 dict(num_moe_experts=EXPERTS)),
+#         "RMSNorm + QK norm": (get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+#                               dict(normalization="RMSNorm", qk_layernorm=True)),
+#     }
+#
+#
+# def build_variants(dims, tp, device="cpu"):
+#     from megatron.core import parallel_state
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#     from megatron.core.transformer import TransformerConfig
+#
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+#     model_parallel_cuda_manual_seed(0)
+#     built = {}
+#     for label, (spec, overrides) in variants(dims).items():
+#         config = TransformerConfig(**{**base_config(dims, device), **overrides}, tensor_model_parallel_size=tp)
+#         with torch.device(device):
+#             model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=dims.vocab,
+#                              max_sequence_length=dims.seq,
+#                              position_embedding_type="rope" if dims.rope else "learned_absolute")
+#         built[label] = dict(tree=spec_diff.module_tree(model, strip="decoder.layers.0."),
+#                             layers=spec_diff.parallel_layers(model))
+#         del model  # one model alive at a time
+#     return built
+#
+#
+# def run(dims, par) -> dict:
+#     return build_variants(dims, par.tp, par.device)
+# ```
+#
+# 这些函数在 `snippets/experiments/model_topic.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 2 -m snippets.run model-topic --tp 2`（加 `--dims qwen3-8b` 即 Qwen3-8B 的尺寸，它本身就是
+# RMSNorm + QK norm、无 bias）调用的是同一个 `run`，rank 0 打印的也是同一个 `tables`（`tests/test_run_model.py`
+# 检查这里和模块里的源码一字不差）。后面的冲突实验还要用同一组字段，记作 `BASE`。
 
 # %%
 BASE = dict(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
             add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
             use_cpu_initialization=True, pipeline_dtype=torch.float32)
-VARIANTS = {  # label: (layer spec, TransformerConfig fields on top of BASE)
-    "local": (get_gpt_layer_local_spec(), {}),
-    "MoE": (get_gpt_layer_local_spec(num_experts=2), dict(num_moe_experts=2)),
-    "RMSNorm + QK norm": (get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
-                          dict(normalization="RMSNorm", qk_layernorm=True)),
-}
-
-
-def build_variants(variants, tp):
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    built = {}
-    for label, (spec, overrides) in variants.items():
-        config = TransformerConfig(**BASE, **overrides, tensor_model_parallel_size=tp)
-        model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=32,
-                         max_sequence_length=8)
-        built[label] = dict(tree=spec_diff.module_tree(model, strip="decoder.layers.0."),
-                            layers=spec_diff.parallel_layers(model))
-    return built
-
-
-built = run_ranks(build_variants, 2, VARIANTS, 2, grid=dict(tp=2))
-print("两个 rank 建出的模块树相同:",
-      all(built[0][label]["tree"] == built[1][label]["tree"] for label in VARIANTS))
-Table(["spec", "模块数", "TP 层数", "其中 expert 的"],
-      [[label, len(b["tree"]), len(b["layers"]), sum(row["is_expert"] for row in b["layers"])]
-       for label, b in built[0].items()])
+TINY = EXPERIMENTS["model-topic"].tiny
+PAR = Parallel(world=2, tp=2)
+built = run_ranks(run, 2, TINY, PAR, grid=dict(tp=2))
+same_line, count_rows, diff_rows, expert_rows = tables(built, TINY, PAR)
+print(same_line)
+count_rows
 
 # %% [markdown]
 # 三棵树只在下面这些路径上不同（`diff_trees`；`—` 表示这个模型没有该路径；模型只有 1 层，层内路径省去前缀）：
 
 # %%
-Table(["路径（省去 decoder.layers.0.）", *VARIANTS],
-      diff_trees({label: b["tree"] for label, b in built[0].items()}))
+diff_rows
 
 # %% [markdown]
 # 读 diff：
@@ -513,11 +547,6 @@ def tp_layers(variants):
 tp = run_ranks(tp_layers, 2, TP_VARIANTS, grid=dict(tp=2))
 
 
-def short_path(path):  # unique in a one-layer model: the layer's own name (and the expert's number)
-    parts = path.split(".")
-    return f"expert {parts[-2]} {parts[-1]}" if "local_experts" in parts else parts[-1]
-
-
 Table(["层", "类", "作用", "dim", "rank 0 weight"],
       [[short_path(r["path"]), r["cls"], r["role"], r["partition_dim"], r["local_shape"]]
        for r in tp[0]["TP=2"]["layers"]])
@@ -632,10 +661,7 @@ Table(["phase", "发出它的层", "API · group", "shape before → after", "me
 # 前面 TP=2 建的 MoE 模型里，每个 expert 的 `linear_fc1` / `linear_fc2` 也是列并行 / 行并行层，但它们带 `is_expert=True`：
 
 # %%
-Table(["层", "类", "群大小", "dim", "rank 0 weight", "explicit_expert_comm", "allreduce_dgrad"],
-      [[short_path(r["path"]), r["cls"], r["tp"], r["partition_dim"], r["local_shape"],
-        *flag_cells(r, ("explicit_expert_comm", "allreduce_dgrad"))]
-       for r in built[0]["MoE"]["layers"] if r["is_expert"]])
+expert_rows
 
 # %% [markdown]
 # 它们切在 **expert TP 群**（ETP 缺省 = TP = 2）上，`explicit_expert_comm=True`（[`layers.py:841`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L841)）：

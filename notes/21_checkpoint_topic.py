@@ -143,21 +143,20 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from snippets import ckpt_coords, optim_reshard, training_state
+from snippets import optim_reshard, training_state
 from snippets.checkpoint_view import metadata_json
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.ckpt_topic import (QKV, entries_line, entry, qkv_table, replica_table, run,
+                                             special_keys, written_table)
 from snippets.launch import run_ranks
 from snippets.recorder import communication_table
 from snippets.tables import Table
-from snippets.tiny_gpt import SEQ, VOCAB, tiny_config
 
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import ColumnParallelLinear
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 workdir = tempfile.TemporaryDirectory(prefix="ckpt21-")  # 本篇写的 checkpoint 都在这里，最后一格删掉
 
@@ -169,41 +168,50 @@ workdir = tempfile.TemporaryDirectory(prefix="ckpt21-")  # 本篇写的 checkpoi
 # 先看坐标，因为后面三条都建立在它上面。一个 2 层、hidden 16、4 个头、vocab 32 的 `GPTModel`（local spec），
 # 词嵌入与输出层共享（`share_embeddings_and_output_weights=True`，PP=2 时它们在不同 stage 上）。每个 rank 只建自己那个 stage，
 # 然后调 `model.sharded_state_dict()`——正式入口 `generate_state_dict` 存模型时调的就是它。
+#
+# 这个函数在 `snippets/experiments/ckpt_topic.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 8 -m snippets.run ckpt-topic --tp 2 --pp 2`（也可以 `--dims qwen3-8b`）调用的是同一个函数。
+# 模型尺寸是参数 `dims`，本篇用它的 `tiny`（2 层、hidden 16、4 个头、vocab 32、序列 8）；坐标与权重的值无关，
+# 所以不初始化权重（`perform_initialization=False`），真实尺寸下也只是分配一个 stage 的内存。原样列出
+# （`tests/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def sharded_entries(dims, tp, pp, device="cpu"):
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
+#                                              pipeline_model_parallel_size=pp)
+#     model_parallel_cuda_manual_seed(0)
+#     config = TransformerConfig(**dims.transformer_config_kwargs(), tensor_model_parallel_size=tp,
+#                                pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+#                                use_cpu_initialization=device == "cpu", perform_initialization=False)
+#     with torch.device(device):
+#         model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm,
+#                                                           normalization=config.normalization),
+#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                          pre_process=parallel_state.is_pipeline_first_stage(),
+#                          post_process=parallel_state.is_pipeline_last_stage(),
+#                          share_embeddings_and_output_weights=True,
+#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
+#     coords = dict(tp=parallel_state.get_tensor_model_parallel_rank(),
+#                   pp=parallel_state.get_pipeline_model_parallel_rank(),
+#                   dp=parallel_state.get_data_parallel_rank())
+#     return coords, ckpt_coords.coordinate_rows(model.sharded_state_dict())
+#
+#
+# def run(dims, par):
+#     return sharded_entries(dims, par.tp, par.pp, par.device)
+# ```
 
 # %%
-def sharded_entries(tp, pp):
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
-                                             pipeline_model_parallel_size=pp)
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                         num_layers=2, num_attention_heads=4)
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-                     pre_process=parallel_state.is_pipeline_first_stage(),
-                     post_process=parallel_state.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=True)
-    coords = dict(tp=parallel_state.get_tensor_model_parallel_rank(),
-                  pp=parallel_state.get_pipeline_model_parallel_rank(),
-                  dp=parallel_state.get_data_parallel_rank())
-    return coords, ckpt_coords.coordinate_rows(model.sharded_state_dict())
-
-
-entries = run_ranks(sharded_entries, 8, 2, 2, grid=dict(tp=2, pp=2))
-print("每个 rank 的条目数:", [len(rows) for _, rows in entries])
+TINY = EXPERIMENTS["ckpt-topic"].tiny
+entries = run_ranks(run, 8, TINY, Parallel(world=8, tp=2, pp=2), grid=dict(tp=2, pp=2))
+print(entries_line(entries))
 
 # %% [markdown]
-# 同一个参数——每个 stage 上本地名为 `decoder.layers.0.self_attention.linear_qkv.weight` 的那个——在 8 个 rank 上的坐标：
+# 同一个参数——每个 stage 上本地名为 `decoder.layers.0.self_attention.linear_qkv.weight` 的那个——在 8 个 rank 上的坐标
+# （`qkv_table`，同一模块；`entry(rows, local_key)` 取一个 rank 的某个条目）：
 
 # %%
-def entry(rows, local_key):
-    return next((r for r in rows if r["local_key"] == local_key), None)
-
-
-qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
-Table(["rank", "(tp, pp, dp)", "全局 key", "global shape", "local shape", "global_offset",
-       "axis_fragmentations", "replica_id"],
-      [[rank, (c["tp"], c["pp"], c["dp"]), e["key"], e["global_shape"], e["local_shape"],
-        e["global_offset"], e["axis_fragmentations"], e["replica_id"]]
-       for rank, (c, rows) in enumerate(entries) for e in [entry(rows, qkv)]])
+qkv_table(entries)
 
 # %% [markdown]
 # 逐列读：
@@ -221,15 +229,8 @@ Table(["rank", "(tp, pp, dp)", "全局 key", "global shape", "local shape", "glo
 # 不按 TP 切的参数，TP 那一位等于 tp_rank。PP 那一位只有共享权重才非 0。下面把四个"特殊"的条目在 8 个 rank 上并排：
 
 # %%
-special = {"word_embeddings": "embedding.word_embeddings.weight", "output_layer": "output_layer.weight",
-           "position_embeddings": "embedding.position_embeddings.weight",
-           "final_layernorm": "decoder.final_layernorm.weight"}
-print("全局 key:", {name: next(e["key"] for _, rows in entries if (e := entry(rows, k)))
-                    for name, k in special.items()})
-Table(["rank", "(tp, pp, dp)"] + list(special),
-      [[r, (c["tp"], c["pp"], c["dp"])]
-       + [entry(rows, k)["replica_id"] if entry(rows, k) else "-" for k in special.values()]
-       for r, (c, rows) in enumerate(entries)])
+print("全局 key:", special_keys(entries))
+replica_table(entries)
 
 # %% [markdown]
 # 表里是各条目的 `replica_id`（`-`：这个 stage 上没有它）。
@@ -241,11 +242,11 @@ Table(["rank", "(tp, pp, dp)"] + list(special),
 # - **DP 位 = dp_rank。** 每个条目在 dp=1 上都是副本。
 #
 # 合起来，每个全局 tensor 的每个元素恰好被写一次。从 8 个 rank 的全部条目核对（`ckpt_coords.written_pieces`：
-# 把所有 `replica_id` 全 0 的片按偏移叠在全局形状上，每个元素计数必须为 1）：
+# 每个 `replica_id` 全 0 的片是全局 tensor 里的一个长方块，它们都在界内、两两不相交、元素数加起来等于全局 tensor 的，
+# 就是恰好覆盖一次）：
 
 # %%
-written = ckpt_coords.written_pieces([rows for _, rows in entries])
-Table(["全局 key", "写入的片数", "恰好覆盖一次"], [[k, n, ok] for k, (n, ok) in written.items()])
+written_table(entries)
 
 # %% [markdown]
 # **CP 坐标去哪了？** 参数在 CP 各 rank 上是相同的（CP 切的是序列），所以 CP 和 DP 一样只进 `replica_id` 的第三位：
@@ -607,8 +608,8 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # </details>
 
 # %%
-print([(rank, entry(rows, qkv)["global_offset"]) for rank, (_, rows) in enumerate(entries)
-       if all(i == 0 for i in entry(rows, qkv)["replica_id"])])
+print([(rank, entry(rows, QKV)["global_offset"]) for rank, (_, rows) in enumerate(entries)
+       if all(i == 0 for i in entry(rows, QKV)["replica_id"])])
 
 # %% [markdown]
 # **2. 最后一个 stage 的 `output_layer.weight` 在文件里叫什么？谁写它？**
