@@ -170,7 +170,7 @@ SEED_QUESTIONS: list[tuple[str, int, str]] = [
     ("16 卡，TP = 2、PP = 2、DP = 4，rank 13 在哪几个群？", 8, "for r in (5, 13)"),
     ("ColumnParallelLinear 在哪个文件？一层里哪些 linear 用它？", 11, "weight_table(meta[0])"),
     ("RL 为什么要 reshard weight？", 22, 'Table(["参数（全局名）"'),
-    ("Megatron Core 给了什么，是只用 PyTorch FSDP 得不到的？", 23, 'Table(["站", "形态"'),
+    ("Megatron Core 给了什么，是只用 PyTorch FSDP 得不到的？", 23, "journey_table(summaries)"),
 ]
 
 

@@ -132,6 +132,9 @@
 import torch
 
 from snippets import grad_norm, loss_scale, mixed_precision, optimizer_memory, overlap_timeline, recorder
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.optimizer_topic import run, tables
+from snippets.experiments.overlap import run as run_overlap, tables as overlap_tables
 from snippets.launch import run_ranks
 from snippets.param_table import gather
 from snippets.recorder import communication_table
@@ -393,31 +396,74 @@ Table(["step", "found_inf", "scale（前）", "scale（后）", "growth", "hyste
 # ### 4. 分布式优化器在 bf16 下的 buffer
 #
 # [笔记 15](../15_distributed_optimizer/) 用 fp32 模型看过分片：fp32 时主参数就是模型权重的视图，不另占内存。bf16 才是真实训练的情形：
-# 2 个 rank、DP=2、`grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 持有的 buffer：
+# 2 个 rank、DP=2、`grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 持有的 buffer。
+#
+# 这一节的函数在 `snippets/experiments/optimizer_topic.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 8 -m snippets.run optimizer-topic --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）
+# 调用的是同一个 `run`，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`，就是上面 `tiny_config` 的 4 层模型）。
+# 模型的建法与上面的 `build` 相同（`GPTModel` → 按全局名字初始化 → `Float16Module` → DDP）；最后比较两次运行的权重时
+# 不传回整份权重，只传回它们字节的 SHA-256（`digest`）。原样列出（`tests/test_run_training.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def bf16_buffers(dims, use_distributed_optimizer, steps=1, device="cpu"):
+#     """On every rank: a bf16 model, Megatron's optimizer, ``steps`` steps; what the rank holds."""
+#     from snippets import grad_norm, mixed_precision, optimizer_memory
+#     from snippets.tiny_gpt import forward_step, global_name
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+#                                            finalize_model_grads)
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#     from megatron.core.transformer import TransformerConfig
+#     from megatron.core.transformer.module import Float16Module
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel()
+#     model_parallel_cuda_manual_seed(0)
+#     config = TransformerConfig(**dims.transformer_config_kwargs(), bf16=True, hidden_dropout=0.0,
+#                                attention_dropout=0.0, use_cpu_initialization=device == "cpu")
+#     with torch.device(device):
+#         model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization),
+#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                          share_embeddings_and_output_weights=False,
+#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
+#     grad_norm.init_full_by_global_name(model, tp_rank=0, tp_size=1)
+#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
+#         use_distributed_optimizer=use_distributed_optimizer, grad_reduce_in_fp32=True), Float16Module(config, model))
+#     optimizer = get_megatron_optimizer(
+#         OptimizerConfig(lr=0.01, bf16=True, use_distributed_optimizer=use_distributed_optimizer), [ddp])
+#     dp, r = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+#     n = dims.microbatches // dp
+#     mine = microbatches(dims, dims.microbatches, device)[n * r:n * (r + 1)]
+#     for _ in range(steps):
+#         ddp.zero_grad_buffer()
+#         optimizer.zero_grad()
+#         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
+#                                     num_microbatches=n, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
+#         finalize_model_grads([ddp])
+#         optimizer.step()
+#     return dict(buffers=mixed_precision.buffer_rows(ddp, optimizer), rows=mixed_precision.param_rows(ddp),
+#                 memory=optimizer_memory.measured_bytes(ddp, optimizer), numel=sum(p.numel() for p in ddp.parameters()),
+#                 weights=digest((global_name(ddp.module, k), p) for k, p in ddp.module.named_parameters()))
+#
+#
+# def run(dims, par) -> dict:
+#     """On every rank (the runner): the distributed optimizer's run, then the unsharded one."""
+#     from megatron.core import parallel_state
+#
+#     parallel_state.initialize_model_parallel()
+#     return {sharded: bf16_buffers(dims, sharded, device=par.device) for sharded in (True, False)}
+# ```
 
 # %%
-def bf16_buffers(use_distributed_optimizer, steps=1):
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config(bf16=True)
-    ddp = build(config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer,
-                                                      grad_reduce_in_fp32=True))
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(lr=0.01, bf16=True, use_distributed_optimizer=use_distributed_optimizer), [ddp])
-    r = parallel_state.get_data_parallel_rank()
-    for _ in range(steps):
-        train_step(ddp, optimizer, microbatches(4)[2 * r:2 * r + 2])
-        optimizer.step()
-    return dict(buffers=mixed_precision.buffer_rows(ddp, optimizer), rows=mixed_precision.param_rows(ddp),
-                memory=optimizer_memory.measured_bytes(ddp, optimizer), numel=sum(p.numel() for p in ddp.parameters()),
-                params=by_global_name([ddp], "param"))
-
-
-zero1 = run_ranks(bf16_buffers, 2, True)
-plain = run_ranks(bf16_buffers, 2, False)
-Table(["运行", "rank", "buffer", "dtype", "元素"],
-      [[name, rank, *row] for name, results in (("分布式优化器", zero1), ("不分片", plain[:1]))
-       for rank, r in enumerate(results) for row in r["buffers"]])
+TINY = EXPERIMENTS["optimizer-topic"].tiny
+PAR = Parallel(world=2)
+results = run_ranks(run, 2, TINY, PAR)            # 每个 rank：先用分布式优化器跑，再不分片跑
+buffers, owned, per_parameter = tables(results, TINY, PAR)
+buffers
 
 # %% [markdown]
 # - **不变的部分**：每个 rank 都有完整的 bf16 权重（分布式优化器时它是 DDP 的 param buffer，补齐到 10496，all-gather 就拼进这里）
@@ -429,22 +475,14 @@ Table(["运行", "rank", "buffer", "dtype", "元素"],
 #   这个模型里两段的分界线恰好落在参数边界上（补齐到 64 的结果），没有参数被切开：
 
 # %%
-for rank, r in enumerate(zero1):
-    owned = [x for x in r["rows"] if x["main_numel"]]
-    print(f"rank {rank}: {len(owned)} / {len(r['rows'])} 个参数有 fp32 主参数分片，共 {sum(x['main_numel'] for x in owned)} 个元素；"
-          f"被分界线切开的参数: {[(x['name'], x['main_numel'], x['numel']) for x in owned if x['main_numel'] != x['numel']]}")
+print(owned)
 
 # %% [markdown]
 # 每个参数几个字节，实测与[笔记 15](../15_distributed_optimizer/) 的公式（bf16 权重 + fp32 梯度：不分片 18，分片 6 + 12/d）对照，
 # 以及两种优化器走完这一步之后的权重：
 
 # %%
-Table(["运行", "rank", "实测 字节 / 参数", "公式", "一步后权重与不分片逐位相同"],
-      [["分布式优化器", rank, round(r["memory"]["total"] / r["numel"], 2),
-        optimizer_memory.bytes_per_parameter("bf16", "fp32", 2, True),
-        all(torch.equal(r["params"][k], plain[0]["params"][k]) for k in r["params"])] for rank, r in enumerate(zero1)]
-      + [["不分片", 0, round(plain[0]["memory"]["total"] / plain[0]["numel"], 2),
-          optimizer_memory.bytes_per_parameter("bf16", "fp32", 2, False), True]])
+per_parameter
 
 # %% [markdown]
 # 实测比公式多出的 0.5 字节左右是补齐（10496 个位置放 9632 个参数，小模型里 16 元素的 norm 参数各占 64 个位置）。
@@ -631,52 +669,58 @@ communication_table(overflow[1]["calls"], {
 # 2 个 rank、DP=2、分布式优化器，`bucket_size=3000` 切出 3 个 bucket，每步 2 个 micro-batch，跑 2 步；一次
 # `overlap_grad_reduce=overlap_param_gather=False`，一次都为 True。录下每一步从 schedule 到 `optimizer.step()` 的全部 collective，
 # 并用 `overlap_timeline.markers` 在同一张记录里插入"某个模块开始 forward""某个参数的梯度算好了"，这样能看出每次通信夹在哪些计算之间。
+#
+# 每个 rank 上的一次运行是 `snippets/experiments/optimizer_topic.py` 里的 `overlap_run`（模型由笔记 14 的同一个 `build_model` 建，
+# 与上面的 `build` 得到同样的权重）。`snippets/experiments/overlap.py` 的 `run` 在每个 rank 上先后跑两次（不 overlap、overlap），
+# 当场比较两次的权重；本篇的单元格和命令行 `torchrun --nproc-per-node 8 -m snippets.run overlap --dims qwen3-8b --layers 2`
+# 调用的是同一个 `run`。原样列出（`tests/test_run_training.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def overlap_run(dims, overlap, iterations=2, bucket_size=None, device="cpu"):
+#     """On every rank: ``iterations`` recorded steps with both overlap switches ``overlap``."""
+#     from snippets import overlap_timeline, recorder
+#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+#                                            finalize_model_grads)
+#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#
+#     if not parallel_state.model_parallel_is_initialized():
+#         parallel_state.initialize_model_parallel()
+#     model, config = build_model(dims, device)
+#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
+#         use_distributed_optimizer=True, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
+#         bucket_size=bucket_size), model)
+#     optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, use_distributed_optimizer=True), [ddp])
+#     config.no_sync_func = ddp.no_sync
+#     dp, r = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+#     n = dims.microbatches // dp
+#     mine = microbatches(dims, dims.microbatches, device)[n * r:n * (r + 1)]
+#     steps = []
+#     for _ in range(iterations):
+#         with recorder.record() as events, overlap_timeline.markers(ddp, events):
+#             events.append("schedule")
+#             ddp.zero_grad_buffer()
+#             optimizer.zero_grad()
+#             get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
+#                                         num_microbatches=n, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
+#             events.append("finalize_model_grads")
+#             finalize_model_grads([ddp])
+#             events.append("optimizer.step")
+#             optimizer.step()
+#         steps.append(events)
+#     after_step = by_global_name([ddp], "param")
+#     ddp.start_param_sync(force_sync=True)  # what the formal entry does before saving a checkpoint
+#     return dict(steps=steps, after_step=after_step, synced=by_global_name([ddp], "param"),
+#                 buckets=[b.grad_data.numel() for b in ddp.buffers[0].buckets])
+# ```
 
 # %%
-def overlap_run(overlap, iterations=2):
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config()
-    ddp = build(config, DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=overlap,
-                                                      overlap_param_gather=overlap, bucket_size=3000))
-    optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, use_distributed_optimizer=True), [ddp])
-    config.no_sync_func = ddp.no_sync
-    r = parallel_state.get_data_parallel_rank()
-    steps = []
-    for _ in range(iterations):
-        with recorder.record() as events, overlap_timeline.markers(ddp, events):
-            events.append("schedule")
-            ddp.zero_grad_buffer()
-            optimizer.zero_grad()
-            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(microbatches(4)[2 * r:2 * r + 2]),
-                                        model=[ddp], num_microbatches=2, seq_length=SEQ, micro_batch_size=MBS)
-            events.append("finalize_model_grads")
-            finalize_model_grads([ddp])
-            events.append("optimizer.step")
-            optimizer.step()
-        steps.append(events)
-    after_step = by_global_name([ddp], "param")
-    ddp.start_param_sync(force_sync=True)  # what the formal entry does before saving a checkpoint
-    return dict(steps=steps, after_step=after_step, synced=by_global_name([ddp], "param"),
-                buckets=[b.grad_data.numel() for b in ddp.buffers[0].buckets])
-
-
-plain_ddp = run_ranks(overlap_run, 2, False)
-overlapped = run_ranks(overlap_run, 2, True)
-print("bucket 大小（buffer 顺序，bucket 0 在输出层那端）:", overlapped[0]["buckets"])
-
-
-def counts(events):
-    found = overlap_timeline.where_counts(events)
-    short = {"all_gather_into_tensor": "AG", "reduce_scatter_tensor": "RS", "all_reduce": "AR"}
-    return [" ".join(f"{short[api]}×{apis.count(api)}" for api in dict.fromkeys(apis))
-            for apis in (found.get(key, []) for key in (("schedule", "forward"), ("schedule", "backward"),
-                                                          ("finalize_model_grads", "forward"), ("optimizer.step", "forward")))]
-
-
-Table(["overlap", "第几步", "schedule：forward 中", "schedule：backward 中", "finalize_model_grads", "optimizer.step"],
-      [[name, i + 1, *counts(events)] for name, runs in (("否", plain_ddp), ("是", overlapped))
-       for i, events in enumerate(runs[0]["steps"])])
+section8 = run_ranks(run_overlap, 2, EXPERIMENTS["overlap"].tiny, PAR)   # 每个 rank：先不 overlap，再 overlap
+bucket_sizes, where, _, timeline, same = overlap_tables(section8, EXPERIMENTS["overlap"].tiny, PAR)
+print(bucket_sizes)
+where
 
 # %% [markdown]
 # （AG = all-gather 参数，RS = reduce-scatter 梯度，AR = 范数的 all-reduce；只数跨 rank 的。）
@@ -691,8 +735,7 @@ Table(["overlap", "第几步", "schedule：forward 中", "schedule：backward �
 # 第 2 步（overlap）的完整时间线，rank 0：
 
 # %%
-Table(["#", "step 里的位置", "事件", "细节"],
-      overlap_timeline.timeline(overlapped[0]["steps"][1], overlap_timeline.bucket_namer(overlapped[0]["buckets"])))
+timeline
 
 # %% [markdown]
 # - **AG 在 forward 里按需发出、预取下一个**：第一个有参数的模块 `word_embeddings` 开始 forward 时，它的 pre-hook 发现自己的 bucket
@@ -708,11 +751,7 @@ Table(["#", "step 里的位置", "事件", "细节"],
 # 这里只能看到发出的时刻。结果是否相同：
 
 # %%
-Table(["比较（rank 0，2 步之后）", "max |Δ|"], [
-    ["overlap vs 不 overlap：强制同步参数之后", max_abs_diff(overlapped[0]["synced"], plain_ddp[0]["synced"])],
-    ["overlap vs 不 overlap：刚做完 optimizer.step()", max_abs_diff(overlapped[0]["after_step"], plain_ddp[0]["after_step"])],
-    ["overlap：step 之后 vs 强制同步之后", max_abs_diff(overlapped[0]["after_step"], overlapped[0]["synced"])],
-])
+same
 
 # %% [markdown]
 # 同步之后逐位相同（0.0）。但**刚做完 step 时**不同：overlap 时 step 只更新了本 rank 那段，另一段要等下一次 forward 的 AG，
@@ -895,7 +934,7 @@ print(round(grad_norm.naive_norm(step0) ** 2 - grad_norm.total_norm(step0) ** 2,
 
 # %%
 since_forward = []
-for event in overlapped[0]["steps"][1]:
+for event in section8[0]["overlapped"][1]:
     if isinstance(event, overlap_timeline.Marker):
         since_forward = [] if event.kind == "forward" else since_forward + [event.name]
     elif not isinstance(event, str) and event.api == "reduce_scatter_tensor":

@@ -114,20 +114,19 @@
 # %%
 import torch
 
-from snippets import journey, layer_walk, recorder
-from snippets.groups import describe_rank
+from snippets import journey
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.journey import (activation_table, compare, final_lines, followed_weight, grad_calls_table,
+                                          grad_table, journey_table, loss_lines, memory_table, one_step,
+                                          opt_calls_table, p2p_table, rank_table, shard_table, slice_table,
+                                          sp_calls_table, stage_table)
 from snippets.launch import run_ranks
-from snippets.pipeline_timeline import p2p_rows, record_schedule
-from snippets.recorder import communication_table
 from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, forward_step, microbatches, tiny_config
+from snippets.tiny_gpt import MBS, SEQ, VOCAB, microbatches, tiny_config
 
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 # %% [markdown]
@@ -143,93 +142,212 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 自己的层，从随机数流里取到的与不切分的模型不同，见 `snippets/tiny_gpt.py`。）
 #
 # 每个 rank 上跑的函数就是一个训练步，外面套着几个"观察者"：`recorder.record()` 记下每个 collective，
-# `record_schedule()` 记下 schedule 的每次 forward / backward / p2p，`Taps` 留下每层输入和 `linear_fc1` / `linear_fc2`
-# 的输入输出，`SavedActivations` 数 autograd 为 backward 存下的张量，`collectives_by_submodule` 把通信归到发出它的子模块。
+# `record_schedule()` 记下 schedule 的每次 forward / backward / p2p，`Taps` 留下跟踪的那一层的输入和 `linear_fc1` /
+# `linear_fc2` 的输入输出，`SavedActivations` 数 autograd 为 backward 存下的张量，`collectives_by_submodule` 把通信归到发出它的子模块。
 # 它们都只看不改。
+#
+# 这个函数在 `snippets/experiments/journey.py` 里：本篇的单元格和命令行
+# `torchrun --nproc-per-node 8 -m snippets.run journey --tp 2 --pp 2 --sequence-parallel`（见 README 的 "Running at real scale"）
+# 调用的是同一个函数，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），跟踪的是最后一个 stage 第一层的
+# `linear_fc1.weight`（`followed_weight`；这里就是第 2 层）。同一个函数在 1 个 rank、TP = PP = 1 上跑就是参照。
+# 原样列出（`tests/test_run_training.py` 检查这里和模块里的源码一字不差）：
+#
+# ```python
+# def followed_weight(dims, pp: int) -> str:
+#     """The global name of the weight to follow: ``linear_fc1`` of the last stage's first layer."""
+#     return f"decoder.layers.{dims.layers - dims.layers // pp}.mlp.linear_fc1.weight"
+#
+#
+# def one_step(dims, tp=1, pp=1, sequence_parallel=False, weight_name=None, device="cpu", whole_batch=False):
+#     """On every rank: one watched training step of this rank's stage; where ``weight_name`` (a
+#     global name) and its activations and gradient are. ``whole_batch``: every DP rank takes all
+#     ``dims.microbatches`` micro-batches instead of its share (the runner's in-job reference)."""
+#     from snippets import journey, layer_walk, recorder
+#     from snippets.groups import describe_rank
+#     from snippets.pipeline_timeline import record_schedule
+#     from snippets.tiny_gpt import forward_step
+#     from megatron.core import parallel_state
+#     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+#     from megatron.core.models.gpt import GPTModel
+#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+#     from megatron.core.pipeline_parallel import get_forward_backward_func
+#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+#
+#     weight_name = weight_name or followed_weight(dims, pp)
+#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+#     model_parallel_cuda_manual_seed(0)
+#     config = pipeline_config(dims, pp, tp=tp, sequence_parallel=sequence_parallel, device=device)
+#     with torch.device(device):
+#         model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization),
+#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
+#                          pre_process=parallel_state.is_pipeline_first_stage(),
+#                          post_process=parallel_state.is_pipeline_last_stage(),
+#                          share_embeddings_and_output_weights=False,
+#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
+#     dense = journey.init_full_then_shard(model, keep=(weight_name,))
+#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
+#     optimizer = get_megatron_optimizer(
+#         OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=0.0, use_distributed_optimizer=True), [ddp])
+#     config.no_sync_func = ddp.no_sync
+#
+#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+#     m = dims.microbatches if whole_batch else dims.microbatches // dp
+#     first = 0 if whole_batch else m * dp_rank
+#     data = microbatches(dims, dims.microbatches, device)[first:first + m]
+#     weight = dict(journey.named_by_global_name(model)).get(weight_name)    # None on ranks without it
+#     layer = model.decoder.layers[0]                          # on the last stage: the followed weight's layer
+#     number = int(weight_name.split(".")[2]) + 1              # its global layer_number
+#     initial = weight.detach().clone() if weight is not None else None
+#
+#     ddp.zero_grad_buffer()
+#     optimizer.zero_grad()
+#     batch_tensors = [t for batch in data for t in batch.values()]
+#     with recorder.record() as step_calls, record_schedule() as ops, \
+#             journey.Taps(model, layer_numbers=(number,)) as taps, \
+#             journey.SavedActivations(model, exclude=batch_tensors) as acts, \
+#             layer_walk.collectives_by_submodule(layer, step_calls, ["mlp.linear_fc1", "mlp.linear_fc2"]) as by_module:
+#         losses = get_forward_backward_func()(
+#             forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
+#             num_microbatches=m, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
+#     local_grad = weight.main_grad.clone() if weight is not None else None
+#     with recorder.record() as grad_calls:
+#         finalize_model_grads([ddp])
+#     reduced_grad = weight.main_grad.clone() if weight is not None else None
+#     with recorder.record() as opt_calls:
+#         optimizer.step()
+#
+#     dp_mean_grad = None
+#     if weight is not None:      # outside the step, for the check: the DP ranks' local gradients averaged
+#         dp_mean_grad = local_grad.clone()
+#         torch.distributed.all_reduce(dp_mean_grad, group=parallel_state.get_data_parallel_group())
+#         dp_mean_grad /= dp
+#     inner = optimizer.chained_optimizers[0]                               # the DistributedOptimizer
+#     shard = None
+#     if weight is not None and weight in inner.model_param_gbuf_map:      # this DP rank owns a piece of it
+#         ranges = inner._get_model_param_range_map(weight)
+#         states = inner._get_main_param_and_optimizer_states(weight)
+#         shard = dict(param=(ranges["param"].start, ranges["param"].end),
+#                      gbuf_world=(ranges["gbuf_world"].start, ranges["gbuf_world"].end),
+#                      shapes={k: list(v.shape) for k, v in states.items() if v.dim() > 0},
+#                      main_is_view=states["param"].untyped_storage().data_ptr()
+#                      == weight.untyped_storage().data_ptr())
+#     tp_rank = parallel_state.get_tensor_model_parallel_rank()
+#     return dict(
+#         who=describe_rank(), layers=[l.layer_number for l in model.decoder.layers], weight_name=weight_name,
+#         number=number, sequence_parallel=sequence_parallel, dense=dense, initial=initial,
+#         weight=weight.detach().clone() if weight is not None else None,
+#         rows=journey.dense_ranges(weight, tp_rank, tp) if weight is not None else None,
+#         buffer_range=ddp.buffers[0].param_index_map[weight][:2] if weight is not None else None,
+#         buffer_numel=ddp.buffers[0].grad_data.numel(), local_grad=local_grad, reduced_grad=reduced_grad,
+#         dp_mean_grad=dp_mean_grad, shard=shard, taps=taps, ops=ops, by_module=by_module, step_calls=step_calls,
+#         grad_calls=grad_calls, opt_calls=opt_calls, losses=[x["lm loss"] for x in losses],
+#         grad_stats_group=torch.distributed.get_process_group_ranks(inner.get_grad_stats_parallel_group()),
+#         memory=journey.measured_memory(ddp, optimizer, acts), saved_by_label=acts.saved_by_label,
+#         formula=journey.memory_formula(config, dims.vocab, dims.seq, dims.micro_batch_size, m, dp,
+#                                        parallel_state.get_pipeline_model_parallel_rank(), dp_rank)
+#         if formula_applies(dims) else None)
+# ```
 
 # %%
-WEIGHT = "decoder.layers.1.mlp.linear_fc1.weight"   # 全局名字：第 2 层（layer_number 2）的 fc1
+TINY = EXPERIMENTS["journey"].tiny
+PAR = Parallel(world=8, tp=2, pp=2, sp=True)
+WEIGHT = followed_weight(TINY, PAR.pp)   # "decoder.layers.1.mlp.linear_fc1.weight"：第 2 层（layer_number 2）的 fc1
+ref = run_ranks(one_step, 1, TINY, weight_name=WEIGHT)[0]     # 参照：1 个进程，不切分，4 个 micro-batch
+ranks = run_ranks(one_step, 8, TINY, PAR.tp, PAR.pp, PAR.sp, WEIGHT, grid=dict(tp=2, pp=2))
+summaries = [compare(r, ref) for r in ranks]
 
-
-def one_step(tp, pp, global_microbatches=4):
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    model_parallel_cuda_manual_seed(0)
-    config = tiny_config(num_layers=2, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                         sequence_parallel=tp > 1)
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-                     pre_process=parallel_state.is_pipeline_first_stage(),
-                     post_process=parallel_state.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=False)
-    dense = journey.init_full_then_shard(model, keep=(WEIGHT,))
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=0.0, use_distributed_optimizer=True), [ddp])
-    config.no_sync_func = ddp.no_sync
-
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    m = global_microbatches // dp
-    data = microbatches(global_microbatches)[m * dp_rank:m * (dp_rank + 1)]
-    weight = dict(journey.named_by_global_name(model)).get(WEIGHT)    # None on ranks without layer 2
-    layer = model.decoder.layers[0]                                       # the one layer of this stage
-    initial = weight.detach().clone() if weight is not None else None
-
-    ddp.zero_grad_buffer()
-    optimizer.zero_grad()
-    batch_tensors = [t for batch in data for t in batch.values()]
-    with recorder.record() as step_calls, record_schedule() as ops, journey.Taps(model) as taps, \
-            journey.SavedActivations(model, exclude=batch_tensors) as acts, \
-            layer_walk.collectives_by_submodule(layer, step_calls, ["mlp.linear_fc1", "mlp.linear_fc2"]) as by_module:
-        losses = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
-            num_microbatches=m, seq_length=SEQ, micro_batch_size=MBS)
-    local_grad = weight.main_grad.clone() if weight is not None else None
-    with recorder.record() as grad_calls:
-        finalize_model_grads([ddp])
-    reduced_grad = weight.main_grad.clone() if weight is not None else None
-    with recorder.record() as opt_calls:
-        optimizer.step()
-
-    inner = optimizer.chained_optimizers[0]                               # the DistributedOptimizer
-    shard = None
-    if weight is not None:
-        ranges = inner._get_model_param_range_map(weight)
-        states = inner._get_main_param_and_optimizer_states(weight)
-        shard = dict(param=(ranges["param"].start, ranges["param"].end),
-                     gbuf_world=(ranges["gbuf_world"].start, ranges["gbuf_world"].end),
-                     shapes={k: list(v.shape) for k, v in states.items() if v.dim() > 0},
-                     main_is_view=states["param"].untyped_storage().data_ptr()
-                     == weight.untyped_storage().data_ptr())
-    return dict(
-        who=describe_rank(), layers=[l.layer_number for l in model.decoder.layers],
-        dense=dense, initial=initial,
-        weight=weight.detach().clone() if weight is not None else None,
-        slice=journey.slice_along(weight, parallel_state.get_tensor_model_parallel_rank()) if weight is not None else None,
-        buffer_range=ddp.buffers[0].param_index_map[weight][:2] if weight is not None else None,
-        buffer_numel=ddp.buffers[0].grad_data.numel(), local_grad=local_grad, reduced_grad=reduced_grad,
-        shard=shard, taps=taps, ops=ops, by_module=by_module, step_calls=step_calls,
-        grad_calls=grad_calls, opt_calls=opt_calls, losses=[x["lm loss"] for x in losses],
-        grad_stats_group=torch.distributed.get_process_group_ranks(inner.get_grad_stats_parallel_group()),
-        memory=journey.measured_memory(ddp, optimizer, acts), saved_by_label=acts.saved_by_label,
-        formula=journey.memory_formula(config, VOCAB, SEQ, MBS, m, dp,
-                                       parallel_state.get_pipeline_model_parallel_rank(), dp_rank))
-
-
-ref = run_ranks(one_step, 1, tp=1, pp=1)[0]                    # 参照：1 个进程，不切分，4 个 micro-batch
-ranks = run_ranks(one_step, 8, tp=2, pp=2, grid=dict(tp=2, pp=2))
+# %% [markdown]
+# `compare` 把一个 rank 的结果与参照逐项比对，只留下表格要的东西（全局下标范围、shape、布尔值、通信记录、内存）；
+# 下面每张表都由 `snippets/experiments/journey.py` 里的函数从 `summaries` 打印。命令行的 `run` 在同一个作业里先跑参照：
+# TP = PP = 1 时每个 rank 都是整个模型的一个 DP 副本、各自吃下整个 global batch，于是每个 rank 在 DP 归约之前的梯度、
+# 激活和 loss 就是单进程的；然后跑 `par` 指定的切法，在各 rank 上调同一个 `compare`。比对是这样做的：
+#
+# ```python
+# def compare(r: dict, ref: dict) -> dict:
+#     """What the tables print about one rank, every comparison with the reference ``ref`` (the
+#     TP = PP = 1 step: one process, or the runner's in-job replica) made here; no tensors."""
+#     from snippets import journey
+#
+#     out = dict(who=r["who"], layers=r["layers"], holds=r["weight"] is not None, ops=r["ops"],
+#                losses=[x.item() for x in r["losses"]], ref_losses=[x.item() for x in ref["losses"]],
+#                grad_stats_group=r["grad_stats_group"], memory=r["memory"], formula=r["formula"])
+#     if r["weight"] is None:
+#         return out
+#     name, n, rows = r["weight_name"], r["number"], r["rows"]
+#     tp_rank, dp_rank = r["who"]["coords"]["tp"], r["who"]["coords"]["dp"]
+#     dense, weight = r["dense"][name], r["weight"]
+#     # the reference's gradient: one process's finalize changes nothing (DP = 1), and each in-job
+#     # replica's gradient before the DP reduction is already the whole batch's
+#     ref_grad = journey.take(ref["local_grad"], rows)
+#
+#     m = len(r["taps"][(n, "")])
+#     g = dp_rank * m                                          # this rank's first micro-batch, globally
+#     layer_in, _ = r["taps"][(n, "")][0]
+#     fc1_in, fc1_out = r["taps"][(n, "mlp.linear_fc1")][0]
+#     _, fc2_out = r["taps"][(n, "mlp.linear_fc2")][0]
+#     ref_in, _ = ref["taps"][(n, "")][g]
+#     ref_fc1_in, ref_fc1_out = ref["taps"][(n, "mlp.linear_fc1")][g]
+#     _, ref_fc2_out = ref["taps"][(n, "mlp.linear_fc2")][g]
+#     s, local_s = ref_in.shape[0], layer_in.shape[0]          # a sequence shard under SP, else all of it
+#     a, b = (tp_rank * local_s, (tp_rank + 1) * local_s) if local_s < s else (0, s)
+#     # fp32 sums in another order (split matmuls, reductions): relative differences grow with the sizes
+#     near = lambda x, y, atol=1e-5: torch.allclose(x, y, rtol=1e-4, atol=atol)  # noqa: E731
+#     tokens, cols = f"token [{a}, {b})", journey.ranges_text(rows)
+#     out["activations"] = [
+#         [f"第 {n} 层的输入", list(layer_in.shape), tokens, near(layer_in, ref_in[a:b])],
+#         ["linear_fc1 的输入", list(fc1_in.shape), tokens, near(fc1_in, ref_fc1_in[a:b])],
+#         ["linear_fc1 的输出", list(fc1_out.shape), f"token [0, {s}) × 列 {cols}",
+#          near(fc1_out, journey.take(ref_fc1_out, rows, dim=2))],
+#         ["linear_fc2 的输出", list(fc2_out.shape), tokens, near(fc2_out, ref_fc2_out[a:b])],
+#     ]
+#     shard = r["shard"]
+#     owned = journey.dense_rows_of(shard["param"], list(weight.shape), rows) if shard else "-"
+#     flat = slice(*shard["param"]) if shard else slice(0, 0)
+#     out.update(
+#         weight_name=name, number=n, first_microbatch=g, tokens=tokens, seq=s, cols=cols, dim=0,
+#         rows=rows, dense_shape=list(dense.shape), dense_equal=torch.equal(dense, ref["dense"][name]),
+#         local_shape=list(r["initial"].shape), local_is_slice=torch.equal(r["initial"], journey.take(dense, rows)),
+#         buffer_range=tuple(r["buffer_range"]), buffer_numel=r["buffer_numel"],
+#         mean_equal=near(r["dp_mean_grad"], ref_grad, atol=1e-7),
+#         owned_equal=near(r["reduced_grad"].reshape(-1)[flat], ref_grad.reshape(-1)[flat], atol=1e-7),
+#         shard=shard, owned=owned,
+#         updated_close=torch.allclose(weight, journey.take(ref["weight"], rows), atol=1e-6),
+#         updated_diff_small=(weight - journey.take(ref["weight"], rows)).abs().max().item() < 1e-6,
+#         digest=digest([(name, weight)]), changed=not torch.equal(weight, r["initial"]),
+#         by_module=r["by_module"], grad_calls=r["grad_calls"], opt_calls=r["opt_calls"],
+#         recv=_first(r["step_calls"], "batch_isend_irecv"),
+#         gather=_first(r["by_module"]["mlp.linear_fc1"]["forward"], "all_gather_into_tensor"),
+#         fc2_call=next(iter(r["by_module"]["mlp.linear_fc2"]["forward"]), None),
+#         sync=_first(r["grad_calls"], "reduce_scatter_tensor"), regather=_first(r["opt_calls"], "all_gather_into_tensor"),
+#         fc1_in_shape=list(fc1_in.shape), fc1_out_shape=list(fc1_out.shape), fc2_out_shape=list(fc2_out.shape),
+#         layer_in_shape=list(layer_in.shape), sequence_parallel=r["sequence_parallel"])
+#     return out
+# ```
+#
+# 命令行的入口：
+#
+# ```python
+# def run(dims, par) -> dict:
+#     """On every rank (the runner): the reference step in the job, then the step at ``par``."""
+#     import gc
+#
+#     from megatron.core import parallel_state
+#
+#     weight = followed_weight(dims, par.pp)
+#     # TP = PP = 1: every rank holds the whole model and takes the whole batch -- one process's step
+#     ref = one_step(dims, weight_name=weight, device=par.device, whole_batch=True)
+#     parallel_state.destroy_model_parallel()
+#     gc.collect()                                  # the reference's model and optimizer go; its copies stay
+#     return compare(one_step(dims, par.tp, par.pp, par.sp, weight, par.device), ref)
+# ```
 
 # %% [markdown]
 # 8 个 rank 各是谁（坐标按 `(tp, dp, pp)`；缺省 order `tp-cp-ep-dp-pp`，rank = tp + 2·dp + 4·pp，见
 # [笔记 08](../08_parallel_state_and_rank_generator/)）：
 
 # %%
-def coords(r):
-    c = r["who"]["coords"]
-    return f"({c['tp']}, {c['dp']}, {c['pp']})"
-
-
-Table(["rank", "(tp, dp, pp)", "tp 群", "dp 群", "pp 群", "层", "持有 WEIGHT"],
-      [[i, coords(r), r["who"]["groups"]["tp"], r["who"]["groups"]["dp"], r["who"]["groups"]["pp"], r["layers"],
-        r["weight"] is not None] for i, r in enumerate(ranks)])
+rank_table(summaries)
 
 # %% [markdown]
 # "层"是本 stage 建的层的全局层号（`layer_number`）；stage 0 还有 embedding（`pre_process`），stage 1 还有输出层和 loss（`post_process`）。
@@ -240,10 +358,7 @@ Table(["rank", "(tp, dp, pp)", "tp 群", "dp 群", "pp 群", "层", "持有 WEIG
 # 先确认整步是对的：最后一个 stage 报出的 4 个 micro-batch 的 loss 与参照一致。
 
 # %%
-dist_losses = [x for r in (ranks[4], ranks[6]) for x in r["losses"]]   # DP rank 0 有 micro-batch 0、1，DP rank 1 有 2、3
-print("loss 参照:", [round(x.item(), 4) for x in ref["losses"]])
-print("loss 8 rank:", [round(x.item(), 4) for x in dist_losses],
-      " allclose:", torch.allclose(torch.stack(dist_losses), torch.stack(ref["losses"]), atol=1e-5))
+print(loss_lines(summaries))
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
@@ -260,17 +375,7 @@ print("loss 8 rank:", [round(x.item(), 4) for x in dist_losses],
 # 再沿 `partition_dim` 切成 TP 块、留下第 tp_rank 块——"复制"这一步是每个 rank 各自算一遍，不是谁发给谁：
 
 # %%
-rows = []
-for i, r in enumerate(ranks):
-    if r["weight"] is None:
-        rows.append([i, coords(r), "-", "-", "-", "-", "不在本 stage"])
-        continue
-    dim, start, end = r["slice"]
-    full = r["dense"][WEIGHT]
-    rows.append([i, coords(r), list(full.shape), torch.equal(full, ref["dense"][WEIGHT]),
-                 list(r["initial"].shape), f"dim {dim}: 行 [{start}, {end})",
-                 torch.equal(r["initial"], full[start:end])])
-Table(["rank", "(tp, dp, pp)", "本 rank 造的 master", "= 参照的 weight", "本地 shape", "全局范围", "本地 = master[范围]"], rows)
+slice_table(summaries)
 
 # %% [markdown]
 # - 4 个持有者造出的 master 与参照（1 个进程、不切分）的 weight 逐位相同；TP rank 0（rank 4、6）留行 `[0, 16)`，
@@ -289,33 +394,9 @@ Table(["rank", "(tp, dp, pp)", "本 rank 造的 master", "= 参照的 weight", "
 # 下表对每个持有者的第一个 micro-batch，把本地张量和参照里同一个 micro-batch 的同一位置逐元素比较：
 
 # %%
-def global_microbatch(rank, i=0):
-    return ranks[rank]["who"]["coords"]["dp"] * 2 + i          # DP rank d 拿 micro-batch 2d、2d+1
-
-
-def activation_rows(rank):
-    r, tp_rank = ranks[rank], ranks[rank]["who"]["coords"]["tp"]
-    g = global_microbatch(rank)
-    seq, cols = slice(4 * tp_rank, 4 * tp_rank + 4), slice(16 * tp_rank, 16 * tp_rank + 16)
-    layer_in, _ = r["taps"][(2, "")][0]
-    fc1_in, fc1_out = r["taps"][(2, "mlp.linear_fc1")][0]
-    _, fc2_out = r["taps"][(2, "mlp.linear_fc2")][0]
-    ref_in, _ = ref["taps"][(2, "")][g]
-    ref_fc1_in, ref_fc1_out = ref["taps"][(2, "mlp.linear_fc1")][g]
-    _, ref_fc2_out = ref["taps"][(2, "mlp.linear_fc2")][g]
-    near = lambda a, b: torch.allclose(a, b, atol=1e-5)  # noqa: E731
-    return [
-        [rank, "第 2 层的输入", list(layer_in.shape), f"token [{seq.start}, {seq.stop})", near(layer_in, ref_in[seq])],
-        [rank, "linear_fc1 的输入", list(fc1_in.shape), f"token [{seq.start}, {seq.stop})", near(fc1_in, ref_fc1_in[seq])],
-        [rank, "linear_fc1 的输出", list(fc1_out.shape), f"token [0, 8) × 列 [{cols.start}, {cols.stop})",
-         near(fc1_out, ref_fc1_out[:, :, cols])],
-        [rank, "linear_fc2 的输出", list(fc2_out.shape), f"token [{seq.start}, {seq.stop})", near(fc2_out, ref_fc2_out[seq])],
-    ]
-
-
-print("rank 6、7（micro-batch 2）也全部相等:", all(row[-1] for row in activation_rows(6) + activation_rows(7)))
-Table(["rank", "位置", "本地 shape", "全局范围（[s, b, ·] 里）", "= 参照的那一段"],
-      activation_rows(4) + activation_rows(5))
+same_for_the_others, per_position = activation_table(summaries)
+print(same_for_the_others)
+per_position
 
 # %% [markdown]
 # rank 6、7 与 rank 4、5 一样，只是换成 micro-batch 2、3（它们是另一个 DP 副本）。`linear_fc1` 的输出不再按 token 分：
@@ -323,19 +404,7 @@ Table(["rank", "位置", "本地 shape", "全局范围（[s, b, ·] 里）", "= 
 # forward 和 backward）：
 
 # %%
-sp_meaning = {
-    ("all_gather_into_tensor", "tensor_parallel/layers.py::forward"): "SP：把序列分片拼回整段，再乘本地 weight",
-    ("reduce_scatter_tensor", "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"):
-        "SP 的 g：部分和相加，按序列切回各 TP rank",
-    ("all_gather_into_tensor", "tensor_parallel/layers.py::backward"): "backward 再拼一次输入，用来算 weight 梯度",
-    ("reduce_scatter_tensor", "tensor_parallel/layers.py::backward"): "输入梯度：部分和相加，按序列切回",
-    ("all_gather_into_tensor", "tensor_parallel/mappings.py::_gather_along_first_dim"):
-        "g 的反向：输出梯度的序列分片拼回整段",
-}
-owner = layer_walk.owner_of(ranks[4]["by_module"])
-fc_calls = [c for name in ("mlp.linear_fc1", "mlp.linear_fc2") for phase in ("forward", "backward")
-            for c in ranks[4]["by_module"][name][phase]]
-layer_walk.record_table(fc_calls, sp_meaning, owner)
+sp_calls_table(summaries)
 
 # %% [markdown]
 # - forward：`linear_fc1` 一次 all-gather `[4, 2, 16] → [8, 2, 16]`，`linear_fc2` 一次 reduce-scatter 回 `[4, 2, 16]`。
@@ -358,8 +427,7 @@ layer_walk.record_table(fc_calls, sp_meaning, owner)
 # 不需要先拼整段。PP 群 `[0, 4]` 两端在这一步里的全部 p2p：
 
 # %%
-p2p = p2p_rows(ranks[0]["ops"], 0) + p2p_rows(ranks[4]["ops"], 4)
-Table(["rank", "在这步之后", "P2PCommunicator 方法", "API", "group", "ops（→发给、←收自）", "shape 前 = 后", "语义"], p2p)
+p2p_table(summaries)
 
 # %% [markdown]
 # - 传的 shape 是 `[4, 2, 16]` = `[s/TP, b, h]`，不是 `[8, 2, 16]`：`get_tensor_shapes` 先把 `s` 除以 CP 大小，
@@ -378,33 +446,13 @@ Table(["rank", "在这步之后", "P2PCommunicator 方法", "API", "group", "ops
 # 每个 DP rank 只收下自己那一半。这个 weight 在 buffer 里的位置、同步前后各 rank 的 `main_grad`：
 
 # %%
-def grad_rows(rank):
-    r = ranks[rank]
-    tp_rank, dp_rank = r["who"]["coords"]["tp"], r["who"]["coords"]["dp"]
-    start, end = r["buffer_range"]
-    half = r["buffer_numel"] // 2
-    mine = slice(max(start, dp_rank * half) - start, min(end, (dp_rank + 1) * half) - start)   # 本 rank 拥有的那段
-    dense_grad = ref["reduced_grad"][16 * tp_rank:16 * tp_rank + 16].reshape(-1)    # 参照：1 个进程、4 个 micro-batch
-    other_dp = ranks[rank + 2 if dp_rank == 0 else rank - 2]
-    local, reduced = r["local_grad"].reshape(-1), r["reduced_grad"].reshape(-1)
-    return [rank, r["who"]["groups"]["dp"], f"[{start}, {end}) / {r['buffer_numel']}", list(r["local_grad"].shape),
-            torch.allclose((local + other_dp["local_grad"].reshape(-1)) / 2, dense_grad, atol=1e-7),
-            f"[{mine.start}, {mine.stop})", torch.allclose(reduced[mine], dense_grad[mine], atol=1e-7)]
-
-
-Table(["rank", "dp 群", "在 buffer 里 / buffer 长度", "main_grad shape", "两个 DP rank 的本地梯度平均 = 参照",
-       "本 rank 拥有（展平后）", "同步后拥有的那段 = 参照"], [grad_rows(i) for i in (4, 5, 6, 7)])
+grad_table(summaries)
 
 # %% [markdown]
 # 这一站的通信（rank 4，`finalize_model_grads` 里）：
 
 # %%
-grad_meaning = {
-    "reduce_scatter_tensor": "梯度：整个 bucket 在 DP 群求和（先乘 1/DP），每个 rank 只留自己那段",
-    "distributed/finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads":
-        "SP：3 个 norm 的 weight / bias 梯度只含本 rank 那半序列的贡献，在 TP 群里相加",
-}
-communication_table(ranks[4]["grad_calls"], grad_meaning)
+grad_calls_table(summaries)
 
 # %% [markdown]
 # - 同步前，rank 4 和 rank 6 的 `main_grad` 各自只含本 DP rank 的 2 个 micro-batch；两者平均才是参照的梯度。
@@ -422,16 +470,7 @@ communication_table(ranks[4]["grad_calls"], grad_meaning)
 # `_get_main_param_and_optimizer_states` 读出每个持有者拥有这个 weight 的哪一段，换算成稠密 `[32, 16]` 里的行：
 
 # %%
-def shard_row(rank):
-    r = ranks[rank]
-    s, (_, start, _) = r["shard"], r["slice"]
-    first, end = journey.dense_rows(s["param"], r["weight"].shape, start)
-    return [rank, coords(r), f"[{s['param'][0]}, {s['param'][1]})", f"[{s['gbuf_world'][0]}, {s['gbuf_world'][1]})",
-            f"行 [{first}, {end})", s["shapes"]["param"], s["shapes"]["exp_avg"], s["shapes"]["exp_avg_sq"], s["main_is_view"]]
-
-
-Table(["rank", "(tp, dp, pp)", "param 区间（本地展平）", "gbuf_world", "稠密 weight 的", "主参数 shape", "exp_avg", "exp_avg_sq",
-       "主参数是 weight 的视图"], [shard_row(i) for i in (4, 5, 6, 7)])
+shard_table(summaries)
 
 # %% [markdown]
 # - 稠密 `[32, 16]` 的 32 行被 4 个 rank **不重叠地**分完：`[0, 12)` rank 4、`[12, 16)` rank 6、`[16, 28)` rank 5、`[28, 32)` rank 7。
@@ -442,26 +481,20 @@ Table(["rank", "(tp, dp, pp)", "param 区间（本地展平）", "gbuf_world", "
 # `optimizer.step()` 里的通信（rank 4）：
 
 # %%
-opt_meaning = {
-    "optimizer/clip_grads.py::get_grad_norm_fp32": "梯度范数：每个 rank 只有自己那段的平方和，在全部 rank 上相加",
-    "all_gather_into_tensor": "weight：各 DP rank 更新过的那段拼回完整 buffer",
-}
-print("get_grad_stats_parallel_group() 的成员:", ranks[4]["grad_stats_group"], " dp 群:", ranks[4]["who"]["groups"]["dp"])
-communication_table(ranks[4]["opt_calls"], opt_meaning, ranks=False)
+members, opt_calls = opt_calls_table(summaries)
+print(members)
+opt_calls
 
 # %% [markdown]
 # - 梯度范数的 all-reduce 在**全部 8 个 rank** 上：分布式优化器下，每个 rank 的"那段"在 TP、PP、DP 三个方向上都不同，
 #   所以平方和要在整个 world 里加（不分片的优化器只需在 `tp-pp` 群里加）。
 # - all-gather `[832] → [1664]`：两个 DP rank 把各自更新过的那段拼回 param buffer，weight 又在 rank 4 和 6 上完整（16 行）了。
 #
-# 最后验证整条旅程是对的：把 TP rank 0、1 更新后的 16 行拼起来，与参照的一步 Adam 比较；DP 两个副本应当逐位相同。
+# 最后验证整条旅程是对的：每个持有者更新后的那 16 行与参照一步 Adam 之后的同样 16 行比较（TP rank 0、1 的两片拼起来就是整个
+# `[32, 16]`）；DP 两个副本应当逐位相同（比的是 weight 字节的 SHA-256）。
 
 # %%
-updated = torch.cat([ranks[4]["weight"], ranks[5]["weight"]])
-print("拼回的 [32, 16] 与参照 allclose(atol=1e-6):", torch.allclose(updated, ref["weight"], atol=1e-6),
-      " max|Δ| < 1e-6:", (updated - ref["weight"]).abs().max().item() < 1e-6)
-print("DP 副本逐位相同:", torch.equal(ranks[4]["weight"], ranks[6]["weight"]), torch.equal(ranks[5]["weight"], ranks[7]["weight"]))
-print("这一步改变了 weight:", not torch.equal(updated, ref["dense"][WEIGHT]))
+print(final_lines(summaries))
 
 # %% [markdown]
 # ### 一张表看完整条旅程
@@ -469,32 +502,7 @@ print("这一步改变了 weight:", not torch.equal(updated, ref["dense"][WEIGHT
 # 把上面五站压成一行一站（全部从运行读出；"通信"一列是产生这一形态的那次 collective 在 rank 4 上的记录）：
 
 # %%
-def call(calls, api, where=""):
-    return next(c for c in calls if c.api == api and where in c.where)
-
-
-def said(c):
-    return f"{c.api} · {c.group} {list(c.ranks)} · {c.before} → {c.after}"
-
-
-r4 = ranks[4]
-owned = "行 [{}, {})".format(*journey.dense_rows(r4["shard"]["param"], r4["weight"].shape, r4["slice"][1]))
-gathered = call(r4["by_module"]["mlp.linear_fc1"]["forward"], "all_gather_into_tensor")
-Table(["站", "形态", "rank 4 持有的全局范围", "本地 shape", "产生它的通信（rank 4）"], [
-    ["①", "稠密 weight（每个持有者各造一份）", "行 [0, 32)", list(r4["dense"][WEIGHT].shape), "无"],
-    ["①", "TP 分片", f"行 [{r4['slice'][1]}, {r4['slice'][2]})", list(r4["initial"].shape), "无（本地切）"],
-    ["③", "收到的 stage 激活 = 第 2 层输入", "token [0, 4)", list(r4["taps"][(2, "")][0][0].shape),
-     said(call(r4["step_calls"], "batch_isend_irecv"))],
-    ["②", "fc1 的输入拼成整段", "token [0, 8)", gathered.after, said(gathered)],
-    ["②", "fc1 的输出", "token [0, 8) × 列 [0, 16)", list(r4["taps"][(2, "mlp.linear_fc1")][0][1].shape), "无（本地矩阵乘）"],
-    ["②", "fc2 输出切回序列分片", "token [0, 4)", list(r4["taps"][(2, "mlp.linear_fc2")][0][1].shape),
-     said(call(r4["step_calls"], "reduce_scatter_tensor", "mappings"))],
-    ["④", "main_grad（同步后只有拥有的那段有效）", owned, list(r4["reduced_grad"].shape),
-     said(call(r4["grad_calls"], "reduce_scatter_tensor"))],
-    ["⑤", "Adam 状态分片", owned, r4["shard"]["shapes"]["exp_avg"], "无"],
-    ["⑤", "更新后的 weight", f"行 [{r4['slice'][1]}, {r4['slice'][2]})", list(r4["weight"].shape),
-     said(call(r4["opt_calls"], "all_gather_into_tensor"))],
-])
+journey_table(summaries)
 
 # %% [markdown]
 # 顺序是数据真实经过的顺序（③ 的接收发生在 ② 的 all-gather 之前）。roadmap 那条链上的六个形态都在：
@@ -510,11 +518,7 @@ Table(["站", "形态", "rank 4 持有的全局范围", "本地 shape", "产生�
 # 不算参数和 batch 本身）。右边是 `journey.memory_formula` 只凭 config 算出的同五类：
 
 # %%
-cols = ["weights", "grads", "main_params", "adam_state", "activations", "total"]
-Table(["rank", "stage", *[f"{c} B" for c in cols], "= 公式"],
-      [[i, r["who"]["coords"]["pp"], *[r["memory"][c] for c in cols], r["memory"] == r["formula"]]
-       for i, r in enumerate(ranks)]
-      + [["参照", "-", *[ref["memory"][c] for c in cols], ref["memory"] == ref["formula"]]])
+memory_table(summaries, reference=(ref["memory"], ref["formula"]))
 
 # %% [markdown]
 # 每一格都与公式相等。公式的四部分：
@@ -547,15 +551,7 @@ Table(["谁存的", "SP（本篇）B", "不开 SP B"], [[k, v, no_sp[k]] for k, 
 # stage 的首尾各有一点额外的（每个 micro-batch）：
 
 # %%
-def stage_row(stage):
-    parts = journey.stage_activation_bytes(config, SEQ, MBS, VOCAB, stage == 0, stage == 1)
-    copies = journey.in_flight(2, stage, 2)
-    return [stage, " + ".join(f"{k} {v}" for k, v in parts.items()), copies, copies * sum(parts.values()),
-            ranks[4 * stage]["memory"]["activations"]]
-
-
-Table(["stage", "每个 micro-batch 存下的（B）", "在途份数", "峰值 B（公式）", "实测峰值 B（rank 0 / 4）"],
-      [stage_row(0), stage_row(1)])
+stage_table(summaries, TINY, PAR)
 
 # %% [markdown]
 # - stage 0 的 embedding：TP>1 时 `VocabParallelEmbedding` 把不属于本 rank 词表分片的 token 屏蔽掉，存下平移后的 id（int64）和屏蔽 mask（bool）。
@@ -675,10 +671,10 @@ Table(["query groups", "一层存下的 B（实测）", "公式", "linear_qkv �
 
 # %%
 def owners_of_row(row):
-    holders = [i for i, r in enumerate(ranks) if r["slice"] and r["slice"][1] <= row < r["slice"][2]]
+    holders = [i for i, r in enumerate(ranks) if r["rows"] and any(a <= row < b for a, b in r["rows"])]
     adam = []
     for i in holders:
-        first, end = journey.dense_rows(ranks[i]["shard"]["param"], ranks[i]["weight"].shape, ranks[i]["slice"][1])
+        first, end = journey.dense_rows(ranks[i]["shard"]["param"], ranks[i]["weight"].shape, ranks[i]["rows"][0][0])
         if first <= row < end:
             adam.append(i)
     return holders, adam

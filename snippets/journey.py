@@ -10,8 +10,9 @@ without hiding Megatron's calls:
   rank draws the **whole** tensor from a generator seeded by the parameter's global name, then
   Megatron's own ``_initialize_affine_weight_cpu`` keeps this TP rank's slice (that is how
   ``use_cpu_initialization=True`` builds TP weights too: full tensor on every rank, then slice);
-* :func:`slice_along`, :func:`dense_rows` translate "this rank's piece" into global index ranges
-  of the dense tensor;
+* :func:`slice_along`, :func:`dense_rows`, :func:`dense_ranges`, :func:`dense_rows_of` translate
+  "this rank's piece" into global index ranges of the dense tensor (the last two also for
+  SwiGLU's stride-2 ``linear_fc1`` and for optimizer ranges that cut rows);
 * :class:`Taps` keeps copies of a few modules' inputs and outputs, one per micro-batch;
 * :class:`SavedActivations` measures activation memory the way autograd holds it: every tensor
   saved for backward (``torch.autograd.graph.saved_tensors_hooks``), counted once per storage,
@@ -67,10 +68,12 @@ def init_full_then_shard(model, std: float = 0.2, keep: tuple[str, ...] = ()) ->
         if gname.endswith("layernorm.weight"):
             full += 1.0  # norms start near identity, as in tiny_gpt
         if getattr(param, "tensor_model_parallel", False):
-            assert param.dim() == 2 and getattr(param, "partition_stride", 1) == 1, gname
+            assert param.dim() == 2, gname
+            # stride 2 (SwiGLU's linear_fc1): this rank keeps one chunk of gate and one of up
             _initialize_affine_weight_cpu(
                 param, full.shape[0], full.shape[1], param.shape[param.partition_dim],
                 param.partition_dim, lambda master, full=full: master.copy_(full),
+                stride=getattr(param, "partition_stride", 1),
                 return_master_weight=True, skip_set_tensor_parallel_attributes=True)
         else:
             with torch.no_grad():
@@ -96,6 +99,47 @@ def slice_along(param, tp_rank: int) -> tuple[int, int, int]:
     return dim, tp_rank * size, (tp_rank + 1) * size
 
 
+def dense_ranges(param, tp_rank: int, tp: int) -> list[tuple[int, int]]:
+    """The ranges of the dense tensor along ``partition_dim`` that TP rank ``tp_rank`` of ``tp``
+    holds of ``param``, in its local order: one range, or one per stride (SwiGLU's
+    ``linear_fc1`` has stride 2: a chunk of gate rows, then one of up rows) -- the chunks
+    ``_initialize_affine_weight_cpu`` keeps. A replicated parameter holds everything."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return [(0, param.shape[0])]
+    stride = getattr(param, "partition_stride", 1)
+    chunk = param.shape[param.partition_dim] // stride
+    return [((k * tp + tp_rank) * chunk, (k * tp + tp_rank + 1) * chunk) for k in range(stride)]
+
+
+def take(dense, ranges: list[tuple[int, int]], dim: int = 0):
+    """The pieces ``ranges`` of ``dense`` along ``dim``, concatenated (a TP rank's local layout)."""
+    return torch.cat([dense.narrow(dim, a, b - a) for a, b in ranges], dim)
+
+
+def ranges_text(ranges: list[tuple[int, int]]) -> str:
+    """``[0, 16)``, or ``[0, 8) + [16, 24)`` for a piece in two chunks."""
+    return " + ".join(f"[{a}, {b})" for a, b in ranges)
+
+
+def dense_rows_of(flat: tuple[int, int], local_shape, ranges: list[tuple[int, int]]) -> str:
+    """The dense rows a flat range ``[a, b)`` of a row-split local tensor covers (its rows are the
+    dense ``ranges``, :func:`dense_ranges`), as text: ``行 [0, 12)``; when ``[a, b)`` starts or
+    ends inside a row (the distributed optimizer's ranges may), those rows are partly covered."""
+    a, b = flat
+    cols = 1
+    for n in local_shape[1:]:
+        cols *= n
+    first, end = a // cols, -(-b // cols)                   # local rows touched
+    pieces, offset = [], 0
+    for lo, hi in ranges:
+        start, stop = max(first, offset), min(end, offset + hi - lo)
+        if start < stop:
+            pieces.append((lo + start - offset, lo + stop - offset))
+        offset += hi - lo
+    text = "行 " + ranges_text(pieces)
+    return text if a % cols == 0 and b % cols == 0 else text + "（首尾行只有一部分）"
+
+
 def dense_rows(flat: tuple[int, int], local_shape, row_offset: int) -> tuple[int, int]:
     """Rows of the dense weight that the flat range ``[a, b)`` of a row-split shard
     (``partition_dim`` 0, first row ``row_offset``) covers, as ``[first, end)``; the range must
@@ -119,11 +163,14 @@ class Taps:
 
     ``with Taps(model) as taps:`` then ``taps[(layer_number, "mlp.linear_fc1")]`` is that list,
     keyed by the *global* layer number so that stages and the unsplit model can be compared.
+    ``layer_numbers`` limits it to those layers (at real sizes, copies of every layer's
+    activations for every micro-batch would outgrow the model).
     """
 
-    def __init__(self, model, parts=("", "mlp.linear_fc1", "mlp.linear_fc2")):
+    def __init__(self, model, parts=("", "mlp.linear_fc1", "mlp.linear_fc2"), layer_numbers=None):
         self.targets = {(layer.layer_number, part): layer.get_submodule(part) if part else layer
-                        for layer in model.decoder.layers for part in parts}
+                        for layer in model.decoder.layers for part in parts
+                        if layer_numbers is None or layer.layer_number in layer_numbers}
         self.seen = {key: [] for key in self.targets}
         self.handles = []
 
@@ -364,7 +411,8 @@ def measured_memory(ddp, optimizer, activations: SavedActivations) -> dict[str, 
 
 
 __all__ = [
-    "SavedActivations", "Taps", "dense_rows", "full_shape", "in_flight", "init_full_then_shard",
-    "layer_activation_bytes", "measured_memory", "memory_formula", "named_by_global_name", "slice_along",
-    "stage_activation_bytes", "stage_param_sizes",
+    "SavedActivations", "Taps", "dense_ranges", "dense_rows", "dense_rows_of", "full_shape", "in_flight",
+    "init_full_then_shard", "layer_activation_bytes", "measured_memory", "memory_formula",
+    "named_by_global_name", "ranges_text", "slice_along", "stage_activation_bytes", "stage_param_sizes",
+    "take",
 ]

@@ -78,10 +78,12 @@ def parser() -> argparse.ArgumentParser:
 
 def listing() -> str:
     lines = ["experiments:"]
+    width = max(len(name) for name in EXPERIMENTS)
     for e in EXPERIMENTS.values():
-        lines.append(f"  {e.name:<9} note {e.note}: {e.what}")
-        lines.append(f"  {'':<9} parallel sizes it reads: {', '.join(e.uses)}; "
-                     f"e.g. {e.name} --dims tiny {e.example}")
+        lines.append(f"  {e.name:<{width}} note {e.note}: {e.what}")
+        reads = ", ".join(e.uses) or "none (every rank is data parallel)"
+        lines.append(f"  {'':<{width}} parallel sizes it reads: {reads}; "
+                     f"e.g. {f'{e.name} --dims tiny {e.example}'.rstrip()}")
     lines.append("presets (--dims):")
     lines.append("  tiny      the note's own sizes (per experiment)")
     for name, d in presets.PRESETS.items():

@@ -229,6 +229,10 @@ def _rare_terms(site, stem: str, limit: int = 6) -> list[str]:
     return sorted(mine, key=lambda w: (len(pages[w.lower()]), len(w) != 2, -len(w)))[:limit]
 
 
+RESULT_META = ".md-search-result__meta"
+PENDING = "searching…"
+
+
 def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
     """For each note, one of its rarest words typed into the site search lists that note.
 
@@ -244,16 +248,17 @@ def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
         stem = Path(name).stem
         tried = []
         for word in _rare_terms(site, stem):
+            # Mark the result count, search, and wait until material has rewritten it: then the
+            # list is this query's answer, hit or miss (a miss no longer costs a timeout).
+            page.evaluate(f"() => {{ document.querySelector('{RESULT_META}').textContent = '{PENDING}'; }}")
             box.fill(word)
             box.press("End")  # filled text fires no keyup; material searches on a key press (seen)
-            try:
-                page.wait_for_function(
-                    """s => Array.from(document.querySelectorAll('.md-search-result__item a'))
-                           .some(a => a.href.includes('/notes/' + s + '/'))""",
-                    arg=stem, timeout=3000)
+            page.wait_for_function(
+                f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000)
+            if page.evaluate("""s => Array.from(document.querySelectorAll('.md-search-result__item a'))
+                                    .some(a => a.href.includes('/notes/' + s + '/'))""", stem):
                 break
-            except Exception:
-                tried.append(word)
+            tried.append(word)
         else:
             misses.append((stem, tried))
         if name == note_names[0]:

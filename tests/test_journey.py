@@ -60,6 +60,20 @@ def test_dense_rows():
         journey.dense_rows((0, 100), (16, 16), 0)
 
 
+def test_dense_ranges_follow_the_stride_of_swiglu_fc1():
+    """TP rank r of 2 holds gate rows and up rows of a stride-2 [2·ffn, h] weight: the chunks
+    ``_initialize_affine_weight_cpu`` keeps (4 chunks of 6 rows, ranks take 0, 2 and 1, 3)."""
+    param = torch.nn.Parameter(torch.zeros(12, 4))
+    param.tensor_model_parallel, param.partition_dim, param.partition_stride = True, 0, 2
+    assert journey.dense_ranges(param, 0, 2) == [(0, 6), (12, 18)]
+    assert journey.dense_ranges(param, 1, 2) == [(6, 12), (18, 24)]
+    dense = torch.arange(24 * 4).reshape(24, 4)
+    assert torch.equal(journey.take(dense, journey.dense_ranges(param, 1, 2)), torch.cat([dense[6:12], dense[18:24]]))
+    # an optimizer range over local rows 4-7 crosses from gate into up; one that cuts a row says so
+    assert journey.dense_rows_of((16, 32), (12, 4), [(0, 6), (12, 18)]) == "行 [4, 6) + [12, 14)"
+    assert journey.dense_rows_of((18, 32), (12, 4), [(0, 6), (12, 18)]).endswith("（首尾行只有一部分）")
+
+
 # ------------------------------------------------------------------ the saved-tensor meter
 
 

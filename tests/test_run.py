@@ -404,3 +404,12 @@ def test_train_step_runner_path_prints_note_06_tables():
     for table in runner_tables("train-step", 2):
         assert_in_note(table, "06_gradient_sync_and_optimizer")
 
+
+
+def test_readme_lists_every_experiment_with_its_note():
+    """README's "Running at real scale" table names each registered experiment once, with its note."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| (\d\d) \|", readme, re.M)
+    assert rows == [(name, exp.note[:2]) for name, exp in EXPERIMENTS.items()]
