@@ -493,6 +493,52 @@ def on_post_build(config):
         target = Path(config.site_dir) / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(css, encoding="utf-8")
+    index = Path(config.site_dir) / "search" / "search_index.json"
+    if index.exists():  # material's search plugin wrote it in its own on_post_build, before ours
+        data = json.loads(index.read_text(encoding="utf-8"))
+        for doc in data["docs"]:
+            doc["text"] = drop_plain_copies(doc["text"])
+        index.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+
+
+PRE_BLOCK = re.compile(r"<pre>(.*?)</pre>", re.S)
+_IGNORED = frozenset(" \t\r\n\u200b")
+
+
+def _end_of_copy(text: str, start: int, code: str) -> int:
+    """Where a plain-text copy of ``code`` starting at ``text[start]`` ends (whitespace and the
+    search plugin's word separators ignored), or ``start`` when there is none."""
+    want = [c for c in code if c not in _IGNORED]
+    i = start
+    for c in want:
+        while i < len(text) and text[i] in _IGNORED:
+            i += 1
+        if i == len(text) or text[i] != c:
+            return start
+        i += 1
+    return i
+
+
+def drop_plain_copies(text: str) -> str:
+    """The search text of a page without the second copy of each code cell.
+
+    A notebook's code cell reaches material's search index twice: as the highlighted ``<pre>``
+    (which search results show) and right after it as plain text (from the cell's copy-button
+    source). Every page load builds the search index in the browser from this file, so the copies
+    cost each reader time (they were ~a third of the index); words in code stay searchable in the
+    ``<pre>``."""
+    out, pos = [], 0
+    for m in PRE_BLOCK.finditer(text):
+        if m.start() < pos:
+            continue
+        out.append(text[pos:m.end()])
+        pos = _end_of_copy(text, m.end(), m.group(1))
+    out.append(text[pos:])
+    return PROMPT.sub("", "".join(out))
+
+
+PROMPT = re.compile(r"(?:In|Out)\xa0\[\d*\]: (?:Copied! )?")
+"""nbconvert's cell prompts (``In [3]: Copied!``) as they reach the search text: not words."""
 
 
 def on_page_content(content, page, config, files):

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 KERNEL_NAME = "megatron-study"
@@ -64,7 +65,7 @@ def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
     listener.bind(socket_path)
     listener.listen(8)
     listener.settimeout(1.0)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked kernels are reaped by the kernel itself
+    signal.signal(signal.SIGCHLD, _reap)
     while os.getppid() == parent_pid:
         try:
             conn, _ = listener.accept()
@@ -79,6 +80,24 @@ def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
                 _become_kernel(**request)  # never returns
             conn.sendall(json.dumps({"pid": pid}).encode())
     listener.close()
+
+
+def _reap(signum=None, frame=None) -> None:
+    """Collect exited kernels (so none stays a zombie) and say so when one did not exit cleanly:
+    its client only sees that the pid is gone."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGTERM):
+            print(f"kernel_zygote: kernel {pid} died of signal {os.WTERMSIG(status)}",
+                  file=sys.stderr, flush=True)
+        elif os.WIFEXITED(status) and os.WEXITSTATUS(status):
+            print(f"kernel_zygote: kernel {pid} exited with status {os.WEXITSTATUS(status)}",
+                  file=sys.stderr, flush=True)
 
 
 def _read_all(conn: socket.socket) -> bytes:
@@ -111,6 +130,10 @@ def _become_kernel(args: list[str], env: dict, cwd: str) -> None:
 
         kernelapp.launch_new_instance(argv=args)
         code = 0
+    except SystemExit as exc:  # what ipykernel raises on a failed start, after saying why
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - os._exit below would otherwise swallow it
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

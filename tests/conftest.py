@@ -84,28 +84,66 @@ def _build(config: Path, out: Path) -> tuple[str, float, int]:
     return proc.stdout + proc.stderr, time.monotonic() - start, proc.returncode
 
 
+def _site_dir(basetemp: Path) -> Path:
+    tmp = basetemp / ("site-fixture" if fixture_mode() else "site-real")
+    tmp.mkdir(exist_ok=True)
+    return tmp
+
+
+def _build_once(tmp: Path, lock) -> dict:
+    """Build into ``tmp`` unless a build already did; ``lock`` (an open file) is held throughout."""
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = tmp / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    if fixture_mode():
+        config, notes_dir = _fixture_project(tmp)
+    else:
+        config, notes_dir = ROOT / "mkdocs.yml", ROOT / "notes"
+    log, seconds, code = _build(config, tmp / "built")
+    result = dict(log=log, seconds=seconds, code=code, notes_dir=str(notes_dir))
+    done.write_text(json.dumps(result))
+    return result
+
+
+SITE_TESTS = ("test_site.py", "test_browser.py", "test_backlinks.py", "test_generated_pages.py",
+              "test_drift.py", "test_cpu_compat.py")
+"""Test files that use the built site (the ``site`` fixture)."""
+
+
+def pytest_sessionstart(session):
+    """Start building the site at once, in the background of the process that runs the session
+    (under pytest-xdist, the otherwise idle controller): by the time a worker reaches a site test
+    the build is done or under way, instead of starting then while the other worker waits."""
+    config = session.config
+    if os.environ.get("PYTEST_XDIST_WORKER") or not any(
+            Path(arg.split("::")[0]).resolve() in (ROOT / "tests", *(ROOT / "tests" / f for f in SITE_TESTS))
+            for arg in config.args):
+        return
+    tmp = _site_dir(config._tmp_path_factory.getbasetemp())
+    lock = open(tmp / "lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # taken now, before any worker can ask for the site
+
+    def build():
+        try:
+            _build_once(tmp, lock)
+        finally:
+            lock.close()
+
+    threading.Thread(target=build, name="early-site-build", daemon=True).start()
+
+
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Site:
-    """The site, built once per test run: under pytest-xdist the first worker to get here builds
-    it into the run's shared temporary directory while the others wait on a lock, then reuse it."""
+    """The site, built once per test run, into the run's shared temporary directory: by the
+    session's own process from its start (:func:`pytest_sessionstart`), or else by the first
+    worker to get here, while the others wait on a lock and then reuse it."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the run's base directory, common to all workers
-    tmp = shared / ("site-fixture" if fixture_mode() else "site-real")
-    tmp.mkdir(exist_ok=True)
+    tmp = _site_dir(shared)
     with open(tmp / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = tmp / "result.json"
-        if done.exists():
-            result = json.loads(done.read_text())
-        else:
-            if fixture_mode():
-                config, notes_dir = _fixture_project(tmp)
-            else:
-                config, notes_dir = ROOT / "mkdocs.yml", ROOT / "notes"
-            log, seconds, code = _build(config, tmp / "built")
-            result = dict(log=log, seconds=seconds, code=code, notes_dir=str(notes_dir))
-            done.write_text(json.dumps(result))
+        result = _build_once(tmp, lock)
     if result["code"] != 0:
         pytest.fail(f"mkdocs build --strict failed (rc={result['code']}):\n{result['log']}",
                     pytrace=False)

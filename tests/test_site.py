@@ -326,6 +326,33 @@ def test_search_index_segments_chinese(site, note_names):
         assert anchors & ids, f"{name}: no search section links to its headings"
 
 
+def test_drop_plain_copies_keeps_the_highlighted_code_once():
+    hook = load_hook()
+    text = ("说明\u200b文字 In\xa0[3]: Copied! <pre>x = f(a,\n      b)  # 注释</pre> x = f(a,       b)  # \u200b注释 "
+            "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
+    assert hook.drop_plain_copies(text) == ("说明\u200b文字 <pre>x = f(a,\n      b)  # 注释</pre> "
+                                            "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
+
+
+def test_search_index_holds_each_code_cell_once(site, note_names):
+    """Every code cell's source is in the index as its <pre>, and not again as plain text."""
+    import html as html_lib
+
+    hook = load_hook()
+    index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
+    text = {}
+    for doc in index["docs"]:
+        page = doc["location"].split("#")[0]
+        text[page] = text.get(page, "") + doc["text"]
+    for name in note_names:
+        page_text = text[f"notes/{Path(name).stem}/"]
+        assert hook.drop_plain_copies(page_text) == page_text, f"{name}: a plain copy is left"
+        cells = [c for c in json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
+                 if c["cell_type"] == "code"]
+        first = "".join(cells[0]["source"]).splitlines()[0]
+        assert html_lib.escape(first, quote=False) in page_text or first in page_text, name
+
+
 def test_build_is_fast(site):
     assert site.seconds < 45, f"site build took {site.seconds:.1f}s"
 
