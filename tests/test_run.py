@@ -285,9 +285,14 @@ def test_estimate_and_list_start_nothing():
 
 # ----------------------------------------------------------------------------- notes call the same code
 
-LISTED = {"02_distributed_initialization": "snippets.experiments.groups",
+LISTED = {"01_training_run_overview": "snippets.experiments.overview",
+          "02_distributed_initialization": "snippets.experiments.groups",
+          "03_data_and_batch_flow": "snippets.experiments.batch_flow",
+          "04_model_provider_and_gpt_model": "snippets.experiments.gpt_model",
           "05_forward_loss_backward": "snippets.experiments.forward_loss",
           "06_gradient_sync_and_optimizer": "snippets.experiments.train_step",
+          "07_checkpointing": "snippets.experiments.checkpoint",
+          "08_parallel_state_and_rank_generator": "snippets.experiments.rank_generator",
           "09_tp_mappings": "snippets.experiments.mappings",
           "10_column_row_parallel_linear": "snippets.experiments.parallel_linear",
           "11_transformer_layer": "snippets.experiments.tp_layer",
@@ -297,8 +302,20 @@ LISTED = {"02_distributed_initialization": "snippets.experiments.groups",
           "15_distributed_optimizer": "snippets.experiments.dist_optimizer",
           "16_context_parallel": "snippets.experiments.context_parallel",
           "17_moe_expert_parallel": "snippets.experiments.moe",
-          "22_refit_and_resharding": "snippets.experiments.refit"}
-"""Notes whose cells call an experiment module and list its functions' source in markdown."""
+          "18_data_topic": "snippets.experiments.data_topic",
+          "19_model_topic": "snippets.experiments.model_topic",
+          "20_optimizer_topic": "snippets.experiments.optimizer_topic",  # and overlap's run
+          "21_checkpoint_topic": "snippets.experiments.ckpt_topic",
+          "22_refit_and_resharding": "snippets.experiments.refit",
+          "23_tensor_journey": "snippets.experiments.journey"}
+"""Each note's cells call an experiment module and list its functions' source in markdown."""
+
+
+def test_every_note_runs_a_registered_experiment():
+    """Every note is listed above, and has an experiment the runner knows."""
+    notes = sorted(p.stem for p in (ROOT / "notes").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(LISTED) == notes
+    assert sorted({exp.note for exp in EXPERIMENTS.values()}) == notes
 
 
 @pytest.mark.parametrize("note, module", LISTED.items())

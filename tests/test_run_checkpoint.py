@@ -1,6 +1,6 @@
 """The runner's ``overview``, ``checkpoint`` and ``ckpt-topic`` are notes 01, 07 and 21's experiments.
 
-Each note lists the experiment code its cells call (:func:`test_run.check_listing`); the runner's
+Each note lists the experiment code its cells call (checked for every note in ``test_run.py``); the runner's
 path -- the module's ``run`` on every rank, then its ``tables`` -- computed in-process with
 ``run_ranks`` (:func:`test_run.runner_tables`, no torchrun start) prints the note's stored tables;
 and sizes that cannot work are refused with a sentence that says why.
@@ -12,19 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from test_run import ROOT, assert_in_note, check_listing, rows_of, runner_tables
+from test_run import ROOT, assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
-
-LISTED = {"01_training_run_overview": "snippets.experiments.overview",
-          "07_checkpointing": "snippets.experiments.checkpoint",
-          "21_checkpoint_topic": "snippets.experiments.ckpt_topic"}
-
-
-@pytest.mark.parametrize("note, module", LISTED.items())
-def test_notes_list_the_experiment_code_their_cells_call(note, module):
-    check_listing(note, module)
-
 
 def test_overview_runner_path_prints_note_01_tables():
     published, fixed = runner_tables("overview", 2, tp=2)

@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import numpy
 import pytest
-from test_run import assert_in_note, check_listing, runner_tables
+from test_run import assert_in_note, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 from snippets.experiments.catalog_data import resume_dp_sizes
 
 NOTE_03, NOTE_18 = "03_data_and_batch_flow", "18_data_topic"
-
-
-@pytest.mark.parametrize("note, module", [(NOTE_03, "snippets.experiments.batch_flow"),
-                                          (NOTE_18, "snippets.experiments.data_topic")])
-def test_data_notes_list_the_experiment_code_their_cells_call(note, module):
-    check_listing(note, module)
 
 
 def test_batch_flow_corpus_is_note_03_corpus_a():

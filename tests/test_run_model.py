@@ -8,24 +8,14 @@ from __future__ import annotations
 import functools
 
 import pytest
-from test_run import assert_in_note, check_listing, rows_of, runner_tables
+from test_run import assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
-
-NOTES = {"04_model_provider_and_gpt_model": "snippets.experiments.gpt_model",
-         "08_parallel_state_and_rank_generator": "snippets.experiments.rank_generator",
-         "19_model_topic": "snippets.experiments.model_topic"}
-
 
 @functools.lru_cache(maxsize=None)
 def printed(name: str, world: int, **parallel) -> list[str]:
     """The runner's tables of ``name``, computed once per session (each call launches ranks)."""
     return runner_tables(name, world, **parallel)
-
-
-@pytest.mark.parametrize("note, module", NOTES.items())
-def test_notes_list_the_experiment_code_their_cells_call(note, module):
-    check_listing(note, module)
 
 
 def test_gpt_model_runner_path_prints_note_04_tables():

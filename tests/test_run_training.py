@@ -15,17 +15,11 @@ import subprocess
 import sys
 
 import pytest
-from test_run import ROOT, assert_in_note, check_listing, rows_of, runner_tables
+from test_run import ROOT, assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 
 NOTE_20, NOTE_23 = "20_optimizer_topic", "23_tensor_journey"
-
-
-@pytest.mark.parametrize("note, module", [(NOTE_20, "snippets.experiments.optimizer_topic"),  # and overlap's
-                                          (NOTE_23, "snippets.experiments.journey")])
-def test_notes_list_the_experiment_code_their_cells_call(note, module):
-    check_listing(note, module)
 
 
 def test_optimizer_topic_runner_path_prints_note_20_tables():
