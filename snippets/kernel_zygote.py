@@ -62,8 +62,11 @@ def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
     for module in preload or PRELOAD:
         importlib.import_module(module)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
+    # Bound and listening under a temporary name, then renamed: a client waiting for the path to
+    # appear can connect at once (between bind() and listen() it would be refused).
+    listener.bind(socket_path + ".tmp")
     listener.listen(8)
+    os.rename(socket_path + ".tmp", socket_path)
     listener.settimeout(1.0)
     signal.signal(signal.SIGCHLD, _reap)
     while os.getppid() == parent_pid:
