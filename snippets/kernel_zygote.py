@@ -30,6 +30,7 @@ import atexit
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -240,7 +241,29 @@ def _provisioner_class():
     from jupyter_client.provisioning import LocalProvisioner
 
     class ZygoteProvisioner(LocalProvisioner):
-        """``LocalProvisioner``, except that the kernel is forked by the zygote (see the module)."""
+        """``LocalProvisioner``, except that the kernel is forked by the zygote (see the module),
+        and talks to its client over Unix sockets (``ipc``), not TCP ports.
+
+        With TCP, the client picks five free ports and the kernel binds them a moment later; in
+        between, any other process may take one -- and the test command runs gloo ranks, torchrun
+        and a browser beside the notebooks, all binding ephemeral ports. The kernel then fails to
+        bind and exits before it answers (seen twice in ~10 runs of the test command: "Kernel died
+        before replying to kernel_info"). Socket files in a private directory cannot be taken."""
+
+        ipc_dir = None
+
+        async def pre_launch(self, **kwargs):
+            km = self.parent
+            if km is not None and km.transport == "tcp":  # (a restart keeps the ipc it had)
+                self.ipc_dir = tempfile.mkdtemp(prefix="kernel-ipc-")
+                km.transport, km.cache_ports = "ipc", False
+                km.ip = os.path.join(self.ipc_dir, "k")
+            return await super().pre_launch(**kwargs)
+
+        async def cleanup(self, restart=False):
+            await super().cleanup(restart)
+            if self.ipc_dir and not restart:
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
         async def launch_kernel(self, cmd, **kwargs):
             python, dash_m, launcher, *args = cmd

@@ -63,6 +63,9 @@ def test_kernel_is_forked_with_torch_imported_and_runs_ranks(kernel):
                    "print(run_ranks(lambda: dist.get_rank() * 10, 2))") == "[0, 10]"
     # Its own session and process group (so an interrupt or kill reaches the ranks it forks too).
     assert os.getpgid(km.provisioner.pid) == km.provisioner.pid
+    # Unix sockets in a private directory, not TCP ports another process could take first.
+    info = km.get_connection_info()
+    assert info["transport"] == "ipc" and info["ip"].startswith(km.provisioner.ipc_dir)
 
 
 def test_interrupt_stops_a_running_cell(kernel):
@@ -74,12 +77,14 @@ def test_interrupt_stops_a_running_cell(kernel):
     assert run(kc, "print(1 + 1)") == "2"  # and the kernel goes on
 
 
-def test_shutdown_leaves_no_kernel_process():
+def test_shutdown_leaves_no_kernel_process_and_no_socket_files():
     km, kc = start_new_kernel(kernel_name=kernel_zygote.KERNEL_NAME)
-    pid = km.provisioner.pid
-    assert kernel_zygote.alive(pid)
+    pid, ipc_dir = km.provisioner.pid, km.provisioner.ipc_dir
+    assert kernel_zygote.alive(pid) and os.listdir(ipc_dir)
+    kc.stop_channels()
     km.shutdown_kernel(now=True)
     assert not kernel_zygote.alive(pid)
+    assert not os.path.exists(ipc_dir)
 
 
 CLIENT = textwrap.dedent("""
