@@ -70,20 +70,24 @@ def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
     os.rename(socket_path + ".tmp", socket_path)
     listener.settimeout(1.0)
     signal.signal(signal.SIGCHLD, _reap)
-    while os.getppid() == parent_pid:
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            continue
-        with conn:
-            request = json.loads(_read_all(conn))
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                conn.close()
-                _become_kernel(**request)  # never returns
-            conn.sendall(json.dumps({"pid": pid}).encode())
-    listener.close()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the client's _stop: clean up below
+    try:
+        while os.getppid() == parent_pid:
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                request = json.loads(_read_all(conn))
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    conn.close()
+                    _become_kernel(**request)  # never returns
+                conn.sendall(json.dumps({"pid": pid}).encode())
+    finally:
+        listener.close()
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)  # the client made it for us
 
 
 def _reap(signum=None, frame=None) -> None:
@@ -117,6 +121,7 @@ def _become_kernel(args: list[str], env: dict, cwd: str) -> None:
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the kernel waits for the ranks it forks
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's clean-up is not the kernel's
         os.setsid()
         os.chdir(cwd)
         os.environ.clear()

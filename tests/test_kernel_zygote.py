@@ -92,8 +92,8 @@ CLIENT = textwrap.dedent("""
     from snippets import kernel_zygote
     pid = kernel_zygote.fork_kernel(sys.executable, ["-f", sys.argv[1]], dict(os.environ), os.getcwd(),
                                     preload=("ipykernel.kernelapp",))
-    zygote = kernel_zygote._zygotes[sys.executable, ("ipykernel.kernelapp",)][0].pid
-    print(zygote, pid, flush=True)
+    proc, path = kernel_zygote._zygotes[sys.executable, ("ipykernel.kernelapp",)]
+    print(proc.pid, pid, path, flush=True)
     time.sleep(600)
 """)
 
@@ -104,7 +104,8 @@ def test_a_killed_client_takes_its_zygote_and_kernels_with_it(tmp_path):
     client = subprocess.Popen([sys.executable, "-c", CLIENT, str(tmp_path / "kernel.json")],
                               stdout=subprocess.PIPE, text=True)
     try:
-        zygote, kernel = map(int, client.stdout.readline().split())
+        zygote, kernel, socket_path = client.stdout.readline().split()
+        zygote, kernel = int(zygote), int(kernel)
         assert kernel_zygote.alive(zygote) and kernel_zygote.alive(kernel)
     finally:
         client.send_signal(signal.SIGKILL)
@@ -114,3 +115,4 @@ def test_a_killed_client_takes_its_zygote_and_kernels_with_it(tmp_path):
         time.sleep(0.1)
     assert not kernel_zygote.alive(zygote), "the zygote outlived its client"
     assert not kernel_zygote.alive(kernel), "a forked kernel outlived its zygote"
+    assert not os.path.exists(os.path.dirname(socket_path)), "the zygote left its socket directory"
