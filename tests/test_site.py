@@ -326,6 +326,56 @@ def test_search_index_segments_chinese(site, note_names):
         assert anchors & ids, f"{name}: no search section links to its headings"
 
 
+SOUP_PASS_SAMPLE = """<html><head><style>div.x > img { border: 0 }</style>
+<script>const s = '<div class="jp-Cell-inputWrapper">';</script></head><body>
+<main class="jp-Notebook"><!-- <img src="c.png"> -->
+<div class="jp-Cell-inputWrapper" data-x='a>b'><img src="a.png"><img alt="" src="b.png"/><IMG SRC=c.png ALT=c></div>
+<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain"><pre>&lt;div class="jp-OutputArea-output"&gt;</pre></div>
+<div class='jp-OutputArea-outputs'>not an output</div><div class=jp-OutputArea-output>bare</div>
+</main></body></html>"""
+
+
+def _export(nb, soup_class, monkeypatch, template_stage: str | None = None) -> str:
+    """nbconvert's ``HTMLExporter.from_notebook_node`` on ``nb`` with ``soup_class`` standing in
+    for BeautifulSoup (the real one, or the hook's stand-in); with ``template_stage``, the template
+    stage returns that markup, so only nbconvert's post-pass runs on it."""
+    import nbconvert.exporters.html as nbhtml
+    from nbconvert.exporters.templateexporter import TemplateExporter
+
+    with monkeypatch.context() as m:
+        m.setattr(nbhtml, "BeautifulSoup", soup_class)
+        if template_stage is not None:
+            m.setattr(TemplateExporter, "from_notebook_node",
+                      lambda self, nb, resources=None, **kw: (template_stage, resources))
+        exporter = nbhtml.HTMLExporter(template_name="lab")
+        m.setattr(exporter.log, "disabled", True)  # its "alt text is missing" warning
+        return exporter.from_notebook_node(nb)[0]
+
+
+def test_focusable_markup_makes_nbconverts_edits_without_reparsing(monkeypatch):
+    """The hook's text edits give the same document tree as nbconvert's BeautifulSoup pass: on a
+    page with tag-like text in scripts, styles, comments and code, odd quoting and an image
+    without ``alt`` -- and on a real note's export."""
+    import nbformat
+    from bs4 import BeautifulSoup
+
+    hook = load_hook()
+
+    def same_tree(nb, template_stage=None):
+        ours = _export(nb, hook.FocusableMarkup, monkeypatch, template_stage)
+        theirs = _export(nb, BeautifulSoup, monkeypatch, template_stage)
+        assert str(BeautifulSoup(ours, "html.parser")) == str(BeautifulSoup(theirs, "html.parser"))
+        return ours
+
+    ours = same_tree(nbformat.v4.new_notebook(), SOUP_PASS_SAMPLE)
+    assert ours.count('tabindex="0"') == 3 and 'alt="No description' in ours  # it did edit
+    with pytest.raises(NotImplementedError, match="only knows"):
+        hook.FocusableMarkup("<p></p>").select("p.new")
+
+    note = Path(__file__).resolve().parents[1] / "notes" / "09_tp_mappings.ipynb"
+    assert same_tree(nbformat.read(note, as_version=4)).count('tabindex="0"') > 20
+
+
 def test_drop_plain_copies_keeps_the_highlighted_code_once():
     hook = load_hook()
     text = ("说明\u200b文字 In\xa0[3]: Copied! <pre>x = f(a,\n      b)  # 注释</pre> x = f(a,       b)  # \u200b注释 "
