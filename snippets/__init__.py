@@ -24,7 +24,27 @@ warnings.filterwarnings("ignore", message=r".*full scope is deprecated.*")
 import sys as _sys
 
 KERNEL_FORKS_RANKS = "ipykernel" in _sys.modules and "torch" not in _sys.modules
+FORKS_RANKS = KERNEL_FORKS_RANKS
+"""Whether :mod:`snippets.launch` may fork ranks from this process (torch pinned to one thread
+before it was imported): true in such a kernel, or after :func:`fork_ranks_from_this_process`."""
 if KERNEL_FORKS_RANKS:
     import torch as _torch
 
     _torch.set_num_threads(1)
+
+
+def fork_ranks_from_this_process() -> None:
+    """Declare, before torch is imported, that this process forks its ranks itself, as a kernel
+    does: torch is pinned to one intra-op thread now, so it never runs multi-threaded work. The
+    test suite calls this in each pytest process (tests/conftest.py), which has imported torch and
+    megatron.core anyway, so no fork server has to import them a second time. A later
+    ``torch.set_num_threads(n > 1)`` makes :mod:`snippets.launch` fall back to the fork server."""
+    global FORKS_RANKS
+    if FORKS_RANKS:
+        return
+    if "torch" in _sys.modules:
+        raise RuntimeError("fork_ranks_from_this_process() must run before torch is imported")
+    import torch as _torch
+
+    _torch.set_num_threads(1)
+    FORKS_RANKS = True

@@ -27,6 +27,7 @@ Nothing outlives a killed pytest worker.
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -43,12 +44,13 @@ from pathlib import Path
 KERNEL_NAME = "megatron-study"
 PROVISIONER = "megatron-study-zygote"
 
-PRELOAD = ("ipykernel.kernelapp", "snippets", "torch", "megatron.core", "snippets.rank_env",
+PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", "snippets", "torch", "megatron.core", "snippets.rank_env",
            "snippets.launch", "snippets.tables", "snippets.recorder", "megatron.core.models.gpt",
            "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.pipeline_parallel",
            "megatron.core.distributed", "megatron.core.optimizer", "megatron.core.tensor_parallel")
 """Imported once by the zygote (order matters: ``snippets`` sees ``ipykernel`` but not yet torch,
-so it pins torch to one thread). Anything else a note imports it imports itself, as before."""
+so it pins torch to one thread; ``ipykernel.ipkernel`` brings debugpy, which each kernel would
+otherwise import as it starts). Anything else a note imports it imports itself, as before."""
 
 START_TIMEOUT_S = 120.0
 """How long a client waits for a new zygote to finish its imports and listen."""
@@ -62,6 +64,10 @@ def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
     parent_pid = int(parent_pid)
     for module in preload or PRELOAD:
         importlib.import_module(module)
+    # What the imports made stays for the kernels' lifetime: out of every later full collection
+    # (each one would otherwise walk torch's and megatron's objects again, in every kernel).
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Bound and listening under a temporary name, then renamed: a client waiting for the path to
     # appear can connect at once (between bind() and listen() it would be refused).

@@ -9,8 +9,10 @@ How the ranks start, and why:
 * **fork, from a clean process.** Importing torch + megatron.core costs ~4-5 s per process, so
   spawning every rank is slow; forking is fast but hangs once the forking process has run
   multi-threaded torch work. In a notebook kernel that imported ``snippets`` before torch, torch
-  is pinned to one thread (``snippets/__init__.py``), so ranks are forked from the kernel itself.
-  Everywhere else (pytest, scripts) we use Python's ``forkserver``: one small server process is
+  is pinned to one thread (``snippets/__init__.py``), so ranks are forked from the kernel itself;
+  so do the test processes (``snippets.fork_ranks_from_this_process`` in ``tests/conftest.py``).
+  Everywhere else (scripts, or once torch was allowed more threads) we use Python's
+  ``forkserver``: one small server process is
   started on the first launch, imports torch, megatron.core and ``snippets`` once, never runs
   torch compute, and forks every rank from there. Later launches cost a fork, not an import.
 * **functions travel by value.** A function defined in a notebook cell cannot be pickled by
@@ -112,15 +114,29 @@ class Grid:
 def _context() -> mp.context.BaseContext:
     import snippets
 
-    if snippets.KERNEL_FORKS_RANKS:
-        # a notebook kernel whose torch never ran multi-threaded (snippets/__init__.py); what the
-        # fork server would preload is imported here once, not in every forked rank
+    if snippets.FORKS_RANKS and _torch_single_threaded():
+        # a notebook kernel (or a test process) whose torch never ran multi-threaded
+        # (snippets/__init__.py); what the fork server would preload is imported here once, not in
+        # every forked rank
         for module in _PRELOAD:
             importlib.import_module(module)
         return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx
+
+
+_MULTI_THREADED_SEEN = False
+
+
+def _torch_single_threaded() -> bool:
+    """False from the first launch that finds torch allowed more than one thread: the process
+    may have run multi-threaded work since, so it no longer forks ranks itself."""
+    global _MULTI_THREADED_SEEN
+    import torch
+
+    _MULTI_THREADED_SEEN = _MULTI_THREADED_SEEN or torch.get_num_threads() != 1
+    return not _MULTI_THREADED_SEEN
 
 
 def _rank_main(rank, world_size, store_dir, payload, args, kwargs, conn, stack_file, timeout_s):

@@ -157,6 +157,15 @@ def join(par: Parallel, rank: int, world: int, local_rank: int, local_world: int
         dist.init_process_group(backend=par.backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
+NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+"""Device files the NVIDIA driver creates (``/dev/dxg``: WSL 2). Without any of them
+``torch.cuda.is_available()`` is false, so the verdict needs no torch."""
+
+
+def nvidia_device_nodes() -> bool:
+    return any(os.path.exists(path) for path in NVIDIA_DEVICE_NODES)
+
+
 def render(items) -> str:
     from snippets.tables import Table
 
@@ -199,14 +208,17 @@ def main(argv=None) -> int:
             jobs.append(resolve(args, world))
         except Refused as exc:
             return _refuse(str(exc), local_rank)
-    import torch  # only now: a bad command line is refused without paying for torch
+    gpus = 0
+    if nvidia_device_nodes():  # only then can CUDA be there: without, refusals skip torch (~2.5 s)
+        import torch  # only now: a bad command line is refused without paying for torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = "cuda" if gpus else "cpu"
     if not under_torchrun:  # a world of `world` ranks on this host (or one per GPU)
-        local_world = min(world, torch.cuda.device_count() or world)
-    elif device == "cuda" and local_world > torch.cuda.device_count():
-        return _refuse(f"{local_world} ranks on this host but {torch.cuda.device_count()} GPU(s): "
-                       f"use --nproc-per-node {torch.cuda.device_count()} or fewer", local_rank)
+        local_world = min(world, gpus or world)
+    elif device == "cuda" and local_world > gpus:
+        return _refuse(f"{local_world} ranks on this host but {gpus} GPU(s): "
+                       f"use --nproc-per-node {gpus} or fewer", local_rank)
     headers = []
     for i, (exp, dims, par) in enumerate(jobs):
         par = dataclasses.replace(par, device=device)
@@ -222,6 +234,8 @@ def main(argv=None) -> int:
         if local_rank == 0:
             print("\n\n".join(headers))
         return 0
+
+    import torch
 
     functions = [exp.functions() for exp, _, _ in jobs]
     join(jobs[0][2], rank, world, local_rank, local_world)

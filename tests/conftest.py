@@ -111,6 +111,27 @@ SITE_TESTS = ("test_site.py", "test_browser.py", "test_backlinks.py", "test_gene
 """Test files that use the built site (the ``site`` fixture)."""
 
 
+def pytest_configure(config):
+    """In every process that runs tests (each xdist worker, or the one process without xdist),
+    before any test module imports torch: pin torch to one thread so this process forks its ranks
+    itself, as a notebook kernel does (``snippets.fork_ranks_from_this_process``). It imports torch
+    and megatron.core for its own tests anyway; a fork server would import them a second time.
+    Two workers on two cores lose nothing by one intra-op thread each."""
+    if hasattr(config, "workerinput") or config.getoption("numprocesses", None) in (None, 0):
+        import snippets
+
+        snippets.fork_ranks_from_this_process()
+
+
+def pytest_collection_finish(session):
+    """Everything imported so far (torch, megatron.core, the collected tests) lives until the end:
+    freeze it, so that each later full garbage collection does not walk it again (~0.3 s each)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_sessionstart(session):
     """Start building the site at once, in the background of the process that runs the session
     (under pytest-xdist, the otherwise idle controller): by the time a worker reaches a site test

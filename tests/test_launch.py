@@ -46,13 +46,34 @@ def _noop():
     return None
 
 
-def test_safe_after_multithreaded_torch_work_in_the_parent():
-    # Forking a parent that ran multi-threaded torch work can hang; ranks come from the server.
+def _launch_after_multithreaded_work(conn):
+    import snippets.launch as launch
+
     torch.set_num_threads(2)
     a = torch.randn(512, 512)
     for _ in range(5):
         a = (a @ a).tanh()
-    assert run_ranks(_rank_and_sum, 2, timeout=20) == [(0, 2, 1.0), (1, 2, 1.0)]
+    conn.send((launch._context().get_start_method(), run_ranks(_rank_and_sum, 2, timeout=20)))
+
+
+def test_safe_after_multithreaded_torch_work_in_the_parent():
+    """Forking a parent that ran multi-threaded torch work can hang: such a parent gets its ranks
+    from the fork server. Run in a child of this test process, so that this process (which forks
+    its own ranks, tests/conftest.py) stays single-threaded."""
+    import multiprocessing as mp
+
+    import snippets
+
+    assert snippets.FORKS_RANKS and torch.get_num_threads() == 1
+    ctx = mp.get_context("fork")
+    ours, theirs = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_launch_after_multithreaded_work, args=(theirs,))
+    child.start()
+    theirs.close()
+    assert ours.poll(60), "no answer from the multi-threaded parent within 60 s"
+    assert ours.recv() == ("forkserver", [(0, 2, 1.0), (1, 2, 1.0)])
+    child.join(10)
+    assert child.exitcode == 0
 
 
 def test_parallel_launches_do_not_collide():

@@ -271,6 +271,25 @@ def test_too_big_preset_is_refused_by_every_rank_before_starting():
     assert proc.seconds < 60
 
 
+@pytest.mark.skipif(__import__("snippets.run").run.nvidia_device_nodes(),
+                    reason="this host has NVIDIA device files: the verdict needs torch.cuda")
+def test_without_a_gpu_the_verdict_needs_no_torch():
+    """No NVIDIA device file, so no CUDA: a too-big job is refused without importing torch (each
+    rank of a refused job ends in well under a second), and an estimate says it runs on gloo."""
+    code = ("import sys\nfrom snippets import run\nrc = run.main(sys.argv[1:])\n"
+            "print('exit', rc, 'torch imported:', 'torch' in sys.modules)")
+    refused = subprocess.run([sys.executable, "-c", code, "pipeline", "--dims", "qwen3-8b", "--pp", "2"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, **AS_RANK_0_OF_2})
+    assert refused.stdout.strip() == "exit 2 torch imported: False", refused.stderr
+    assert "one rank needs ~" in refused.stderr
+    estimate = subprocess.run([sys.executable, "-c", code, "tp-layer", "--tp", "2", "--estimate"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **AS_RANK_0_OF_2})
+    assert estimate.stdout.rstrip().endswith("exit 0 torch imported: False"), estimate.stderr
+    assert "gloo on cpu, snippets.cpu_compat applied" in estimate.stdout
+
+
 def test_estimate_and_list_start_nothing():
     proc = plain("refit", "--dims", "dense-8b", "--world-size", "8", "--tp", "2", "--pp", "4",
                  "--estimate")
