@@ -277,4 +277,9 @@ def _refuse(message: str, local_rank: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Leave at once: the job is over (process group destroyed, tables printed), and tearing down an
+    # interpreter that holds torch and Megatron costs each rank ~1.5 s of CPU for nothing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
