@@ -125,7 +125,7 @@ print({k: list(v.shape) for k, v in make_batch(TINY.seq).items()})
 # ### 真实的 `get_batch_on_this_cp_rank`，CP = 2 与 CP = 4
 #
 # 每个 rank 调 `initialize_model_parallel(context_parallel_size=CP)`，再把同一个 batch 交给真实函数。
-# （Megatron 的 import 写在 rank 函数里：rank 进程从预先导入过 Megatron 的 fork server 分出来，不再花时间；
+# （Megatron 的 import 写在 rank 函数里：rank 进程从已经导入过 Megatron 的内核 fork 出来，不再花时间；
 # notebook 进程自己只做表格和算术，用不着它。）
 #
 # ```python

@@ -118,7 +118,7 @@ import torch.distributed as dist
 # 4 个 expert、top-2、hidden 8、expert 的 FFN 宽 16。层按 local spec 搭：`get_gpt_layer_local_spec(num_experts=4,
 # moe_grouped_gemm=False)` 的 MLP 槽位就是 `MoELayer` 的 spec（router 为 `TopKRouter`，experts 为 `SequentialMLP`，
 # 每个 expert 是一个普通的 `MLP`）。`micro_batch(i)` 给出第 `i` 个数据并行 rank 进入 MoE 层的激活 `[S=6, B=1, H=8]`
-# 和反向传回的梯度。Megatron 的 import 写在 rank 函数里（rank 从预先导入过 Megatron 的 fork server 分出来）；
+# 和反向传回的梯度。Megatron 的 import 写在 rank 函数里（rank 从已经导入过 Megatron 的内核 fork 出来）；
 # `snippets.moe_tables` 只挂 hook、读日志、拷权重，不实现 MoE 的任何一步。
 #
 # 本篇在 rank 上跑的函数都在 `snippets/experiments/moe.py` 里：本篇的单元格和命令行
