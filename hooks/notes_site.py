@@ -365,7 +365,7 @@ class FocusableMarkup:
     """
 
     OPENING = re.compile(r"""<(img|div)\b((?:\s+[^\s=/>]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'=<>`]+))?)*)"""
-                         r"""\s*(/?)>""", re.I)
+                         r"""\s*/?>""", re.I)
     OPAQUE = re.compile(r"<script\b.*?</script\s*>|<style\b.*?</style\s*>|<!--.*?-->", re.S | re.I)
     CLASS = re.compile(r"""\sclass\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.I)
     ALT = re.compile(r"\salt(?:\s*=|\s|$)", re.I)

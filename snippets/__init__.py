@@ -23,14 +23,9 @@ warnings.filterwarnings("ignore", message=r".*full scope is deprecated.*")
 # fork server that imports them again (~4 s per notebook). Anywhere else it keeps the fork server.
 import sys as _sys
 
-KERNEL_FORKS_RANKS = "ipykernel" in _sys.modules and "torch" not in _sys.modules
-FORKS_RANKS = KERNEL_FORKS_RANKS
+FORKS_RANKS = False
 """Whether :mod:`snippets.launch` may fork ranks from this process (torch pinned to one thread
 before it was imported): true in such a kernel, or after :func:`fork_ranks_from_this_process`."""
-if KERNEL_FORKS_RANKS:
-    import torch as _torch
-
-    _torch.set_num_threads(1)
 
 
 def fork_ranks_from_this_process() -> None:
@@ -48,3 +43,8 @@ def fork_ranks_from_this_process() -> None:
 
     _torch.set_num_threads(1)
     FORKS_RANKS = True
+
+
+KERNEL_FORKS_RANKS = "ipykernel" in _sys.modules and "torch" not in _sys.modules
+if KERNEL_FORKS_RANKS:
+    fork_ranks_from_this_process()

@@ -278,14 +278,15 @@ def test_without_a_gpu_the_verdict_needs_no_torch():
     rank of a refused job ends in well under a second), and an estimate says it runs on gloo."""
     code = ("import sys\nfrom snippets import run\nrc = run.main(sys.argv[1:])\n"
             "print('exit', rc, 'torch imported:', 'torch' in sys.modules)")
-    refused = subprocess.run([sys.executable, "-c", code, "pipeline", "--dims", "qwen3-8b", "--pp", "2"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60,
-                             env={**os.environ, **AS_RANK_0_OF_2})
+
+    def main_in_rank_0_of_2(*args):
+        return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, **AS_RANK_0_OF_2})
+
+    refused = main_in_rank_0_of_2("pipeline", "--dims", "qwen3-8b", "--pp", "2")
     assert refused.stdout.strip() == "exit 2 torch imported: False", refused.stderr
     assert "one rank needs ~" in refused.stderr
-    estimate = subprocess.run([sys.executable, "-c", code, "tp-layer", "--tp", "2", "--estimate"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, **AS_RANK_0_OF_2})
+    estimate = main_in_rank_0_of_2("tp-layer", "--tp", "2", "--estimate")
     assert estimate.stdout.rstrip().endswith("exit 0 torch imported: False"), estimate.stderr
     assert "gloo on cpu, snippets.cpu_compat applied" in estimate.stdout
 
