@@ -283,7 +283,7 @@ def _provisioner_class():
             if (dash_m, launcher) != ("-m", "ipykernel_launcher"):
                 raise ValueError(f"{KERNEL_NAME} expects `python -m ipykernel_launcher ...`, got {cmd}")
             env = dict(kwargs.get("env") or os.environ)
-            cwd = str(kwargs.get("cwd") or os.getcwd())
+            cwd = os.path.abspath(kwargs.get("cwd") or os.getcwd())  # ours, not the zygote's
             self.process = ForkedKernel(fork_kernel(python, args, env, cwd))
             self.pid = self.pgid = self.process.pid  # the child called setsid()
             self.cwd = cwd

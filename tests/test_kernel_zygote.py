@@ -77,6 +77,19 @@ def test_interrupt_stops_a_running_cell(kernel):
     assert run(kc, "print(1 + 1)") == "2"  # and the kernel goes on
 
 
+def test_a_relative_working_directory_is_the_clients(tmp_path, monkeypatch):
+    """A relative ``cwd`` is resolved where the client is, as ``Popen(cwd=...)`` would (the zygote
+    itself runs elsewhere)."""
+    (tmp_path / "notes").mkdir()
+    monkeypatch.chdir(tmp_path)
+    km, kc = start_new_kernel(kernel_name=kernel_zygote.KERNEL_NAME, cwd="notes")
+    try:
+        assert run(kc, "import os; print(os.getcwd())") == str(tmp_path / "notes")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def test_shutdown_leaves_no_kernel_process_and_no_socket_files():
     km, kc = start_new_kernel(kernel_name=kernel_zygote.KERNEL_NAME)
     pid, ipc_dir = km.provisioner.pid, km.provisioner.ipc_dir
