@@ -1,6 +1,5 @@
 """snippets.checkpoint_view against a real dist_checkpointing save of a TP=2-split tensor."""
 
-import tempfile
 
 import torch
 
@@ -22,8 +21,8 @@ def _save_split(ckpt_dir):
     return cv.sharded_rows(sd)
 
 
-def test_rows_files_and_chunks_match_what_was_saved():
-    ckpt_dir = tempfile.mkdtemp(prefix="cv-test-")
+def test_rows_files_and_chunks_match_what_was_saved(tmp_path):
+    ckpt_dir = str(tmp_path)
     rows = run_ranks(_save_split, 2, ckpt_dir, timeout=120)
     w1 = next(r for r in rows[1] if r[0] == "w")
     assert w1[1:6] == ["w", "ShardedTensor", (6, 4), (3, 4), (3, 0)]

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,9 +37,10 @@ JOB_TIMEOUT_S = 300  # a hung job fails the test instead of the suite
 def torchrun(nproc: int, *args: str):
     """Run ``torchrun --standalone --nproc-per-node nproc -m snippets.run *args`` once per session."""
     start = time.monotonic()
-    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc),
-                           "-m", "snippets.run", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:  # its log dirs go there, and go
+        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc),
+                               "-m", "snippets.run", *args], env={**os.environ, "TMPDIR": tmp},
+                              cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     proc.seconds = time.monotonic() - start
     return proc
 
