@@ -673,3 +673,42 @@ def test_every_patch_has_its_own_test_and_says_what_it_proves():
         assert patch.proof, patch.name
         assert any(t.startswith(f"test_{patch.name}_") for t in tests), \
             f"no test_{patch.name}_... in tests/test_cpu_compat.py"
+
+
+def _megatron_modules_imported_in_functions(module) -> set[str]:
+    """The Megatron modules a snippets module imports inside its functions: ``from X import y``
+    (``X.y`` when that is a module), ``import X``, and the names given to ``_scope_torch``."""
+    import ast
+    import importlib
+    import importlib.util
+    import inspect
+
+    found = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("megatron"):
+                package = hasattr(importlib.import_module(inner.module), "__path__")
+                for alias in inner.names:
+                    sub = f"{inner.module}.{alias.name}"
+                    found.add(sub if package and importlib.util.find_spec(sub) else inner.module)
+            elif isinstance(inner, ast.Import):
+                found |= {a.name for a in inner.names if a.name.startswith("megatron")}
+            elif (isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "_scope_torch"
+                  and isinstance(inner.args[0], ast.Constant)):
+                found.add(inner.args[0].value)
+    return found
+
+
+def test_ranks_find_what_their_setup_imports_already_loaded():
+    """``rank_env.init_rank`` applies the patches and sets the writer queue in every rank; the
+    modules that needs are imported once by the process that forks the ranks (``launch._PRELOAD``)
+    instead of once per rank. A patch that starts importing another module must add it there."""
+    from snippets import launch, rank_env
+
+    needed = (_megatron_modules_imported_in_functions(cpu_compat)
+              | _megatron_modules_imported_in_functions(rank_env))
+    assert "megatron.core.tensor_parallel.random" in needed  # the walk sees the patches' imports
+    assert "megatron.core.dist_checkpointing.strategies.filesystem_async" in needed  # and rank_env's
+    assert needed - set(launch._PRELOAD) == set()
