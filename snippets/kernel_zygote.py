@@ -41,16 +41,20 @@ import time
 import traceback
 from pathlib import Path
 
+from snippets import launch
+
 KERNEL_NAME = "megatron-study"
 PROVISIONER = "megatron-study-zygote"
 
-PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", "snippets", "torch", "megatron.core", "snippets.rank_env",
+PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", *launch._PRELOAD,
            "snippets.launch", "snippets.tables", "snippets.recorder", "megatron.core.models.gpt",
            "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.pipeline_parallel",
            "megatron.core.distributed", "megatron.core.optimizer", "megatron.core.tensor_parallel")
 """Imported once by the zygote (order matters: ``snippets`` sees ``ipykernel`` but not yet torch,
 so it pins torch to one thread; ``ipykernel.ipkernel`` brings debugpy, which each kernel would
-otherwise import as it starts). Anything else a note imports it imports itself, as before."""
+otherwise import as it starts). ``launch._PRELOAD`` (``snippets`` first, then torch and what every
+rank needs) is what a kernel would import before its first launch anyway. Anything else a note
+imports it imports itself, as before."""
 
 START_TIMEOUT_S = 120.0
 """How long a client waits for a new zygote to finish its imports and listen."""
