@@ -33,7 +33,7 @@
    BeautifulSoup's pure-Python ``html.parser`` only to add three attributes (``tabindex="0"`` on
    cell inputs and outputs, an ``alt`` on images without one) and serializes the whole tree again:
    about a third of the build. :class:`FocusableMarkup` makes the same three edits on the text
-   (tests/test_site.py checks that both give the same document tree).
+   (tests/site/test_site.py checks that both give the same document tree).
 """
 
 from __future__ import annotations
@@ -319,7 +319,7 @@ NOTE_TEMPLATE_MARK = "<!-- note-template -->"
 
 
 def note_template(docs_dir: Path) -> str:
-    from snippets.new_note import SECTIONS  # the list the scaffold and tests/test_notes.py use
+    from snippets.site.new_note import SECTIONS  # the list the scaffold and tests/site/test_notes.py use
 
     rows = ["| # | 标题 | 写什么 |", "|---|---|---|"]
     rows += [f"| {k} | `## {heading}` | {what} |" for k, (heading, what) in enumerate(SECTIONS, 1)]

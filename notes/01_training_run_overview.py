@@ -84,8 +84,8 @@
 
 # %%
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.overview import checkpoint_line, log_table, run
-from snippets.launch import run_ranks
+from snippets.experiments.n01_overview import checkpoint_line, log_table, run
+from snippets.ranks.launch import run_ranks
 
 # %% [markdown]
 # ## 关键对象
@@ -98,9 +98,9 @@ from snippets.launch import run_ranks
 #
 # 模型和数据的尺寸是参数 `dims`：本篇用它的 `tiny`，正是原脚本的尺寸（2 层、hidden 12、4 个头、vocab 100、序列 64、
 # micro-batch 8、每步 1 个 micro-batch）；TP 是参数 `tp`。`run` 在每个 rank 上先原样跑一遍、再换优化器跑一遍，
-# checkpoint 目录由 rank 0 在临时目录里建好、把路径广播给其他 rank，跑完删掉。它们在 `snippets/experiments/overview.py` 里：
+# checkpoint 目录由 rank 0 在临时目录里建好、把路径广播给其他 rank，跑完删掉。它们在 `snippets/experiments/n01_overview.py` 里：
 # 本篇的单元格和命令行 `torchrun --nproc-per-node 2 -m snippets.run overview --tp 2`（也可以 `--dims qwen3-8b --tp 8`）
-# 调用的是同一个 `run`。原样列出（`tests/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
+# 调用的是同一个 `run`。原样列出（`tests/experiments/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):

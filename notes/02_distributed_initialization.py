@@ -82,15 +82,15 @@
 #    └─ megatron/core/parallel_state.py::initialize_model_parallel(tp, pp)   # 其余全用缺省值
 # ```
 #
-# 在本页，`init_process_group` 那一步由 `snippets.launch.run_ranks` 替我们做（gloo + 文件 store，
+# 在本页，`init_process_group` 那一步由 `snippets.ranks.launch.run_ranks` 替我们做（gloo + 文件 store，
 # 见[在 CPU 上运行](../../cpu/)）；每个 rank 的函数里只剩 Megatron 自己的那一行。
 
 # %%
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.groups import kinds_for, run
-from snippets.groups import group_summary, rank_table, unique_groups
-from snippets.launch import Grid, RankError, run_ranks
-from snippets.tables import Table
+from snippets.experiments.n02_groups import kinds_for, run
+from snippets.ranks.groups import group_summary, rank_table, unique_groups
+from snippets.ranks.launch import Grid, RankError, run_ranks
+from snippets.record.tables import Table
 
 from megatron.core import parallel_state
 
@@ -98,10 +98,10 @@ from megatron.core import parallel_state
 # 每个 rank 上要跑的函数：调真实的 `initialize_model_parallel`，再用 Megatron 自己的 getter
 # 读出本 rank 的坐标和所属的每个群（`describe_rank`）。
 #
-# 它就是 `snippets/experiments/groups.py` 里的 `run`：本篇的单元格和命令行
+# 它就是 `snippets/experiments/n02_groups.py` 里的 `run`：本篇的单元格和命令行
 # `torchrun ... -m snippets.run groups --tp 2 --pp 4`（见 README 的 "Running at real scale"）调用的是同一个函数。
 # 并行尺寸装在 `Parallel` 里（world size 和 tp、pp、cp、ep）；`dims` 是模型尺寸，建群用不到。
-# `kinds_for` 决定表里列出哪些群。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# `kinds_for` 决定表里列出哪些群。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def run(dims, par) -> dict:
@@ -140,11 +140,11 @@ group_summary({kind: unique_groups(ranks, kind) for kind in ("tp", "pp", "dp", "
 # ### `initialize_model_parallel` 里到底发生了什么
 #
 # 下面把 `parallel_state.create_group` 换成一个记录调用的"探针"，再调一次真实的初始化，
-# 同时用 `snippets.recorder` 记录期间发出的每个 collective，并比较模块全局变量的前后变化。
+# 同时用 `snippets.record.recorder` 记录期间发出的每个 collective，并比较模块全局变量的前后变化。
 
 # %%
 def init_and_watch(tp, pp):
-    from snippets import recorder
+    from snippets.record import recorder
 
     created, real_create_group = [], parallel_state.create_group
 

@@ -41,7 +41,7 @@
 # | [`pretrain_gpt.py::train_valid_test_datasets_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L282) | 选类（`GPTDataset` / `MockGPTDataset` / SFT），调 builder |
 # | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L205) | 只有首 / 尾 stage 的 TP rank 0 建数据集 |
 # | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L65) | 每个 micro-batch：TP 广播，再 CP 切分 |
-# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517) | TP 群里的 broadcast（不在 pip 包里，见 `snippets/batch_flow.py`） |
+# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517) | TP 群里的 broadcast（不在 pip 包里，见 `snippets/data/batch_flow.py`） |
 # | [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469) | `--data-path` 等 → `blend` / `blend_per_split` |
 # | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3335) | 调 provider、建 DataLoader |
 # | [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/datasets/data_samplers.py#L96) | 按 DP rank 取 micro-batch 的下标 |
@@ -107,13 +107,13 @@ import tempfile
 import numpy
 import torch
 
-from snippets.batch_flow import (FIELDS, BatchArgs, BroadcastMismatch, describe,
+from snippets.data.batch_flow import (FIELDS, BatchArgs, BroadcastMismatch, describe,
                                  get_batch_on_this_tp_rank, paired_views)
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.batch_flow import (chunk_table, receiver_table, role_table, run, sender_table,
+from snippets.experiments.n03_batch_flow import (chunk_table, receiver_table, role_table, run, sender_table,
                                              summary_table)
-from snippets.launch import run_ranks
-from snippets.tables import Table
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
@@ -303,17 +303,17 @@ Table(["i", "来自", "tokens"], [[i, "ab"[int(blended.dataset_index[i])], blend
 #
 # 下面每个 rank 做正式入口会做的事：`initialize_model_parallel`；用 `is_dataset_built_on_rank` 的规则
 # （首或尾 stage，且 TP rank 0）调 `BlendedMegatronDatasetBuilder`；建了数据集的 rank 建 `DataLoader`；然后 `get_batch`。
-# `get_batch` / `get_batch_on_this_tp_rank` 不在 pip 包里，`snippets.batch_flow` 按 tag 上的逻辑重写了它们
-# （`tests/test_batch_flow.py` 拿 tag 上的原函数逐个 broadcast 对比），其中 CP 切分调用的是真实的
-# `megatron.core.utils.get_batch_on_this_cp_rank`。每个 collective 都被 `snippets.recorder` 记下。
+# `get_batch` / `get_batch_on_this_tp_rank` 不在 pip 包里，`snippets.data.batch_flow` 按 tag 上的逻辑重写了它们
+# （`tests/ranks/test_batch_flow.py` 拿 tag 上的原函数逐个 broadcast 对比），其中 CP 切分调用的是真实的
+# `megatron.core.utils.get_batch_on_this_cp_rank`。每个 collective 都被 `snippets.record.recorder` 记下。
 #
-# 每个 rank 上跑的函数在 `snippets/experiments/batch_flow.py` 里：本篇的单元格和命令行
+# 每个 rank 上跑的函数在 `snippets/experiments/n03_batch_flow.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 4 -m snippets.run batch-flow --tp 2 --cp 2`（见 README 的 "Running at real scale"）调用的是同一个 `run`。
 # 序列长度、micro-batch 和词表是参数 `dims`，本篇用它的 `tiny`：seq 8、micro-batch 2、vocab 32（数据集要
 # micro-batch × `microbatches` = 4 个样本）。`run` 先让 global rank 0 用 `IndexedDatasetBuilder` 把上面语料 a 的三篇文档
 # （长度按 seq 缩放：5/8、3/8、7/8）写进一个临时目录，路径用 `broadcast_object_list` 发给各 rank（不在记录里，也不打印），
 # 再调 `data_flow`。下面几张表由同一模块里的 `summary_table`、`sender_table`、`receiver_table`、`chunk_table`、
-# `role_table` 画出，命令行上 rank 0 打印的（`tables`）也是它们。原样列出（`tests/test_run_data.py` 检查这里和模块里的源码一字不差）：
+# `role_table` 画出，命令行上 rank 0 打印的（`tables`）也是它们。原样列出（`tests/experiments/test_run_data.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def data_flow(prefix, tokenizer, dims, tp, pp, cp):
@@ -321,7 +321,7 @@ Table(["i", "来自", "tokens"], [[i, "ab"[int(blended.dataset_index[i])], blend
 #     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 #     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 #
-#     from snippets import recorder
+#     from snippets.record import recorder
 #
 #     mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
 #                                   context_parallel_size=cp)
@@ -463,7 +463,7 @@ Table(["PackedSeqParams 字段", "值"],
 
 # %%
 def packed_vs_separate(sample, cu_seqlens):
-    from snippets.tiny_gpt import tiny_config  # first: it silences the "no Apex" import warning
+    from snippets.models.tiny_gpt import tiny_config  # first: it silences the "no Apex" import warning
 
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
@@ -557,7 +557,7 @@ print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
 #    （[`utils.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L671)
 #    覆盖了上面按 `args.sft` 分配的那一个），发送方却只要数据里有 `max_seqlen` 就发（`SFTDataset` 的样本就有）。
 #    下面用 `PairedBroadcast` 把一个 TP 群的发送方与接收方在同一进程里对放：第 8 次接收就错位了。
-#    `tests/test_batch_flow.py` 用 tag 上的原函数得到同样的错位；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
+#    `tests/ranks/test_batch_flow.py` 用 tag 上的原函数得到同样的错位；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
 #    的字节读成 `cu_seqlens` 的长度，试图分配几十 TB 内存而失败。即使广播对上了，接收方的 `max_seqlen` 是 None，
 #    `get_batch` 里的 `max_seqlen.dim()` 也会失败。上游之后有 [issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092)
 #    与重写 `get_batch` 的 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)。

@@ -109,12 +109,12 @@ import inspect
 import torch
 
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.gpt_model import count, run, tables
-from snippets.launch import run_ranks
-from snippets.model_args import EXCLUDED, OVERRIDES, cli_flags, transformer_config_fields, where_from
-from snippets.model_specs import spec_table, transformer_engine_spec_without_te
-from snippets.param_table import gather
-from snippets.tables import Table
+from snippets.experiments.n04_gpt_model import count, run, tables
+from snippets.ranks.launch import run_ranks
+from snippets.config.model_args import EXCLUDED, OVERRIDES, cli_flags, transformer_config_fields, where_from
+from snippets.config.model_specs import spec_table, transformer_engine_spec_without_te
+from snippets.config.param_table import gather
+from snippets.record.tables import Table
 
 from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,
                                                       get_gpt_layer_with_transformer_engine_spec)
@@ -132,8 +132,8 @@ from megatron.core.transformer.transformer_layer import TransformerLayerSubmodul
 # 一张排除表（七十多个字段）不生成 flag。之后 `core_transformer_config_from_args` 对 `TransformerConfig` 的每个字段
 # 检查 `args` 有没有同名属性，有就拷贝，最后手工覆盖十几个字段。
 #
-# 排除表与覆盖表在 `megatron/training` 里（不在 pip 包）；`snippets/model_args.py` 把它们记成数据、把命名规则重写成
-# 几行，`tests/test_model_args.py` 用 tag 上真实的 `ArgumentGroupFactory` 对全部字段比对。字段本身和 `argparse_meta`
+# 排除表与覆盖表在 `megatron/training` 里（不在 pip 包）；`snippets/config/model_args.py` 把它们记成数据、把命名规则重写成
+# 几行，`tests/unit/test_model_args.py` 用 tag 上真实的 `ArgumentGroupFactory` 对全部字段比对。字段本身和 `argparse_meta`
 # 就在已安装的 `TransformerConfig` 里，下表由它们算出：
 
 # %%
@@ -187,7 +187,7 @@ except NameError as err:
 
 # %% [markdown]
 # `gpt_layer_specs.py` 只在 `import transformer_engine` 成功时才导入 `TESpecProvider`（第 41–48 行），这个名字不存在。
-# 但 spec 是纯数据，不实例化任何 TE 模块；`snippets.model_specs.transformer_engine_spec_without_te` 在一个
+# 但 spec 是纯数据，不实例化任何 TE 模块；`snippets.config.model_specs.transformer_engine_spec_without_te` 在一个
 # `with` 块里把这个名字绑到真实的 `TESpecProvider`（并让它的 TE 版本检查回答"够新"），真实函数就能造出真实的 spec。
 # 没有 TE 时 TE 类是 `MagicMock` 替身，表里按它们在 `transformer_engine.py` 里的名字标出：
 
@@ -226,7 +226,7 @@ print("local spec 的 sharded_state_dict_keys_map:", local_spec.submodules.shard
 # 和 simple loop 一样用 local spec、CPU 初始化，维度取小：1 层、hidden 16、4 个 head、SwiGLU（`--swiglu`，
 # `linear_fc1` 宽 2×32）、词表 32、最长 8；`share_embeddings_and_output_weights=True` 与 `parallel_output=True`
 # 是 `gpt_builder` 的缺省。每个 rank 造完模型后像 `get_model` 那样给复制的参数补上缺省属性，
-# 再读回每个参数的 Megatron 属性。尺寸是参数 `dims`（`snippets.presets.Dims`）：`dims.transformer_config_kwargs()`
+# 再读回每个参数的 Megatron 属性。尺寸是参数 `dims`（`snippets.models.presets.Dims`）：`dims.transformer_config_kwargs()`
 # 把 hidden、head、ffn 和 SwiGLU / RMSNorm / QK norm / bias 这些开关换成 `TransformerConfig` 的字段，spec 的
 # `qk_layernorm`、`GPTModel` 的位置编码也由它决定（Qwen3 式的 RMSNorm、QK norm、无 bias、RoPE 都照此生效）。
 # 本篇的 `TINY` 就是上面那组小尺寸。
@@ -234,7 +234,7 @@ print("local spec 的 sharded_state_dict_keys_map:", local_spec.submodules.shard
 # ```python
 # def build_gpt(dims, tp: int, device: str = "cpu"):
 #     """``(model, collectives recorded while building it)`` on this rank's TP group of ``tp``."""
-#     from snippets import recorder
+#     from snippets.record import recorder
 #
 #     from megatron.core import parallel_state as mpu
 #     from megatron.core import tensor_parallel
@@ -301,9 +301,9 @@ print("local spec 的 sharded_state_dict_keys_map:", local_spec.submodules.shard
 #     return out
 # ```
 #
-# 这几个函数在 `snippets/experiments/gpt_model.py` 里：本篇的单元格和命令行
+# 这几个函数在 `snippets/experiments/n04_gpt_model.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 2 -m snippets.run gpt-model --tp 2`（加 `--dims qwen3-8b` 即 Qwen3-8B 的尺寸）调用的是
-# 同一个 `run`，rank 0 打印的也是同一个 `tables`。原样列出（`tests/test_run_model.py` 检查这里和模块里的源码一字不差）。
+# 同一个 `run`，rank 0 打印的也是同一个 `tables`。原样列出（`tests/experiments/test_run_model.py` 检查这里和模块里的源码一字不差）。
 # 本篇多要一份数值（`keep_values=True`），下面拼 `linear_fc1` 时用。
 
 # %%
@@ -318,7 +318,7 @@ print(classes_line)
 # %% [markdown]
 # 每个参数一行：全局 shape 由本地 shape 与 `partition_dim` 算出；"拼回 = TP=1"是每个 rank 的分片都等于 TP=1 模型
 # 同名参数里属于它的那一片（复制的参数则是整块相等）——等价于把两个 rank 的分片按 `partition_dim`、`partition_stride`
-# 拼回（`snippets.param_table.gather`）后与 TP=1 的参数逐元素相等。
+# 拼回（`snippets.config.param_table.gather`）后与 TP=1 的参数逐元素相等。
 
 # %%
 param_rows_table

@@ -104,11 +104,11 @@ from functools import partial
 import torch
 
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.forward_loss import one_step
-from snippets.launch import run_ranks
-from snippets.loss_flow import annotate, masked_mean, masked_token_sum, microbatches, train_step_report
-from snippets.param_table import gather
-from snippets.tables import Table
+from snippets.experiments.n05_loss import one_step
+from snippets.ranks.launch import run_ranks
+from snippets.train.loss_flow import annotate, masked_mean, masked_token_sum, microbatches, train_step_report
+from snippets.config.param_table import gather
+from snippets.record.tables import Table
 
 # %% [markdown]
 # ## 关键对象
@@ -122,14 +122,14 @@ from snippets.tables import Table
 #   逐 token loss 之**和**，`num_tokens` 是选中的个数，`report` 是 `[和, 个数]`（一份拷贝）。
 # - **2 个值** `(loss, report)`——simple loop 的写法：`loss` 已经是平均值，`report` 就是同一个张量。
 #
-# `snippets/loss_flow.py` 用自己的话写了这两种契约（`masked_token_sum`、`masked_mean`），下面的 rank 函数把它们交给
+# `snippets/train/loss_flow.py` 用自己的话写了这两种契约（`masked_token_sum`、`masked_mean`），下面的 rank 函数把它们交给
 # Megatron 的 schedule。模型与[笔记 04](../04_model_provider_and_gpt_model/) 相同（1 层、hidden 16、词表 32，CPU 初始化，去掉 dropout 以便比较），
 # 2 个 micro-batch，各 2 条长 8 的序列，`loss_mask` 分别保留 16 个和 6 个 token。
 #
-# 这个 rank 函数在 `snippets/experiments/forward_loss.py` 里：本篇的单元格和命令行
+# 这个 rank 函数在 `snippets/experiments/n05_loss.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run loss --dims qwen3-8b --layers 2 --tp 8`（见 README 的 "Running at real scale"）调用的是同一个函数，
 # 模型尺寸、sequence、micro-batch 大小和个数是参数 `dims`（本篇用它的 `tiny`；`tokens_kept` 按它算出 16 和 6）。
-# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def tokens_kept(dims) -> list[int]:
@@ -142,8 +142,9 @@ from snippets.tables import Table
 # def one_step(dims, tp, loss_contract="three", report="same", device="cpu", keep_tensors=True):
 #     """On every rank: the schedule over ``dims.microbatches`` micro-batches, recorded; the
 #     per-micro-batch reports, and with ``keep_tensors`` the gradients and micro-batch 0's logits."""
-#     from snippets import param_table, recorder  # param_table first: it quiets the known import warnings
-#     from snippets.loss_flow import masked_mean, masked_token_sum, microbatches
+#     from snippets.config import param_table  # param_table first: it quiets the known import warnings
+#     from snippets.record import recorder
+#     from snippets.train.loss_flow import masked_mean, masked_token_sum, microbatches
 #
 #     from megatron.core import parallel_state as mpu
 #     from megatron.core.models.gpt import GPTModel
@@ -231,7 +232,7 @@ print("vocab_parallel_cross_entropy（TP=2，逐 token）== 整表上的 torch �
 #
 # ### 一次 forward + backward 的全部 collective（TP=2）
 #
-# 上面那次运行用 `snippets.recorder` 记下了两个 micro-batch 的全部 collective；每个 micro-batch 发出的序列相同：
+# 上面那次运行用 `snippets.record.recorder` 记下了两个 micro-batch 的全部 collective；每个 micro-batch 发出的序列相同：
 
 # %%
 calls = tp2[0]["calls"]
@@ -292,7 +293,8 @@ Table(["参数", "partition_dim", "两 rank 的复制梯度相同", "拼回后�
 
 # %%
 def who_divides():
-    from snippets import loss_flow, param_table  # noqa: F401 - param_table first: it quiets known warnings
+    from snippets.train import loss_flow  # noqa: F401 - param_table first: it quiets known warnings
+    from snippets.config import param_table
 
     from megatron.core import parallel_state as mpu
     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
@@ -359,7 +361,7 @@ Table(["loss_func 的写法", "train_step 记下的 lm loss", "梯度 = micro-ba
 #    （[`schedules.py:268`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L268)），
 #    报告是同一个张量，也被除了：日志里的 loss 是真实值的一半（1.7362 = 3.4724 / 2）。梯度没错。
 # 3. **`loss.detach()`**：detach 出来的张量与原张量共享存储，原地除法照样改到它——结果与第 2 行相同。
-# 4. **`loss.detach().clone()`**：独立的存储，报告正确。`snippets/tiny_gpt.py` 的 `loss_func` 就是这么写的。
+# 4. **`loss.detach().clone()`**：独立的存储，报告正确。`snippets/models/tiny_gpt.py` 的 `loss_func` 就是这么写的。
 # 5. **`calculate_per_token_loss=True`**：schedule 不除；`finalize_model_grads` 把全局 token 数在 DP×CP 群里求和后，
 #    用 `scale_gradients(1 / num_tokens)` 缩放梯度（finalize_model_grads.py 第 484–497 行）。这时优化的才是全局 token 平均，
 #    与日志一致。

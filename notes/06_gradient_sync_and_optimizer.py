@@ -72,12 +72,12 @@
 # | `get_grad_norm_fp32` | 梯度列表、范数类型、群 | 总范数（float） | multi-tensor L2 | tp-pp | 每个 rank 只算自己的切片 | 否 | — |
 
 # %%
-from snippets import recorder
+from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.train_step import train_step
-from snippets.launch import run_ranks
-from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, init_by_global_name, max_abs_diff, microbatches, tiny_config
+from snippets.experiments.n06_train_step import train_step
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
+from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, init_by_global_name, max_abs_diff, microbatches, tiny_config
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -90,22 +90,22 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # %% [markdown]
 # ## 关键对象
 #
-# 一次完整的训练步。模型是 4 层、hidden 16 的真实 `GPTModel`，权重按参数名生成（与 rank 无关，见 `snippets/tiny_gpt.py`）。
+# 一次完整的训练步。模型是 4 层、hidden 16 的真实 `GPTModel`，权重按参数名生成（与 rank 无关，见 `snippets/models/tiny_gpt.py`）。
 # global batch = 4 个 micro-batch × 2 条序列：DP=2 时 DP rank r 拿第 2r、2r+1 个；DP=1 时一个进程拿全部 4 个。
 # 优化器 `OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=...)`，不用分布式优化器。
 #
-# 这个 rank 函数在 `snippets/experiments/train_step.py` 里：本篇的单元格和命令行
+# 这个 rank 函数在 `snippets/experiments/n06_train_step.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run train-step --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）调用的是同一个函数，
 # 模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），模型由笔记 14 的同一个 `build_model` 建。
-# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
 #     """On every rank: one training step; what the optimizer is, where the gradients live, the
 #     recorded communication and -- with ``keep_tensors`` -- the gradients and weights before and
 #     after (by global name, comparable across any DP size)."""
-#     from snippets import recorder
-#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from snippets.record import recorder
+#     from snippets.models.tiny_gpt import by_global_name, forward_step
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
 #                                            finalize_model_grads)
@@ -251,7 +251,7 @@ Table(["量", "值"], [
 # ## 遗留问题
 #
 # 1. **DP=2 与单进程不是 bitwise 相同。** 梯度差在 1e-8 量级（求和顺序不同），Adam 第一步把梯度归一化，参数差仍远小于 1e-6；
-#    若梯度某元素恰好接近 0，Adam 会放大噪声（`snippets/tiny_gpt.py` 去掉 bias 就是为此）。
+#    若梯度某元素恰好接近 0，Adam 会放大噪声（`snippets/models/tiny_gpt.py` 去掉 bias 就是为此）。
 # 2. **CPU 上裁剪原本会断言失败（运行确认）。** `clip_grad > 0` 时 `ChainedOptimizer.step` 调用
 #    `clip_grad_by_total_norm_fp32`，它逐个断言 `param.grad.type() == 'torch.cuda.FloatTensor'`
 #    （[`clip_grads.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L167)），

@@ -92,11 +92,11 @@ import shutil
 import tempfile
 
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.checkpoint import (chunks_table, entries_line, entries_table, load_at, load_row,
+from snippets.experiments.n07_checkpoint import (chunks_table, entries_line, entries_table, load_at, load_row,
                                              load_table, run, stored_table, wants_rows, wants_table,
                                              written_table)
-from snippets.launch import run_ranks
-from snippets.tables import Table
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
 
 # %% [markdown]
 # ## 关键对象
@@ -107,11 +107,11 @@ from snippets.tables import Table
 # 所以不同 TP 的结果可以直接比较。`save_at` 在 TP=`tp` 建模型（seed 1）并保存。`run` 把存和读放进同一个 job：
 # 在 TP=`par.tp` 存，再用同一批 rank 在 TP=1 和 TP=world size 各读一次（与存时相同的跳过；多出来的 rank 是 DP 副本）。
 #
-# 这些函数在 `snippets/experiments/checkpoint.py` 里：本篇的单元格和命令行
+# 这些函数在 `snippets/experiments/n07_checkpoint.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 8 -m snippets.run checkpoint --tp 2`（TP=2 存，TP=1、TP=8 读；也可以 `--dims qwen3-8b`）
 # 调用的是同一个 `run`。模型尺寸是参数 `dims`，本篇用它的 `tiny`。命令行下目录由 rank 0 在临时目录里建、广播路径、
 # 最后删掉；本篇自己给一个目录，`run` 不删它（后面还要在 4 个 rank 上读），并让 rank 0 带回保存时的 logits。
-# 原样列出（`tests/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def build_gpt(dims, tp, seed, device="cpu"):
@@ -295,7 +295,7 @@ wants_table(wants_rows("TP=2 → TP=1", [r["loads"][0]["wants"] for r in results
 # （[21 checkpoint 专题](../21_checkpoint_topic/)）。
 
 # %%
-from snippets import optim_reshard
+from snippets.ckpt import optim_reshard
 
 resharded = optim_reshard.reshard_optimizer_state(dict(dp=2), dict(dp=1), ("dp_reshardable", "fully_reshardable"))
 Table(optim_reshard.COMPARED, optim_reshard.rows(resharded, optim_reshard.COMPARED),

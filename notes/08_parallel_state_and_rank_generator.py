@@ -70,10 +70,10 @@
 
 # %%
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.rank_generator import ETP, run, tables
-from snippets.groups import coordinates, describe_rank, group_summary, groups_along, rank_of
-from snippets.launch import RankError, run_ranks
-from snippets.tables import Table
+from snippets.experiments.n08_rank_generator import ETP, run, tables
+from snippets.ranks.groups import coordinates, describe_rank, group_summary, groups_along, rank_of
+from snippets.ranks.launch import RankError, run_ranks
+from snippets.record.tables import Table
 
 from megatron.core.parallel_state import RankGenerator
 
@@ -91,7 +91,7 @@ from megatron.core.parallel_state import RankGenerator
 # | dp | 4 × 4 | [0, 2, 4, 6] [1, 3, 5, 7] [8, 10, 12, 14] [9, 11, 13, 15] |
 # | pp | 8 × 2 | [0, 8] [1, 9] [2, 10] [3, 11] [4, 12] [5, 13] [6, 14] [7, 15] |
 #
-# 真实的 `RankGenerator` 算出的是（`tests/test_notes.py` 逐格比对上面这张手写表和下面这格的输出）：
+# 真实的 `RankGenerator` 算出的是（`tests/site/test_notes.py` 逐格比对上面这张手写表和下面这格的输出）：
 
 # %%
 gen = RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order="tp-cp-ep-dp-pp")
@@ -114,9 +114,9 @@ Table(["token", "mask", "群数 × 群大小", "第 0 个群"],
         gen.get_ranks(t)[0]] for t in ("tp", "dp", "pp", "tp-pp", "dp-cp", "tp-dp")])
 
 # %% [markdown]
-# 这段算术可以用十几行读得懂的代码重写：`snippets.groups.coordinates` 把 rank 拆成各维坐标，
+# 这段算术可以用十几行读得懂的代码重写：`snippets.ranks.groups.coordinates` 把 rank 拆成各维坐标，
 # `groups_along(token)` 把"除 token 以外各维坐标都相同"的 rank 归成一组。它和真实的 `get_ranks`
-# 对每个 token、每种 order 都给出同样的群（`tests/test_groups.py` 还覆盖了更多组合）：
+# 对每个 token、每种 order 都给出同样的群（`tests/ranks/test_groups.py` 还覆盖了更多组合）：
 
 # %%
 sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2)
@@ -280,9 +280,9 @@ group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-c
 #     return Table(["kind", "getter 报出的群", "RankGenerator", "相同"], rows)
 # ```
 #
-# 这些函数在 `snippets/experiments/rank_generator.py` 里：本篇的单元格和命令行
+# 这些函数在 `snippets/experiments/n08_rank_generator.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 8 -m snippets.run rank-generator --tp 2 --pp 2 --ep 2` 调用的是同一个 `run`，
-# rank 0 打印的也是同一个 `tables`（`tests/test_run_model.py` 检查这里和模块里的源码一字不差）。
+# rank 0 打印的也是同一个 `tables`（`tests/experiments/test_run_model.py` 检查这里和模块里的源码一字不差）。
 
 # %%
 TINY = EXPERIMENTS["rank-generator"].tiny
@@ -301,7 +301,7 @@ per_rank
 
 # %% [markdown]
 # 每个 rank 在 expert 网格上的坐标由 getter 报出（`get_expert_tensor_parallel_rank`、`get_expert_model_parallel_rank`、
-# `get_expert_data_parallel_rank`），右列检查两个网格的坐标都等于 `snippets.groups.coordinates` 的混合进制分解：
+# `get_expert_data_parallel_rank`），右列检查两个网格的坐标都等于 `snippets.ranks.groups.coordinates` 的混合进制分解：
 
 # %%
 expert_coords

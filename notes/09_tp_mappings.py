@@ -120,12 +120,12 @@ from math import prod
 
 import torch
 
-from snippets import recorder
+from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.mappings import (MAPPINGS, conjugate_pairs, issuer_table, record_rows, record_table,
+from snippets.experiments.n09_mappings import (MAPPINGS, conjugate_pairs, issuer_table, record_rows, record_table,
                                            run_every_mapping, signatures)
-from snippets.launch import run_ranks
-from snippets.tables import Table
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
 
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import mappings
@@ -136,9 +136,9 @@ from megatron.core.tensor_parallel import mappings
 # 每个函数怎么调，写成一张表（`x` 是本 rank 的输入，`tp` 是 TP 群）。
 # `gather_from_sequence_parallel_region` 多跑一个 `tensor_parallel_output_grad=False` 的变体，它的反向不同。
 #
-# 这张表和下面在 rank 上跑的函数都在 `snippets/experiments/mappings.py` 里（`m` 就是 `megatron.core.tensor_parallel.mappings`）：
+# 这张表和下面在 rank 上跑的函数都在 `snippets/experiments/n09_mappings.py` 里（`m` 就是 `megatron.core.tensor_parallel.mappings`）：
 # 本篇的单元格和命令行 `torchrun ... -m snippets.run mappings --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）
-# 调用的是同一份代码。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 调用的是同一份代码。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def mappings_by_name(m) -> dict:
@@ -226,7 +226,7 @@ print("每个 rank 跑了", len(runs[0]), "个调用；记录到的 collective �
 #
 # roadmap 的通信记录：每个函数、每个方向一行（不通信的方向也列出，API 记作 `—`）。"通信前 / 通信后"是
 # collective 自己的缓冲区 shape；"张量"是函数层面的 shape（正向是 `x → y`，反向是 `dy → dx`）。
-# 含义按发出 collective 的 Megatron 函数查 `snippets.recorder.MEANINGS`；同一个 helper 在不同上下文含义不同的，
+# 含义按发出 collective 的 Megatron 函数查 `snippets.record.recorder.MEANINGS`；同一个 helper 在不同上下文含义不同的，
 # 用模块里的 `IN_CONTEXT` 覆盖。
 
 # %%

@@ -20,7 +20,7 @@
 # `tensor_parallel/layers.py` 里的两个线性层怎么用它们。下面的单元格在 2 个和 4 个 gloo rank 上构造**真实的**
 # `ColumnParallelLinear` / `RowParallelLinear`，打印每个 rank 的权重 shape，录下正反向的每个 collective，并把输出、
 # 输入梯度、权重梯度、bias 梯度逐一和主进程里一个普通的 `nn.Linear` 比较。旁边放一份我们自己写的等价实现
-# （`snippets/tp_linear.py`，约 130 行代码），证明它和真实的层算出同样的数。
+# （`snippets/tp/tp_linear.py`，约 130 行代码），证明它和真实的层算出同样的数。
 
 # %% [markdown]
 # ## 阅读目标
@@ -106,12 +106,12 @@ os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；�
 
 import torch
 
-from snippets import recorder
+from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.parallel_linear import (CASES, build, comm_table, inputs, kinds, kinds_table,
+from snippets.experiments.n10_linear import (CASES, build, comm_table, inputs, kinds, kinds_table,
                                                   layout_table, run_cases, weight_layout)
-from snippets.launch import run_ranks
-from snippets.tables import Table
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
 
 from megatron.core import parallel_state
 from megatron.core.model_parallel_config import ModelParallelConfig
@@ -124,10 +124,10 @@ from megatron.core.utils import init_method_normal
 # 形状取一个缩小的 MLP：`hidden = 8`、`ffn = 16`，激活 `[s, b, h] = [4, 2, 8]`。column 层 `8 → 16`（像 `linear_fc1`），
 # row 层 `16 → 8`（像 `linear_fc2`）。构造方式就是 Megatron 的：一个 `ModelParallelConfig`，一个 `init_method`。
 #
-# 本篇在 rank 上跑的函数（`build`、`weight_layout`、`run_cases`）都在 `snippets/experiments/parallel_linear.py` 里：
+# 本篇在 rank 上跑的函数（`build`、`weight_layout`、`run_cases`）都在 `snippets/experiments/n10_linear.py` 里：
 # 本篇的单元格和命令行 `torchrun ... -m snippets.run linear --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）
 # 调用的是同一份代码，尺寸是参数 `dims`（hidden、ffn、sequence、micro-batch），本篇用它的 `tiny`。
-# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def build(dims, kind, tp, gather_output=False, input_is_parallel=True, sequence_parallel=False,
@@ -218,7 +218,7 @@ print("X:", {k: list(v.shape) for k, v in X.items()}, " G:", {k: list(v.shape) f
 
 # %% [markdown]
 # 每个 rank 上：对每种配置构造真实的层，把 bias 换成 `BIAS`（column 取自己那段），取自己那份输入和上游梯度，
-# 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp_linear` 里我们自己的层，做同样的事：
+# 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp.tp_linear` 里我们自己的层，做同样的事：
 #
 # ```python
 # def part(t, dim, tp, r):
@@ -228,13 +228,13 @@ print("X:", {k: list(v.shape) for k, v in X.items()}, " G:", {k: list(v.shape) f
 #
 # def run_cases(dims, tp, device="cpu", keep_tensors=True):
 #     """Every configuration of :data:`CASES` on this rank: the real layer and ours ("ours",
-#     :mod:`snippets.tp_linear`) on the same master weight, one recorded forward and backward each.
+#     :mod:`snippets.tp.tp_linear`) on the same master weight, one recorded forward and backward each.
 #
 #     Per (configuration, "real" / "ours"): the collectives, ``allreduce_dgrad``, whether the bias is
 #     marked ``sequence_parallel``, and whether ours gave the same numbers; with ``keep_tensors`` also
 #     the weight, output and the three gradients (note 10 compares them with a dense layer).
 #     """
-#     from snippets import tp_linear
+#     from snippets.tp import tp_linear
 #
 #     group, r = _model_parallel(tp)
 #     X, G, BIAS = inputs(dims, device)
@@ -287,7 +287,7 @@ Table(["层", "TP", "分片拼回 = 单进程初始化"],
 #
 # ### 每种配置的通信（TP=2，录下来的）
 #
-# 含义列先按 (发出者, API, phase) 查模块里的 `IN_LAYER` 表，再退回 `snippets.recorder.MEANINGS`：
+# 含义列先按 (发出者, API, phase) 查模块里的 `IN_LAYER` 表，再退回 `snippets.record.recorder.MEANINGS`：
 
 # %%
 comm_table(results[2])
@@ -437,9 +437,9 @@ print("两个 rank 的 db 相加等于 dense:", torch.allclose(row_sp[0]["db"] +
 #
 # ### 我们自己的实现
 #
-# `snippets/tp_linear.py` 只有这些：四个以 Megatron 函数命名的 autograd Function（f、g、最后一维的 gather/scatter、
+# `snippets/tp/tp_linear.py` 只有这些：四个以 Megatron 函数命名的 autograd Function（f、g、最后一维的 gather/scatter、
 # sequence 维的 all-gather/reduce-scatter），和两个层——column 层 `f → F.linear → (gather)`，row 层
-# `(scatter) → F.linear → g → + bias`。它和真实的层在同一份主权重上算出同样的数（`tests/test_tp_linear.py` 在 TP=2、4
+# `(scatter) → F.linear → g → + bias`。它和真实的层在同一份主权重上算出同样的数（`tests/ranks/test_tp_linear.py` 在 TP=2、4
 # 上检查全部六种配置）：
 
 # %%

@@ -105,12 +105,12 @@
 
 # %%
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.tp_layer import build_layer, run, submodule_table, weight_table
-from snippets.layer_walk import (WALK, counts_by_submodule, kind_of, layout, millions, owner_of,
+from snippets.experiments.n11_tp_layer import build_layer, run, submodule_table, weight_table
+from snippets.tp.layer_walk import (WALK, counts_by_submodule, kind_of, layout, millions, owner_of,
                                  param_counts, qkv_rows, short, tp_shard, weight_rows)
-from snippets.launch import run_ranks
-from snippets.presets import PRESETS
-from snippets.tables import Table
+from snippets.ranks.launch import run_ranks
+from snippets.models.presets import PRESETS
+from snippets.record.tables import Table
 
 import torch
 from megatron.core import parallel_state
@@ -129,9 +129,9 @@ from megatron.core.transformer import TransformerConfig
 # `dims.transformer_config_kwargs()` 把它们换成 `TransformerConfig` 的参数名。
 # `use_cpu_initialization=True` 时 Megatron 先按种子生成**完整的** weight 再切片，所以任何 TP 下种子相同、weight 就是同一份的切片。
 #
-# 这个函数和下面的 `forward_backward`、`run` 都在 `snippets/experiments/tp_layer.py` 里：本篇的单元格和命令行
+# 这个函数和下面的 `forward_backward`、`run` 都在 `snippets/experiments/n11_tp_layer.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run tp-layer --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
-# `QWEN3_8B` 就是那里的 `--dims qwen3-8b`，`TINY` 是 `--dims tiny`。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# `QWEN3_8B` 就是那里的 `--dims qwen3-8b`，`TINY` 是 `--dims tiny`。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def build_layer(dims, tp: int, sequence_parallel: bool = False, device: str = "cpu"):
@@ -141,7 +141,7 @@ from megatron.core.transformer import TransformerConfig
 #     slice: independent of TP); on a GPU Megatron initializes each shard on the device. On
 #     ``"meta"`` (note 11's Qwen3-8B layer) the same path gives parameters with shapes and no storage.
 #     """
-#     from snippets import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
+#     from snippets.tp import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
 #     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 #     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 #     from megatron.core.transformer import TransformerConfig
@@ -198,7 +198,7 @@ weight_table(meta[0])  # 即 Table(["子模块", "类", "每卡 weight [out, in]
 # ### 参数量，以及 seed 000 的每个数
 #
 # 参数量两种算法：一是把 meta 层每卡的参数加起来（被切的乘以 TP，复制的只算一次）；二是 `param_counts` 用 config 写的公式。
-# `tests/test_layer_walk.py` 在 tiny 的真实层上（TP=1、2，RMSNorm/LayerNorm，有无 bias）检查公式。
+# `tests/ranks/test_layer_walk.py` 在 tiny 的真实层上（TP=1、2，RMSNorm/LayerNorm，有无 bias）检查公式。
 
 # %%
 config = TransformerConfig(**dict(QWEN3_8B.transformer_config_kwargs(), num_layers=1))
@@ -231,7 +231,7 @@ Table(["", "整层（TP=1）", "TP=2 每卡", "公式整层", "公式每卡"],
 # | 每层参数 | 193M |
 # | TP=2 每卡参数 | 96M |
 #
-# 下面这格从 config 和 meta 层算出同一张表（`tests/test_notes.py` 逐格比对）：
+# 下面这格从 config 和 meta 层算出同一张表（`tests/site/test_notes.py` 逐格比对）：
 
 # %%
 h, d = config.hidden_size, config.kv_channels
@@ -276,7 +276,7 @@ Table(["seed 000 的说法", "值"], [
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
 #                                            finalize_model_grads)
-#     from snippets import recorder
+#     from snippets.record import recorder
 #
 #     model = DistributedDataParallel(config, DistributedDataParallelConfig(), module=layer)
 #     s, b = dims.seq, dims.micro_batch_size
@@ -526,7 +526,7 @@ sp[0]["comm"]
 #    `device="cuda"` 的因果 mask。本篇显式传 causal mask（GPT 的数据管线本来就给）。
 # 5. **每个 `TransformerConfig` 都会发一条弃用警告。** `cuda_graph_scope` 的缺省值就是 `"full"`
 #    （[`transformer_config.py:784`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），
-#    而 `__post_init__` 见到 `"full"` 就警告它已弃用。无害，`snippets.layer_walk` 把它静音了。
+#    而 `__post_init__` 见到 `"full"` 就警告它已弃用。无害，`snippets.tp.layer_walk` 把它静音了。
 # 6. **QK norm 的梯度靠参数名找。** `finalize_model_grads` 用 `"q_layernorm" in name` 挑出要在 TP 群求和的参数；
 #    换一个名字的自定义 QK norm 会被静默漏掉，TP 各卡的权重随之漂移。
 

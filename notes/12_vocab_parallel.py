@@ -86,14 +86,14 @@
 # | `LanguageModule.compute_language_model_loss` | label `[b, s]`、logits | loss `[b, s]` | 上面两种交叉熵之一 | 间接 | 否 | 否 | `forward_step` |
 
 # %%
-from snippets.layer_walk import record_table  # importing it also quiets known Megatron warnings
+from snippets.tp.layer_walk import record_table  # importing it also quiets known Megatron warnings
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.vocab import (ALPHA, ce_comm_table, ce_inputs, cross_entropy_run, embedding_comm_table,
+from snippets.experiments.n12_vocab import (ALPHA, ce_comm_table, ce_inputs, cross_entropy_run, embedding_comm_table,
                                         embedding_run, padded)
-from snippets.launch import run_ranks
-from snippets.sources import installed_root
-from snippets.tables import Table
-from snippets.vocab_parallel import smoothed_loss, smoothed_loss_on_rank
+from snippets.ranks.launch import run_ranks
+from snippets.site.sources import installed_root
+from snippets.record.tables import Table
+from snippets.tp.vocab_parallel import smoothed_loss, smoothed_loss_on_rank
 
 import math
 import re
@@ -113,9 +113,9 @@ from megatron.core.tensor_parallel.utils import VocabUtility
 # （[`arguments.py:1678`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1678) 缺省 128）。
 # 这个函数在 `megatron/training` 里、不在 pip 包中，下面按它的公式算；多出来的"假 token"只是永远不会出现的类别。
 #
-# 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/vocab.py` 里：本篇的单元格和命令行
+# 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/n12_vocab.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run vocab --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
-# 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def padded(vocab, tp, divisible_by=128):
@@ -150,7 +150,7 @@ Table(["", "V（pad 之后）", "TP", "每卡宽度", "各卡 range(start, end)"
 #     import torch.distributed as dist
 #     from megatron.core.model_parallel_config import ModelParallelConfig
 #     from megatron.core.tensor_parallel import VocabParallelEmbedding
-#     from snippets import recorder
+#     from snippets.record import recorder
 #
 #     _model_parallel(tp)
 #     V, H = dims.vocab, dims.hidden
@@ -225,7 +225,7 @@ Table(["TP", "SP（reduce-scatter）", "每卡 weight", "各卡词表段", "输�
 #     from megatron.core import parallel_state
 #     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
 #     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-#     from snippets import recorder
+#     from snippets.record import recorder
 #
 #     _model_parallel(tp)
 #     rank = parallel_state.get_tensor_model_parallel_rank()
@@ -284,7 +284,7 @@ Table(["TP", "每卡 logits", "每卡的 loss = F.cross_entropy", "梯度（拼�
 # %% [markdown]
 # 不开 smoothing 时完全对上（TP=1 时 3 次 all-reduce 也照样发出，只是群里只有自己）。开 smoothing 呢？
 # 每卡返回的平均 loss，和两种参照比：PyTorch 的 `label_smoothing=0.1`，以及 Megatron 源码注释里写明的目标分布
-# （label 上 `1−α`，其余 `K−1` 个类各 `α/(K−1)`，K 是词表大小），即 `snippets.vocab_parallel.smoothed_loss`：
+# （label 上 `1−α`，其余 `K−1` 个类各 `α/(K−1)`，K 是词表大小），即 `snippets.tp.vocab_parallel.smoothed_loss`：
 
 # %%
 torch_loss = torch_ce(logits, ALPHA)
@@ -397,7 +397,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 #    `log_probs.mean(dim=-1)` 只对本卡一段求平均、之后没有 all-reduce
 #    （[`cross_entropy.py:181`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L181)）；
 #    backward 用同一个本卡宽度（[`cross_entropy.py:206`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L206)）。
-#    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度（`tests/test_vocab_parallel.py` 逐卡验证），
+#    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度（`tests/ranks/test_vocab_parallel.py` 逐卡验证），
 #    拼起来不是任何一个统一 loss 的梯度。上游已有报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)（2024 年提出，查阅时仍开放）。
 #    影响面：0.16.1 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
 #    所以正式 GPT 训练碰不到；直接调这个函数的外部代码会碰到。
@@ -430,7 +430,7 @@ print("megatron/core 里出现 label_smoothing 的文件:", callers)
 
 # %%
 def gpt_loss(tp):
-    from snippets import layer_walk  # noqa: F401 - first: quiets known warnings on this rank
+    from snippets.tp import layer_walk  # noqa: F401 - first: quiets known warnings on this rank
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

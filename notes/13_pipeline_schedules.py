@@ -96,12 +96,12 @@
 # %%
 import torch
 
-from snippets import pipeline_timeline as timeline
+from snippets.pp import timeline
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.pipeline import pipeline_run
-from snippets.launch import run_ranks
-from snippets.tables import Table
-from snippets.tiny_gpt import max_abs_diff, tiny_config
+from snippets.experiments.n13_pipeline import pipeline_run
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
+from snippets.models.tiny_gpt import max_abs_diff, tiny_config
 
 from IPython.display import SVG
 from megatron.core import parallel_state
@@ -120,10 +120,10 @@ from megatron.core import parallel_state
 # 用 `record_schedule()` 记下本 rank 依次做的每个 forward、backward 和 p2p 调用（以及 p2p 里的 collective），
 # 再问代码本身的公式 `get_pp_rank_microbatches` 这个 rank 应该有几步 warm-up。
 #
-# 这个函数就是 `snippets/experiments/pipeline.py` 里的 `pipeline_run`：本篇的单元格和命令行
+# 这个函数就是 `snippets/experiments/n13_pipeline.py` 里的 `pipeline_run`：本篇的单元格和命令行
 # `torchrun ... -m snippets.run pipeline --dims qwen3-8b --pp 4`（见 README 的 "Running at real scale"）调用的是同一个函数，
 # 模型尺寸（层数、hidden、head、vocab、sequence、micro-batch）都是参数 `dims`，本篇用它的 `tiny`：8 层、hidden 16、
-# vocab 32、sequence 8、micro-batch 2。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# vocab 32、sequence 8、micro-batch 2。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def pipeline_run(dims, pp: int, vp=None, microbatch_counts=(4,), batch_p2p_comm: bool = True,
@@ -135,7 +135,7 @@ from megatron.core import parallel_state
 #     the losses (last stage only), the code's own warm-up counts and -- with ``keep_grads`` -- every
 #     gradient by global name (note 13 compares them with one process; at real sizes leave it off).
 #     """
-#     from snippets.tiny_gpt import by_global_name, forward_step, init_by_global_name
+#     from snippets.models.tiny_gpt import by_global_name, forward_step, init_by_global_name
 #     from megatron.core import parallel_state
 #     from megatron.core.models.gpt import GPTModel
 #     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -436,7 +436,7 @@ print("梯度与 PP=1 最大差超过 1:", max_abs_diff(all_grads(vpp2_batched),
 # %%
 def p2p_swap():
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
-    from snippets import recorder
+    from snippets.record import recorder
 
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
     rank = torch.distributed.get_rank()
@@ -477,7 +477,7 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 #
 # **2. loss 被原地除以 m。** `forward_step_calc_loss` 对 `loss_func` 返回的 loss 做 `output_tensor /= num_microbatches`
 # （[`schedules.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L269)）。
-# 如果日志字典里放的是 `loss.detach()`（与 loss 共享存储），记下来的值也会被除以 m。`snippets/tiny_gpt.py`
+# 如果日志字典里放的是 `loss.detach()`（与 loss 共享存储），记下来的值也会被除以 m。`snippets/models/tiny_gpt.py`
 # 的 `loss_func` 因此用 `detach().clone()`。
 #
 # **3. 时间线是逻辑时间。** 它重放的是记录到的真实顺序，但各操作时长取理想值（backward = 2 × forward、通信不花时间）。

@@ -100,13 +100,14 @@
 # %%
 import torch
 
-from snippets import grad_buffers, recorder
+from snippets.dp import grad_buffers
+from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.ddp import ddp_run, one_process_full_batch
-from snippets.launch import run_ranks
-from snippets.recorder import communication_table
-from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, concat, forward_step, init_by_global_name, \
+from snippets.experiments.n14_ddp import ddp_run, one_process_full_batch
+from snippets.ranks.launch import run_ranks
+from snippets.record.recorder import communication_table
+from snippets.record.tables import Table
+from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, concat, forward_step, init_by_global_name, \
     max_abs_diff, microbatches, tiny_config
 
 from megatron.core import parallel_state
@@ -126,16 +127,17 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 每个 rank 跑一次 schedule（2 个 micro-batch，`no_sync` 挂在 config 上，和正式入口 `train` 一样），
 # 然后像 simple loop 那样显式调用 `finalize_model_grads`；两段分别录下通信。
 #
-# 这两个函数在 `snippets/experiments/ddp.py` 里：本篇的单元格和命令行 `torchrun ... -m snippets.run ddp --dims qwen3-8b --layers 2`
+# 这两个函数在 `snippets/experiments/n14_ddp.py` 里：本篇的单元格和命令行 `torchrun ... -m snippets.run ddp --dims qwen3-8b --layers 2`
 # （见 README 的 "Running at real scale"）调用的是同一份代码，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`：
 # 4 层、hidden 16、vocab 32、sequence 8、micro-batch 2、一个 global batch 4 个 micro-batch），模型由同一模块的 `build_model`
-# 建（local spec 的 `GPTModel`，权重按全局名字生成）。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 建（local spec 的 `GPTModel`，权重按全局名字生成）。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="cpu", keep_grads=True):
 #     """On every rank: ``iterations`` DDP steps (schedule, then ``finalize_model_grads``), recorded."""
-#     from snippets import grad_buffers, recorder
-#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from snippets.dp import grad_buffers
+#     from snippets.record import recorder
+#     from snippets.models.tiny_gpt import by_global_name, forward_step
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
 #                                            finalize_model_grads)
@@ -173,7 +175,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 #
 # def one_process_full_batch(dims, device="cpu"):
 #     """The reference: one process, all of the global batch's sequences in one forward + backward."""
-#     from snippets.tiny_gpt import by_global_name, concat
+#     from snippets.models.tiny_gpt import by_global_name, concat
 #     from megatron.core import parallel_state
 #
 #     parallel_state.initialize_model_parallel()
@@ -211,7 +213,7 @@ Table(["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省�
 #   最后一个是剩下的 672 个。一个参数从不跨两个 bucket。
 # - **不补齐**：不用分布式优化器时"补齐后"等于元素数；补齐是[笔记 15](../15_distributed_optimizer/)的事。
 #
-# 每个参数在 buffer 里的区间（前 6 个和最后 2 个），以及 `snippets.grad_buffers.layout` 这个十几行的重写
+# 每个参数在 buffer 里的区间（前 6 个和最后 2 个），以及 `snippets.dp.grad_buffers.layout` 这个十几行的重写
 # 只凭参数大小算出的布局是否与 Megatron 建出的完全一样：
 
 # %%

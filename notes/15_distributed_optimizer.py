@@ -105,13 +105,15 @@
 # %%
 import torch
 
-from snippets import grad_buffers, optimizer_memory, recorder
+from snippets.dp import grad_buffers
+from snippets.optim import optimizer_memory
+from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.dist_optimizer import train_two_steps
-from snippets.launch import run_ranks
-from snippets.recorder import communication_table
-from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, concat, forward_step, init_by_global_name, \
+from snippets.experiments.n15_dist_optimizer import train_two_steps
+from snippets.ranks.launch import run_ranks
+from snippets.record.recorder import communication_table
+from snippets.record.tables import Table
+from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, concat, forward_step, init_by_global_name, \
     max_abs_diff, microbatches, tiny_config
 
 from megatron.core import parallel_state
@@ -132,16 +134,18 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # `finalize_model_grads`、`optimizer.step()`。`clip_grad=0`：裁剪只是本地乘一个系数，留给笔记 20；在 CPU 上它还需要
 # 一个额外的补丁（遗留问题 2）。同一个函数在 1 个 rank 上跑就是"单进程、整批、不分片"的参照。
 #
-# 这个函数在 `snippets/experiments/dist_optimizer.py` 里：本篇的单元格和命令行
+# 这个函数在 `snippets/experiments/n15_dist_optimizer.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run dist-optimizer --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）调用的是同一个函数，
 # 模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），模型由笔记 14 的同一个 `build_model` 建。
-# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def train_two_steps(dims, use_distributed_optimizer, steps=2, device="cpu", keep_tensors=True):
 #     """On every rank: ``steps`` training steps, the last one's optimizer part recorded."""
-#     from snippets import grad_buffers, optimizer_memory, recorder
-#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from snippets.dp import grad_buffers
+#     from snippets.optim import optimizer_memory
+#     from snippets.record import recorder
+#     from snippets.models.tiny_gpt import by_global_name, forward_step
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
 #                                            finalize_model_grads)
@@ -312,7 +316,7 @@ print("梯度范数（第 2 步）:", round(one["grad_norm"], 4), round(plain[0]
 # 对每个参数，混合精度 Adam 要存：模型权重和梯度 buffer（模型的 dtype）；fp32 主权重（权重不是 fp32 时）；
 # fp32 主梯度（梯度 buffer 不是 fp32 时）；Adam 的两个 fp32 动量。不分片时这些在每个 DP rank 上都有一份；
 # 分布式优化器保留完整的权重和梯度 buffer（forward、backward 要用），其余只存 1/DP。
-# `snippets.optimizer_memory.bytes_per_parameter` 按这个拆分计算，结果就是 Megatron 文档里的表（`d` = DP）：
+# `snippets.optim.optimizer_memory.bytes_per_parameter` 按这个拆分计算，结果就是 Megatron 文档里的表（`d` = DP）：
 
 # %%
 Table(["参数 / 梯度 dtype", "不分片", "分布式优化器，d=2", "d=8", "d=64"],
@@ -404,7 +408,7 @@ print("max |grad|  q bias:", round(q, 4), " v bias:", round(v, 4), " k bias < 1e
 # Adam 第一步对每个元素的更新是 lr·g/(|g|+ε)（ε = 1e-8）：q、v 的 bias 走接近 lr 的一步；k 的 bias 梯度只有舍入误差那么大，
 # 这一步的大小和方向都由舍入误差决定，换一种求和顺序就换一个结果。去掉 bias 之后，上面的 DP=2 与单进程只差 1e-7 量级。
 #
-# **2. CPU 上的三个补丁，和没加的那个。** 本篇依赖 `snippets/cpu_compat.py` 里为它加的三个补丁
+# **2. CPU 上的三个补丁，和没加的那个。** 本篇依赖 `snippets/cpu/compat.py` 里为它加的三个补丁
 # （[在 CPU 上运行](../../cpu/) 有表和测试）：优化器构造时写死的 `device='cuda'`；每步算梯度范数时两处写死的
 # `device='cuda'`（`ChainedOptimizer.step` 不管 `clip_grad` 是多少都算范数）；以及
 # [`distrib_optimizer.py:420`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L420)
@@ -415,7 +419,7 @@ print("max |grad|  q bias:", round(q, 4), " v bias:", round(v, 4), " k bias < 1e
 # 的同类检查，本篇用 `clip_grad=0` 没有走到，所以没有为它加补丁。
 #
 # **3. 一个 Megatron 自己知道的警告。** `DistributedOptimizer.zero_grad` 也清 shard 的 `.grad`，而 shard 是视图、不是叶子，
-# torch 每次都警告（Megatron 在那一行的注释里写着会警告）。`snippets/grad_buffers.py` 在 rank 进程里把它关掉了。
+# torch 每次都警告（Megatron 在那一行的注释里写着会警告）。`snippets/dp/grad_buffers.py` 在 rank 进程里把它关掉了。
 
 # %% [markdown]
 # ## 自测

@@ -19,7 +19,7 @@
 # 第二轮第 9 篇。TP 切的是权重，DP 切的是样本；context parallel（CP）切的是**一条样本的序列维**。
 # 本篇在 gloo rank 上调用真实的 `get_batch_on_this_cp_rank` 看它怎么切、为什么切成 2·CP 块；
 # attention 那一半 Megatron 交给 Transformer Engine（只能在 GPU 上跑），所以我们用
-# `snippets/ring_attention.py` 写了一个几十行的 ring attention，证明它与整条序列上的 causal attention
+# `snippets/cp/ring_attention.py` 写了一个几十行的 ring attention，证明它与整条序列上的 causal attention
 # 在输出和梯度上都相等，并记录它发出的每一次 send / recv；最后在真实的 `initialize_model_parallel`
 # 网格里看梯度为什么在 DP×CP 群里归约。
 
@@ -65,7 +65,7 @@
 #    ├─ linear_qkv                                                     # 只为本地 token 算 Q、K、V
 #    └─ core_attention = TEDotProductAttention(cp_group, cp_comm_type="p2p")
 #       └─ Transformer Engine 的 CP attention                          # K/V 绕 CP 环 send / recv
-#                                                                     #   （本篇：snippets/ring_attention.py）
+#                                                                     #   （本篇：snippets/cp/ring_attention.py）
 # pretrain_gpt.py::loss_func                                          # 只对本地 token 求 loss 和与 token 数
 # finalize_model_grads / DDP                                          # 梯度、token 数在 dp-cp 群 all-reduce
 # ```
@@ -82,13 +82,13 @@
 
 # %%
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.context_parallel import (batch_on_cp_rank, make_batch, ring_table, ring_vs_full, shapes,
+from snippets.experiments.n16_cp import (batch_on_cp_rank, make_batch, ring_table, ring_vs_full, shapes,
                                                    split_table)
-from snippets.groups import describe_rank, rank_table
-from snippets.launch import RankError, run_ranks
-from snippets.recorder import record
-from snippets.ring_attention import causal_attention, causal_pairs, chunk_positions, ring_attention
-from snippets.tables import Table
+from snippets.ranks.groups import describe_rank, rank_table
+from snippets.ranks.launch import RankError, run_ranks
+from snippets.record.recorder import record
+from snippets.cp.ring_attention import causal_attention, causal_pairs, chunk_positions, ring_attention
+from snippets.record.tables import Table
 
 import torch
 import torch.distributed as dist
@@ -102,10 +102,10 @@ import torch.distributed as dist
 # `[b, s]`，`attention_mask` 形状 `[b, 1, s, s]`（Megatron 的约定：`True` 表示**遮住**）。
 # 下面造一个 `s = 16` 的 batch，token 取 `100, 101, …`，方便认出每个 rank 拿到了哪些位置。
 #
-# 本篇在 rank 上跑的函数和 `make_batch` 都在 `snippets/experiments/context_parallel.py` 里：本篇的单元格和命令行
+# 本篇在 rank 上跑的函数和 `make_batch` 都在 `snippets/experiments/n16_cp.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run cp --dims qwen3-8b --cp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
 # 序列长度、micro-batch、head 数和 head 维是参数 `dims`，本篇用它的 `tiny`（s = 16、b = 1、2 个 head、head 维 4）。
-# 原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def make_batch(seq_len, first_token=100, micro_batch=1):
@@ -163,7 +163,7 @@ cp4_table
 # 这一步**没有任何通信**：每个 rank 本来就拿到了整条序列（TP 广播之后），只是各自留下自己的两块。
 # 还要注意标题里的 `True`：函数**就地改写**传入的 dict 再把它返回，调用之后原来那份整条序列就不在了
 # （下面的 DP×CP 实验因此先复制一份再切）。
-# `snippets.ring_attention.chunk_positions(cp_rank, cp_size, seq_len)` 是同一规则的算术版（测试里逐 rank 与真实函数比对）：
+# `snippets.cp.ring_attention.chunk_positions(cp_rank, cp_size, seq_len)` 是同一规则的算术版（测试里逐 rank 与真实函数比对）：
 
 # %%
 print(all(chunk_positions(r, 4, 16).tolist() == row[2] for r, row in enumerate(cp4_table.rows)))
@@ -219,7 +219,7 @@ Table(["CP", "s", "连续切 max/mean", "2·CP 块切 max/mean"],
 # - 反向再绕一圈：每个 rank 把自己的 query 对这块 K/V 的梯度加进 `dK`、`dV`，连同块一起往下传；
 #   第 CP 跳时梯度回到块的主人手里，已经包含所有 rank 的贡献。
 #
-# TE 在本机装不上（它需要 GPU），`snippets/ring_attention.py` 用几十行 torch 写了同一件事（自定义 `autograd.Function`，
+# TE 在本机装不上（它需要 GPU），`snippets/cp/ring_attention.py` 用几十行 torch 写了同一件事（自定义 `autograd.Function`，
 # 前向、反向各一个环），通信用 `torch.distributed.batch_isend_irecv`。下面在 CP=2 与 CP=4 上验证：每个 rank
 # 的 `q, k, v` 取自真实 `get_batch_on_this_cp_rank` 给出的 `position_ids`，与单进程整条序列上的 causal attention
 # 比较输出和三个梯度：
@@ -231,8 +231,8 @@ Table(["CP", "s", "连续切 max/mean", "2·CP 块切 max/mean"],
 #
 #     ``q, k, v`` are ``[s, b, heads, kv_channels]``, laid out as in Megatron's attention.
 #     """
-#     from snippets.recorder import record
-#     from snippets.ring_attention import causal_attention, ring_attention
+#     from snippets.record.recorder import record
+#     from snippets.cp.ring_attention import causal_attention, ring_attention
 #     from megatron.core import parallel_state
 #     from megatron.core.utils import get_batch_on_this_cp_rank
 #
@@ -293,7 +293,7 @@ step_work(4, 16)
 # %% [markdown]
 # 第 0 步是对角块（自己的 K/V），之后每一步每个 rank 都恰好做**半块**（16 对中的 8 对）：
 # K/V 来自编号更小的 rank 时，本地两块 query 只看得见它的第一块；来自编号更大的 rank 时，只有本地第二块 query 看得见它的两块。
-# TE 正是利用这一点每步只算一半；`snippets/ring_attention.py` 为了好读，算整块再用 mask 清零，结果相同。
+# TE 正是利用这一点每步只算一半；`snippets/cp/ring_attention.py` 为了好读，算整块再用 mask 清零，结果相同。
 #
 # ### CP 在 rank 网格里的位置，梯度在哪个群归约
 #

@@ -99,13 +99,13 @@
 
 # %%
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.moe import (allgather_meaning, alltoall_meaning, build_moe_layer, expert_parallel_step,
+from snippets.experiments.n17_moe import (allgather_meaning, alltoall_meaning, build_moe_layer, expert_parallel_step,
                                       flow_table, micro_batch, reference, tokens_table)
-from snippets.moe_tables import dispatch_table, local_expert_state, pop_aux_loss, watch
-from snippets.groups import describe_rank, rank_table
-from snippets.launch import run_ranks
-from snippets.recorder import record
-from snippets.tables import Table
+from snippets.moe.tables import dispatch_table, local_expert_state, pop_aux_loss, watch
+from snippets.ranks.groups import describe_rank, rank_table
+from snippets.ranks.launch import run_ranks
+from snippets.record.recorder import record
+from snippets.record.tables import Table
 
 import torch
 import torch.distributed as dist
@@ -119,12 +119,12 @@ import torch.distributed as dist
 # moe_grouped_gemm=False)` 的 MLP 槽位就是 `MoELayer` 的 spec（router 为 `TopKRouter`，experts 为 `SequentialMLP`，
 # 每个 expert 是一个普通的 `MLP`）。`micro_batch(i)` 给出第 `i` 个数据并行 rank 进入 MoE 层的激活 `[S=6, B=1, H=8]`
 # 和反向传回的梯度。Megatron 的 import 写在 rank 函数里（rank 从已经导入过 Megatron 的内核 fork 出来）；
-# `snippets.moe_tables` 只挂 hook、读日志、拷权重，不实现 MoE 的任何一步。
+# `snippets.moe.tables` 只挂 hook、读日志、拷权重，不实现 MoE 的任何一步。
 #
-# 本篇在 rank 上跑的函数都在 `snippets/experiments/moe.py` 里：本篇的单元格和命令行
+# 本篇在 rank 上跑的函数都在 `snippets/experiments/n17_moe.py` 里：本篇的单元格和命令行
 # `torchrun ... -m snippets.run moe --dims qwen3-8b --ep 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
 # hidden、expert 的 FFN 宽、token 数（`[S, B]`）和数据并行的 micro-batch 个数是参数 `dims`，expert 个数和 top-k 是另两个参数；
-# 本篇用 `dims` 的 `tiny`。原样列出（`tests/test_run.py` 检查这里和模块里的源码一字不差）：
+# 本篇用 `dims` 的 `tiny`。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def build_moe_layer(dims, ep, dispatcher="alltoall", tell_router=True, experts=4, topk=TOPK):
@@ -168,7 +168,7 @@ TINY = EXPERIMENTS["moe"].tiny
 # def reference(dims, experts=4, topk=TOPK):
 #     """EP=1: one process with every expert takes the ``dims.microbatches`` data-parallel ranks'
 #     micro-batches one after the other, accumulating gradients."""
-#     from snippets.moe_tables import pop_aux_loss, watch
+#     from snippets.moe.tables import pop_aux_loss, watch
 #     from megatron.core import parallel_state
 #
 #     if not parallel_state.model_parallel_is_initialized():
@@ -245,9 +245,9 @@ print("手算 aux / coeff:", round(aux_by_hand.item(), 4),
 #     """On every rank: the layer with this EP rank's experts from ``state``, one recorded forward +
 #     backward per dispatcher on this data-parallel rank's micro-batch."""
 #     import torch.distributed as dist
-#     from snippets.groups import describe_rank
-#     from snippets.moe_tables import local_expert_state, pop_aux_loss, watch
-#     from snippets.recorder import record
+#     from snippets.ranks.groups import describe_rank
+#     from snippets.moe.tables import local_expert_state, pop_aux_loss, watch
+#     from snippets.record.recorder import record
 #     from megatron.core import parallel_state
 #
 #     if not parallel_state.model_parallel_is_initialized():

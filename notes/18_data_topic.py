@@ -143,15 +143,15 @@ from collections import Counter
 import numpy
 import torch
 
-from snippets.batch_flow import FIELDS, STAGE_FIELDS
-from snippets.dataset_args import (CONFIG_FROM_ARGS, core_gpt_dataset_config_from_args,
+from snippets.data.batch_flow import FIELDS, STAGE_FIELDS
+from snippets.data.dataset_args import (CONFIG_FROM_ARGS, core_gpt_dataset_config_from_args,
                                    get_train_valid_test_num_samples, parse_args)
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.data_topic import (build_table, checks, consumed_line, reading_ranks, resume_table,
+from snippets.experiments.n18_data_topic import (build_table, checks, consumed_line, reading_ranks, resume_table,
                                              run)
-from snippets.launch import RankError, run_ranks
-from snippets.recorder import communication_table
-from snippets.tables import Table
+from snippets.ranks.launch import RankError, run_ranks
+from snippets.record.recorder import communication_table
+from snippets.record.tables import Table
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset
@@ -193,8 +193,8 @@ print("b 的文档长度（含 EOD）:", indexed_b.sequence_lengths.tolist())
 # %% [markdown]
 # ### 1. 从命令行到 `GPTDatasetConfig`
 #
-# 正式入口里这一步分三处（都不在 pip 包里，`snippets/dataset_args.py` 用 Megatron 的名字重写了它们；
-# `tests/test_dataset_args.py` 拿 tag 上 Megatron 自己的 argparse、`pretrain_gpt.py` 里的字典字面量和三个原函数逐项对比）：
+# 正式入口里这一步分三处（都不在 pip 包里，`snippets/data/dataset_args.py` 用 Megatron 的名字重写了它们；
+# `tests/unit/test_dataset_args.py` 拿 tag 上 Megatron 自己的 argparse、`pretrain_gpt.py` 里的字典字面量和三个原函数逐项对比）：
 #
 # 1. [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469)：
 #    `--data-path`（或 `--train/valid/test-data-path`，或写在文件里的同样内容）交给 core 的 `get_blend_from_list`；
@@ -407,7 +407,7 @@ print("换 seed 后 dataset_index 相同:", numpy.array_equal(reseeded.dataset_i
 #
 # `pretrain_gpt.py::forward_step` 的调用是 `model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask,
 # packed_seq_params=...)`（[`pretrain_gpt.py:197`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L197)）。
-# 在 `GPTModel` 里给每个可能的"读者"挂一个探针（`snippets/forward_fields.py`：forward pre-hook 与包一层的 loss 方法），
+# 在 `GPTModel` 里给每个可能的"读者"挂一个探针（`snippets/data/forward_fields.py`：forward pre-hook 与包一层的 loss 方法），
 # 看每个字段被谁读到。batch 来自真实的 `GPTDataset`（序列长 8、`--eod-mask-loss`，micro-batch 2），
 # 模型是 2 层的真实 `GPTModel`（local spec），分别用两种位置编码（另建一个 3 层的 RoPE 模型，留给第 5 节的 pipeline 对照）：
 
@@ -422,8 +422,8 @@ print("loss_mask 第 0 行:", batch["loss_mask"][0].tolist(), " tokens 第 0 行
 
 # %%
 def field_runs(batch):
-    from snippets.forward_fields import readers_of, record_forward_inputs
-    from snippets.tiny_gpt import init_by_global_name, tiny_config
+    from snippets.data.forward_fields import readers_of, record_forward_inputs
+    from snippets.models.tiny_gpt import init_by_global_name, tiny_config
 
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -516,7 +516,7 @@ print("每 token loss 之和:", round(float(losses.sum()), 4), " 乘 loss_mask �
 # TP：只有 TP rank 0 读数据，在 TP 群里 broadcast 给其余 rank（笔记 03 逐条记录了 9 次 broadcast）；CP：`get_batch_on_this_cp_rank`
 # 把序列切成 2·CP 块、每个 rank 留一头一尾两块，纯索引、不通信（笔记 03 的运行、[笔记 16](../16_context_parallel/) 的 attention）。
 #
-# **PP 是这一节的新事实。** `get_batch` 按 stage 只留一部分字段（`snippets.batch_flow.STAGE_FIELDS`，笔记 03 已与 tag 上的代码逐个 broadcast 对过）：
+# **PP 是这一节的新事实。** `get_batch` 按 stage 只留一部分字段（`snippets.data.batch_flow.STAGE_FIELDS`，笔记 03 已与 tag 上的代码逐个 broadcast 对过）：
 # 首 stage `tokens, attention_mask, position_ids`，尾 stage `labels, loss_mask, attention_mask`，中间 stage 什么都没有。
 # 这够不够？在 3 个 rank（PP=3、每 stage 1 层、RoPE）上用真实的 `get_forward_backward_func()` 跑一个 micro-batch，
 # 每个 stage 的 data iterator 只给它 `get_batch` 会留下的字段，其余为 `None`；权重按全局层名生成（`init_by_global_name`），
@@ -527,9 +527,9 @@ def pipeline_fields(batch):
     import traceback
     from functools import partial
 
-    from snippets import recorder
-    from snippets.forward_fields import readers_of, record_forward_inputs
-    from snippets.tiny_gpt import init_by_global_name, tiny_config
+    from snippets.record import recorder
+    from snippets.data.forward_fields import readers_of, record_forward_inputs
+    from snippets.models.tiny_gpt import init_by_global_name, tiny_config
 
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -611,9 +611,9 @@ communication_table(pp[1]["calls"], meanings={
 def packed_runs(packed):
     import traceback
 
-    from snippets.forward_fields import record_forward_inputs
-    from snippets.thd_attention import ThdCoreAttention
-    from snippets.tiny_gpt import init_by_global_name, tiny_config
+    from snippets.data.forward_fields import record_forward_inputs
+    from snippets.data.thd_attention import ThdCoreAttention
+    from snippets.models.tiny_gpt import init_by_global_name, tiny_config
 
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -689,8 +689,8 @@ Table(["调用栈（megatron/core 内，由外到内）", "行", "函数"],
 # 在 GPU 上，第 153 行换成 `TEDotProductAttention.forward`：它把 `PackedSeqParams` 的字段原样作为关键字参数交给 TE
 # （[`transformer_engine.py:1373`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1373)），
 # THD 时把 `causal` 改成 `padding_causal`（第 1397–1402 行），TE 的 kernel 只在每段内部做因果 attention。
-# 为了在 CPU 上看到完整的结果，`snippets/thd_attention.py` 的 `ThdCoreAttention` 坐到 core attention 的位置上，做同样的"段内因果"计算
-# （`tests/test_thd_attention.py` 拿 Megatron 自己的 `DotProductAttention` + 块对角 mask 验证它）；模型的其余部分——embedding、
+# 为了在 CPU 上看到完整的结果，`snippets/data/thd_attention.py` 的 `ThdCoreAttention` 坐到 core attention 的位置上，做同样的"段内因果"计算
+# （`tests/ranks/test_thd_attention.py` 拿 Megatron 自己的 `DotProductAttention` + 块对角 mask 验证它）；模型的其余部分——embedding、
 # RoPE 的 THD 路径、线性层、loss——都是真实的 Megatron：
 
 # %%
@@ -736,8 +736,8 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # `build_pretraining_data_loader`（[`training.py:3387`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3387)），
 # `MegatronPretrainingSampler` 从这个下标接着切块。数据集本身不存状态：三张索引表由 seed 和 sizes 决定，重启后重建（或读缓存）出同样的表。
 #
-# sampler 在 `megatron/training` 里，不在 pip 包中：`snippets/pretraining_sampler.py` 按 tag 重写了它
-# （`tests/test_pretraining_sampler.py` 拿 tag 上的类逐下标对比）。每个 rank 做正式入口做的事（`read_iterations`）：
+# sampler 在 `megatron/training` 里，不在 pip 包中：`snippets/data/pretraining_sampler.py` 按 tag 重写了它
+# （`tests/unit/test_pretraining_sampler.py` 拿 tag 上的类逐下标对比）。每个 rank 做正式入口做的事（`read_iterations`）：
 # 用本篇的命令行建数据集（和 `pretrain_gpt.py` 一样只有 TP rank 0 建，其余 rank 只陪 builder 的 barrier），
 # 按 `consumed_train_samples` 建 loader，然后跑若干步、每步取 `num_microbatches` 个 micro-batch。
 #
@@ -745,10 +745,10 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # 只留下第 2 步后存下的 `consumed_train_samples`，以 DP=2（TP=2）、DP=4（TP=1）、DP=1（TP=4）各重读一次第 3、4 步——
 # rank 数不变，换 DP 大小靠换 TP。global batch 固定为 micro-batch × `microbatches` × DP = 1 × 2 × 2 = 4，
 # 和 `--global-batch-size` 一样不随 DP 变。语料就是上面的语料 a：`run` 让 global rank 0 按 `dims` 把它重新写进一个临时目录
-# （逐 token 相同；路径不打印）。这些函数在 `snippets/experiments/data_topic.py` 里：本篇的单元格和命令行
+# （逐 token 相同；路径不打印）。这些函数在 `snippets/experiments/n18_data_topic.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 4 -m snippets.run data-topic --tp 2`（见 README 的 "Running at real scale"）调用的是同一个 `run`；
 # 序列长度、micro-batch、`microbatches` 和词表是参数 `dims`，本篇用它的 `tiny`（seq 4、micro-batch 1、2 个 micro-batch、vocab 32）。
-# 下表的 `rN` 是 DP rank：TP=2 时每个 DP rank 只有它的 TP rank 0 读数据。原样列出（`tests/test_run_data.py` 检查这里和模块里的源码一字不差）：
+# 下表的 `rN` 是 DP rank：TP=2 时每个 DP rank 只有它的 TP rank 0 读数据。原样列出（`tests/experiments/test_run_data.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def read_iterations(command, tokenizer, consumed_train_samples, iterations):
@@ -756,7 +756,7 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 #     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 #     from megatron.core.datasets.gpt_dataset import GPTDataset
 #
-#     from snippets import recorder
+#     from snippets.record import recorder
 #
 #     args = parse_args(command, world_size=torch.distributed.get_world_size())
 #

@@ -127,16 +127,16 @@ import importlib.util
 
 import torch
 
-from snippets import spec_diff  # first: quiets the known warnings of building GPT models on CPU
-from snippets.config_derived import cli_default_ffn_hidden_size, describe, post_init_changes
+from snippets.config import spec_diff  # first: quiets the known warnings of building GPT models on CPU
+from snippets.config.config_derived import cli_default_ffn_hidden_size, describe, post_init_changes
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.model_topic import run, short_path, tables
-from snippets.launch import run_ranks
-from snippets.layer_walk import apis, only_in, owner_of
-from snippets.model_args import OVERRIDES, cli_flags, transformer_config_fields
-from snippets.model_specs import transformer_engine_spec_without_te
-from snippets.spec_diff import flag_cells
-from snippets.tables import Table
+from snippets.experiments.n19_model_topic import run, short_path, tables
+from snippets.ranks.launch import run_ranks
+from snippets.tp.layer_walk import apis, only_in, owner_of
+from snippets.config.model_args import OVERRIDES, cli_flags, transformer_config_fields
+from snippets.config.model_specs import transformer_engine_spec_without_te
+from snippets.config.spec_diff import flag_cells
+from snippets.record.tables import Table
 
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel, gpt_layer_specs
@@ -189,7 +189,7 @@ Table(["字段", "传入", "`__post_init__` 之后", "命令行 flag"],
 # `--swiglu` 且不给 `--ffn-hidden-size` 时，`validate_args` 取 `4h` 的三分之二、向下取到 64 的倍数（门控 MLP 有两个
 # 输入矩阵，这样参数量与 `4h` 的普通 MLP 相当，[`arguments.py:809`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L809)）；
 # `TransformerConfig` 不看 `gated_linear_unit`，一律 `4h`。`megatron/training` 不在 pip 包里，`cli_default_ffn_hidden_size`
-# 把那一行重写成一个函数（`tests/test_config_derived.py` 用 tag 上的表达式本身核对）；右列是真实的 `TransformerConfig`：
+# 把那一行重写成一个函数（`tests/unit/test_config_derived.py` 用 tag 上的表达式本身核对）；右列是真实的 `TransformerConfig`：
 
 # %%
 def core_default_ffn(hidden_size):
@@ -340,9 +340,9 @@ Table(["权重", "实测 std"], sorted(stds.items(), key=lambda kv: kv[1]))
 #     return build_variants(dims, par.tp, par.device)
 # ```
 #
-# 这些函数在 `snippets/experiments/model_topic.py` 里：本篇的单元格和命令行
+# 这些函数在 `snippets/experiments/n19_model_topic.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 2 -m snippets.run model-topic --tp 2`（加 `--dims qwen3-8b` 即 Qwen3-8B 的尺寸，它本身就是
-# RMSNorm + QK norm、无 bias）调用的是同一个 `run`，rank 0 打印的也是同一个 `tables`（`tests/test_run_model.py`
+# RMSNorm + QK norm、无 bias）调用的是同一个 `run`，rank 0 打印的也是同一个 `tables`（`tests/experiments/test_run_model.py`
 # 检查这里和模块里的源码一字不差）。后面的冲突实验还要用同一组字段，记作 `BASE`。
 
 # %%
@@ -443,7 +443,7 @@ print(next(message for _, message in conflicts if message))
 
 # %%
 def block_spec_layers():
-    from snippets import spec_diff  # noqa: F401 - on this rank too: quiets the MoE config warning
+    from snippets.config import spec_diff  # noqa: F401 - on this rank too: quiets the MoE config warning
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     parallel_state.initialize_model_parallel()
@@ -515,8 +515,8 @@ TP_VARIANTS = {  # label: (TransformerConfig fields, GPTModel arguments)
 
 
 def tp_layers(variants):
-    from snippets import recorder
-    from snippets.layer_walk import collectives_by_submodule, unattributed
+    from snippets.record import recorder
+    from snippets.tp.layer_walk import collectives_by_submodule, unattributed
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)

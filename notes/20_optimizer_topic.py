@@ -131,15 +131,17 @@
 # %%
 import torch
 
-from snippets import grad_norm, loss_scale, mixed_precision, optimizer_memory, overlap_timeline, recorder
+from snippets.optim import grad_norm, loss_scale, mixed_precision, optimizer_memory
+from snippets.dp import overlap_timeline
+from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.optimizer_topic import run, tables
-from snippets.experiments.overlap import run as run_overlap, tables as overlap_tables
-from snippets.launch import run_ranks
-from snippets.param_table import gather
-from snippets.recorder import communication_table
-from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, global_name, max_abs_diff, microbatches, \
+from snippets.experiments.n20_optimizer_topic import run, tables
+from snippets.experiments.n20_overlap import run as run_overlap, tables as overlap_tables
+from snippets.ranks.launch import run_ranks
+from snippets.config.param_table import gather
+from snippets.record.recorder import communication_table
+from snippets.record.tables import Table
+from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, global_name, max_abs_diff, microbatches, \
     tiny_config
 
 from megatron.core import parallel_state
@@ -368,8 +370,8 @@ Table(header, controlled)
 # 计数器一直往负数走，直到下一次增长才复位），十几步之后才第一次真正更新。正式入口把这些步记为 skipped iterations：
 # `train_step` 拿到 `update_successful=False` 时不推进学习率调度。
 #
-# 策略本身是十几行纯算术。`snippets/loss_scale.py` 用自己的话重写了 `DynamicGradScaler.update`（`trace`），
-# 下面直接驱动真实的 `DynamicGradScaler`，喂同一串"是否溢出"，逐步比较（`tests/test_loss_scale.py` 还比较了 40 组随机序列）：
+# 策略本身是十几行纯算术。`snippets/optim/loss_scale.py` 用自己的话重写了 `DynamicGradScaler.update`（`trace`），
+# 下面直接驱动真实的 `DynamicGradScaler`，喂同一串"是否溢出"，逐步比较（`tests/ranks/test_loss_scale.py` 还比较了 40 组随机序列）：
 
 # %%
 def scaler_trace(found_infs, initial_scale, growth_interval, hysteresis):
@@ -386,7 +388,7 @@ def scaler_trace(found_infs, initial_scale, growth_interval, hysteresis):
 found_infs = [False, True, False, True, False, False, False, False, True]
 policy = dict(initial_scale=1024.0, growth_interval=4, hysteresis=2)
 real = run_ranks(scaler_trace, 1, found_infs, **policy)[0]
-print("真实 DynamicGradScaler == snippets.loss_scale.trace:", real == loss_scale.trace(found_infs, **policy))
+print("真实 DynamicGradScaler == snippets.optim.loss_scale.trace:", real == loss_scale.trace(found_infs, **policy))
 Table(["step", "found_inf", "scale（前）", "scale（后）", "growth", "hysteresis"], real)
 
 # %% [markdown]
@@ -398,17 +400,17 @@ Table(["step", "found_inf", "scale（前）", "scale（后）", "growth", "hyste
 # [笔记 15](../15_distributed_optimizer/) 用 fp32 模型看过分片：fp32 时主参数就是模型权重的视图，不另占内存。bf16 才是真实训练的情形：
 # 2 个 rank、DP=2、`grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 持有的 buffer。
 #
-# 这一节的函数在 `snippets/experiments/optimizer_topic.py` 里：本篇的单元格和命令行
+# 这一节的函数在 `snippets/experiments/n20_optimizer_topic.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 8 -m snippets.run optimizer-topic --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）
 # 调用的是同一个 `run`，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`，就是上面 `tiny_config` 的 4 层模型）。
 # 模型的建法与上面的 `build` 相同（`GPTModel` → 按全局名字初始化 → `Float16Module` → DDP）；最后比较两次运行的权重时
-# 不传回整份权重，只传回它们字节的 SHA-256（`digest`）。原样列出（`tests/test_run_training.py` 检查这里和模块里的源码一字不差）：
+# 不传回整份权重，只传回它们字节的 SHA-256（`digest`）。原样列出（`tests/experiments/test_run_training.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def bf16_buffers(dims, use_distributed_optimizer, steps=1, device="cpu"):
 #     """On every rank: a bf16 model, Megatron's optimizer, ``steps`` steps; what the rank holds."""
-#     from snippets import grad_norm, mixed_precision, optimizer_memory
-#     from snippets.tiny_gpt import forward_step, global_name
+#     from snippets.optim import grad_norm, mixed_precision, optimizer_memory
+#     from snippets.models.tiny_gpt import forward_step, global_name
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
 #                                            finalize_model_grads)
@@ -670,16 +672,17 @@ communication_table(overflow[1]["calls"], {
 # `overlap_grad_reduce=overlap_param_gather=False`，一次都为 True。录下每一步从 schedule 到 `optimizer.step()` 的全部 collective，
 # 并用 `overlap_timeline.markers` 在同一张记录里插入"某个模块开始 forward""某个参数的梯度算好了"，这样能看出每次通信夹在哪些计算之间。
 #
-# 每个 rank 上的一次运行是 `snippets/experiments/optimizer_topic.py` 里的 `overlap_run`（模型由笔记 14 的同一个 `build_model` 建，
-# 与上面的 `build` 得到同样的权重）。`snippets/experiments/overlap.py` 的 `run` 在每个 rank 上先后跑两次（不 overlap、overlap），
+# 每个 rank 上的一次运行是 `snippets/experiments/n20_optimizer_topic.py` 里的 `overlap_run`（模型由笔记 14 的同一个 `build_model` 建，
+# 与上面的 `build` 得到同样的权重）。`snippets/experiments/n20_overlap.py` 的 `run` 在每个 rank 上先后跑两次（不 overlap、overlap），
 # 当场比较两次的权重；本篇的单元格和命令行 `torchrun --nproc-per-node 8 -m snippets.run overlap --dims qwen3-8b --layers 2`
-# 调用的是同一个 `run`。原样列出（`tests/test_run_training.py` 检查这里和模块里的源码一字不差）：
+# 调用的是同一个 `run`。原样列出（`tests/experiments/test_run_training.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def overlap_run(dims, overlap, iterations=2, bucket_size=None, device="cpu"):
 #     """On every rank: ``iterations`` recorded steps with both overlap switches ``overlap``."""
-#     from snippets import overlap_timeline, recorder
-#     from snippets.tiny_gpt import by_global_name, forward_step
+#     from snippets.dp import overlap_timeline
+#     from snippets.record import recorder
+#     from snippets.models.tiny_gpt import by_global_name, forward_step
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
 #                                            finalize_model_grads)
@@ -743,7 +746,7 @@ timeline
 #   随即**异步**发出下一个 bucket 1 的 AG（第 338 行）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
 #   时才等 bucket 1，再发 bucket 0。AG 的顺序与 forward 用参数的顺序一致，和 bucket 的编号相反。第二个 micro-batch 的 forward 不再 AG。
 # - **RS 在 backward 里、紧跟在 bucket 凑齐之后**：backward 从输出层往回算，`output_layer.weight` 到 `layers.2` 的 `linear_fc2` 这 12 个梯度
-#   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。`tests/test_overlap_timeline.py`
+#   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。`tests/ranks/test_overlap_timeline.py`
 #   对每个 RS 检查：它前面恰好刚算完它那个 bucket 的最后一个梯度。
 # - 第一个 micro-batch 的 backward 没有通信（`no_sync`）。
 #
@@ -864,7 +867,7 @@ Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后
 # 不拥有的参数就没有 `main_param` 属性——不报错，但读它的代码（正式入口的参数范数）会退回用完整权重、在每个 DP rank 上重复计数。
 # `shared_embedding_cuda`：PP>1 共享词嵌入时最后一个 stage 的 `weight.data.cuda()`
 # （[`language_module.py:244`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L244)，
-# 笔记 13 遗留问题 4 提到过）。每个都在 `tests/test_cpu_compat.py` 里对照参考实现测过。fp16 的数值在 CPU 上与 GPU 不同
+# 笔记 13 遗留问题 4 提到过）。每个都在 `tests/ranks/test_cpu_compat.py` 里对照参考实现测过。fp16 的数值在 CPU 上与 GPU 不同
 # （矩阵乘的累加方式不同），所以第 3 节"缺省配置跳过 16 步"这个数只属于这台机器和这个小模型，不是 Megatron 的性质。
 
 # %% [markdown]

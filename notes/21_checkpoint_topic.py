@@ -143,14 +143,14 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from snippets import optim_reshard, training_state
-from snippets.checkpoint_view import metadata_json
+from snippets.ckpt import optim_reshard, training_state
+from snippets.ckpt.checkpoint_view import metadata_json
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.ckpt_topic import (QKV, entries_line, entry, qkv_table, replica_table, run,
+from snippets.experiments.n21_ckpt_topic import (QKV, entries_line, entry, qkv_table, replica_table, run,
                                              special_keys, written_table)
-from snippets.launch import run_ranks
-from snippets.recorder import communication_table
-from snippets.tables import Table
+from snippets.ranks.launch import run_ranks
+from snippets.record.recorder import communication_table
+from snippets.record.tables import Table
 
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -169,11 +169,11 @@ workdir = tempfile.TemporaryDirectory(prefix="ckpt21-")  # 本篇写的 checkpoi
 # 词嵌入与输出层共享（`share_embeddings_and_output_weights=True`，PP=2 时它们在不同 stage 上）。每个 rank 只建自己那个 stage，
 # 然后调 `model.sharded_state_dict()`——正式入口 `generate_state_dict` 存模型时调的就是它。
 #
-# 这个函数在 `snippets/experiments/ckpt_topic.py` 里：本篇的单元格和命令行
+# 这个函数在 `snippets/experiments/n21_ckpt_topic.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 8 -m snippets.run ckpt-topic --tp 2 --pp 2`（也可以 `--dims qwen3-8b`）调用的是同一个函数。
 # 模型尺寸是参数 `dims`，本篇用它的 `tiny`（2 层、hidden 16、4 个头、vocab 32、序列 8）；坐标与权重的值无关，
 # 所以不初始化权重（`perform_initialization=False`），真实尺寸下也只是分配一个 stage 的内存。原样列出
-# （`tests/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
+# （`tests/experiments/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def sharded_entries(dims, tp, pp, device="cpu"):
@@ -423,7 +423,7 @@ print("新优化器的 sharded_state_dict(is_loading=True):", fresh[0])
 #
 # 更早的 `fully_sharded_bucket_space` 只剩一条弃用日志，随后落进 `Unknown sharding_type`（distrib_optimizer.py 第 1237 行起）。
 #
-# `snippets.optim_reshard.reshard_optimizer_state(save_grid, load_grid, sharding_types)` 把实验做成一次调用：
+# `snippets.ckpt.optim_reshard.reshard_optimizer_state(save_grid, load_grid, sharding_types)` 把实验做成一次调用：
 # 保存方（bf16 GPT + DDP + 分布式优化器）训练两步，每种类型各存一次；加载方新建模型和优化器、把每个状态槽先填成哨兵值，
 # 然后 `dist_checkpointing.load` + `model.load_state_dict` + `optimizer.load_state_dict`。两边每个 rank 交回自己持有的片
 # （按模型的 `ShardedTensor` 坐标和本 DP rank 拥有的展平区间放回全局），在 notebook 里拼成整块逐元素比较。
@@ -576,7 +576,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # 4. **fp32 参数 + `dp_reshardable` 的加载要在 `torch.no_grad()` 下（测试确认）。** fp32 时主权重是模型参数的 view
 #    （第 421 行，没有 `detach`），`load_parameter_state_from_dp_reshardable`（第 1772 行）原地拷贝却没有 `@torch.no_grad()`，
 #    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（第 2069、1806 行）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响。
-#    `tests/test_optim_reshard.py::test_fp32_dp_reshardable_load_needs_no_grad` 复现了这个错误。
+#    `tests/ranks/test_optim_reshard.py::test_fp32_dp_reshardable_load_needs_no_grad` 复现了这个错误。
 # 5. **过时的提示。** (TP, PP) 变了时的 `RuntimeError`（checkpointing.py 第 1599 行）建议"保存时用 `--ckpt-fully-parallel-save`"，
 #    但这个参数已经弃用、不起作用（arguments.py 第 1117 行）；真正决定可否重切的是
 #    [`training_config.py:476`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training_config.py#L476) 的

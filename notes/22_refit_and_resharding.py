@@ -105,10 +105,10 @@
 # | `SelfAttention.get_query_key_value_tensors` | hidden states `[s, b, h]` | Q、K、V | `linear_qkv` | TP 份数多于 group 数时才 all-gather | 按 group 排的行 | 否 | forward |
 
 # %%
-from snippets import qkv_layout, refit_cost  # first: refit_cost also quiets known warnings
-from snippets.launch import run_ranks
-from snippets.recorder import communication_table
-from snippets.tables import Table
+from snippets.rl import qkv_layout, refit_cost  # first: refit_cost also quiets known warnings
+from snippets.ranks.launch import run_ranks
+from snippets.record.recorder import communication_table
+from snippets.record.tables import Table
 
 import subprocess
 import sys
@@ -132,9 +132,9 @@ from megatron.core import parallel_state
 # - **rollout 模型（目标）** 不能再调一次 `initialize_model_parallel`（全局群只有一套），所以用 `HyperCommGrid`
 #   按 TP=4 另建一套群，装进它自己的 `ProcessGroupCollection`。模型的层从 `pg_collection` 取群，不看全局变量。
 #
-# 这些构造函数和下面的 `one_rl_round` 都在 `snippets/experiments/refit.py`：本篇的单元格和命令行
+# 这些构造函数和下面的 `one_rl_round` 都在 `snippets/experiments/n22_refit.py`：本篇的单元格和命令行
 # `torchrun ... -m snippets.run refit --dims dense-8b --tp 2 --pp 4`（见 README 的 "Running at real scale"）调用的是
-# 同一组函数，模型尺寸是参数 `dims`，本篇用它的 `tiny`（上面那个小 GPT）。原样列出（`tests/test_run.py` 检查
+# 同一组函数，模型尺寸是参数 `dims`，本篇用它的 `tiny`（上面那个小 GPT）。原样列出（`tests/experiments/test_run.py` 检查
 # 这里和模块里的源码一字不差）：
 #
 # ```python
@@ -171,7 +171,7 @@ from megatron.core import parallel_state
 
 # %%
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.refit import gpt, gpt_config, one_rl_round, rollout_groups
+from snippets.experiments.n22_refit import gpt, gpt_config, one_rl_round, rollout_groups
 
 TINY = EXPERIMENTS["refit"].tiny
 SEQ, VOCAB, BATCH = TINY.seq, TINY.vocab, TINY.micro_batch_size
@@ -237,14 +237,14 @@ MASK = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).view(1, 1, SEQ, SEQ)  # Tr
 # ### 一轮 RL，在每个 rank 上
 #
 # 建两个模型 → 第一次同步（rollout 从当前 policy 出发）→ 训练一步 → 不同步时 rollout 用的是哪个 policy →
-# 第二次同步。两次 `swap_model_weights` 各自用 `snippets.recorder` 记下全部 collective；最后把缓存在目标模型上的
+# 第二次同步。两次 `swap_model_weights` 各自用 `snippets.record.recorder` 记下全部 collective；最后把缓存在目标模型上的
 # plan 拆成记录（`refit_cost.plan_ops`）带回 notebook。
 #
 # ```python
 # def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None,
 #                  device: str = "cpu") -> dict:
 #     """On every rank: refit, train one step, see the stale rollout, refit again (note 22)."""
-#     from snippets import recorder
+#     from snippets.record import recorder
 #     from megatron.core import parallel_state
 #     from megatron.core.process_groups_config import ProcessGroupCollection
 #     from megatron.core.resharding.refit import swap_model_weights
@@ -523,13 +523,13 @@ Table(["query group", "linear_qkv 里的行块（每块 head_dim 行）", "训�
 # attention.py 第 1398 行）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
 #
 # Hugging Face（`q_proj`、`k_proj`、`v_proj`）和 vLLM 的权重加载器按"全部 Q、全部 K、全部 V"分开存。
-# 从 Megatron 送过去，就要按 group 拆开、重排、改名；`snippets/qkv_layout.py` 做这件事（和它的逆）。
+# 从 Megatron 送过去，就要按 group 拆开、重排、改名；`snippets/rl/qkv_layout.py` 做这件事（和它的逆）。
 # 检验：在 1 个 rank 上建一个真实的 `SelfAttention`（local spec，8 head、4 group，带 bias），把它的权重转换成 HF 的样子，
 # 用一个照 HF Llama 写的 attention（`repeat_kv` 式的分组）计算，输出必须一致：
 
 # %%
 def attention_check():
-    from snippets import refit_cost  # noqa: F401 - first, quiets the known warnings
+    from snippets.rl import refit_cost  # noqa: F401 - first, quiets the known warnings
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.attention import SelfAttention
@@ -584,7 +584,7 @@ print("转回 Megatron 的名字和行序，逐位相等:",
 # 反推带宽：2 GB ÷ 4.4 ms ≈ 450 GB/s，正是 H100 NVLink 4 每卡单向带宽（双向 900 GB/s 的一半）；2 GB ÷ 40 ms = 50 GB/s，
 # 正是每卡一块 400 Gb/s NDR InfiniBand 网卡（400 ÷ 8）。GB 按十进制（1e9 字节）。所以这组数字假设的是：
 # 每张卡只收自己那 1/8（目标切片），8 张卡同时收、各走各的链路，没有延迟和协议开销——是下限。
-# `snippets/refit_cost.py` 把它写成公式（`tests/test_refit_cost.py` 核对 seed 的每个数）：
+# `snippets/rl/refit_cost.py` 把它写成公式（`tests/ranks/test_refit_cost.py` 核对 seed 的每个数）：
 #
 # <!-- same-as-next-output -->
 # | model | dtype | total (GB) | GPUs | per GPU (GB) | NVLink (ms) | IB (ms) |
@@ -659,16 +659,16 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 #
 # ### 一个命令：这份 verl 配置每轮怎么同步 weight
 #
-# `python -m snippets.verl_sync CONFIG.yaml [--params 7e9]` 读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
+# `python -m snippets.rl.verl_sync CONFIG.yaml [--params 7e9]` 读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
 # 回答 seed 000 的四个问题并给出每卡搬运量和时间下限（模型大小取 `--params`，或从 `model.path` 的名字里读）。
 # `tests/fixtures/verl/` 下是为测试写的几份最小配置。seed 的布局（Megatron TP4×PP2，SGLang TP8，colocated）：
 
 # %%
-ROOT = Path(refit_cost.__file__).resolve().parents[1]
+ROOT = Path(refit_cost.__file__).resolve().parents[2]
 
 
 def verl_sync(*args):
-    run = subprocess.run([sys.executable, "-m", "snippets.verl_sync", *args], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "snippets.rl.verl_sync", *args], cwd=ROOT,
                          capture_output=True, text=True)
     print(run.stdout + run.stderr + f"(exit status {run.returncode})")
 
@@ -722,7 +722,7 @@ verl_sync("tests/fixtures/verl/not_verl.yaml")
 
 # %%
 def surprises():
-    from snippets import refit_cost  # noqa: F401 - first, quiets the known warnings
+    from snippets.rl import refit_cost  # noqa: F401 - first, quiets the known warnings
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.parallel_state import RankGenerator
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -856,7 +856,7 @@ print(len(r0["first_sync"]), "→", len(r0["second_sync"]), [c.api for c in r0["
 
 # %%
 def seed_layout_plan():
-    from snippets import refit_cost  # noqa: F401 - first, quiets the known warnings
+    from snippets.rl import refit_cost  # noqa: F401 - first, quiets the known warnings
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.resharding import build_centralized_reshard_plan
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

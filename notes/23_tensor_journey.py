@@ -114,15 +114,15 @@
 # %%
 import torch
 
-from snippets import journey
+from snippets.train import journey
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.journey import (activation_table, compare, final_lines, followed_weight, grad_calls_table,
+from snippets.experiments.n23_journey import (activation_table, compare, final_lines, followed_weight, grad_calls_table,
                                           grad_table, journey_table, loss_lines, memory_table, one_step,
                                           opt_calls_table, p2p_table, rank_table, shard_table, slice_table,
                                           sp_calls_table, stage_table)
-from snippets.launch import run_ranks
-from snippets.tables import Table
-from snippets.tiny_gpt import MBS, SEQ, VOCAB, microbatches, tiny_config
+from snippets.ranks.launch import run_ranks
+from snippets.record.tables import Table
+from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, microbatches, tiny_config
 
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
@@ -139,18 +139,18 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 4 个 micro-batch（每个 2 条序列），DP rank 各拿 2 个。`init_full_then_shard` 让每个参数等于"不切分的模型"里的
 # 同名参数：每个 rank 按参数的**全局**名字造出完整张量，再交给 Megatron 的 `_initialize_affine_weight_cpu` 切出本 TP
 # rank 那一片。（建模型时 Megatron 已经用自己的 `init_method` 这样做过一次；按全局名字重来，是因为一个 PP stage 只建
-# 自己的层，从随机数流里取到的与不切分的模型不同，见 `snippets/tiny_gpt.py`。）
+# 自己的层，从随机数流里取到的与不切分的模型不同，见 `snippets/models/tiny_gpt.py`。）
 #
 # 每个 rank 上跑的函数就是一个训练步，外面套着几个"观察者"：`recorder.record()` 记下每个 collective，
 # `record_schedule()` 记下 schedule 的每次 forward / backward / p2p，`Taps` 留下跟踪的那一层的输入和 `linear_fc1` /
 # `linear_fc2` 的输入输出，`SavedActivations` 数 autograd 为 backward 存下的张量，`collectives_by_submodule` 把通信归到发出它的子模块。
 # 它们都只看不改。
 #
-# 这个函数在 `snippets/experiments/journey.py` 里：本篇的单元格和命令行
+# 这个函数在 `snippets/experiments/n23_journey.py` 里：本篇的单元格和命令行
 # `torchrun --nproc-per-node 8 -m snippets.run journey --tp 2 --pp 2 --sequence-parallel`（见 README 的 "Running at real scale"）
 # 调用的是同一个函数，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），跟踪的是最后一个 stage 第一层的
 # `linear_fc1.weight`（`followed_weight`；这里就是第 2 层）。同一个函数在 1 个 rank、TP = PP = 1 上跑就是参照。
-# 原样列出（`tests/test_run_training.py` 检查这里和模块里的源码一字不差）：
+# 原样列出（`tests/experiments/test_run_training.py` 检查这里和模块里的源码一字不差）：
 #
 # ```python
 # def followed_weight(dims, pp: int) -> str:
@@ -162,10 +162,12 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 #     """On every rank: one watched training step of this rank's stage; where ``weight_name`` (a
 #     global name) and its activations and gradient are. ``whole_batch``: every DP rank takes all
 #     ``dims.microbatches`` micro-batches instead of its share (the runner's in-job reference)."""
-#     from snippets import journey, layer_walk, recorder
-#     from snippets.groups import describe_rank
-#     from snippets.pipeline_timeline import record_schedule
-#     from snippets.tiny_gpt import forward_step
+#     from snippets.train import journey
+#     from snippets.tp import layer_walk
+#     from snippets.record import recorder
+#     from snippets.ranks.groups import describe_rank
+#     from snippets.pp.timeline import record_schedule
+#     from snippets.models.tiny_gpt import forward_step
 #     from megatron.core import parallel_state
 #     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 #     from megatron.core.models.gpt import GPTModel
@@ -259,7 +261,7 @@ summaries = [compare(r, ref) for r in ranks]
 
 # %% [markdown]
 # `compare` 把一个 rank 的结果与参照逐项比对，只留下表格要的东西（全局下标范围、shape、布尔值、通信记录、内存）；
-# 下面每张表都由 `snippets/experiments/journey.py` 里的函数从 `summaries` 打印。命令行的 `run` 在同一个作业里先跑参照：
+# 下面每张表都由 `snippets/experiments/n23_journey.py` 里的函数从 `summaries` 打印。命令行的 `run` 在同一个作业里先跑参照：
 # TP = PP = 1 时每个 rank 都是整个模型的一个 DP 副本、各自吃下整个 global batch，于是每个 rank 在 DP 归约之前的梯度、
 # 激活和 loss 就是单进程的；然后跑 `par` 指定的切法，在各 rank 上调同一个 `compare`。比对是这样做的：
 #
@@ -267,7 +269,7 @@ summaries = [compare(r, ref) for r in ranks]
 # def compare(r: dict, ref: dict) -> dict:
 #     """What the tables print about one rank, every comparison with the reference ``ref`` (the
 #     TP = PP = 1 step: one process, or the runner's in-job replica) made here; no tensors."""
-#     from snippets import journey
+#     from snippets.train import journey
 #
 #     out = dict(who=r["who"], layers=r["layers"], holds=r["weight"] is not None, ops=r["ops"],
 #                losses=[x.item() for x in r["losses"]], ref_losses=[x.item() for x in ref["losses"]],
@@ -352,7 +354,7 @@ rank_table(summaries)
 # %% [markdown]
 # "层"是本 stage 建的层的全局层号（`layer_number`）；stage 0 还有 embedding（`pre_process`），stage 1 还有输出层和 loss（`post_process`）。
 # 第 2 层只在 PP stage 1（rank 4–7）上。在那里它的本地名字是 `decoder.layers.0.mlp.linear_fc1.weight`——
-# 本地下标从 0 数起，`layer_number` 才是全局的（`snippets.tiny_gpt.global_name` 据此换算）。rank 0–3 从头到尾不会碰到
+# 本地下标从 0 数起，`layer_number` 才是全局的（`snippets.models.tiny_gpt.global_name` 据此换算）。rank 0–3 从头到尾不会碰到
 # 这个 weight；它们只在 ③ 里作为激活的来源和梯度的去处出场。
 #
 # 先确认整步是对的：最后一个 stage 报出的 4 个 micro-batch 的 loss 与参照一致。

@@ -31,7 +31,7 @@ def launch_overhead(worlds=(2, 4, 8), repeats=5) -> list[list]:
     code = (
         "import sys, time, json\n"
         "sys.path.insert(0, %r)\n"
-        "from snippets.launch import run_ranks\n"
+        "from snippets.ranks.launch import run_ranks\n"
         "from benchmark import _noop\n"
         "n, k = int(sys.argv[1]), int(sys.argv[2])\n"
         "t = time.perf_counter(); run_ranks(_noop, n); first = time.perf_counter() - t\n"

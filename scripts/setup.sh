@@ -29,5 +29,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     || { echo "error: installation incomplete" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
-# The test command's notebook kernel (snippets/kernel_zygote.py): cheap, so always (re)written.
-.venv/bin/python -m snippets.kernel_zygote install >/dev/null
+# The test command's notebook kernel (snippets/ranks/kernel_zygote.py): cheap, so always (re)written.
+.venv/bin/python -m snippets.ranks.kernel_zygote install >/dev/null

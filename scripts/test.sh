@@ -20,5 +20,5 @@ fi
 
 # -n 2: both cores; --dist loadfile keeps each notebook's cells (and each test file) on one worker.
 # --nbval-kernel-name megatron-study: kernels forked from one that already imported torch and
-# megatron.core (snippets/kernel_zygote.py), ~4 s less per notebook than a fresh python3 kernel.
+# megatron.core (snippets/ranks/kernel_zygote.py), ~4 s less per notebook than a fresh python3 kernel.
 exec .venv/bin/python -m pytest --nbval notes/ tests/ -n 2 --dist loadfile --nbval-kernel-name megatron-study "$@"

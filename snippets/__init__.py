@@ -18,13 +18,13 @@ warnings.filterwarnings("ignore", message=r".*full scope is deprecated.*")
 
 # In a Jupyter kernel that imports ``snippets`` before torch (every note's first cell does), torch
 # is pinned to one intra-op thread from the start. The kernel then never runs multi-threaded
-# torch work, and forking a rank from it is safe: :mod:`snippets.launch` forks ranks straight from
+# torch work, and forking a rank from it is safe: :mod:`snippets.ranks.launch` forks ranks straight from
 # the kernel, which has already paid for importing torch and megatron, instead of starting a
 # fork server that imports them again (~4 s per notebook). Anywhere else it keeps the fork server.
 import sys as _sys
 
 FORKS_RANKS = False
-"""Whether :mod:`snippets.launch` may fork ranks from this process (torch pinned to one thread
+"""Whether :mod:`snippets.ranks.launch` may fork ranks from this process (torch pinned to one thread
 before it was imported): true in such a kernel, or after :func:`fork_ranks_from_this_process`."""
 
 
@@ -33,7 +33,7 @@ def fork_ranks_from_this_process() -> None:
     does: torch is pinned to one intra-op thread now, so it never runs multi-threaded work. The
     test suite calls this in each pytest process (tests/conftest.py), which has imported torch and
     megatron.core anyway, so no fork server has to import them a second time. A later
-    ``torch.set_num_threads(n > 1)`` makes :mod:`snippets.launch` fall back to the fork server."""
+    ``torch.set_num_threads(n > 1)`` makes :mod:`snippets.ranks.launch` fall back to the fork server."""
     global FORKS_RANKS
     if FORKS_RANKS:
         return

@@ -3,14 +3,14 @@
 Each experiment is a module here with two functions:
 
 * ``run(dims, par)`` -- runs on **every rank**, after ``torch.distributed`` is up (by
-  :func:`snippets.launch.run_ranks` in a note, by ``torchrun`` + :mod:`snippets.run` on a node).
-  It builds the real Megatron objects at ``dims`` (a :class:`snippets.presets.Dims`) and parallel
+  :func:`snippets.ranks.launch.run_ranks` in a note, by ``torchrun`` + :mod:`snippets.run` on a node).
+  It builds the real Megatron objects at ``dims`` (a :class:`snippets.models.presets.Dims`) and parallel
   sizes ``par`` (a :class:`Parallel`) and returns a small, picklable summary of this rank;
 * ``tables(results, dims, par)`` -- turns the list of every rank's summary into what the note
-  prints: strings and :class:`snippets.tables.Table` objects.
+  prints: strings and :class:`snippets.record.tables.Table` objects.
 
 ``run`` is a thin wrapper over the function the note's cell launches with
-:func:`snippets.launch.run_ranks` (``pipeline_run``, ``one_rl_round``: the same code, the note's
+:func:`snippets.ranks.launch.run_ranks` (``pipeline_run``, ``one_rl_round``: the same code, the note's
 sizes as ``dims``); the runner gathers every rank's summary to rank 0 and prints the note's tables
 from it. :data:`EXPERIMENTS`
 lists them with the note each comes from, the note's own sizes (``tiny``), the parallel sizes each
@@ -24,9 +24,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from snippets import memory_estimate as mem
-from snippets import presets
-from snippets.presets import Dims
+from snippets.models import memory_estimate as mem
+from snippets.models import presets
+from snippets.models.presets import Dims
 
 PARALLEL_FLAGS = ("tp", "pp", "vp", "cp", "ep", "sp")
 
@@ -317,7 +317,7 @@ def _cp_checks(d: Dims, par: Parallel) -> list[str]:
 
 
 def _moe_estimate(d: Dims, par: Parallel) -> mem.Estimate:
-    experts = 2 * par.ep                                  # snippets.experiments.moe.EXPERTS_PER_EP_RANK
+    experts = 2 * par.ep                                  # snippets.experiments.n17_moe.EXPERTS_PER_EP_RANK
     expert = 2 * d.hidden * d.ffn
     tokens = d.seq * d.micro_batch_size
     return mem.Estimate({
@@ -357,7 +357,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="loss", note="05_forward_loss_backward",
         what="one forward+backward of a real GPTModel through get_forward_backward_func with "
              "pretrain_gpt's three-value loss_func: the reports, the logged lm loss, every TP collective",
-        module="snippets.experiments.forward_loss",
+        module="snippets.experiments.n05_loss",
         tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32,
                   layers=1, seq=8, micro_batch_size=2, microbatches=2),
         uses=("tp",), estimate=_loss_estimate, checks=_loss_checks, example="--tp 2"),
@@ -365,7 +365,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="train-step", note="06_gradient_sync_and_optimizer",
         what="one whole training step of a real GPTModel in DDP with Megatron's Adam: schedule, "
              "finalize_model_grads (the DP all-reduce), optimizer.step() (norm, Adam), recorded",
-        module="snippets.experiments.train_step",
+        module="snippets.experiments.n06_train_step",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=4, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=(), estimate=_dist_optimizer_estimate, checks=_ddp_checks),
@@ -373,7 +373,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="groups", note="02_distributed_initialization",
         what="the real initialize_model_parallel: every rank's coordinates and the members of its "
              "TP / PP / DP / CP / EP groups (note 02's table, seed 000's summary)",
-        module="snippets.experiments.groups",
+        module="snippets.experiments.n02_groups",
         tiny=Dims("tiny", hidden=1, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=1, layers=1,
                   seq=1, micro_batch_size=1, microbatches=1),
         uses=("tp", "pp", "cp", "ep"), estimate=_groups_estimate, checks=_groups_checks,
@@ -383,7 +383,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         what="every function of tensor_parallel/mappings.py (f, g, scatter/gather, SP, all-to-all) "
              "forward and backward: the collective, its group and shapes, who issued it, and the "
              "conjugate pairs computed from the records",
-        module="snippets.experiments.mappings",
+        module="snippets.experiments.n09_mappings",
         tiny=Dims("tiny", hidden=6, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=1,
                   layers=1, seq=4, micro_batch_size=2, microbatches=1),
         uses=("tp",), estimate=_mappings_estimate, checks=_mappings_checks, example="--tp 2",
@@ -392,8 +392,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="linear", note="10_column_row_parallel_linear",
         what="ColumnParallelLinear(hidden, ffn) and RowParallelLinear(ffn, hidden) in six "
              "configurations (gather_output, input_is_parallel, SP): which rows/columns each rank "
-             "holds, every collective, and our snippets.tp_linear on the same weights",
-        module="snippets.experiments.parallel_linear",
+             "holds, every collective, and our snippets.tp.tp_linear on the same weights",
+        module="snippets.experiments.n10_linear",
         tiny=Dims("tiny", hidden=8, heads=1, query_groups=1, kv_channels=1, ffn=16, vocab=1,
                   layers=1, seq=4, micro_batch_size=2, microbatches=1),
         uses=("tp",), estimate=_linear_estimate, checks=_linear_checks, example="--tp 2",
@@ -402,7 +402,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="vocab", note="12_vocab_parallel",
         what="VocabParallelEmbedding (all-reduce and reduce-scatter) and vocab_parallel_cross_entropy "
              "(plain, label smoothing, fused) on this rank's vocab slice: shapes and every collective",
-        module="snippets.experiments.vocab",
+        module="snippets.experiments.n12_vocab",
         tiny=Dims("tiny", hidden=6, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=16,
                   layers=1, seq=4, micro_batch_size=2, microbatches=1),
         uses=("tp",), estimate=_vocab_estimate, checks=_vocab_checks, example="--tp 2",
@@ -411,7 +411,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="tp-layer", note="11_transformer_layer",
         what="one TransformerLayer (local spec) forward+backward under TP, without and with "
              "sequence parallel: weights per rank, every collective and the submodule that issued it",
-        module="snippets.experiments.tp_layer",
+        module="snippets.experiments.n11_tp_layer",
         tiny=Dims("tiny", hidden=32, heads=8, query_groups=4, kv_channels=4, ffn=48, vocab=1,
                   layers=1, seq=8, micro_batch_size=2, microbatches=1, **_QWEN3_STYLE),
         uses=("tp",), estimate=_tp_layer_estimate, checks=_tp_layer_checks, example="--tp 2",
@@ -420,7 +420,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="pipeline", note="13_pipeline_schedules",
         what="a real GPTModel through Megatron's pipeline schedule (1F1B, or interleaved with --vp): "
              "stages, recorded order, warm-up/steady/cool-down, p2p calls, the bubble",
-        module="snippets.experiments.pipeline",
+        module="snippets.experiments.n13_pipeline",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=8, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=("tp", "pp", "vp", "sp"), estimate=_pipeline_estimate, checks=_pipeline_checks,
@@ -430,7 +430,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         what="a real GPTModel in Megatron's DistributedDataParallel, every rank data parallel: the grad "
              "buffer's buckets, and the all-reduces without overlap, and with overlap (step 1 in "
              "finalize, step 2 inside backward)",
-        module="snippets.experiments.ddp",
+        module="snippets.experiments.n14_ddp",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=4, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=(), estimate=_ddp_estimate, checks=_ddp_checks),
@@ -439,7 +439,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         what="the real get_batch_on_this_cp_rank (2*CP chunks, head and tail per rank) and ring "
              "attention over the CP group against one process's full causal attention: positions, "
              "equal outputs and gradients, every p2p step of the ring",
-        module="snippets.experiments.context_parallel",
+        module="snippets.experiments.n16_cp",
         tiny=Dims("tiny", hidden=8, heads=2, query_groups=2, kv_channels=4, ffn=1, vocab=1,
                   layers=1, seq=16, micro_batch_size=1, microbatches=1),
         uses=("cp",), estimate=_cp_estimate, checks=_cp_checks, example="--cp 2",
@@ -449,7 +449,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         what="two Adam steps of a real GPTModel with get_megatron_optimizer, without and with "
              "use_distributed_optimizer: padded buffer, each rank's shard, reduce-scatter / all-gather "
              "against one all-reduce, bytes per parameter",
-        module="snippets.experiments.dist_optimizer",
+        module="snippets.experiments.n15_dist_optimizer",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=48, vocab=32,
                   layers=3, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=(), estimate=_dist_optimizer_estimate, checks=_ddp_checks),
@@ -458,7 +458,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         what="a real MoELayer (TopKRouter, SequentialMLP, top-2, 2 experts per EP rank) under expert "
              "parallelism with the alltoall and allgather dispatchers: the expert groups, where each "
              "rank's tokens go, every collective with its split sizes, output equal to EP=1",
-        module="snippets.experiments.moe",
+        module="snippets.experiments.n17_moe",
         tiny=Dims("tiny", hidden=8, heads=2, query_groups=2, kv_channels=4, ffn=16, vocab=1,
                   layers=1, seq=6, micro_batch_size=1, microbatches=4, bias=False),
         uses=("ep",), estimate=_moe_estimate, checks=_groups_checks, example="--ep 2",
@@ -467,7 +467,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in sorted([
         name="refit", note="22_refit_and_resharding",
         what="one RL round: train a TPxPP policy one step, swap_model_weights into a rollout model "
              "with TP = world size, check stale vs fresh logits, and what the plan moved",
-        module="snippets.experiments.refit",
+        module="snippets.experiments.n22_refit",
         tiny=Dims("tiny", hidden=32, heads=8, query_groups=4, kv_channels=4, ffn=128, vocab=64,
                   layers=4, seq=8, micro_batch_size=2, microbatches=2, rope=True),
         uses=("tp", "pp"), estimate=_refit_estimate, checks=_refit_checks,

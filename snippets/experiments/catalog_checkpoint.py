@@ -11,15 +11,15 @@ refuse a bad command before it starts anything.
 
 from __future__ import annotations
 
-from snippets import memory_estimate as mem
+from snippets.models import memory_estimate as mem
 from snippets.experiments import Experiment, Parallel
-from snippets.presets import Dims
+from snippets.models.presets import Dims
 
 SIMPLE_LOOP_STEPS = 5
-"""Iterations of note 01's loop (``snippets.experiments.overview.STEPS``; a test keeps them equal)."""
+"""Iterations of note 01's loop (``snippets.experiments.n01_overview.STEPS``; a test keeps them equal)."""
 
 MOCK_SAMPLES = 1000
-"""Samples of its mock dataset (``snippets.experiments.overview.SAMPLES``)."""
+"""Samples of its mock dataset (``snippets.experiments.n01_overview.SAMPLES``)."""
 
 
 def load_tps(par: Parallel) -> list[int]:
@@ -116,7 +116,7 @@ def _ckpt_topic_checks(d: Dims, par: Parallel) -> list[str]:
 
 _NOTE_07_GPT = Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32,
                     layers=2, seq=8, micro_batch_size=2, microbatches=1, bias=False)
-"""Notes 07 and 21's GPT: ``snippets.tiny_gpt.tiny_config`` with 2 layers and 4 heads."""
+"""Notes 07 and 21's GPT: ``snippets.models.tiny_gpt.tiny_config`` with 2 layers and 4 heads."""
 
 ENTRIES: list = [
     Experiment(
@@ -124,7 +124,7 @@ ENTRIES: list = [
         what="Megatron's run_simple_mcore_train_loop.py line by line: 5 steps as published "
              "(torch Adam: the weights never move) and fixed (get_megatron_optimizer + "
              "zero_grad_buffer), each saving and reloading with dist_checkpointing",
-        module="snippets.experiments.overview",
+        module="snippets.experiments.n01_overview",
         tiny=Dims("tiny", hidden=12, heads=4, query_groups=4, kv_channels=3, ffn=48, vocab=100,
                   layers=2, seq=64, micro_batch_size=8, microbatches=1),
         uses=("tp",), estimate=_overview_estimate, checks=_overview_checks, example="--tp 2"),
@@ -133,7 +133,7 @@ ENTRIES: list = [
         what="a real GPTModel saved with dist_checkpointing at TP=--tp and loaded at TP=1 and "
              "TP=world size: sharded_state_dict entries, files, chunks, logits before/after, "
              "which saved chunks each loading rank reads",
-        module="snippets.experiments.checkpoint",
+        module="snippets.experiments.n07_checkpoint",
         tiny=_NOTE_07_GPT, uses=("tp",), estimate=_checkpoint_estimate, checks=_checkpoint_checks,
         example="--tp 2", unused=("microbatches",)),
     Experiment(
@@ -141,7 +141,7 @@ ENTRIES: list = [
         what="every sharded_state_dict entry of a real GPTModel (tied embeddings) on a TP x PP x DP "
              "grid: global key, offset, axis_fragmentations, replica_id, and that the written "
              "pieces cover each global tensor exactly once",
-        module="snippets.experiments.ckpt_topic",
+        module="snippets.experiments.n21_ckpt_topic",
         tiny=_NOTE_07_GPT, uses=("tp", "pp"), estimate=_ckpt_topic_estimate, checks=_ckpt_topic_checks,
         example="--tp 2 --pp 2", unused=("micro_batch_size", "microbatches")),
 ]

@@ -6,15 +6,15 @@ refuse a bad command before it starts anything.
 
 from __future__ import annotations
 
-from snippets import memory_estimate as mem
+from snippets.models import memory_estimate as mem
 from snippets.experiments import Experiment, Parallel
-from snippets.presets import Dims
+from snippets.models.presets import Dims
 
 INT64, BOOL = 8, 1
 
 RESUME_ITERATIONS = 4
 """Iterations of note 18's uninterrupted run (``--train-iters``); it is interrupted after half of them
-(:mod:`snippets.experiments.data_topic` holds the same numbers)."""
+(:mod:`snippets.experiments.n18_data_topic` holds the same numbers)."""
 
 
 def _micro_batch_bytes(d: Dims) -> int:
@@ -82,7 +82,7 @@ ENTRIES: list = [
         name="batch-flow", note="03_data_and_batch_flow",
         what="a real GPTDataset from a .bin/.idx corpus through the builder and get_batch: which ranks "
              "build it, which read, every TP broadcast (per pipeline stage), the CP chunks each rank keeps",
-        module="snippets.experiments.batch_flow",
+        module="snippets.experiments.n03_batch_flow",
         tiny=Dims("tiny", hidden=1, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=32, layers=1,
                   seq=8, micro_batch_size=2, microbatches=2, bias=False),
         uses=("tp", "pp", "cp"), estimate=_batch_flow_estimate, checks=_batch_flow_checks,
@@ -91,7 +91,7 @@ ENTRIES: list = [
         name="data-topic", note="18_data_topic",
         what="resuming from consumed_train_samples: read 4 iterations, then rebuild dataset and sampler "
              "after 2 at every DP size the ranks can form (TP takes the rest): same global batches",
-        module="snippets.experiments.data_topic",
+        module="snippets.experiments.n18_data_topic",
         tiny=Dims("tiny", hidden=1, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=32, layers=1,
                   seq=4, micro_batch_size=1, microbatches=2, bias=False),
         uses=("tp",), estimate=_data_topic_estimate, checks=_data_topic_checks,

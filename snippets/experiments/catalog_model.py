@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from snippets import memory_estimate as mem
-from snippets import presets
+from snippets.models import memory_estimate as mem
+from snippets.models import presets
 from snippets.experiments import Experiment, _divides
-from snippets.presets import Dims
+from snippets.models.presets import Dims
 
 
 def _tp_checks(d: Dims, tp: int) -> list[str]:
@@ -46,7 +46,7 @@ def _gpt_model_checks(d: Dims, par) -> list[str]:
 
 # ----------------------------------------------------------------------------- note 08: rank-generator
 
-ETP = 1  # snippets.experiments.rank_generator.ETP (that module imports torch's world: not here)
+ETP = 1  # snippets.experiments.n08_rank_generator.ETP (that module imports torch's world: not here)
 
 
 def _rank_generator_estimate(d: Dims, par) -> mem.Estimate:
@@ -63,7 +63,7 @@ def _rank_generator_checks(d: Dims, par) -> list[str]:
 
 # ----------------------------------------------------------------------------- note 19: model-topic
 
-EXPERTS = 2  # snippets.experiments.model_topic.EXPERTS
+EXPERTS = 2  # snippets.experiments.n19_model_topic.EXPERTS
 
 
 def _moe_extra_elements(d: Dims, tp: int) -> int:
@@ -102,7 +102,7 @@ ENTRIES: list = [
         what="a real GPTModel as gpt_builder builds it (local spec, shared embeddings) under TP: every "
              "parameter's global and per-rank local shape, partition_dim / stride, equal to the TP=1 "
              "model's piece, parameters per rank",
-        module="snippets.experiments.gpt_model",
+        module="snippets.experiments.n04_gpt_model",
         tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32, layers=1,
                   seq=8, micro_batch_size=1, microbatches=1, swiglu=True),
         uses=("tp",), estimate=_gpt_model_estimate, checks=_gpt_model_checks, example="--tp 2",
@@ -111,7 +111,7 @@ ENTRIES: list = [
         name="rank-generator", note="08_parallel_state_and_rank_generator",
         what="the real initialize_model_parallel with experts (expert tp 1): every rank's decoder and "
              "expert coordinates and groups, each kind of group against RankGenerator.get_ranks",
-        module="snippets.experiments.rank_generator",
+        module="snippets.experiments.n08_rank_generator",
         tiny=Dims("tiny", hidden=1, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=1, layers=1,
                   seq=1, micro_batch_size=1, microbatches=1),
         uses=("tp", "pp", "cp", "ep"), estimate=_rank_generator_estimate, checks=_rank_generator_checks,
@@ -120,7 +120,7 @@ ENTRIES: list = [
         name="model-topic", note="19_model_topic",
         what="one config with three layer specs (local, MoE, RMSNorm + QK norm) built as GPTModels "
              "under TP: module counts, where the module trees differ, the expert linears' flags",
-        module="snippets.experiments.model_topic",
+        module="snippets.experiments.n19_model_topic",
         tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32, layers=1,
                   seq=8, micro_batch_size=1, microbatches=1, bias=False),
         uses=("tp",), estimate=_model_topic_estimate, checks=_model_topic_checks, example="--tp 2",

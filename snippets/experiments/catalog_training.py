@@ -6,9 +6,9 @@ refuse a bad command before it starts anything.
 
 from __future__ import annotations
 
-from snippets import memory_estimate as mem
+from snippets.models import memory_estimate as mem
 from snippets.experiments import Experiment, Parallel
-from snippets.presets import Dims
+from snippets.models.presets import Dims
 
 BF16 = 2
 
@@ -123,7 +123,7 @@ ENTRIES: list = [
         what="a bf16 GPTModel (Float16Module, fp32 grad buffer) with get_megatron_optimizer, with and "
              "without use_distributed_optimizer, one step: every buffer a rank holds, which parameters "
              "have an fp32 main shard, bytes per parameter against the formula, equal weights",
-        module="snippets.experiments.optimizer_topic",
+        module="snippets.experiments.n20_optimizer_topic",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=4, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=(), estimate=_optimizer_topic_estimate, checks=_optimizer_topic_checks),
@@ -132,7 +132,7 @@ ENTRIES: list = [
         what="a real GPTModel in DDP with the distributed optimizer, two steps without and with "
              "overlap_grad_reduce / overlap_param_gather: where each bucket's reduce-scatter and "
              "all-gather fires among the forwards and gradients, and the weights stay the same",
-        module="snippets.experiments.overlap",
+        module="snippets.experiments.n20_overlap",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=4, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=(), estimate=_overlap_estimate, checks=_optimizer_topic_checks),
@@ -142,7 +142,7 @@ ENTRIES: list = [
              "optimizer) following one linear_fc1 weight: which rank holds which rows, the activation's "
              "sequence shard, the p2p, the DP reduce-scatter, the optimizer shard, every collective, "
              "memory per rank; compared with a TP=PP=1 reference run in the same job",
-        module="snippets.experiments.journey",
+        module="snippets.experiments.n23_journey",
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=2, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=("tp", "pp", "sp"), estimate=_journey_estimate, checks=_journey_checks,

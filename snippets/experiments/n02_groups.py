@@ -1,0 +1,35 @@
+"""Notes 02 and 08's experiment: which ranks ``initialize_model_parallel`` puts in each group.
+
+On a real node this is the first thing to look at: with ``--tp 2 --pp 4`` on 8 GPUs, which GPUs
+talk in a TP all-reduce, which pass activations between pipeline stages, which average gradients.
+``run`` calls the real ``parallel_state.initialize_model_parallel`` with the parallel sizes and
+reads every group back through Megatron's own getters (:func:`snippets.ranks.groups.describe_rank`);
+``tables`` prints note 02's per-rank table and seed 000's group summary.
+"""
+
+from __future__ import annotations
+
+from snippets.ranks.groups import describe_rank, group_summary, rank_table, unique_groups
+
+
+def run(dims, par) -> dict:
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp, expert_model_parallel_size=par.ep)
+    return describe_rank()
+
+
+def kinds_for(par) -> tuple[str, ...]:
+    """The group kinds worth a column: note 02's without context parallelism, its CP table's with."""
+    kinds = ("tp", "cp", "dp", "dp-cp") if par.cp > 1 else ("tp", "pp", "dp", "tp-pp", "embd", "pos-embd")
+    return kinds + (("ep", "etp", "edp") if par.ep > 1 else ())
+
+
+def tables(results: list, dims, par) -> list:
+    kinds = kinds_for(par)
+    summary = [k for k in ("tp", "pp", "dp", "cp", "tp-pp", "embd", "dp-cp", "ep", "etp", "edp")
+               if k in kinds or k in ("tp", "pp", "dp", "cp", "tp-pp", "embd")]
+    return [rank_table(results, kinds=kinds),
+            group_summary({kind: unique_groups(results, kind) for kind in summary})]

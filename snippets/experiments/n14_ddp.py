@@ -1,0 +1,122 @@
+"""Note 14's experiment: Megatron's ``DistributedDataParallel`` on a real ``GPTModel``, at any size.
+
+``ddp_run`` builds the model on every rank (weights from their global names, so every rank and the
+one-process reference start equal), wraps it in DDP with or without ``overlap_grad_reduce``, runs
+the schedule over this DP rank's share of the global batch's micro-batches with ``no_sync`` on the
+config (as the training entry does), then ``finalize_model_grads``; both parts are recorded. It
+returns the grad buffer's buckets and every parameter's range in it (:mod:`snippets.dp.grad_buffers`)
+and, with ``keep_grads``, the gradients before and after the reduction (note 14 compares them with
+one process on the whole batch, :func:`one_process_full_batch`). ``python -m snippets.run ddp
+--dims qwen3-8b --layers 2`` on 8 ranks shows the buckets and all-reduces of a real model's sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from snippets.experiments.n13_pipeline import microbatches, pipeline_config
+from snippets.record.tables import Table
+
+BUCKET_SIZE = {"tiny": 1000}
+"""Note 14's 9,632-parameter model needs a tiny bucket to split into several (the overlapped run);
+at real sizes Megatron's default applies (``None``: max(40M, 1M x DP) elements)."""
+
+
+def build_model(dims, device="cpu"):
+    """The whole ``GPTModel`` at ``dims`` on this rank (local spec), weights by global name."""
+    from snippets.models.tiny_gpt import init_by_global_name
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    model_parallel_cuda_manual_seed(0)
+    config = pipeline_config(dims, pp=1, device=device)
+    with torch.device(device):
+        model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=dims.vocab,
+                         max_sequence_length=dims.seq,
+                         position_embedding_type="rope" if dims.rope else "learned_absolute")
+    init_by_global_name(model)
+    return model, config
+
+
+def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="cpu", keep_grads=True):
+    """On every rank: ``iterations`` DDP steps (schedule, then ``finalize_model_grads``), recorded."""
+    from snippets.dp import grad_buffers
+    from snippets.record import recorder
+    from snippets.models.tiny_gpt import by_global_name, forward_step
+    from megatron.core import parallel_state
+    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                           finalize_model_grads)
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
+    model, config = build_model(dims, device)
+    ddp = DistributedDataParallel(
+        config, DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce, bucket_size=bucket_size),
+        model)
+    config.no_sync_func = ddp.no_sync
+    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    per_rank = dims.microbatches // dp
+    mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank:per_rank * (dp_rank + 1)]
+    steps = []
+    for _ in range(iterations):
+        ddp.zero_grad_buffer()
+        with recorder.record() as in_schedule:
+            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
+                                        num_microbatches=per_rank, seq_length=dims.seq,
+                                        micro_batch_size=dims.micro_batch_size)
+        local = by_global_name([ddp], "main_grad") if keep_grads else None
+        with recorder.record() as in_finalize:
+            finalize_model_grads([ddp])
+        # cross entropy all-reduces over TP, here a group of one: not communication, left out
+        steps.append(dict(schedule=[c for c in in_schedule if len(c.ranks) > 1],
+                          finalize=[c for c in in_finalize if len(c.ranks) > 1]))
+    return dict(steps=steps, local=local, reduced=by_global_name([ddp], "main_grad") if keep_grads else None,
+                buckets=grad_buffers.bucket_rows(ddp), params=grad_buffers.param_rows(ddp),
+                dtypes=grad_buffers.buffer_dtypes(ddp), param_buffer=ddp.buffers[0].param_data is not None,
+                bucket_size=ddp.ddp_config.bucket_size, views=grad_buffers.main_grads_are_views(ddp),
+                grad_is_none=all(p.grad is None for p in ddp.parameters()))
+
+
+def one_process_full_batch(dims, device="cpu"):
+    """The reference: one process, all of the global batch's sequences in one forward + backward."""
+    from snippets.models.tiny_gpt import by_global_name, concat
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel()
+    model, _ = build_model(dims, device)
+    batch = concat(microbatches(dims, dims.microbatches, device))
+    loss = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]).mean()
+    loss.backward()
+    return by_global_name([model])
+
+
+def run(dims, par) -> dict:
+    """On every rank (the runner): one step without overlap, two with (note 14's runs), no grads."""
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel()
+    return dict(plain=ddp_run(dims, False, device=par.device, keep_grads=False),
+                overlapped=ddp_run(dims, True, BUCKET_SIZE.get(dims.name), iterations=2,
+                                   device=par.device, keep_grads=False))
+
+
+MEANINGS = {"distributed/param_and_grad_buffer.py::start_grad_sync": "DP 梯度求和（先乘了 1/DP，和即平均）"}
+
+
+def tables(results: list, dims, par) -> list:
+    from snippets.record.recorder import communication_table
+
+    plain, overlapped = results[0]["plain"], results[0]["overlapped"]
+    return [f"overlap=False: bucket_size = {plain['bucket_size']} → {len(plain['buckets'])} 个 bucket，"
+            f"{plain['buckets'][0][2]} 个元素",
+            f"overlap=True, bucket_size={overlapped['bucket_size']}: buffer 的 (param / grad) dtype: "
+            f"{overlapped['dtypes']}",
+            Table(["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省略开头的 decoder.）"], overlapped["buckets"]),
+            f"不 overlap，schedule 期间: {len(plain['steps'][0]['schedule'])} 条;  finalize_model_grads 期间:",
+            communication_table(plain["steps"][0]["finalize"], MEANINGS),
+            f"overlap 第 1 步，schedule 期间: {len(overlapped['steps'][0]['schedule'])} 条;  finalize_model_grads 期间:",
+            communication_table(overlapped["steps"][0]["finalize"], MEANINGS),
+            f"overlap 第 2 步，finalize_model_grads 期间: {len(overlapped['steps'][1]['finalize'])} 条;  schedule 期间:",
+            communication_table(overlapped["steps"][1]["schedule"], MEANINGS)]

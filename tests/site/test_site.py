@@ -1,0 +1,444 @@
+"""The built site: strict build, internal links, offline, heading ids and TOC, downloads.
+
+The site is built once per session by the ``site`` fixture (tests/conftest.py). HTML is read
+with the standard library's html.parser: no extra dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+import pytest
+
+EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)        # http://, https://, //host
+NON_PAGE_SCHEMES = ("mailto:", "tel:", "data:", "javascript:", "blob:")
+HEADINGS = {f"h{i}" for i in range(1, 7)}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
+        "source", "track", "wbr"}
+
+
+class PageParser(HTMLParser):
+    """Ids, links, external resources, headings and TOC links of one HTML page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids: list[str] = []
+        self.links: list[tuple[str, str]] = []       # (tag, url) for href/src
+        self.resources: list[tuple[str, str]] = []   # (what, url) loaded by the browser
+        self.inline_css: list[str] = []
+        self.inline_js: list[str] = []
+        self.headings: list[dict] = []               # inside <article>
+        self.toc_links: list[str] = []               # hrefs in .md-nav--secondary
+        self.download_links: list[str] = []          # a.nb-download hrefs
+        self.tables_in_article = 0
+        self._stack: list[tuple[str, dict]] = []
+        self._text_sink: list[str] | None = None
+        self._heading: dict | None = None
+
+    def _inside(self, tag: str, cls: str | None = None) -> bool:
+        return any(t == tag and (cls is None or cls in (a.get("class") or "").split())
+                   for t, a in self._stack)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id") is not None:
+            self.ids.append(a["id"])
+        if tag == "a" and a.get("name"):
+            self.ids.append(a["name"])
+        for attr in ("href", "src"):
+            if a.get(attr) is not None:
+                self.links.append((tag, a[attr]))
+        rel = (a.get("rel") or "").lower().split()
+        if tag == "script" and a.get("src") is not None:
+            self.resources.append(("script", a["src"]))
+        if tag == "link" and {"stylesheet", "preload", "modulepreload", "icon"} & set(rel):
+            self.resources.append((f"link rel={' '.join(rel)}", a.get("href", "")))
+        if tag in ("img", "iframe", "source", "video", "audio", "embed") and a.get("src"):
+            self.resources.append((tag, a["src"]))
+        if tag in ("img", "source") and a.get("srcset"):
+            for part in a["srcset"].split(","):
+                self.resources.append((f"{tag} srcset", part.strip().split(" ")[0]))
+        if "style" in a:
+            self.inline_css.append(a["style"])
+        if tag in ("style", "script") and "src" not in a:
+            self._text_sink = []
+        if tag in HEADINGS and self._inside("article"):
+            self._heading = {"tag": tag, "id": a.get("id"), "text": []}
+            self.headings.append(self._heading)
+        if tag == "a" and a.get("href") is not None:
+            if self._inside("nav", "md-nav--secondary"):
+                self.toc_links.append(a["href"])
+            if "nb-download" in (a.get("class") or "").split():
+                self.download_links.append(a["href"])
+        if tag == "table" and self._inside("article"):
+            self.tables_in_article += 1
+        if tag not in VOID:
+            self._stack.append((tag, a))
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID and self._stack and self._stack[-1][0] == tag:
+            self._stack.pop()
+
+    def handle_endtag(self, tag):
+        if tag in ("style", "script") and self._text_sink is not None:
+            (self.inline_css if tag == "style" else self.inline_js).append("".join(self._text_sink))
+            self._text_sink = None
+        if tag in HEADINGS and self._heading is not None and self._heading["tag"] == tag:
+            self._heading["text"] = " ".join("".join(self._heading["text"]).split())
+            self._heading = None
+        for i in range(len(self._stack) - 1, -1, -1):  # tolerate unclosed tags
+            if self._stack[i][0] == tag:
+                del self._stack[i:]
+                break
+
+    def handle_data(self, data):
+        if self._text_sink is not None:
+            self._text_sink.append(data)
+        if self._heading is not None:
+            self._heading["text"].append(data)
+
+
+@lru_cache(maxsize=None)
+def parse(path: Path) -> PageParser:
+    p = PageParser()
+    p.feed(path.read_text(encoding="utf-8"))
+    p.close()
+    return p
+
+
+def html_pages(site_dir: Path) -> list[Path]:
+    return sorted(site_dir.rglob("*.html"))
+
+
+def resolve(site_dir: Path, page: Path, url: str) -> tuple[Path, str]:
+    """File in the built site that a local url on ``page`` points to, and its #fragment."""
+    page_url = "/" + page.relative_to(site_dir).as_posix()
+    parts = urlsplit(urljoin(page_url, url))
+    path = unquote(parts.path)
+    target = site_dir / path.lstrip("/")
+    if path.endswith("/") or target.is_dir():
+        target = target / "index.html"
+    return target, unquote(parts.fragment)
+
+
+def load_hook():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "hooks" / "notes_site.py"
+    spec = importlib.util.spec_from_file_location("notes_site_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def is_local(url: str) -> bool:
+    return not (EXTERNAL.match(url) or url.lower().startswith(NON_PAGE_SCHEMES))
+
+
+# ---------------------------------------------------------------------------- build
+
+
+def test_strict_build_succeeds(site):
+    """mkdocs build --strict ran (the fixture fails with the log otherwise) and made pages."""
+    assert (site.dir / "index.html").is_file()
+    assert not re.search(r"^(WARNING|ERROR)\b", site.log, re.M), site.log
+    for page in ("code_map", "cpu"):
+        assert (site.dir / page / "index.html").is_file(), f"{page}.md missing from the site"
+
+
+def test_notes_become_pages_and_py_twins_do_not(site, note_names):
+    for name in note_names:
+        assert site.note_page(name).is_file(), f"no page for notes/{name}"
+    py_pages = [p for p in site.dir.joinpath("notes").rglob("*") if p.suffix == ".py"]
+    assert not py_pages, f".py twins leaked into the site: {py_pages}"
+    for py in site.notes_dir.glob("*.py"):
+        page = site.dir / "notes" / py.stem / "index.html"
+        if page.exists():  # the .ipynb owns this page; make sure it was not the .py rendering it
+            assert "jupyter-wrapper" in page.read_text(encoding="utf-8")
+
+
+def test_nav_lists_notes_in_their_rounds(site, note_names):
+    """The hook files each note under its round, titled by the notebook's first H1."""
+    notes_site = load_hook()
+
+    home = (site.dir / "index.html").read_text(encoding="utf-8")
+    for name in note_names:
+        number = int(name[:2])
+        round_title = next(t for t, numbers in notes_site.ROUNDS if number in numbers)
+        assert round_title in home, f"section {round_title} missing from the nav"
+        assert f'href="notes/{Path(name).stem}/"' in home, f"{name} missing from the nav"
+        title = notes_site._first_h1(site.notes_dir / name)
+        assert title and title in home, f"nav title {title!r} of {name} not on the home page"
+
+
+# ---------------------------------------------------------------------------- links
+
+
+def test_internal_links_resolve(site):
+    """Every local href/src resolves to a file, and every #fragment to an id in that page."""
+    broken = []
+    for page in html_pages(site.dir):
+        parser = parse(page)
+        for tag, url in parser.links:
+            if not url or not is_local(url):
+                continue
+            target, fragment = resolve(site.dir, page, url)
+            where = f"{page.relative_to(site.dir)}: <{tag}> {url}"
+            if not target.is_file():
+                broken.append(f"{where} -> missing {target.relative_to(site.dir)}")
+            elif fragment and target.suffix == ".html" and fragment not in parse(target).ids:
+                broken.append(f"{where} -> no id {fragment!r} in {target.relative_to(site.dir)}")
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+def test_link_checker_catches_breakage(site, tmp_path):
+    """The checker above is not vacuous: a bad file and a bad anchor are both reported."""
+    page = site.dir / "index.html"
+    assert resolve(site.dir, page, "nope/")[0].is_file() is False
+    target, fragment = resolve(site.dir, page, "cpu/#no-such-id")
+    assert target.is_file() and fragment not in parse(target).ids
+    target, fragment = resolve(site.dir, page, "notes/../cpu/index.html#%E5%9C%A8")
+    assert target == site.dir / "cpu" / "index.html" and fragment == "在"
+
+
+# ---------------------------------------------------------------------------- offline
+
+
+def _external_in_css(css: str) -> list[str]:
+    found = re.findall(r"""url\(\s*['"]?((?:[a-z][a-z0-9+.-]*:)?//[^'")\s]+)""", css, re.I)
+    found += re.findall(r"""@import\s+(?:url\()?\s*['"]?((?:[a-z][a-z0-9+.-]*:)?//[^'")\s;]+)""",
+                        css, re.I)
+    return found
+
+
+def test_site_loads_nothing_external(site):
+    """No page or stylesheet pulls a script, stylesheet, font or image from the network."""
+    bad = []
+    for page in html_pages(site.dir):
+        parser = parse(page)
+        rel = page.relative_to(site.dir)
+        bad += [f"{rel}: {what} {url}" for what, url in parser.resources if EXTERNAL.match(url)]
+        for css in parser.inline_css:
+            bad += [f"{rel}: inline CSS {u}" for u in _external_in_css(css)]
+        for js in parser.inline_js:
+            # dynamic import()/loader URLs in inline scripts (nbconvert's mermaid/mathjax)
+            bad += [f"{rel}: inline script loads {u}" for u in
+                    re.findall(r"""(?:import\(|src\s*=\s*)\s*['"`]((?:https?:)?//[^'"`]+)""", js)]
+            if "cdnjs.cloudflare.com" in js or "cdn.jsdelivr.net" in js or "unpkg.com" in js:
+                bad.append(f"{rel}: inline script mentions a CDN")
+    for css_file in sorted(site.dir.rglob("*.css")):
+        rel = css_file.relative_to(site.dir)
+        bad += [f"{rel}: {u}" for u in _external_in_css(css_file.read_text(encoding="utf-8"))]
+    assert not bad, "external resources:\n" + "\n".join(bad)
+
+
+def test_offline_scan_is_not_vacuous():
+    p = PageParser()
+    p.feed('<link rel="stylesheet" href="https://fonts.googleapis.com/css?x">'
+           '<script src="//cdn.example/x.js"></script><img src="http://x/y.png">'
+           '<style>@import url("https://x/y.css"); a{background:url(//x/z.png)}</style>'
+           '<script>import("https://cdnjs.cloudflare.com/m.mjs")</script>')
+    assert [u for _, u in p.resources if EXTERNAL.match(u)] == [
+        "https://fonts.googleapis.com/css?x", "//cdn.example/x.js", "http://x/y.png"]
+    assert set(_external_in_css(p.inline_css[0])) == {"//x/z.png", "https://x/y.css"}
+    assert "cdnjs.cloudflare.com" in p.inline_js[0]
+
+
+# ---------------------------------------------------------------------------- note pages
+
+
+def test_note_headings_have_unique_ids_and_toc_lands(site, note_names):
+    """Every h1-h6 of a note has a non-empty unique id; every TOC link lands on one; the TOC
+    lists every heading below the title (it is built from the rendered headings)."""
+    problems = []
+    for name in note_names:
+        parser = parse(site.note_page(name))
+        heads = parser.headings
+        assert heads, f"{name}: no headings rendered"
+        empty = [h["text"] for h in heads if not h["id"]]
+        if empty:
+            problems.append(f"{name}: headings with empty id: {empty}")
+        ids = [h["id"] for h in heads if h["id"]]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            problems.append(f"{name}: duplicate heading ids {dupes}")
+        all_ids = set(parser.ids)
+        toc = [unquote(urlsplit(h).fragment) for h in parser.toc_links if h.startswith("#")]
+        if not toc:
+            problems.append(f"{name}: empty page TOC")
+        missing = [t for t in toc if t not in all_ids]
+        if missing:
+            problems.append(f"{name}: TOC links to missing ids {missing}")
+        below_title = [h["id"] for h in heads if h["tag"] != "h1"]
+        not_in_toc = [i for i in below_title if i not in toc]
+        if not_in_toc:
+            problems.append(f"{name}: headings missing from the TOC {not_in_toc}")
+    assert not problems, "\n".join(problems)
+
+
+def test_chinese_heading_ids_keep_the_chinese(site, note_names):
+    """A Chinese-only heading gets a readable id made of its own characters."""
+    checked = 0
+    for name in note_names:
+        for h in parse(site.note_page(name)).headings:
+            if h["text"] and re.fullmatch(r"[\u4e00-\u9fff]+¶?", h["text"]):
+                assert h["id"].split("_")[0] == h["text"].rstrip("¶"), h
+                checked += 1
+    assert checked, "no Chinese-only heading found in any note (the template has several)"
+
+
+def test_note_pages_offer_their_notebook(site, note_names):
+    for name in note_names:
+        page = site.note_page(name)
+        links = parse(page).download_links
+        assert links, f"{name}: no download link"
+        for href in links:
+            target, _ = resolve(site.dir, page, href)
+            assert target.name == name and target.is_file(), f"{name}: {href} -> {target}"
+            assert target.read_bytes() == (site.notes_dir / name).read_bytes()
+            assert json.loads(target.read_text(encoding="utf-8"))["nbformat"] == 4
+
+
+def test_note_tables_render(site, note_names):
+    """Markdown tables in notebook cells come out as HTML tables (源码位置 is one)."""
+    for name in note_names:
+        assert parse(site.note_page(name)).tables_in_article, f"{name}: no <table>"
+
+
+def test_search_index_segments_chinese(site, note_names):
+    """material's search ran jieba: Chinese text is split into words (\\u200b separators)."""
+    index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
+    assert "zh" in index["config"]["lang"]
+    note_docs = [d for d in index["docs"] if d["location"].startswith("notes/")]
+    assert note_docs, "no note sections in the search index"
+    assert any("\u200b" in d["title"] + d["text"] for d in note_docs), \
+        "Chinese not segmented: is jieba installed?"
+    # sections point at the heading ids, not at the page top
+    anchors = {unquote(d["location"].split("#", 1)[1]) for d in note_docs if "#" in d["location"]}
+    for name in note_names:
+        ids = {h["id"] for h in parse(site.note_page(name)).headings}
+        assert anchors & ids, f"{name}: no search section links to its headings"
+
+
+SOUP_PASS_SAMPLE = """<html><head><style>div.x > img { border: 0 }</style>
+<script>const s = '<div class="jp-Cell-inputWrapper">';</script></head><body>
+<main class="jp-Notebook"><!-- <img src="c.png"> -->
+<div class="jp-Cell-inputWrapper" data-x='a>b'><img src="a.png"><img alt="" src="b.png"/><IMG SRC=c.png ALT=c></div>
+<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain"><pre>&lt;div class="jp-OutputArea-output"&gt;</pre></div>
+<div class='jp-OutputArea-outputs'>not an output</div><div class=jp-OutputArea-output>bare</div>
+</main></body></html>"""
+
+
+def _export(nb, soup_class, monkeypatch, template_stage: str | None = None) -> str:
+    """nbconvert's ``HTMLExporter.from_notebook_node`` on ``nb`` with ``soup_class`` standing in
+    for BeautifulSoup (the real one, or the hook's stand-in); with ``template_stage``, the template
+    stage returns that markup, so only nbconvert's post-pass runs on it."""
+    import nbconvert.exporters.html as nbhtml
+    from nbconvert.exporters.templateexporter import TemplateExporter
+
+    with monkeypatch.context() as m:
+        m.setattr(nbhtml, "BeautifulSoup", soup_class)
+        if template_stage is not None:
+            m.setattr(TemplateExporter, "from_notebook_node",
+                      lambda self, nb, resources=None, **kw: (template_stage, resources))
+        exporter = nbhtml.HTMLExporter(template_name="lab")
+        m.setattr(exporter.log, "disabled", True)  # its "alt text is missing" warning
+        return exporter.from_notebook_node(nb)[0]
+
+
+def test_focusable_markup_makes_nbconverts_edits_without_reparsing(monkeypatch):
+    """The hook's text edits give the same document tree as nbconvert's BeautifulSoup pass: on a
+    page with tag-like text in scripts, styles, comments and code, odd quoting and an image
+    without ``alt`` -- and on a real note's export."""
+    import nbformat
+    from bs4 import BeautifulSoup
+
+    hook = load_hook()
+
+    def same_tree(nb, template_stage=None):
+        ours = _export(nb, hook.FocusableMarkup, monkeypatch, template_stage)
+        theirs = _export(nb, BeautifulSoup, monkeypatch, template_stage)
+        assert str(BeautifulSoup(ours, "html.parser")) == str(BeautifulSoup(theirs, "html.parser"))
+        return ours
+
+    ours = same_tree(nbformat.v4.new_notebook(), SOUP_PASS_SAMPLE)
+    assert ours.count('tabindex="0"') == 3 and 'alt="No description' in ours  # it did edit
+    with pytest.raises(NotImplementedError, match="only knows"):
+        hook.FocusableMarkup("<p></p>").select("p.new")
+
+    note = Path(__file__).resolve().parents[2] / "notes" / "09_tp_mappings.ipynb"
+    assert same_tree(nbformat.read(note, as_version=4)).count('tabindex="0"') > 20
+
+
+def test_drop_plain_copies_keeps_the_highlighted_code_once():
+    hook = load_hook()
+    text = ("说明\u200b文字 In\xa0[3]: Copied! <pre>x = f(a,\n      b)  # 注释</pre> x = f(a,       b)  # \u200b注释 "
+            "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
+    assert hook.drop_plain_copies(text) == ("说明\u200b文字 <pre>x = f(a,\n      b)  # 注释</pre> "
+                                            "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
+
+
+def test_search_index_holds_each_code_cell_once(site, note_names):
+    """Every code cell's source is in the index as its <pre>, and not again as plain text."""
+    import html as html_lib
+
+    hook = load_hook()
+    index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
+    text = {}
+    for doc in index["docs"]:
+        page = doc["location"].split("#")[0]
+        text[page] = text.get(page, "") + doc["text"]
+    for name in note_names:
+        page_text = text[f"notes/{Path(name).stem}/"]
+        assert hook.drop_plain_copies(page_text) == page_text, f"{name}: a plain copy is left"
+        cells = [c for c in json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
+                 if c["cell_type"] == "code"]
+        first = "".join(cells[0]["source"]).splitlines()[0]
+        assert html_lib.escape(first, quote=False) in page_text or first in page_text, name
+
+
+def test_build_is_fast(site):
+    assert site.seconds < 45, f"site build took {site.seconds:.1f}s"
+
+
+def test_home_page_maps_every_planned_note_with_its_status(site, note_names):
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("notes_site", root / "hooks" / "notes_site.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    home = (site.dir / "index.html").read_text(encoding="utf-8")
+    for name in note_names:
+        assert f'href="notes/{Path(name).stem}/"' in home, name
+    assert home.count("<td>可运行</td>") == len(note_names)
+    assert home.count("<td>计划中</td>") == len(hook.PLAN) - len(note_names)
+
+
+def test_pages_workflow_builds_the_strict_site_from_main_and_uploads_it():
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    flow = yaml.safe_load((root / ".github" / "workflows" / "pages.yml").read_text())
+    assert flow[True]["push"]["branches"] == ["main"]  # YAML reads the key `on` as True
+    steps = flow["jobs"]["build"]["steps"]
+    build = next(s["run"] for s in steps if "mkdocs build" in s.get("run", ""))
+    assert "--strict" in build.split()
+    out = build.split("-d", 1)[1].split()[0]
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact"))
+    assert upload["with"]["path"] == out
+    assert any("pip install -e ." in s.get("run", "") for s in steps)
+    assert flow["jobs"]["deploy"]["needs"] == "build"
+
+
+def test_note_pages_stay_under_one_megabyte(site, note_names):
+    # The budget (README): a note page's own HTML, without the shared CSS/JS every page caches.
+    sizes = {name: site.note_page(name).stat().st_size for name in note_names}
+    heavy = {name: size for name, size in sizes.items() if size > 1_000_000}
+    assert not heavy, heavy
