@@ -346,9 +346,11 @@ def test_notes_list_the_experiment_code_their_cells_call(note, module):
 
 
 def check_listing(note: str, module: str) -> None:
-    """The listing a reader sees in the note is the code the cell (and torchrun) runs: every
-    ```python block of the note's markdown is the source of the ``def``/``class`` it names in
-    ``module``, and a code cell imports from ``module``."""
+    """The listing a reader sees in the note is the code the cell (and torchrun) runs, and a code
+    cell imports from ``module``. A listing is either a code cell calling
+    ``snippets.record.listing.listing(...)`` on that module's functions (the page shows the module's
+    own source, so it cannot drift), or -- the older form -- a ```python block of the note's
+    markdown that must equal the source of the ``def``/``class`` it names."""
     import importlib
     import inspect
     import re
@@ -357,12 +359,23 @@ def check_listing(note: str, module: str) -> None:
     nb = json.loads((ROOT / "notes" / f"{note}.ipynb").read_text(encoding="utf-8"))
     blocks = [block for cell in nb["cells"] if cell["cell_type"] == "markdown"
               for block in re.findall(r"```python\n(.*?)```", "".join(cell["source"]), re.S)]
-    assert blocks, f"{note} lists no code"
+    code_cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    calls = [cell for cell in code_cells if re.search(r"^listing\(", cell, re.M)]
+    assert blocks or calls, f"{note} lists no code"
     for block in blocks:
         names = re.findall(r"^(?:def|class) (\w+)", block, re.M)
         expected = "\n\n\n".join(inspect.getsource(getattr(mod, n)).rstrip("\n") for n in names)
         assert block.rstrip("\n") == expected, f"{note}: the listing of {names} differs from {module}"
-    source = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    path = module.replace(".", "/") + ".py"
+    for cell in calls:
+        shown = [out for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]) == cell
+                 for out in c.get("outputs", []) if "text/html" in out.get("data", {})]
+        assert shown, f"{note}: a listing(...) cell has no stored output"
+    if calls and not blocks:
+        html = "".join("".join(out["data"]["text/html"]) for c in nb["cells"] if c["cell_type"] == "code"
+                       for out in c.get("outputs", []) if "text/html" in out.get("data", {}))
+        assert path in html, f"{note}: no listing shows {path}"
+    source = "".join(code_cells)
     assert f"from {module} import" in source
 
 
