@@ -248,5 +248,8 @@ class Figure:
         out.append("</svg>")
         return "\n".join(out) + "\n"
 
+    def __repr__(self) -> str:  # the text/plain twin Jupyter stores: no address, so nbval can compare it
+        return f"<Figure {self.title!r} {_n(self.width)}x{_n(self.height)}>"
+
     def _repr_svg_(self) -> str:  # Jupyter stores this as the cell's image/svg+xml output
         return self.svg()
