@@ -85,11 +85,13 @@
 # 在本页，`init_process_group` 那一步由 `snippets.ranks.launch.run_ranks` 替我们做（gloo + 文件 store，
 # 见[在 CPU 上运行](../../cpu/)）；每个 rank 的函数里只剩 Megatron 自己的那一行。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n02_groups import kinds_for, run
+from snippets.experiments.n02_groups import ORDERS, kinds_for, order_panels, run, run_orders
 from snippets.ranks.groups import group_summary, rank_table, unique_groups
 from snippets.ranks.launch import Grid, RankError, run_ranks
+from snippets.ranks.pictures import draw_rank_grid, panel_table
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 from megatron.core import parallel_state
@@ -98,26 +100,11 @@ from megatron.core import parallel_state
 # 每个 rank 上要跑的函数：调真实的 `initialize_model_parallel`，再用 Megatron 自己的 getter
 # 读出本 rank 的坐标和所属的每个群（`describe_rank`）。
 #
-# 它就是 `snippets/experiments/n02_groups.py` 里的 `run`：本篇的单元格和命令行
-# `torchrun ... -m snippets.run groups --tp 2 --pp 4`（见 README 的 "Running at real scale"）调用的是同一个函数。
-# 并行尺寸装在 `Parallel` 里（world size 和 tp、pp、cp、ep）；`dims` 是模型尺寸，建群用不到。
-# `kinds_for` 决定表里列出哪些群。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def run(dims, par) -> dict:
-#     from megatron.core import parallel_state
-#
-#     parallel_state.initialize_model_parallel(
-#         tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-#         context_parallel_size=par.cp, expert_model_parallel_size=par.ep)
-#     return describe_rank()
-#
-#
-# def kinds_for(par) -> tuple[str, ...]:
-#     """The group kinds worth a column: note 02's without context parallelism, its CP table's with."""
-#     kinds = ("tp", "cp", "dp", "dp-cp") if par.cp > 1 else ("tp", "pp", "dp", "tp-pp", "embd", "pos-embd")
-#     return kinds + (("ep", "etp", "edp") if par.ep > 1 else ())
-# ```
+# 它就是 `snippets/experiments/n02_groups.py` 里的 `run`。并行尺寸装在 `Parallel` 里（world size 和 tp、pp、cp、ep）；
+# `dims` 是模型尺寸，建群用不到。`kinds_for` 决定表里列出哪些群：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(run, kinds_for)
 
 # %%
 TINY = EXPERIMENTS["groups"].tiny
@@ -135,6 +122,30 @@ rank_table(ranks, kinds=kinds_for(PAR))
 
 # %%
 group_summary({kind: unique_groups(ranks, kind) for kind in ("tp", "pp", "dp", "cp", "tp-pp", "embd")})
+
+# %% [markdown]
+# ### seed 000 的 16 卡例子，真的跑一次
+#
+# 16 个 rank、TP=2、PP=2 ⇒ DP=4。`run_orders` 在每个 rank 上用两种 `order` 各调一次
+# `initialize_model_parallel(..., order=order)`（中间 `destroy_model_parallel`），读回 rank 5 和 rank 13 的三个群：
+# 缺省的 `tp-cp-ep-dp-pp`，和正式入口 `--use-tp-pp-dp-mapping` 换上的 `tp-cp-ep-pp-dp`。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(run_orders)
+
+# %%
+SEED = Parallel(world=16, tp=2, pp=2)
+by_order = run_ranks(run_orders, 16, TINY, SEED, ORDERS, grid=dict(tp=2, pp=2))
+panels = order_panels(by_order, SEED)
+panel_table(panels)
+
+# %% [markdown]
+# 把 16 个 rank 按 rank 号每行 8 个排开（一行看作一台 8 卡机器），红框是 rank 5 和 13，彩色线连起它们的群。
+# 缺省 order 下 TP、DP 群都在机内，只有 PP 群 `[5, 13]` 跨机器（画在两行之间）；换成 `tp-cp-ep-pp-dp` 后
+# PP 群 `[5, 7]` 进了机内，跨机器的变成 DP 群 `[1, 5, 9, 13]`，梯度归约走机间网络。
+
+# %%
+draw_rank_grid(panels, title="16 卡、TP=2、PP=2、DP=4：两种 order 下 rank 5 与 rank 13 的群（真实运行）")
 
 # %% [markdown]
 # ### `initialize_model_parallel` 里到底发生了什么
@@ -174,7 +185,7 @@ print("被设置的模块全局变量个数:", len(changed))
 # %% [markdown]
 # 按建群顺序合并同类项（`backend` 为"默认"表示沿用 world 的 backend：GPU 上是 NCCL，这里是 gloo）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def creation_order(created):
     rows, index = [], {}
     for desc, backend, members in created:
@@ -341,7 +352,7 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 # 4. **docstring 与签名不一致。** `order` 的文档说缺省是 `tp-dp-pp`，签名里的缺省却是 `tp-cp-ep-dp-pp`
 #    （parallel_state.py 第 562 行），代码实际接受任何包含全部非 1 维度的排列（笔记 08）。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def destroy_then_ask():
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     parallel_state.destroy_model_parallel()
@@ -373,7 +384,7 @@ print("不 destroy 再初始化:", again)
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print("DP =", Grid(16, tp=2, pp=2).dp)
 
 # %% [markdown]
@@ -386,7 +397,7 @@ print("DP =", Grid(16, tp=2, pp=2).dp)
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print("dp:", cp_ranks[2]["groups"]["dp"], " dp-cp:", cp_ranks[2]["groups"]["dp-cp"])
 
 # %% [markdown]
@@ -399,7 +410,7 @@ print("dp:", cp_ranks[2]["groups"]["dp"], " dp-cp:", cp_ranks[2]["groups"]["dp-c
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(len(created), ("DATA_PARALLEL_GROUP", "默认", [0]) in watched[3][0],
       ("TENSOR_MODEL_PARALLEL_GROUP", "默认", [0, 1]) in watched[3][0])
 
@@ -413,7 +424,7 @@ print(len(created), ("DATA_PARALLEL_GROUP", "默认", [0]) in watched[3][0],
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print("embd:", unique_groups(ranks, "embd"), " pos-embd:", unique_groups(ranks, "pos-embd"))
 
 # %% [markdown]
@@ -425,7 +436,7 @@ print("embd:", unique_groups(ranks, "embd"), " pos-embd:", unique_groups(ranks, 
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(sum(len(w[1]) for w in watched))
 
 # %% [markdown]

@@ -68,11 +68,14 @@
 # | `generate_masked_orthogonal_rank_groups` | world、按 order 排的大小、掩码 | list of list | 无 | 否 | 否 | 否 | 同上 |
 # | `initialize_model_parallel`（只看"成员"这一面） | 各维大小、`order` | 模块全局变量 | 以上全部、`create_group` | 是 | 否 | 是 | 同上 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n08_rank_generator import ETP, run, tables
+from snippets.experiments.n08_rank_generator import (ETP, checked_kinds, comparison_table, generators,
+                                                     grid_sizes, init_with_experts, run, tables)
 from snippets.ranks.groups import coordinates, describe_rank, group_summary, groups_along, rank_of
 from snippets.ranks.launch import RankError, run_ranks
+from snippets.ranks.pictures import draw_rank_grid, panel_from_generator
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 from megatron.core.parallel_state import RankGenerator
@@ -91,7 +94,7 @@ from megatron.core.parallel_state import RankGenerator
 # | dp | 4 × 4 | [0, 2, 4, 6] [1, 3, 5, 7] [8, 10, 12, 14] [9, 11, 13, 15] |
 # | pp | 8 × 2 | [0, 8] [1, 9] [2, 10] [3, 11] [4, 12] [5, 13] [6, 14] [7, 15] |
 #
-# 真实的 `RankGenerator` 算出的是（`tests/site/test_notes.py` 逐格比对上面这张手写表和下面这格的输出）：
+# 真实的 `RankGenerator` 算出的是：
 
 # %%
 gen = RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order="tp-cp-ep-dp-pp")
@@ -116,7 +119,7 @@ Table(["token", "mask", "群数 × 群大小", "第 0 个群"],
 # %% [markdown]
 # 这段算术可以用十几行读得懂的代码重写：`snippets.ranks.groups.coordinates` 把 rank 拆成各维坐标，
 # `groups_along(token)` 把"除 token 以外各维坐标都相同"的 rank 归成一组。它和真实的 `get_ranks`
-# 对每个 token、每种 order 都给出同样的群（`tests/ranks/test_groups.py` 还覆盖了更多组合）：
+# 对每个 token 都给出同样的群：
 
 # %%
 sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2)
@@ -159,6 +162,17 @@ Table(["order", "补齐后", "rank 5 的 tp", "dp", "pp"],
 # - `tp-pp-dp`（正式入口的 `--use-tp-pp-dp-mapping` 给的是等价的 `tp-cp-ep-pp-dp`）：PP 群 `[5, 7]` 进了机内，
 #   DP 群 `[1, 5, 9, 13]` 跨机，梯度归约走机间网络。
 # - `dp-tp-pp`：TP 群 `[1, 5]` 不再相邻——TP 的高频 all-reduce 可能离开 NVLink。
+#
+# 把缺省 order 和 `dp-tp-pp` 并排画出来（每行 8 个 rank 看作一台机器；红框是 rank 5 和 13，彩色线连起它们的
+# tp、dp、pp 群，跨机器的群画在两行之间）。缺省 order 下只有 PP 群跨机器；`dp-tp-pp` 下 TP 群 `[1, 5]`
+# 虽仍在机内，却隔了 3 个 rank，DP 群则挤成相邻的 4 个：
+
+# %%
+panels = [panel_from_generator(RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order=o), (5, 13), order=o)
+          for o in ("tp-cp-ep-dp-pp", "dp-tp-pp")]
+draw_rank_grid(panels, title="16 卡、TP=2、PP=2、DP=4：两种 order 下 rank 5 与 rank 13 的群")
+
+# %% [markdown]
 #
 # 大小为 1 的维如果没写进 order，会被补到末尾（`tp-pp-dp` → `tp-pp-dp-ep-cp`）；大小大于 1 的维没写就报错：
 
@@ -223,66 +237,18 @@ group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-c
 #
 # 8 个 gloo rank，TP=2、PP=2、EP=2（ETP=1，这样 order 以 pp 结尾时 EDP 也合法）。每个 rank 调真实的
 # `initialize_model_parallel`，再用 Megatron 的 getter 报出自己在两个网格上的坐标和所在的每个群（`describe_rank`，
-# 和[笔记 02](../02_distributed_initialization/) 的 `groups` 实验读法相同），合并后与两个 `RankGenerator` 逐类比较：
-#
-# ```python
-# def init_with_experts(tp, pp, ep, etp, cp=1):
-#     from megatron.core import parallel_state
-#
-#     parallel_state.initialize_model_parallel(
-#         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
-#         expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
-#     return describe_rank()
-#
-#
-# def run(dims, par) -> dict:
-#     from megatron.core import parallel_state as ps
-#
-#     described = init_with_experts(par.tp, par.pp, par.ep, ETP, par.cp)
-#     described["expert_coords"] = {"etp": ps.get_expert_tensor_parallel_rank(),
-#                                   "ep": ps.get_expert_model_parallel_rank(),
-#                                   "edp": ps.get_expert_data_parallel_rank(),
-#                                   "pp": ps.get_pipeline_model_parallel_rank()}
-#     return described
-# ```
-#
+# 和[笔记 02](../02_distributed_initialization/) 的 `groups` 实验读法相同），合并后与两个 `RankGenerator` 逐类比较。
+# `run` 只多读了 expert 网格上的三个坐标：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(init_with_experts, run)
+
+# %% [markdown]
 # 比较用的两个生成器由 `generators(par)` 按同样的大小造出（decoder 网格 `tp × cp × dp × pp`，expert 网格
 # `ETP × EP × EDP × PP`），`comparison_table` 对每类群取 getter 报出的群与 `get_ranks(token)` 并排：
-#
-# ```python
-# def grid_sizes(par, etp: int = ETP) -> tuple[dict, dict]:
-#     """``(decoder, expert)``: the sizes of the two ``RankGenerator``s, keyed like ``order``."""
-#     decoder = dict(tp=par.tp, cp=par.cp, ep=1, dp=par.dp, pp=par.pp)
-#     expert = dict(tp=etp, cp=1, ep=par.ep, dp=par.world // (etp * par.ep * par.pp), pp=par.pp)
-#     return decoder, expert
-#
-#
-# def generators(par, etp: int = ETP):
-#     """The two real ``RankGenerator``s ``initialize_model_parallel`` makes for these sizes."""
-#     from megatron.core.parallel_state import RankGenerator
-#
-#     return tuple(RankGenerator(**sizes, order=ORDER) for sizes in grid_sizes(par, etp))
-#
-#
-# def checked_kinds(par) -> list[tuple[str, int, str]]:
-#     """``(group kind, grid: 0 decoder / 1 expert, RankGenerator token)`` for note 08's table."""
-#     decoder = ["tp", "dp", "pp", "tp-pp"] + (["cp", "dp-cp"] if par.cp > 1 else [])
-#     return ([(kind, 0, kind) for kind in decoder]
-#             + [("ep", 1, "ep"), ("etp", 1, "tp"), ("edp", 1, "dp")])
-#
-#
-# def comparison_table(real: list, par) -> Table:
-#     grids = generators(par)
-#     rows = []
-#     for kind, grid, token in checked_kinds(par):
-#         expected = sorted(grids[grid].get_ranks(token))
-#         rows.append([kind, unique_groups(real, kind), expected, unique_groups(real, kind) == expected])
-#     return Table(["kind", "getter 报出的群", "RankGenerator", "相同"], rows)
-# ```
-#
-# 这些函数在 `snippets/experiments/n08_rank_generator.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 8 -m snippets.run rank-generator --tp 2 --pp 2 --ep 2` 调用的是同一个 `run`，
-# rank 0 打印的也是同一个 `tables`（`tests/experiments/test_run_model.py` 检查这里和模块里的源码一字不差）。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(grid_sizes, generators, checked_kinds, comparison_table)
 
 # %%
 TINY = EXPERIMENTS["rank-generator"].tiny
@@ -366,7 +332,7 @@ print("pp 群:", odd.get_ranks("pp"))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(coordinates(5, sizes, "tp-cp-ep-dp-pp"), coordinates(13, sizes, "tp-cp-ep-dp-pp"))
 print(rank_of(dict(tp=1, cp=0, ep=0, dp=2, pp=1), sizes, "tp-cp-ep-dp-pp"))
 
@@ -379,7 +345,7 @@ print(rank_of(dict(tp=1, cp=0, ep=0, dp=2, pp=1), sizes, "tp-cp-ep-dp-pp"))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(gen.get_mask(gen.order, "dp-cp"), gen.get_mask(gen.order, "dp-cp") == gen.get_mask(gen.order, "cp-dp"))
 
 # %% [markdown]
@@ -392,7 +358,7 @@ print(gen.get_mask(gen.order, "dp-cp"), gen.get_mask(gen.order, "dp-cp") == gen.
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(gen.get_ranks("tp-pp")[0])
 
 # %% [markdown]
@@ -405,7 +371,7 @@ print(gen.get_ranks("tp-pp")[0])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def init_with_order(etp):
     from megatron.core import parallel_state
 
@@ -432,7 +398,7 @@ print("ETP=1, rank 0 的 pp 群:", run_ranks(init_with_order, 8, etp=1)[0])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def dp_ranks():
     from megatron.core import parallel_state as ps
 
