@@ -107,7 +107,7 @@ def _draw_panel(fig: Figure, p: Panel, x0: float, y0: float, per_row: int) -> No
             fig.text(cx, y + 29, coord_text(p.coords(r)).replace(" ", ""), size=11, anchor="middle",
                      kind=ink if r in marked else "muted")
     seen = set()
-    for r, groups in p.groups.items():
+    for groups in p.groups.values():
         for i, k in enumerate(KINDS):
             members = tuple(groups[k])
             if (k, members) in seen or len(members) < 2:

@@ -6,8 +6,13 @@ import re
 
 import pytest
 
-from snippets.ranks.pictures import (Panel, draw_rank_grid, panel_from_described, panel_from_generator,
-                                     panel_rows)
+from snippets.ranks.pictures import (
+    Panel,
+    draw_rank_grid,
+    panel_from_described,
+    panel_from_generator,
+    panel_rows,
+)
 
 ORDERS = ("tp-cp-ep-dp-pp", "dp-tp-pp")
 
