@@ -93,17 +93,17 @@
 # | `backward_step` | 输入激活、输出、输出梯度 | 对输入激活的梯度 | `torch.autograd.backward` | 否 | 否 | 是：参数 `.grad` 累加 | `loss.backward()` 的分段版 |
 # | `P2PCommunicator._communicate` | 要发的张量（前 / 后）、要不要收（前 / 后）、形状 | 收到的张量 | `_batched_p2p_ops` 或 `_p2p_ops` | **是**：PP 群 | 否 | 否 | 无（PP=1 时不用） |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
 
-from snippets.pp import timeline
+from snippets.pp import pictures, timeline
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n13_pipeline import pipeline_run
+from snippets.experiments.n13_pipeline import bubble_row, mean_loss, phase_rows, pipeline_run, stage_rows
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 from snippets.models.tiny_gpt import max_abs_diff, tiny_config
 
-from IPython.display import SVG
 from megatron.core import parallel_state
 
 # %% [markdown]
@@ -120,66 +120,11 @@ from megatron.core import parallel_state
 # 用 `record_schedule()` 记下本 rank 依次做的每个 forward、backward 和 p2p 调用（以及 p2p 里的 collective），
 # 再问代码本身的公式 `get_pp_rank_microbatches` 这个 rank 应该有几步 warm-up。
 #
-# 这个函数就是 `snippets/experiments/n13_pipeline.py` 里的 `pipeline_run`：本篇的单元格和命令行
-# `torchrun ... -m snippets.run pipeline --dims qwen3-8b --pp 4`（见 README 的 "Running at real scale"）调用的是同一个函数，
-# 模型尺寸（层数、hidden、head、vocab、sequence、micro-batch）都是参数 `dims`，本篇用它的 `tiny`：8 层、hidden 16、
-# vocab 32、sequence 8、micro-batch 2。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def pipeline_run(dims, pp: int, vp=None, microbatch_counts=(4,), batch_p2p_comm: bool = True,
-#                  tp: int = 1, sequence_parallel: bool = False, device: str = "cpu",
-#                  keep_grads: bool = True) -> dict:
-#     """On every rank: build this rank's stage(s), run the schedule once per micro-batch count.
-#
-#     Returns the schedule function's name, each chunk's layers, and per ``m`` the recorded ops,
-#     the losses (last stage only), the code's own warm-up counts and -- with ``keep_grads`` -- every
-#     gradient by global name (note 13 compares them with one process; at real sizes leave it off).
-#     """
-#     from snippets.models.tiny_gpt import by_global_name, forward_step, init_by_global_name
-#     from megatron.core import parallel_state
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
-#                                              pipeline_model_parallel_size=pp,
-#                                              virtual_pipeline_model_parallel_size=vp)
-#     model_parallel_cuda_manual_seed(0)
-#     config = pipeline_config(dims, pp, vp, tp, sequence_parallel, batch_p2p_comm, device)
-#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
-#     chunks = []
-#     for vp_stage in (range(vp) if vp else [None]):
-#         with torch.device(device):
-#             chunks.append(GPTModel(
-#                 config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-#                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-#                 share_embeddings_and_output_weights=False, vp_stage=vp_stage,
-#                 position_embedding_type="rope" if dims.rope else "learned_absolute"))
-#         init_by_global_name(chunks[-1])
-#     forward_backward_func = get_forward_backward_func()
-#     runs = {}
-#     for m in microbatch_counts:
-#         for chunk in chunks:
-#             chunk.zero_grad()
-#         data = microbatches(dims, m, device)
-#         with timeline.record_schedule() as ops:
-#             losses = forward_backward_func(
-#                 forward_step_func=forward_step,
-#                 data_iterator=[iter(data) for _ in chunks] if vp else iter(data),
-#                 model=chunks, num_microbatches=m, seq_length=dims.seq,
-#                 micro_batch_size=dims.micro_batch_size)
-#         warmup = schedules.get_pp_rank_microbatches(m, len(chunks), config.microbatch_group_size_per_vp_stage)
-#         runs[m] = dict(ops=ops, losses=[x["lm loss"].cpu() for x in losses],
-#                        grads=by_global_name(chunks) if keep_grads else None, code_counts=warmup)
-#     stages = [dict(pre=c.pre_process, post=c.post_process,
-#                    layers=[layer.layer_number for layer in c.decoder.layers]) for c in chunks]
-#     return dict(func=forward_backward_func.__name__, stages=stages, runs=runs,
-#                 ranks=dict(pp=parallel_state.get_pipeline_model_parallel_rank(),
-#                            tp=parallel_state.get_tensor_model_parallel_rank(),
-#                            dp=parallel_state.get_data_parallel_rank(), world=torch.distributed.get_rank()))
-# ```
+# 这个函数就是 `snippets/experiments/n13_pipeline.py` 里的 `pipeline_run`；模型尺寸（层数、hidden、head、vocab、
+# sequence、micro-batch）都是参数 `dims`，本篇用它的 `tiny`：8 层、hidden 16、vocab 32、sequence 8、micro-batch 2。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(pipeline_run)
 
 # %%
 TINY = EXPERIMENTS["pipeline"].tiny
@@ -193,11 +138,6 @@ vpp4 = run_ranks(pipeline_run, 4, TINY, pp=4, vp=2, microbatch_counts=(4, 8))
 # 谁拿到哪几层（`layer_number` 是全局的、从 1 数起）：
 
 # %%
-def stage_rows(name, results):
-    return [[name, rank, chunk, s["pre"], s["post"], s["layers"]]
-            for rank, r in enumerate(results) for chunk, s in enumerate(r["stages"])]
-
-
 Table(["配置", "rank", "chunk", "pre_process", "post_process", "全局层号"],
       stage_rows("PP=1", ref) + stage_rows("PP=2", pp2) + stage_rows("PP=4", pp4)
       + stage_rows("PP=2, VP=2", vpp2) + stage_rows("PP=4, VP=2", vpp4))
@@ -221,12 +161,7 @@ Table(["配置", "get_forward_backward_func() 返回"],
 # 同一份权重、同样 4 个 micro-batch：各配置最后一个 stage 报出的 loss 和各 rank 合起来的全部梯度，
 # 与 PP=1 的逐元素比较。
 
-# %%
-def mean_loss(results, m=4):
-    losses = results[-1]["runs"][m]["losses"]  # only the last pipeline stage has them
-    return torch.stack(losses).mean().item()
-
-
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def all_grads(results, m=4):
     grads = {}
     for r in results:
@@ -235,8 +170,10 @@ def all_grads(results, m=4):
 
 
 reference_grads = all_grads(ref)
+
+# %%
 Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相等"],
-      [[name, round(mean_loss(r), 4), mean_loss(r) == mean_loss(ref), len(all_grads(r)),
+      [[name, round(mean_loss(r, 4), 4), mean_loss(r, 4) == mean_loss(ref, 4), len(all_grads(r)),
         all(torch.equal(g, reference_grads[k]) for k, g in all_grads(r).items())]
        for name, r in [("PP=1", ref), ("PP=2", pp2), ("PP=4", pp4), ("PP=2, VP=2", vpp2),
                        ("PP=4, VP=2", vpp4)]])
@@ -256,16 +193,6 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 # `send_forward_recv_backward`（interleaved 时什么也不隔），算一个 steady 步——这正是 steady 循环的写法。
 
 # %%
-def phase_rows(name, results, m):
-    rows = []
-    for rank, r in enumerate(results):
-        total, _, warmup, remaining = r["runs"][m]["code_counts"]
-        recorded = timeline.phases(r["runs"][m]["ops"])
-        code = (warmup, remaining, total - remaining)
-        rows.append([name, m, rank, code, recorded, code == recorded])
-    return rows
-
-
 Table(["配置", "m", "rank", "代码 (warm-up, steady, cool-down)", "记录", "相同"],
       phase_rows("PP=4", pp4, 4) + phase_rows("PP=4", pp4, 8) + phase_rows("PP=4", pp4, 2)
       + phase_rows("PP=2, VP=2", vpp2, 4) + phase_rows("PP=4, VP=2", vpp4, 4))
@@ -304,6 +231,14 @@ Table(["P2PCommunicator 方法", "语义"],
       [[method, timeline.P2P_MEANINGS[method]] for method in dict.fromkeys(row[2] for row in p2p)])
 
 # %% [markdown]
+# 同一次运行画成时间线（逻辑时钟见下文「机制解释」），每条黄色箭头是上表里配成一对的一个 `isend` 和一个 `irecv`：
+# 向下的是 forward 的激活，向上的是 backward 的梯度。
+
+# %%
+pictures.draw_timeline(timeline.logical_schedule([r["runs"][4]["ops"] for r in pp2], forward=1, backward=2),
+                       title="1F1B，PP=2，m=4：stage 之间的 p2p", unit=40)
+
+# %% [markdown]
 # 读这张表：
 #
 # - **通信前后 shape 相同**：p2p 只是把一个 `[8, 2, 16]` 从一个 rank 搬到另一个 rank，不拼接不求和。
@@ -329,11 +264,11 @@ Table(["P2PCommunicator 方法", "语义"],
 
 # %%
 one_f_one_b = timeline.logical_schedule([r["runs"][4]["ops"] for r in pp4], forward=2, backward=4)
-SVG(timeline.timeline_svg(one_f_one_b, title="1F1B, PP=4, m=4 (recorded order, logical time)"))
+pictures.draw_timeline(one_f_one_b, title="1F1B，PP=4，m=4（记录到的顺序，逻辑时间）")
 
 # %%
 interleaved = timeline.logical_schedule([r["runs"][4]["ops"] for r in vpp4], chunks=2, forward=1, backward=2)
-SVG(timeline.timeline_svg(interleaved, chunks=2, title="interleaved 1F1B, PP=4, VP=2, m=4"))
+pictures.draw_timeline(interleaved, chunks=2, title="interleaved 1F1B，PP=4，VP=2，m=4")
 
 # %% [markdown]
 # 看图：
@@ -352,14 +287,6 @@ SVG(timeline.timeline_svg(interleaved, chunks=2, title="interleaved 1F1B, PP=4, 
 # 比例变成 (p−1)/(v·m+p−1)。下面是从记录里量出来的：
 
 # %%
-def bubble_row(name, results, m, p, v):
-    per_rank = [r["runs"][m]["ops"] for r in results]
-    t = timeline.logical_schedule(per_rank, chunks=v, forward=1, backward=2)
-    formula = (p - 1) / (v * m + p - 1)
-    return [name, p, v, m, timeline.makespan(t), round(timeline.bubble_fraction(t), 4), round(formula, 4),
-            abs(timeline.bubble_fraction(t) - formula) < 1e-9]
-
-
 Table(["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p−1)/(v·m+p−1)", "相等"],
       [bubble_row("1F1B", pp2, 4, 2, 1)]
       + [bubble_row("1F1B", pp4, m, 4, 1) for m in (1, 2, 4, 8)]
@@ -378,7 +305,7 @@ Table(["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p�
 # - 权重在各 stage 之间不共享：`GPTModel` 的 `share_embeddings_and_output_weights` 缺省为 False，本篇也显式写了 False。
 #   正式入口缺省**共享**（`gpt_builders.py` 传 `not args.untie_embeddings_and_output_weights`）：那时最后一个 stage
 #   有一份词嵌入的副本，构造时从第一个 stage 复制过来，梯度在 `finalize_model_grads` 里经 embedding 群求和（[笔记 14](../14_data_parallel_ddp/)）。
-#   这条路径在 CPU 上还跑不起来（遗留问题 4）。
+#   在 CPU 上走这条路径要一个补丁（遗留问题 4）。
 
 # %% [markdown]
 # ## 与训练主链路的关系
@@ -409,7 +336,7 @@ Table(["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p�
 
 # %%
 vpp2_batched = run_ranks(pipeline_run, 2, TINY, pp=2, vp=2, batch_p2p_comm=True)
-print("loss:", round(mean_loss(vpp2_batched), 3), "vs PP=1", round(mean_loss(ref), 3))
+print("loss:", round(mean_loss(vpp2_batched, 4), 3), "vs PP=1", round(mean_loss(ref, 4), 3))
 print("梯度与 PP=1 最大差超过 1:", max_abs_diff(all_grads(vpp2_batched), reference_grads) > 1)
 
 # %% [markdown]
@@ -433,7 +360,7 @@ print("梯度与 PP=1 最大差超过 1:", max_abs_diff(all_grads(vpp2_batched),
 # 直接调用真实的 `P2PCommunicator.send_forward_backward_recv_forward_backward` 验证：每个 rank 发出值为
 # `100 + rank` 的"激活"和 `200 + rank` 的"梯度"，看收到了什么：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def p2p_swap():
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from snippets.record import recorder
@@ -483,11 +410,13 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 # **3. 时间线是逻辑时间。** 它重放的是记录到的真实顺序，但各操作时长取理想值（backward = 2 × forward、通信不花时间）。
 # 真实 GPU 上 p2p 的延迟、最后一个 stage 额外的输出层和 loss 都会让气泡比公式更大。
 #
-# **4. 共享词嵌入 + PP>1 在 CPU 上构造失败。** 最后一个 stage 构造 `GPTModel` 时，`setup_embeddings_and_output_layer`
+# **4. 共享词嵌入 + PP>1 在 CPU 上要一个补丁。** 最后一个 stage 构造 `GPTModel` 时，`setup_embeddings_and_output_layer`
 # 先把词嵌入副本清零，再执行 `weight.data = weight.data.cuda()`
 # （[`language_module.py:244`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L244)），
-# 之后才在 embedding 群里 all-reduce 出初值。CPU 版 torch 在 `.cuda()` 上报错。这是 Tensor 方法，模块级代理管不到；
-# 本站的笔记都不共享词嵌入，所以还没有为它加补丁（`docs/cpu.md` 的原则：只加用到的）。
+# 之后才在 embedding 群里 all-reduce 出初值。CPU 版 torch 在 `.cuda()` 上报错，而这是 Tensor 方法，模块级代理管不到。
+# CPU 层的补丁 `shared_embedding_cuda` 只在这个方法运行期间让 `.cuda()` 返回张量本身，all-reduce 照常在 gloo 上做：
+# 两个 stage 的两份词嵌入开始时逐位相同，`finalize_model_grads` 之后两份的梯度都等于两个 stage 梯度之和（[CPU 补丁一览](../../cpu/)）。
+# 本篇仍然不共享，好让每个 stage 的梯度直接和 PP=1 逐个比较。
 
 # %% [markdown]
 # ## 自测
@@ -500,7 +429,7 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print("公式:", pp4[1]["runs"][8]["code_counts"], " 记录:", timeline.phases(pp4[1]["runs"][8]["ops"]))
 
 # %% [markdown]
@@ -512,7 +441,7 @@ print("公式:", pp4[1]["runs"][8]["code_counts"], " 记录:", timeline.phases(p
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print("公式 (总数, 全在 warm-up, warm-up, 剩余):", vpp4[0]["runs"][8]["code_counts"],
       " 记录:", timeline.phases(vpp4[0]["runs"][8]["ops"]))
 
@@ -525,7 +454,7 @@ print("公式 (总数, 全在 warm-up, warm-up, 剩余):", vpp4[0]["runs"][8]["c
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(next(m for m in range(1, 100) if 3 / (m + 3) < 0.1), next(m for m in range(1, 100) if 3 / (2 * m + 3) < 0.1))
 
 # %% [markdown]
@@ -539,7 +468,7 @@ print(next(m for m in range(1, 100) if 3 / (m + 3) < 0.1), next(m for m in range
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 rank1_ops = pp2[1]["runs"][4]["ops"]
 rank1 = timeline.p2p_rows(rank1_ops, 1)
 print("batch_isend_irecv 次数:", len(rank1), " 方法:", [row[2] for row in rank1])
@@ -558,7 +487,7 @@ print("空操作的 send_forward_recv_backward:",
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(max_abs_diff(all_grads(vpp2), reference_grads), max_abs_diff(all_grads(vpp2_batched), reference_grads) > 1e-3)
 
 # %% [markdown]

@@ -12,19 +12,23 @@ and changes from run to run, so :func:`logical_schedule` replays each rank's rec
 logical clock instead: a forward takes ``forward`` units, a backward ``backward`` units, and an op
 starts as soon as its rank is free *and* its input exists -- the forward of the same micro-batch
 on the previous (virtual) stage, or the backward of it on the next one. The idle share of that
-timeline is the pipeline bubble (:func:`bubble_fraction`).
+timeline is the pipeline bubble (:func:`bubble_fraction`). :mod:`snippets.pp.pictures` draws it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import html
 from dataclasses import dataclass, field
 
 P2P_METHODS = (
-    "recv_forward", "recv_backward", "send_forward", "send_backward",
-    "send_forward_recv_backward", "send_backward_recv_forward",
-    "send_forward_recv_forward", "send_backward_recv_backward",
+    "recv_forward",
+    "recv_backward",
+    "send_forward",
+    "send_backward",
+    "send_forward_recv_backward",
+    "send_backward_recv_forward",
+    "send_forward_recv_forward",
+    "send_backward_recv_backward",
     "send_forward_backward_recv_forward_backward",
 )
 
@@ -33,9 +37,9 @@ P2P_METHODS = (
 class Op:
     """One step a rank executed, in order."""
 
-    kind: str                      # "F", "B", or a P2PCommunicator method name
+    kind: str  # "F", "B", or a P2PCommunicator method name
     microbatch: int | None = None  # F / B: which micro-batch
-    chunk: int | None = None       # F / B: which model chunk on this rank (virtual stage)
+    chunk: int | None = None  # F / B: which model chunk on this rank (virtual stage)
     comms: list = field(default_factory=list)  # p2p: (api, group, shapes, [(op, peer)]) recorded
 
     @property
@@ -72,9 +76,17 @@ def record_schedule():
         def wrapper(self, *args, **kwargs):
             start = len(calls)
             result = method(self, *args, **kwargs)
-            ops.append(Op(name, comms=[(c.api, c.group, c.before, c.extra.get("ops") or
-                                        [(c.api, c.extra.get("peer"))]) for c in calls[start:]]))
+            ops.append(
+                Op(
+                    name,
+                    comms=[
+                        (c.api, c.group, c.before, c.extra.get("ops") or [(c.api, c.extra.get("peer"))])
+                        for c in calls[start:]
+                    ],
+                )
+            )
             return result
+
         return wrapper
 
     originals = {name: P2PCommunicator.__dict__[name] for name in P2P_METHODS}
@@ -120,7 +132,7 @@ def phases(ops: list[Op]) -> tuple[int, int, int]:
         backwards += op.kind == "B"
         if op.kind == "F":
             between = []
-            for nxt in ops[i + 1:]:
+            for nxt in ops[i + 1 :]:
                 if nxt.compute:
                     if nxt.kind == "B" and set(between) <= _STEADY_BETWEEN:
                         steady += 1
@@ -132,8 +144,9 @@ def phases(ops: list[Op]) -> tuple[int, int, int]:
 # ------------------------------------------------------------------ the logical clock
 
 
-def logical_schedule(per_rank: list[list[Op]], chunks: int = 1, forward: int = 1,
-                     backward: int = 2) -> list[list[tuple[Op, int, int]]]:
+def logical_schedule(
+    per_rank: list[list[Op]], chunks: int = 1, forward: int = 1, backward: int = 2
+) -> list[list[tuple[Op, int, int]]]:
     """Replay each rank's recorded compute order on a logical clock: ``[(op, start, end), ...]``
     per rank. Raises if the recorded orders cannot all run (a rank waits for an op that, on its
     owner's rank, comes after something that waits for it)."""
@@ -208,61 +221,3 @@ def p2p_rows(ops: list[Op], rank: int, chunks: int = 1) -> list[list]:
             peers = ", ".join(f"{name}{'→' if 'send' in name else '←'}{peer}" for name, peer in pairs)
             rows.append([rank, after, op.kind, api, group, peers, shapes, P2P_MEANINGS[op.kind]])
     return rows
-
-
-# ------------------------------------------------------------------ drawing
-
-_COLORS = {("F", 0): "#4c78a8", ("F", 1): "#9ecae9", ("B", 0): "#e45756", ("B", 1): "#ff9d98"}
-
-
-def timeline_svg(timeline, chunks: int = 1, title: str = "", max_width: int = 540) -> str:
-    """The timeline as an SVG picture: one row per rank, one box per forward / backward with its
-    micro-batch number; with model chunks, chunk 1 is drawn lighter (see the legend).
-
-    ``max_width`` is the site's notebook output width: wider pictures get scaled down there and
-    their text becomes too small to read."""
-    end = makespan(timeline)
-    left, top, row = 50, 30 if title else 10, 28
-    unit = max(8, min(24, (max_width - left - 12) // end))
-    width = left + end * unit + 12
-    axis_y = top + len(timeline) * row + 14
-    legend_y = axis_y + 22
-    height = legend_y + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-             f'<rect width="{width}" height="{height}" fill="#ffffff"/>']
-    if title:
-        parts.append(f'<text x="6" y="19" font-size="12" fill="#222">{html.escape(title)}</text>')
-    step = 6 if end > 30 else 3
-    for t in range(0, end + 1):
-        x = left + t * unit
-        strong = t % step == 0
-        parts.append(f'<line x1="{x}" y1="{top}" x2="{x}" y2="{top + len(timeline) * row}" '
-                     f'stroke="{"#cccccc" if strong else "#eeeeee"}" stroke-width="1"/>')
-        if strong:
-            parts.append(f'<text x="{x}" y="{axis_y}" text-anchor="middle" font-size="10" '
-                         f'fill="#666">{t}</text>')
-    for rank, ops in enumerate(timeline):
-        y = top + rank * row
-        parts.append(f'<text x="4" y="{y + row / 2 + 4}" fill="#222">rank {rank}</text>')
-        for op, start, stop in ops:
-            x, w = left + start * unit, (stop - start) * unit
-            chunk = min(op.chunk, 1) if chunks > 1 else 0
-            ink = "#ffffff" if chunk == 0 else "#222222"
-            parts.append(f'<rect x="{x + 1}" y="{y + 3}" width="{w - 2}" height="{row - 6}" '
-                         f'rx="3" fill="{_COLORS[(op.kind, chunk)]}"/>')
-            parts.append(f'<text x="{x + w / 2}" y="{y + row / 2 + 4}" text-anchor="middle" '
-                         f'fill="{ink}">{op.microbatch}</text>')
-    legend = [("F", 0, "forward"), ("B", 0, "backward")]
-    if chunks > 1:
-        legend = [("F", 0, "fwd chunk 0"), ("F", 1, "fwd chunk 1"),
-                  ("B", 0, "bwd chunk 0"), ("B", 1, "bwd chunk 1")]
-    x = left
-    for kind, chunk, name in legend:
-        parts.append(f'<rect x="{x}" y="{legend_y - 11}" width="14" height="14" rx="2" '
-                     f'fill="{_COLORS[(kind, chunk)]}"/>')
-        parts.append(f'<text x="{x + 19}" y="{legend_y}" fill="#222">{name}</text>')
-        x += 19 + 6 * len(name) + 12
-    parts.append(f'<text x="4" y="{axis_y}" font-size="10" fill="#666">time</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)

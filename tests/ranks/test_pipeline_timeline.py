@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from snippets.pp import pictures
 from snippets.pp import timeline as pt
 from snippets.ranks.launch import run_ranks, warm_up
 
@@ -29,8 +30,7 @@ def one_f_one_b(p, m):
 
 
 def gpipe(p, m):
-    return [[pt.Op("F", i, 0) for i in range(m)] + [pt.Op("B", i, 0) for i in range(m)]
-            for _ in range(p)]
+    return [[pt.Op("F", i, 0) for i in range(m)] + [pt.Op("B", i, 0) for i in range(m)] for _ in range(p)]
 
 
 @pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 3), (4, 8), (8, 16)])
@@ -59,9 +59,13 @@ def test_an_order_that_cannot_run_is_refused():
 
 def test_svg_is_well_formed_with_one_box_per_op():
     t = pt.logical_schedule(one_f_one_b(4, 4))
-    svg = ET.fromstring(pt.timeline_svg(t, title="x"))
-    rects = svg.findall("{http://www.w3.org/2000/svg}rect")
-    assert len(rects) == 1 + 4 * 8 + 2  # background, 8 ops on each of 4 ranks, legend
+    svg = ET.fromstring(pictures.draw_timeline(t, title="x").svg())
+    boxes = [
+        r
+        for r in svg.iter("{http://www.w3.org/2000/svg}rect")
+        if r.find("{http://www.w3.org/2000/svg}title") is not None
+    ]
+    assert len(boxes) == 4 * 8  # 8 ops on each of 4 ranks, each with its hover title
 
 
 def _recorded_pp2(m):
@@ -76,13 +80,24 @@ def _recorded_pp2(m):
     ps.initialize_model_parallel(pipeline_model_parallel_size=2)
     model_parallel_cuda_manual_seed(0)
     config = tiny_config(pipeline_model_parallel_size=2)
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=False)
+    model = GPTModel(
+        config,
+        get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=False,
+    )
     with pt.record_schedule() as ops:
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(microbatches(m)),
-                                    model=[model], num_microbatches=m, seq_length=SEQ,
-                                    micro_batch_size=MBS)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(microbatches(m)),
+            model=[model],
+            num_microbatches=m,
+            seq_length=SEQ,
+            micro_batch_size=MBS,
+        )
     return ops, schedules.get_pp_rank_microbatches(m, 1, config.microbatch_group_size_per_vp_stage)
 
 
@@ -91,8 +106,9 @@ def test_a_recorded_1f1b_run_matches_its_formula_and_its_p2p_pairs_up():
     (ops0, counts0), (ops1, counts1) = run_ranks(_recorded_pp2, 2, m)
     for ops, (total, _, warmup, remaining) in ((ops0, counts0), (ops1, counts1)):
         assert pt.phases(ops) == (warmup, remaining, total - remaining)
-        assert sorted((op.microbatch, op.kind) for op in pt.compute_ops(ops)) == \
-            sorted((i, k) for i in range(m) for k in "FB")
+        assert sorted((op.microbatch, op.kind) for op in pt.compute_ops(ops)) == sorted(
+            (i, k) for i in range(m) for k in "FB"
+        )
     sent0 = [x for row in pt.p2p_rows(ops0, 0) for x in row[5].split(", ") if x.startswith("isend")]
     got1 = [x for row in pt.p2p_rows(ops1, 1) for x in row[5].split(", ") if x.startswith("irecv")]
     assert len(sent0) == len(got1) == m  # every activation rank 0 sends, rank 1 receives
