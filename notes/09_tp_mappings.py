@@ -114,18 +114,18 @@
 # | `all_to_all_sp2hp` | `[tokens/tp, h]` | `[tokens, h/tp]` | `all_to_all` | TP 群（两个方向） | 是，token 维 ↔ hidden 维 | 否 | 同上 |
 # | `all_to_all_hp2sp` | `[tokens, h/tp]` | `[tokens/tp, h]` | `all_to_all` | TP 群（两个方向） | 是，hidden 维 ↔ token 维 | 否 | 同上 |
 
-# %%
-from fractions import Fraction
-from math import prod
-
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
 
 from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n09_mappings import (MAPPINGS, conjugate_pairs, issuer_table, record_rows, record_table,
-                                           run_every_mapping, signatures)
+from snippets.experiments.n09_mappings import (MAPPINGS, change, conjugate_pairs, issuer_table, mappings_by_name,
+                                               phase_signature, record_rows, record_table, run_every_mapping,
+                                               signatures)
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.tables import Table
+from snippets.tp import pictures
 
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import mappings
@@ -137,81 +137,17 @@ from megatron.core.tensor_parallel import mappings
 # `gather_from_sequence_parallel_region` 多跑一个 `tensor_parallel_output_grad=False` 的变体，它的反向不同。
 #
 # 这张表和下面在 rank 上跑的函数都在 `snippets/experiments/n09_mappings.py` 里（`m` 就是 `megatron.core.tensor_parallel.mappings`）：
-# 本篇的单元格和命令行 `torchrun ... -m snippets.run mappings --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）
-# 调用的是同一份代码。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def mappings_by_name(m) -> dict:
-#     """How each function is called: ``m`` is ``megatron.core.tensor_parallel.mappings``, ``x`` this
-#     rank's input, ``tp`` the TP group. The gather along the sequence has a second variant whose
-#     backward only slices."""
-#     return {
-#         "copy_to_tensor_model_parallel_region (f)":
-#             lambda x, tp: m.copy_to_tensor_model_parallel_region(x, group=tp),
-#         "reduce_from_tensor_model_parallel_region (g)":
-#             lambda x, tp: m.reduce_from_tensor_model_parallel_region(x, group=tp),
-#         "scatter_to_tensor_model_parallel_region":
-#             lambda x, tp: m.scatter_to_tensor_model_parallel_region(x, group=tp),
-#         "gather_from_tensor_model_parallel_region":
-#             lambda x, tp: m.gather_from_tensor_model_parallel_region(x, group=tp),
-#         "scatter_to_sequence_parallel_region":
-#             lambda x, tp: m.scatter_to_sequence_parallel_region(x, group=tp),
-#         "gather_from_sequence_parallel_region":
-#             lambda x, tp: m.gather_from_sequence_parallel_region(x, group=tp),
-#         "gather_from_sequence_parallel_region [output_grad=False]":
-#             lambda x, tp: m.gather_from_sequence_parallel_region(
-#                 x, tensor_parallel_output_grad=False, group=tp),
-#         "reduce_scatter_to_sequence_parallel_region":
-#             lambda x, tp: m.reduce_scatter_to_sequence_parallel_region(x, group=tp),
-#         "all_gather_last_dim_from_tensor_parallel_region":
-#             lambda x, tp: m.all_gather_last_dim_from_tensor_parallel_region(x, group=tp),
-#         "reduce_scatter_last_dim_to_tensor_parallel_region":
-#             lambda x, tp: m.reduce_scatter_last_dim_to_tensor_parallel_region(x, group=tp),
-#         "all_to_all": lambda x, tp: m.all_to_all(tp, x),
-#         "all_to_all_sp2hp": lambda x, tp: m.all_to_all_sp2hp(x, group=tp),
-#         "all_to_all_hp2sp": lambda x, tp: m.all_to_all_hp2sp(x, group=tp),
-#     }
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(mappings_by_name)
 
 # %% [markdown]
 # 每个 rank 上：TP=2 初始化，然后对每个函数做一次正向、一次反向，全程录下 collective。输入 `x` 是
 # `[s, b, h] = [4, 2, 6]`（本篇的 `dims`），数值是 `0…47` 加上 `100 × rank`（百位就是来源 rank）；上游梯度 `dy` 也按 rank 不同。
 # 同时记下：调用之后 `x`、`dy` 自己有没有被改写：
-#
-# ```python
-# def run_every_mapping(dims, tp_size, device="cpu", keep_tensors=True):
-#     """On every rank: each of :data:`MAPPINGS` once forward and once backward, recorded.
-#
-#     ``x`` is ``[seq, micro_batch_size, hidden]`` holding ``0, 1, 2, ...`` plus ``100 * rank`` (the
-#     hundreds name the rank it came from); the upstream gradient differs by rank too. Returns per
-#     function the calls, the four function-level shapes, whether ``x`` or ``dy`` were overwritten,
-#     and with ``keep_tensors`` the tensors themselves (note 09 checks them against a reference).
-#     """
-#     from megatron.core import parallel_state
-#     from megatron.core.tensor_parallel import mappings
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
-#     tp = parallel_state.get_tensor_model_parallel_group()
-#     rank = parallel_state.get_tensor_model_parallel_rank()
-#     s, b, h = dims.seq, dims.micro_batch_size, dims.hidden
-#     runs = {}
-#     for name, call in mappings_by_name(mappings).items():
-#         x = (torch.arange(float(s * b * h), device=device).reshape(s, b, h) + 100 * rank).requires_grad_()
-#         x_in = x.detach().clone()
-#         with recorder.record() as calls:
-#             y = call(x, tp)
-#             dy = torch.arange(float(y.numel()), device=device).reshape(y.shape) * (rank + 1)
-#             dy_in = dy.clone()
-#             y.backward(dy)
-#         runs[name] = dict(calls=calls, shapes=dict(x=list(x.shape), y=list(y.shape), dy=list(dy.shape),
-#                                                    dx=list(x.grad.shape)),
-#                           x_overwritten=not torch.equal(x.detach(), x_in),
-#                           dy_overwritten=not torch.equal(dy, dy_in))
-#         if keep_tensors:
-#             runs[name].update(x=x_in, y=y.detach().clone(), dy=dy_in, dx=x.grad.clone())
-#     return runs
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(run_every_mapping)
 
 # %%
 TINY = EXPERIMENTS["mappings"].tiny
@@ -231,6 +167,12 @@ print("每个 rank 跑了", len(runs[0]), "个调用；记录到的 collective �
 
 # %%
 record_table(runs[0])
+
+# %% [markdown]
+# 同一张表画成图：每行一个函数，左边正向、右边反向；每个 rank 的张量经过黄框里的 collective（或不通信）变成右边的形状。
+
+# %%
+pictures.draw_mappings(record_rows(runs[0]))
 
 # %% [markdown]
 # 发出 collective 的是哪个私有 helper（recorder 记下的最内层 Megatron 函数；all-to-all 一栏的 `forward` 是
@@ -264,7 +206,7 @@ print(record_rows(runs[0]) == record_rows(runs[1]))
 # 在主进程里，用两个 rank 的 `x` 和 `dy`、只用 `cat` / `chunk` / 加法，写出每个函数"应该"给 rank `r` 的
 # 正向输出和输入梯度。这张参考表就是每个函数的定义：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def half(t, dim, r):
     return t.chunk(2, dim)[r]
 
@@ -374,26 +316,9 @@ print("rank 1 的 x 每行的梯度:", v[1][3][:, 0, 0].tolist())
 # 把每个函数每个方向概括成一个"签名"：发了哪些 collective（或不通信）+ 张量 shape 怎么变（按 `[token, hidden]`
 # 看：前几维之积是 token 数，最后一维是 hidden）。A 的正向签名等于 B 的反向签名、且 A 的反向签名等于 B 的正向签名，
 # A、B 就是一对共轭。签名只用上面录到的数据：
-#
-# ```python
-# def change(before, after):
-#     """How a shape changes, read as ``[token, hidden]`` (all leading dims are tokens)."""
-#     ratios = {"token": Fraction(prod(after[:-1]), prod(before[:-1])), "hidden": Fraction(after[-1], before[-1])}
-#     parts = [f"{k} {'×' if v > 1 else '÷'}{max(v, 1 / v)}" for k, v in ratios.items() if v != 1]
-#     return "，".join(parts) or "形状不变"
-#
-#
-# def phase_signature(run, phase):
-#     (_, a, b, calls), = [p for p in phases(run) if p[0] == phase]
-#     apis = " + ".join(c.api for c in calls) or "不通信"
-#     return f"{apis}；{change(a, b)}"
-#
-#
-# def conjugate_pairs(sig) -> list:
-#     """A and B are conjugate when A's forward is B's backward and A's backward B's forward."""
-#     return [(a, b) for i, a in enumerate(sig) for b in list(sig)[i:]
-#             if sig[a][0] == sig[b][1] and sig[a][1] == sig[b][0]]
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(change, phase_signature, conjugate_pairs)
 
 # %%
 sig = signatures(runs[0])
@@ -434,7 +359,7 @@ Table(["A", "B（A 的共轭）"], pairs)
 # 这些函数出现在模型 forward 的各处，反向由 autograd 自动带出——simple loop 里它们都在 `forward_backward_func`
 # 之内。谁在用哪个？在安装的 `megatron/core` 源码里搜每个函数的调用处（不含 mappings.py 自己）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import pathlib
 import re
 
@@ -514,7 +439,7 @@ print("应得的全和:", (torch.arange(4.0).reshape(2, 2).t() * 2 + 10).tolist(
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print("f:", sig["copy_to_tensor_model_parallel_region (f)"])
 print("g:", sig["reduce_from_tensor_model_parallel_region (g)"])
 
@@ -528,7 +453,7 @@ print("g:", sig["reduce_from_tensor_model_parallel_region (g)"])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 run = runs[0]["gather_from_tensor_model_parallel_region"]
 print(run["calls"][0].after, run["shapes"]["y"])
 
@@ -543,7 +468,7 @@ print(run["calls"][0].after, run["shapes"]["y"])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 same_forward = [(a, b) for i, a in enumerate(sig) for b in list(sig)[i + 1:]
                 if sig[a][0] == sig[b][0] and sig[a][1] != sig[b][1]]
 for a, b in same_forward:
@@ -559,7 +484,7 @@ for a, b in same_forward:
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 g = runs[0]["reduce_from_tensor_model_parallel_region (g)"]
 print("x 被改写:", g["x_overwritten"], " f 的 dy 被改写:", runs[0]["copy_to_tensor_model_parallel_region (f)"]["dy_overwritten"])
 
@@ -572,7 +497,7 @@ print("x 被改写:", g["x_overwritten"], " f 的 dy 被改写:", runs[0]["copy_
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 backward_call = [c for c in v[0][0] if c.phase == "backward"][0]
 print(backward_call.extra["input_split_sizes"], backward_call.extra["output_split_sizes"])
 

@@ -1,0 +1,250 @@
+"""Pictures of tensor parallelism (notes 09-12), each drawn from the rows its note's table prints.
+
+* :func:`draw_mappings` (note 09): every ``mappings.py`` function, forward and backward, as the
+  ranks' tensors going in, the collective they meet (or none), and the tensors coming out.
+* :func:`draw_linear` (note 10): where each rank's slice sits in the full ``[out, in]`` weight of a
+  column and a row parallel layer, and the f / g collective each layer's forward and backward meets.
+* :func:`draw_layer` (note 11): one transformer layer as a vertical flow of submodules, per-rank
+  weight shapes, and a marker where a collective runs, without and with sequence parallel.
+* :func:`draw_vocab` (note 12): the vocabulary split across ranks and the three all-reduces of
+  vocab-parallel cross entropy.
+
+Every box that stands for recorded data carries a hover title (``<title>``) naming that data; the
+tests read those titles back and compare them with the note's table rows.
+"""
+
+from __future__ import annotations
+
+from snippets.record.draw import Figure, text_width
+
+RANK_KINDS = ("tp", "fwd2", "edp", "mem")
+"""Fill of rank 0, 1, 2, 3's slice (alternating dark / light so neighbours stay apart)."""
+
+
+def rank_kind(r: int) -> str:
+    return RANK_KINDS[r % len(RANK_KINDS)]
+
+
+def flow_cell(
+    fig: Figure,
+    x,
+    y,
+    *,
+    left: list[str],
+    right: list[str],
+    api: str | None,
+    tip: str,
+    box_w: float = 130,
+    mid_w: float = 176,
+    box_h: float = 20,
+    gap: float = 10,
+) -> float:
+    """Ranks' tensors on the left, a collective (``api``) or nothing in the middle, the ranks'
+    results on the right, with arrows. Returns the cell's width."""
+    n = len(left)
+    width = 2 * box_w + mid_w + 2 * 22
+    rx = x + width - box_w
+    mid_x = x + box_w + 22
+    height = n * box_h + (n - 1) * gap
+    for r in range(n):
+        yy = y + r * (box_h + gap)
+        fig.boxed(x, yy, box_w, box_h, left[r], rank_kind(r), size=12)
+        fig.boxed(rx, yy, box_w, box_h, right[r], rank_kind(r), size=12)
+    if api:
+        fig.rect(mid_x, y, mid_w, height, "comm", tip=tip)
+        fig.text(mid_x + mid_w / 2, y + height / 2, api, anchor="middle", mono=True)
+        for r in range(n):
+            yy = y + r * (box_h + gap) + box_h / 2
+            fig.line(x + box_w, yy, mid_x - 1, yy, "comm", width=1.5, arrow=True)
+            fig.line(mid_x + mid_w, yy, rx - 1, yy, "comm", width=1.5, arrow=True)
+    else:
+        with fig.group(tip=tip):
+            for r in range(n):
+                yy = y + r * (box_h + gap) + box_h / 2
+                fig.line(x + box_w, yy, rx - 1, yy, "muted", arrow=True, dashed=True)
+            fig.text(mid_x + mid_w / 2, y + height / 2, "不通信", anchor="middle", kind="muted", size=11)
+    return width
+
+
+# ------------------------------------------------------------------ note 09
+
+
+def _merge(rows: list[list]) -> list[tuple]:
+    """(function, phase, api, buffer shapes, tensor shapes) per function and phase, from the
+    record table's rows (several collectives in one phase are joined with " + ")."""
+    out: dict[tuple, list] = {}
+    for name, phase, api, _, before, after, tensor, _ in rows:
+        key = (name, phase)
+        if key not in out:
+            out[key] = [name, phase, [], [], tensor]
+        if api != "—":
+            out[key][2].append(api)
+            out[key][3].append(f"{before} → {after}")
+    return [(n, p, " + ".join(a) or None, "; ".join(b), t) for n, p, a, b, t in out.values()]
+
+
+def _tensor_sides(tensor: str) -> tuple[str, str]:
+    a, b = tensor.split(" → ")
+    return a, b
+
+
+def draw_mappings(rows: list[list], tp: int = 2) -> Figure:
+    """Note 09: one row per function of the record table (``record_rows``), forward left and
+    backward right; each rank's tensor goes through the collective the run recorded."""
+    cells = _merge(rows)
+    names = list(dict.fromkeys(c[0] for c in cells))
+    pitch = 22 + tp * 20 + (tp - 1) * 10 + 14
+    top = 48
+    cell_w = 2 * 130 + 176 + 44
+    width = 12 + cell_w + 36 + cell_w + 12
+    height = top + len(names) * pitch + 4
+    fig = Figure(
+        width,
+        height,
+        title=f"mappings.py 的 {len(names)} 个函数：正向与反向各经过哪个 collective（TP={tp}）",
+        desc="每行一个函数；左半是正向（x → y），右半是反向（dy → dx）；黄框是本方向发出的 collective，"
+        "虚线表示不通信。方框里是每个 rank 的张量形状。",
+    )
+    fig.text(12, 14, "正向：每个 rank 的 x → y", bold=True)
+    fig.text(12 + cell_w + 36, 14, "反向：每个 rank 的 dy → dx", bold=True)
+    fig.legend(
+        12,
+        34,
+        [(rank_kind(r), f"rank {r}") for r in range(tp)] + [("comm", "collective（通信前 → 通信后）")],
+        size=11,
+    )
+    by = {(c[0], c[1]): c for c in cells}
+    for i, name in enumerate(names):
+        y = top + i * pitch
+        with fig.group(name):
+            fig.text(12, y + 8, name, mono=True, bold=True)
+            for j, phase in enumerate(("forward", "backward")):
+                _, _, api, shapes, tensor = by[(name, phase)]
+                a, b = _tensor_sides(tensor)
+                x = 12 + j * (cell_w + 36)
+                label = f"{api} {shapes}" if api else None
+                if label and text_width(label, 12) > 170:
+                    label = api
+                flow_cell(
+                    fig,
+                    x,
+                    y + 20,
+                    left=[a] * tp,
+                    right=[b] * tp,
+                    api=label,
+                    tip=f"{name} | {phase} | {api or '—'} | {shapes or '—'} | {tensor}",
+                )
+    fig.check()
+    return fig
+
+
+def mapping_cells(rows: list[list]) -> list[str]:
+    """The hover titles :func:`draw_mappings` gives its cells, rebuilt from the table's rows."""
+    return [f"{n} | {p} | {a or '—'} | {s or '—'} | {t}" for n, p, a, s, t in _merge(rows)]
+
+
+# ------------------------------------------------------------------ note 10
+
+
+def _spans(text: str) -> tuple[int, int]:
+    """``"0–7"`` -> (0, 7)."""
+    a, b = str(text).split("–")
+    return int(a), int(b)
+
+
+def draw_linear(layout_rows: list[list], comm_rows: list[list], tp: int = 2) -> Figure:
+    """Note 10: the master weight of ``ColumnParallelLinear`` and ``RowParallelLinear`` with each
+    rank's slice (from ``layout_table``'s rows at this ``tp``), and beside each the collectives
+    its default configuration recorded (from ``comm_table``'s rows)."""
+    cell = 11
+    panels = [
+        ("column", "Column, gather_output=False", "ColumnParallelLinear：按输出维（行）切，f 在矩阵乘之前"),
+        ("row", "Row, input_is_parallel=True", "RowParallelLinear：按输入维（列）切，g 在矩阵乘之后"),
+    ]
+    width, pitch = 1060, 250
+    fig = Figure(
+        width,
+        30 + pitch * 2,
+        title=f"每个 rank 的权重在完整 [out, in] 里的位置，以及 f / g 的通信（TP={tp}）",
+        desc="上：ColumnParallelLinear，rank r 拿主权重的第 r 段行；"
+        "下：RowParallelLinear，rank r 拿第 r 段列。右边是这层正向、反向各自经过的 collective。",
+    )
+    fig.legend(
+        12, 14, [(rank_kind(r), f"rank {r} 的分片") for r in range(tp)] + [("comm", "collective")], size=11
+    )
+    for p, (kind, case, caption) in enumerate(panels):
+        y0 = 36 + p * pitch
+        mine = [row for row in layout_rows if row[0] == kind and row[1] == tp]
+        master = mine[0][9]
+        out, inn = master
+        fig.text(12, y0 + 8, caption, bold=True)
+        mx, my = 84, y0 + 44
+        fig.text(mx, my - 12, f"in = {inn}", size=11, kind="muted")
+        fig.text(mx - 6, my + out * cell / 2, f"out = {out}", size=11, kind="muted", anchor="end")
+        with fig.group(f"{kind} weight"):
+            for row in mine:
+                r = row[2]
+                r0, r1 = _spans(row[4])
+                c0, c1 = _spans(row[5])
+                x, y = mx + c0 * cell, my + r0 * cell
+                w, h = (c1 - c0 + 1) * cell, (r1 - r0 + 1) * cell
+                fig.rect(
+                    x,
+                    y,
+                    w,
+                    h,
+                    rank_kind(r),
+                    rx=0,
+                    tip=f"{kind} | rank {r} | {row[3]} | rows {row[4]} | cols {row[5]}",
+                )
+                ink = "ink" if rank_kind(r) in ("fwd2", "edp", "mem") else "on"
+                fig.text(x + w / 2, y + h / 2 - 8, f"rank {r}", anchor="middle", kind=ink, size=11)
+                fig.text(x + w / 2, y + h / 2 + 8, str(row[3]), anchor="middle", kind=ink, size=11)
+        calls = [row for row in comm_rows if row[0] == case]
+        cx = mx + inn * cell + 60
+        for j, phase in enumerate(("forward", "backward")):
+            mine_calls = [c for c in calls if c[1] == phase]
+            y = my + j * 80
+            fig.text(cx, y + 2, "正向：X → Y" if phase == "forward" else "反向：dY → dX", bold=True)
+            api = " + ".join(c[2] for c in mine_calls) or None
+            shapes = "; ".join(f"{c[4]} → {c[5]}" for c in mine_calls)
+            label = f"{api} {shapes}" if api else None
+            tip = f"{case} | {phase} | {api or '—'} | {shapes or '—'}"
+            flow_cell(
+                fig,
+                cx,
+                y + 18,
+                left=[f"rank {r}" for r in range(tp)],
+                right=[f"rank {r}" for r in range(tp)],
+                api=label,
+                tip=tip,
+                box_w=90,
+                mid_w=330,
+            )
+            if mine_calls:
+                fig.text(
+                    cx + 90 + 22 + 330 + 22 + 90 + 10,
+                    y + 18 + tp * 15 - 5,
+                    mine_calls[0][6],
+                    size=11,
+                    kind="muted",
+                )
+    fig.check()
+    return fig
+
+
+def linear_tips(layout_rows: list[list], comm_rows: list[list], tp: int = 2) -> list[str]:
+    """The hover titles :func:`draw_linear` gives its slices and collectives, from the tables' rows."""
+    tips = []
+    for kind, case in (("column", "Column, gather_output=False"), ("row", "Row, input_is_parallel=True")):
+        tips += [
+            f"{kind} | rank {row[2]} | {row[3]} | rows {row[4]} | cols {row[5]}"
+            for row in layout_rows
+            if row[0] == kind and row[1] == tp
+        ]
+        for phase in ("forward", "backward"):
+            calls = [c for c in comm_rows if c[0] == case and c[1] == phase]
+            api = " + ".join(c[2] for c in calls) or "—"
+            shapes = "; ".join(f"{c[4]} → {c[5]}" for c in calls) or "—"
+            tips.append(f"{case} | {phase} | {api} | {shapes}")
+    return tips
