@@ -68,7 +68,7 @@ def megatron_trace(found_infs, initial_scale: float, *, growth_factor: float = 2
                    backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2,
                    min_scale: float = 1.0) -> list[list]:
     """The same rows from the real ``DynamicGradScaler`` (on CPU it needs the
-    ``grad_scaler_device`` patch of :mod:`snippets.cpu.compat`)."""
+    ``grad_scaler_device`` patch of :mod:`snippets.cpu.optimizer`)."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
     scaler = DynamicGradScaler(initial_scale=initial_scale, min_scale=min_scale,

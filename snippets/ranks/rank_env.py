@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import megatron.core  # noqa: F401 - imported here so the fork server pays for it once
 
-from snippets.cpu import compat as cpu_compat
+from snippets import cpu as cpu_compat
 from snippets.record import recorder
 
 SEED = 1234

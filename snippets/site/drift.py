@@ -49,7 +49,7 @@ class Row:
 
 def site_citations(root: Path = ROOT) -> dict[Citation, list[str]]:
     """Every citation the site makes, with the files that make it."""
-    from snippets.cpu.compat import PATCHES
+    from snippets.cpu import PATCHES
 
     found: dict[Citation, list[str]] = defaultdict(list)
     for where, text, path, line in sources.cited_links(root):

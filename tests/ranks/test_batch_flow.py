@@ -22,7 +22,7 @@ import torch
 from snippets.data import batch_flow
 from snippets.data.batch_flow import (BatchArgs, BroadcastMismatch, PairedBroadcast, TPView,
                                  get_batch_on_this_tp_rank, paired_views)
-from snippets.cpu.compat import ModuleProxy
+from snippets.cpu import ModuleProxy
 from snippets.ranks.launch import run_ranks, warm_up
 
 MBS, SEQ = 1, 8
