@@ -17,7 +17,7 @@ the entry point each rank runs. In every rank it:
    All of this happens before ``init_process_group``: every rank reaches the same verdict from the
    same numbers, so a refused job never half starts;
 3. joins the job: NCCL on the GPU ``LOCAL_RANK`` when CUDA is available, else gloo on the CPU with
-   :mod:`snippets.cpu.compat` applied (only then); installs the collective recorder;
+   :mod:`snippets.cpu` applied (only then); installs the collective recorder;
 4. runs the experiment's ``run`` on every rank, gathers the per-rank summaries on rank 0, and rank 0
    prints the experiment's tables -- at a note's sizes, the tables the note shows.
 
@@ -139,7 +139,7 @@ def join(par: Parallel, rank: int, world: int, local_rank: int, local_world: int
     import torch
     import torch.distributed as dist
 
-    from snippets.cpu import compat as cpu_compat
+    from snippets import cpu as cpu_compat
     from snippets.ranks import rank_env
     from snippets.record import recorder
 
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
         headers.append(f"snippets.run {exp.name} (note {exp.note}) --dims {dims.name}: "
                        f"{dims.describe(exp.unused)}\n"
                        f"{par.describe()}; {par.backend} on {device}"
-                       + ("" if par.cuda else ", snippets.cpu.compat applied") + f"\n{verdict}")
+                       + ("" if par.cuda else ", snippets.cpu applied") + f"\n{verdict}")
     if estimate:
         if local_rank == 0:
             print("\n\n".join(headers))

@@ -290,7 +290,7 @@ def test_without_a_gpu_the_verdict_needs_no_torch():
     assert "one rank needs ~" in refused.stderr
     estimate = main_in_rank_0_of_2("tp-layer", "--tp", "2", "--estimate")
     assert estimate.stdout.rstrip().endswith("exit 0 torch imported: False"), estimate.stderr
-    assert "gloo on cpu, snippets.cpu.compat applied" in estimate.stdout
+    assert "gloo on cpu, snippets.cpu applied" in estimate.stdout
 
 
 def test_estimate_and_list_start_nothing():
