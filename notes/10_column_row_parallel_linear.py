@@ -99,7 +99,7 @@
 # | `LinearWithGradAccumulationAndAsyncCommunication` | 输入、权重、bias、`allreduce_dgrad`、`sequence_parallel`、群 | `X Wᵀ + b`；反向给 dX、dW、db | `get_global_memory_buffer`（SP 的收齐缓冲） | 是：反向 all-reduce，或 SP 的 all-gather / reduce-scatter | SP 时 sequence 维 | 否（`gradient_accumulation_fusion` 时直接累加进 `main_grad`） | 模型 forward / backward |
 # | `_initialize_affine_weight_cpu` | 空的本地权重、`output_size`、`input_size`、`partition_dim`、`stride`、`init_method` | 本地权重被填好（可选返回主权重） | `set_tensor_model_parallel_attributes` | 只读 TP 序号 | 是：从主权重切块 | 是：消耗 RNG | `model_provider` |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import os
 
 os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；不设它，每个 rank 会在 layers.py:738 警告一次
@@ -109,9 +109,11 @@ import torch
 from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n10_linear import (CASES, build, comm_table, inputs, kinds, kinds_table,
-                                                  layout_table, run_cases, weight_layout)
+                                             layout_table, part, run_cases, weight_layout)
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.tables import Table
+from snippets.tp import pictures
 
 from megatron.core import parallel_state
 from megatron.core.model_parallel_config import ModelParallelConfig
@@ -124,35 +126,11 @@ from megatron.core.utils import init_method_normal
 # 形状取一个缩小的 MLP：`hidden = 8`、`ffn = 16`，激活 `[s, b, h] = [4, 2, 8]`。column 层 `8 → 16`（像 `linear_fc1`），
 # row 层 `16 → 8`（像 `linear_fc2`）。构造方式就是 Megatron 的：一个 `ModelParallelConfig`，一个 `init_method`。
 #
-# 本篇在 rank 上跑的函数（`build`、`weight_layout`、`run_cases`）都在 `snippets/experiments/n10_linear.py` 里：
-# 本篇的单元格和命令行 `torchrun ... -m snippets.run linear --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）
-# 调用的是同一份代码，尺寸是参数 `dims`（hidden、ffn、sequence、micro-batch），本篇用它的 `tiny`。
-# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def build(dims, kind, tp, gather_output=False, input_is_parallel=True, sequence_parallel=False,
-#           init_method=None, device="cpu"):
-#     """The real layer on this rank: ``ColumnParallelLinear(hidden, ffn)`` or
-#     ``RowParallelLinear(ffn, hidden)``, with a bias, initialized on the CPU from one master weight
-#     (kept, so our own layer and the probes can use it), then moved to ``device``."""
-#     from megatron.core.model_parallel_config import ModelParallelConfig
-#     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-#     from megatron.core.utils import init_method_normal
-#
-#     config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
-#                                  sequence_parallel=sequence_parallel)
-#     init_method = init_method or init_method_normal(0.02)
-#     torch.manual_seed(0)
-#     if kind == "column":
-#         layer = ColumnParallelLinear(dims.hidden, dims.ffn, config=config, init_method=init_method,
-#                                      bias=True, gather_output=gather_output,
-#                                      keep_master_weight_for_test=True)
-#     else:
-#         layer = RowParallelLinear(dims.ffn, dims.hidden, config=config, init_method=init_method,
-#                                   bias=True, input_is_parallel=input_is_parallel,
-#                                   skip_bias_add=False, keep_master_weight_for_test=True)
-#     return layer.to(device)
-# ```
+# 本篇在 rank 上跑的函数（`build`、`weight_layout`、`run_cases`）都在 `snippets/experiments/n10_linear.py` 里，
+# 尺寸是参数 `dims`（hidden、ffn、sequence、micro-batch），本篇用它的 `tiny`。`build` 就是 Megatron 的构造方式：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(build)
 
 # %%
 TINY = EXPERIMENTS["linear"].tiny
@@ -163,34 +141,9 @@ HIDDEN, FFN, S, B = TINY.hidden, TINY.ffn, TINY.seq, TINY.micro_batch_size
 #
 # 用两个特殊的 `init_method` 当探针：先把主权重的第 `i` 行第 `j` 列填成 `i`、再建一次填成 `j`，就能从每个 rank 的分片
 # 直接读出它拿到了主权重的哪些行、哪些列（fp32 表示到 2²⁴ 的整数都是精确的，真实尺寸的层也能这样读）：
-#
-# ```python
-# def weight_layout(dims, tp, device="cpu"):
-#     """Which rows and columns of the master weight this rank's shard holds, per layer.
-#
-#     Two probes as ``init_method``: master[i, j] = i, then master[i, j] = j; the shard then names
-#     its rows and columns itself (exact in fp32 up to 2**24, any real layer's size).
-#     """
-#     def rows_probe(master):
-#         with torch.no_grad():
-#             master.copy_(torch.arange(master.shape[0]).unsqueeze(1).expand_as(master))
-#
-#     def cols_probe(master):
-#         with torch.no_grad():
-#             master.copy_(torch.arange(master.shape[1]).expand_as(master))
-#
-#     _model_parallel(tp)
-#     out = []
-#     for kind in ("column", "row"):
-#         layer = build(dims, kind, tp, init_method=rows_probe, device=device)
-#         rows = sorted(set(layer.weight[:, 0].int().tolist()))
-#         cols = sorted(set(build(dims, kind, tp, init_method=cols_probe, device=device).weight[0, :].int().tolist()))
-#         out.append(dict(kind=kind, weight=list(layer.weight.shape), bias=list(layer.bias.shape),
-#                         master=list(layer.master_weight.shape), rows=rows, cols=cols,
-#                         partition_dim=layer.weight.partition_dim,
-#                         bias_split=getattr(layer.bias, "tensor_model_parallel", False)))
-#     return out
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(weight_layout)
 
 # %%
 layouts = {tp: run_ranks(weight_layout, tp, TINY, tp) for tp in (2, 4)}
@@ -219,51 +172,9 @@ print("X:", {k: list(v.shape) for k, v in X.items()}, " G:", {k: list(v.shape) f
 # %% [markdown]
 # 每个 rank 上：对每种配置构造真实的层，把 bias 换成 `BIAS`（column 取自己那段），取自己那份输入和上游梯度，
 # 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp.tp_linear` 里我们自己的层，做同样的事：
-#
-# ```python
-# def part(t, dim, tp, r):
-#     """This rank's part of ``t``: all of it (``dim`` None) or its chunk along ``dim``."""
-#     return t if dim is None else t.chunk(tp, dim)[r]
-#
-#
-# def run_cases(dims, tp, device="cpu", keep_tensors=True):
-#     """Every configuration of :data:`CASES` on this rank: the real layer and ours ("ours",
-#     :mod:`snippets.tp.tp_linear`) on the same master weight, one recorded forward and backward each.
-#
-#     Per (configuration, "real" / "ours"): the collectives, ``allreduce_dgrad``, whether the bias is
-#     marked ``sequence_parallel``, and whether ours gave the same numbers; with ``keep_tensors`` also
-#     the weight, output and the three gradients (note 10 compares them with a dense layer).
-#     """
-#     from snippets.tp import tp_linear
-#
-#     group, r = _model_parallel(tp)
-#     X, G, BIAS = inputs(dims, device)
-#     out = {}
-#     for name, (kind, kwargs, x_dim, y_dim) in CASES.items():
-#         real = build(dims, kind, tp, device=device, **kwargs)
-#         with torch.no_grad():
-#             real.bias.copy_(part(BIAS[kind], 0 if kind == "column" else None, tp, r))
-#         ours = (tp_linear.ColumnParallelLinear if kind == "column" else tp_linear.RowParallelLinear)(
-#             *((dims.hidden, dims.ffn) if kind == "column" else (dims.ffn, dims.hidden)), tp_group=group,
-#             master_weight=real.master_weight.to(device), master_bias=BIAS[kind], **kwargs).to(device)
-#         for who, layer in (("real", real), ("ours", ours)):
-#             x = part(X[kind], x_dim, tp, r).clone().requires_grad_()
-#             with recorder.record() as calls:
-#                 y = layer(x)
-#                 y = y[0] if isinstance(y, tuple) else y  # Megatron's layers return (output, bias)
-#                 y.backward(part(G[kind], y_dim, tp, r))
-#             out[name, who] = dict(w=layer.weight.detach(), y=y.detach(), dx=x.grad, dw=layer.weight.grad,
-#                                   db=layer.bias.grad, calls=calls,
-#                                   allreduce_dgrad=getattr(layer, "allreduce_dgrad", None),
-#                                   bias_sequence_parallel=getattr(layer.bias, "sequence_parallel", None))
-#         mine, theirs = out[name, "ours"], out[name, "real"]
-#         mine["same"] = [torch.allclose(mine[k], theirs[k], atol=1e-6) for k in ("y", "dx", "dw", "db")]
-#         if not keep_tensors:
-#             for who in ("real", "ours"):
-#                 for key in ("w", "y", "dx", "dw", "db"):
-#                     del out[name, who][key]
-#     return out
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(part, run_cases)
 
 # %%
 results = {tp: run_ranks(run_cases, tp, TINY, tp) for tp in (2, 4)}
@@ -291,6 +202,13 @@ Table(["层", "TP", "分片拼回 = 单进程初始化"],
 
 # %%
 comm_table(results[2])
+
+# %% [markdown]
+# 把上面的分片表（TP=2）和这张通信表里两个缺省配置的行画在一起：左边是完整的 `[out, in]` 主权重里每个 rank 的那块，
+# 右边是这层正向、反向各经过的 collective。
+
+# %%
+pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
 
 # %% [markdown]
 # 从表里读：
@@ -364,7 +282,7 @@ def describe(dim):
 Table(["配置", "输出 y", "输入梯度 dx", "权重梯度 dW", "bias 梯度 db"],
       [[name] + [describe(d) for d in layout(name).values()] for name in CASES])
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def assemble(per_rank, dim):
     if dim is None:  # 完整：各 rank 必须一样
         assert all(torch.equal(t, per_rank[0]) for t in per_rank)
@@ -439,10 +357,9 @@ print("两个 rank 的 db 相加等于 dense:", torch.allclose(row_sp[0]["db"] +
 #
 # `snippets/tp/tp_linear.py` 只有这些：四个以 Megatron 函数命名的 autograd Function（f、g、最后一维的 gather/scatter、
 # sequence 维的 all-gather/reduce-scatter），和两个层——column 层 `f → F.linear → (gather)`，row 层
-# `(scatter) → F.linear → g → + bias`。它和真实的层在同一份主权重上算出同样的数（`tests/ranks/test_tp_linear.py` 在 TP=2、4
-# 上检查全部六种配置）：
+# `(scatter) → F.linear → g → + bias`。它和真实的层在同一份主权重上算出同样的数（TP=2、4，全部六种配置）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def ours_vs_real(tp):
     rows = []
     for name in CASES:
@@ -547,7 +464,7 @@ print("config 说 TP=1，TP 群有 2 个 rank；每个 rank 的 weight:", run_ra
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({d["kind"]: (d["weight"], d["bias"]) for d in layouts[4][0]})
 
 # %% [markdown]
@@ -560,7 +477,7 @@ print({d["kind"]: (d["weight"], d["bias"]) for d in layouts[4][0]})
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(results[2][0]["Column, gather_output=False", "real"]["allreduce_dgrad"],
       results[2][0]["Column, SP", "real"]["allreduce_dgrad"])
 
@@ -574,7 +491,7 @@ print(results[2][0]["Column, gather_output=False", "real"]["allreduce_dgrad"],
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 w_row = [res["Row, input_is_parallel=True", "real"]["w"] for res in results[2]]
 partials = [X["row"].chunk(2, -1)[r] @ w_row[r].T for r in range(2)]  # 每个 rank 的加数 [4, 2, 8]
 y_row = results[2][0]["Row, input_is_parallel=True", "real"]["y"]
@@ -592,7 +509,7 @@ print("Σ (加数 + b) − y == b:", torch.allclose(sum(p + BIAS["row"] for p in
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 for sp, calls in mlp_calls.items():
     print(f"SP={sp}: 正向 {kinds(calls, 'forward')}；反向 {kinds(calls, 'backward')}")
 
@@ -607,7 +524,7 @@ for sp, calls in mlp_calls.items():
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def index_init(master):  # master[i, j] = 100·i + j
     with torch.no_grad():
         master.copy_(100 * torch.arange(master.shape[0]).unsqueeze(1) + torch.arange(master.shape[1]))
