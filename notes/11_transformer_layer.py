@@ -103,14 +103,16 @@
 # | `get_bias_dropout_add` | `training`、`fused` | 一个函数：x + bias → dropout → + residual | 无 | 否 | 否 | 否 | `forward_step` |
 # | `_allreduce_non_tensor_model_parallel_grads` | 模型块、config | 无（就地改梯度） | 无 | TP 群 all-reduce | 否 | 是：改梯度 | `finalize_model_grads`（optimizer step 之前） |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n11_tp_layer import build_layer, run, submodule_table, weight_table
+from snippets.experiments.n11_tp_layer import build_layer, forward_backward, run, submodule_table, weight_table
 from snippets.tp.layer_walk import (WALK, counts_by_submodule, kind_of, layout, millions, owner_of,
                                  param_counts, qkv_rows, short, tp_shard, weight_rows)
 from snippets.ranks.launch import run_ranks
 from snippets.models.presets import PRESETS
+from snippets.record.listing import listing
 from snippets.record.tables import Table
+from snippets.tp import pictures
 
 import torch
 from megatron.core import parallel_state
@@ -129,35 +131,11 @@ from megatron.core.transformer import TransformerConfig
 # `dims.transformer_config_kwargs()` 把它们换成 `TransformerConfig` 的参数名。
 # `use_cpu_initialization=True` 时 Megatron 先按种子生成**完整的** weight 再切片，所以任何 TP 下种子相同、weight 就是同一份的切片。
 #
-# 这个函数和下面的 `forward_backward`、`run` 都在 `snippets/experiments/n11_tp_layer.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run tp-layer --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
-# `QWEN3_8B` 就是那里的 `--dims qwen3-8b`，`TINY` 是 `--dims tiny`。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def build_layer(dims, tp: int, sequence_parallel: bool = False, device: str = "cpu"):
-#     """The real layer at ``dims`` on this rank's TP group (model parallel must be initialized).
-#
-#     On CPU the weights come from ``use_cpu_initialization`` (the full matrix, then this rank's
-#     slice: independent of TP); on a GPU Megatron initializes each shard on the device. On
-#     ``"meta"`` (note 11's Qwen3-8B layer) the same path gives parameters with shapes and no storage.
-#     """
-#     from snippets.tp import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#     from megatron.core.transformer import TransformerConfig
-#     from megatron.core.transformer.spec_utils import build_module
-#
-#     model_parallel_cuda_manual_seed(123)
-#     kwargs = dims.transformer_config_kwargs()
-#     kwargs["num_layers"] = 1
-#     config = TransformerConfig(**kwargs, attention_dropout=0.0, hidden_dropout=0.0,
-#                                tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
-#                                use_cpu_initialization=device != "cuda")
-#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=kwargs["normalization"])
-#     torch.manual_seed(0)
-#     with torch.device(device):
-#         return build_module(spec, config=config, layer_number=1), config
-# ```
+# 这个函数和下面的 `forward_backward`、`run` 都在 `snippets/experiments/n11_tp_layer.py` 里；`QWEN3_8B` 是预设
+# `qwen3-8b`，`TINY` 是同一组开关的小尺寸：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(build_layer)
 
 # %%
 QWEN3_8B = PRESETS["qwen3-8b"]
@@ -198,9 +176,8 @@ weight_table(meta[0])  # 即 Table(["子模块", "类", "每卡 weight [out, in]
 # ### 参数量，以及 seed 000 的每个数
 #
 # 参数量两种算法：一是把 meta 层每卡的参数加起来（被切的乘以 TP，复制的只算一次）；二是 `param_counts` 用 config 写的公式。
-# `tests/ranks/test_layer_walk.py` 在 tiny 的真实层上（TP=1、2，RMSNorm/LayerNorm，有无 bias）检查公式。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 config = TransformerConfig(**dict(QWEN3_8B.transformer_config_kwargs(), num_layers=1))
 per_rank = counts_by_submodule(meta[0]["rows"])
 whole = {name: n * (2 if rank0[name + ".weight"]["sharded"] else 1) for name, n in per_rank.items()}
@@ -231,9 +208,9 @@ Table(["", "整层（TP=1）", "TP=2 每卡", "公式整层", "公式每卡"],
 # | 每层参数 | 193M |
 # | TP=2 每卡参数 | 96M |
 #
-# 下面这格从 config 和 meta 层算出同一张表（`tests/site/test_notes.py` 逐格比对）：
+# 下面这格从 config 和 meta 层算出同一张表：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 h, d = config.hidden_size, config.kv_channels
 q_width, kv_width = config.num_attention_heads * d, config.num_query_groups * d
 qkv, proj = rank0["self_attention.linear_qkv.weight"], rank0["self_attention.linear_proj.weight"]
@@ -265,64 +242,9 @@ Table(["seed 000 的说法", "值"], [
 # `run` 在每个 rank 上建 TP 群，先不开、再开 SP（TP>1 时）各建一次层、跑一次 `forward_backward`；
 # 命令行只要表里用的字符串和形状，本篇加 `keep_tensors=True`，把输出、梯度和记录也带回来，好和 TP=1 逐元素比较。
 # 2 个 rank 的一次启动就同时给出 TP=2 和 SP 两次运行：
-#
-# ```python
-# def forward_backward(layer, config, dims, sequence_parallel: bool, device: str = "cpu",
-#                      keep_tensors: bool = False) -> dict:
-#     """One DDP forward + backward of ``layer`` and ``finalize_model_grads``, recorded; returns
-#     only what the tables need (strings and shapes), so it is small at any size -- and with
-#     ``keep_tensors`` also the output, input gradient, parameters, gradients before and after
-#     ``finalize_model_grads`` and the recorded calls (note 11 compares them with TP=1)."""
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-#                                            finalize_model_grads)
-#     from snippets.record import recorder
-#
-#     model = DistributedDataParallel(config, DistributedDataParallelConfig(), module=layer)
-#     s, b = dims.seq, dims.micro_batch_size
-#     x = torch.randn(s, b, dims.hidden, generator=torch.Generator().manual_seed(1))
-#     if sequence_parallel:
-#         x = x.chunk(config.tensor_model_parallel_size)[parallel_state.get_tensor_model_parallel_rank()]
-#     x = x.to(device).clone().requires_grad_()
-#     causal = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool, device=device), diagonal=1)
-#     with recorder.record() as calls, collectives_by_submodule(layer, calls, TRACED) as by_module:
-#         y, _ = model(x, attention_mask=causal)
-#         y.pow(2).sum().backward()
-#     before = {n: p.main_grad.clone() for n, p in layer.named_parameters()} if keep_tensors else None
-#     with recorder.record() as finalize_calls:
-#         finalize_model_grads([model])
-#     out = dict(
-#         calls=len(calls), missing=len(unattributed(calls, by_module)),
-#         apis={name: {phase: apis(only_in(by_module, name, phase)) for phase in ("forward", "backward")}
-#               for name in TRACED},
-#         comm=record_table(calls, meaning, owner_of(by_module)),
-#         finalize=[[c.api, f"{c.group} {list(c.ranks)}", c.before, c.where] for c in finalize_calls],
-#     )
-#     if keep_tensors:
-#         out.update(y=y.detach(), dx=x.grad, before=before, params=dict(layer.named_parameters()),
-#                    grads={n: p.main_grad.clone() for n, p in layer.named_parameters()},
-#                    recorded=calls, by_module=by_module)
-#     return out
-#
-#
-# def run(dims, par, keep_tensors: bool = False) -> dict:
-#     """On every rank: the layer's weights, then one recorded step without and with SP."""
-#     from megatron.core import parallel_state
-#
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
-#     out = {}
-#     for sp in ([False, True] if par.tp > 1 else [False]):
-#         layer, config = build_layer(dims, par.tp, sp, par.device)
-#         if not sp:
-#             attn = layer.self_attention
-#             out["weights"] = dict(rows=weight_rows(layer),
-#                                   kinds={path: kind_of(layer, path) for path, _ in WALK},
-#                                   heads=attn.num_attention_heads_per_partition,
-#                                   groups=attn.num_query_groups_per_partition)
-#         out[sp] = forward_backward(layer, config, dims, sp, par.device, keep_tensors)
-#         del layer
-#     return out
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(forward_backward, run)
 
 # %%
 (one,) = (r[False] for r in run_ranks(run, 1, TINY, Parallel(world=1), keep_tensors=True))
@@ -338,6 +260,13 @@ print("TP=2:", two[0]["calls"], "次通信，未归属的:", two[0]["missing"],
 submodule_table(tp2[0], tp=2)
 
 # %% [markdown]
+# 把这张表和小层每卡的 weight 形状（`weight_table(tp2[0]["weights"])`，与上面 Qwen3-8B 的表同一个函数）画成一层从上到下的流程：
+# 深色是列并行、浅色是行并行，右边的黄色标记是子模块自己发出的 collective。
+
+# %%
+pictures.draw_layer(weight_table(tp2[0]["weights"]).rows, submodule_table(tp2[0], tp=2).rows)
+
+# %% [markdown]
 # 和 seed 000 一致：不开 SP 时 forward 2 次 all-reduce（`linear_proj`、`linear_fc2` 的 g），backward 2 次
 # （`linear_qkv`、`linear_fc1` 的输入梯度）；norm、切 QKV、core attention、bda、激活都不通信（"未归属的"是 0：
 # 没有一次通信发生在追踪的子模块之外，bda 和激活在它们之外）。开 SP 后 forward 是 2 次 all-gather + 2 次 reduce-scatter，
@@ -348,7 +277,7 @@ submodule_table(tp2[0], tp=2)
 # 输出、输入梯度、每个参数的梯度（被切的参数和 TP=1 梯度的对应切片比，切法由 `tp_shard` 按 `partition_dim`/`stride` 复现）。
 # 梯度分两列：backward 刚结束时，和 `finalize_model_grads` 之后：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def compare(run, sequence_parallel):
     cat = (lambda key: torch.cat([r[key] for r in run])) if sequence_parallel else (lambda key: run[0][key])
     rows = [["输出 y", torch.allclose(cat("y"), one["y"], atol=1e-5), "—"],
@@ -434,7 +363,7 @@ print("每卡行数:", len(sum(sum(qkv_rows(32, 8, 128, 2, 0).values(), []), [])
 #
 # 所有通信都在 **TP 群**里（这里是 `[0, 1]`）。每卡的激活形状（Qwen3-8B、TP=2，s、b 任意），从 meta 层的 weight 形状读出：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 Table(["位置", "不开 SP", "开 SP"], [
     ["层输入 / input_layernorm", f"[s, b, {h}]", f"[s/2, b, {h}]"],
     ["linear_qkv 输入（SP：all-gather 之后）", f"[s, b, {qkv['shape'][1]}]", f"[s, b, {qkv['shape'][1]}]"],
@@ -555,7 +484,7 @@ gqa[0]["comm"]
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 groups_per_rank = QWEN3_8B.query_groups // 2
 heads_per_group = QWEN3_8B.heads // QWEN3_8B.query_groups
 print(groups_per_rank * (heads_per_group + 2) * QWEN3_8B.kv_channels, qkv["shape"])
@@ -569,7 +498,7 @@ print(groups_per_rank * (heads_per_group + 2) * QWEN3_8B.kv_channels, qkv["shape
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 for tp in (2, 4, 8):
     print(f"TP={tp}:", sum(param_counts(config, tp).values()))
 
@@ -583,7 +512,7 @@ for tp in (2, 4, 8):
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 owner = owner_of(sp[0]["by_module"])
 print([(owner[id(c)], c.where) for c in sp[0]["recorded"]
        if c.phase == "backward" and c.api == "all_gather_into_tensor" and c.where.endswith("layers.py::backward")])
@@ -597,7 +526,7 @@ print([(owner[id(c)], c.where) for c in sp[0]["recorded"]
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(qkv_rows(8, 4, 4, 2, 1)["k"][0], split[1]["read_back"]["k"][0])
 
 # %% [markdown]
@@ -610,7 +539,7 @@ print(qkv_rows(8, 4, 4, 2, 1)["k"][0], split[1]["read_back"]["k"][0])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 rows_of = tp_shard(torch.arange(96).unsqueeze(1), two[0]["params"]["mlp.linear_fc1.weight"], 0, 2)[:, 0]
 print(list(two[0]["params"]["mlp.linear_fc1.weight"].shape), rows_of[:3].tolist(), "…", rows_of[-3:].tolist(),
       "| gate 行:", int((rows_of < 48).sum()), " up 行:", int((rows_of >= 48).sum()))

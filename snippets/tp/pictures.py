@@ -248,3 +248,180 @@ def linear_tips(layout_rows: list[list], comm_rows: list[list], tp: int = 2) -> 
             shapes = "; ".join(f"{c[4]} → {c[5]}" for c in calls) or "—"
             tips.append(f"{case} | {phase} | {api} | {shapes}")
     return tips
+
+
+# ------------------------------------------------------------------ note 11
+
+
+def _apis(cell: str) -> list[str]:
+    return [] if cell == "—" else [a.strip() for a in cell.split(",")]
+
+
+def draw_layer(weight_rows: list[list], submodule_rows: list[list], tp: int = 2) -> Figure:
+    """Note 11: one ``TransformerLayer`` top to bottom (``weight_table``'s rows: submodule, class,
+    per-rank weight, split), and beside each submodule the collectives it issued itself
+    (``submodule_table``'s rows), forward and backward, without and with sequence parallel."""
+    comm = {row[0].replace(" 自身", ""): row[1:] for row in submodule_rows}
+    own = comm.get("self_attention", ["—"] * 4)
+    if any(c != "—" for c in own):
+        raise ValueError("self_attention issued collectives of its own: the picture has no row for them")
+    box_w, fwd_w, bwd_w, row_h, pitch = 220, 96, 182, 26, 34
+    panel_w = box_w + 12 + fwd_w + 8 + bwd_w
+    top = 70
+    width = 12 + 2 * panel_w + 28 + 12
+    height = top + len(weight_rows) * pitch + 8
+    fig = Figure(
+        width,
+        height,
+        title=f"一层 TransformerLayer 的子模块、每卡 weight 与通信（TP={tp}，左：不开 SP，右：开 SP）",
+        desc="从上到下是 forward 的顺序；每个方框是一个子模块和它每卡的 weight 形状（列并行、行并行、复制）；"
+        "右侧黄色标记是这个子模块自己发出的 collective，forward 一列、backward 一列。",
+    )
+    kinds = {"列并行": "tp", "行并行": "fwd2"}
+    for p, (label, offset) in enumerate(
+        ((f"TP={tp}，不开 sequence parallel", 0), (f"TP={tp}，开 sequence parallel", 2))
+    ):
+        x0 = 12 + p * (panel_w + 28)
+        fig.text(x0, 14, label, bold=True)
+        fig.text(x0 + box_w + 12, 46, "forward ↓", kind="muted", size=11)
+        fig.text(x0 + box_w + 12 + fwd_w + 8, 46, "backward ↑", kind="muted", size=11)
+        if p == 0:
+            fig.legend(
+                x0,
+                32,
+                [("tp", "列并行"), ("fwd2", "行并行"), ("light", "复制 / 无参数"), ("comm", "collective")],
+                size=11,
+                gap=10,
+            )
+        for i, (name, cls, shape, split, _) in enumerate(weight_rows):
+            y = top + i * pitch
+            kind = next((k for word, k in kinds.items() if str(split).startswith(word)), "light")
+            fig.rect(x0, y, box_w, row_h, kind, tip=f"{label} | {name} | {cls} | {shape} | {split}")
+            ink = "on" if kind == "tp" else "ink"
+            fig.text(x0 + 8, y + row_h / 2, name, kind=ink, mono=True)
+            if shape != "—":
+                fig.text(x0 + box_w - 8, y + row_h / 2, str(shape), kind=ink, anchor="end", size=11)
+            if i:
+                fig.line(x0 + 24, y - pitch + row_h, x0 + 24, y - 1, "muted", arrow=True)
+            cells = comm.get(name)
+            if not cells:
+                continue
+            for j, (w, cx) in enumerate(((fwd_w, x0 + box_w + 12), (bwd_w, x0 + box_w + 12 + fwd_w + 8))):
+                apis = _apis(cells[offset + j])
+                if apis:
+                    phase = "forward" if j == 0 else "backward"
+                    fig.boxed(
+                        cx,
+                        y + 3,
+                        w,
+                        row_h - 6,
+                        " + ".join(apis),
+                        "comm",
+                        size=11,
+                        tip=f"{label} | {name} | {phase} | {', '.join(apis)}",
+                    )
+    fig.check()
+    return fig
+
+
+def layer_tips(weight_rows: list[list], submodule_rows: list[list], tp: int = 2) -> list[str]:
+    """The hover titles :func:`draw_layer` gives, rebuilt from the two tables' rows."""
+    comm = {row[0].replace(" 自身", ""): row[1:] for row in submodule_rows}
+    tips = []
+    for label, offset in ((f"TP={tp}，不开 sequence parallel", 0), (f"TP={tp}，开 sequence parallel", 2)):
+        for name, cls, shape, split, _ in weight_rows:
+            tips.append(f"{label} | {name} | {cls} | {shape} | {split}")
+            for j, phase in enumerate(("forward", "backward")):
+                apis = _apis(comm[name][offset + j]) if name in comm else []
+                if apis:
+                    tips.append(f"{label} | {name} | {phase} | {', '.join(apis)}")
+    return tips
+
+
+# ------------------------------------------------------------------ note 12
+
+
+def draw_vocab(
+    vocab: int, ranges: dict[int, list], ce_rows: list[list], local_shape: list, tp: int = 2
+) -> Figure:
+    """Note 12: the vocabulary ``0 .. vocab-1`` cut into each rank's ``range(start, end)`` (for
+    every TP size in ``ranges``, as ``VocabParallelEmbedding`` reported them), and the forward of
+    ``vocab_parallel_cross_entropy`` at ``tp``: each rank's ``[s, b, V/TP]`` logits meet the
+    three all-reduces ``ce_comm_table`` recorded (``ce_rows``) and leave as the full loss."""
+    cell, left = 52, 96
+    width = left + vocab * cell + 16
+    strip_h, top = 30, 34
+    ce_top = top + len(ranges) * (strip_h + 30) + 28
+    lanes = tp * 26 + (tp - 1) * 10
+    height = ce_top + 30 + lanes + 46
+    fig = Figure(
+        width,
+        height,
+        title=f"词表按 TP 切成连续的段（V={vocab}），以及 vocab-parallel 交叉熵的三次 all-reduce",
+        desc="上：每个 TP 大小下各 rank 管的词表段 range(start, end)；"
+        "下：TP=2 时每卡只有自己那段 logits，交叉熵正向只在 TP 群里 all-reduce 三个 [s, b] 张量。",
+    )
+    fig.text(
+        12,
+        14,
+        f"每卡管哪一段词表（VocabParallelEmbedding 的 vocab_start_index / vocab_end_index，V={vocab}）",
+        bold=True,
+    )
+    for i, (size, per_rank) in enumerate(ranges.items()):
+        y = top + i * (strip_h + 30)
+        fig.text(12, y + strip_h / 2, f"TP={size}", bold=True)
+        for r, (a, b) in enumerate(per_rank):
+            x = left + a * cell
+            kind = rank_kind(r)
+            fig.rect(x, y, (b - a) * cell, strip_h, kind, rx=0, tip=f"TP={size} | rank {r} | range({a}, {b})")
+            ink = "on" if kind == "tp" else "ink"
+            for t in range(a, b):
+                fig.text(
+                    left + t * cell + cell / 2, y + strip_h / 2, str(t), anchor="middle", kind=ink, size=11
+                )
+                if t > a:
+                    fig.line(left + t * cell, y, left + t * cell, y + strip_h, "paper")
+            fig.text(x + 4, y + strip_h + 10, f"rank {r}：range({a}, {b})", size=11, kind="muted")
+    fig.text(
+        12,
+        ce_top,
+        f"vocab_parallel_cross_entropy 的 forward（TP={tp}）：每卡 logits {local_shape}，"
+        "通信只有三次 [s, b] 的 all-reduce，backward 不通信",
+        bold=True,
+    )
+    y0 = ce_top + 24
+    box_w, gap = 150, 26
+    x = 12
+    for r in range(tp):
+        fig.boxed(x, y0 + r * 36, box_w, 26, f"rank {r} logits {local_shape}", rank_kind(r), size=11)
+    x += box_w + gap
+    step_w = (width - 12 - x - (box_w + gap) - gap * (len(ce_rows) - 1)) / max(len(ce_rows), 1)
+    for k, row in enumerate(ce_rows):
+        phase, api, _, shapes, _, meaning = row
+        op, _, rest = meaning.partition("：")
+        for r in range(tp):
+            yy = y0 + r * 36 + 13
+            fig.line(x - gap + 2, yy, x - 1, yy, "comm", width=1.5, arrow=True)
+        fig.rect(x, y0, step_w, lanes, "comm", tip=f"{phase} | {api} | {shapes} | {meaning}")
+        fig.text(
+            x + step_w / 2, y0 + lanes / 2 - 9, f"{k + 1}. {api} {op}", anchor="middle", mono=True, size=11
+        )
+        fig.text(x + step_w / 2, y0 + lanes / 2 + 9, shapes.split(" → ")[0], anchor="middle", size=11)
+        fig.text(x + step_w / 2, y0 + lanes + 12, rest.split("（")[0], anchor="middle", size=11, kind="muted")
+        x += step_w + gap
+    for r in range(tp):
+        yy = y0 + r * 36 + 13
+        fig.line(x - gap + 2, yy, x - 1, yy, "comm", width=1.5, arrow=True)
+        fig.boxed(x, y0 + r * 36, box_w, 26, f"rank {r} loss {shapes.split(' → ')[1]}", rank_kind(r), size=11)
+    fig.check()
+    return fig
+
+
+def vocab_tips(ranges: dict[int, list], ce_rows: list[list]) -> list[str]:
+    """The hover titles :func:`draw_vocab` gives, rebuilt from the run's ranges and the table's rows."""
+    tips = [
+        f"TP={size} | rank {r} | range({a}, {b})"
+        for size, per_rank in ranges.items()
+        for r, (a, b) in enumerate(per_rank)
+    ]
+    return tips + [f"{row[0]} | {row[1]} | {row[3]} | {row[5]}" for row in ce_rows]

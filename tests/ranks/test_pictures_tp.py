@@ -59,3 +59,40 @@ def test_linear_picture_is_the_layout_and_comm_tables():
     assert "Row, input_is_parallel=True | forward | all_reduce | [4, 2, 8] → [4, 2, 8]" in tips(fig.svg())
     assert fig.svg() == pictures.draw_linear(layout, comm).svg()
     fig.check()
+
+
+def test_layer_picture_is_the_weight_and_submodule_tables():
+    from snippets.experiments import Parallel
+    from snippets.experiments.n11_tp_layer import run, submodule_table, weight_table
+
+    tp2 = run_ranks(run, 2, EXPERIMENTS["tp-layer"].tiny, Parallel(world=2, tp=2), grid=dict(tp=2))
+    weights, subs = weight_table(tp2[0]["weights"]).rows, submodule_table(tp2[0], 2).rows
+    fig = pictures.draw_layer(weights, subs)
+    got = tips(fig.svg())
+    assert got == pictures.layer_tips(weights, subs)
+    # one box per submodule in each panel, one marker per collective kind the table lists
+    markers = [t for t in got if t.split(" | ")[2] in ("forward", "backward")]
+    expected = sum(cell != "—" for row in subs for cell in row[1:])
+    assert len(markers) == expected == 12
+    assert "TP=2，开 sequence parallel | linear_qkv | backward | all-gather, reduce-scatter" in got
+    assert fig.svg() == pictures.draw_layer(weights, subs).svg()
+    fig.check()
+
+
+def test_vocab_picture_is_the_ranges_and_the_cross_entropy_table():
+    from snippets.experiments.n12_vocab import ce_comm_table, cross_entropy_run, embedding_run
+
+    tiny = EXPERIMENTS["vocab"].tiny
+    ranges = {
+        tp: [r[False]["range"] for r in run_ranks(embedding_run, tp, tiny, tp, keep_tensors=False)]
+        for tp in (2, 4)
+    }
+    ce = run_ranks(cross_entropy_run, 2, tiny, 2, keep_tensors=False)
+    rows = ce_comm_table(ce[0][0.0]["calls"]).rows
+    fig = pictures.draw_vocab(tiny.vocab, ranges, rows, ce[0][0.0]["local_shape"])
+    got = tips(fig.svg())
+    assert got == pictures.vocab_tips(ranges, rows)
+    assert got[:2] == ["TP=2 | rank 0 | range(0, 8)", "TP=2 | rank 1 | range(8, 16)"]
+    assert [t.split(" | ")[1] for t in got[-3:]] == ["all_reduce"] * 3
+    assert fig.svg() == pictures.draw_vocab(tiny.vocab, ranges, rows, ce[0][0.0]["local_shape"]).svg()
+    fig.check()
