@@ -99,9 +99,8 @@
 # | `get_batch_on_this_tp_rank` | data iterator（只有 TP rank 0 用） | batch dict | `parallel_state` 的 TP 坐标与群 | **是**：TP 群 broadcast | 否（整条序列广播） | 推进 iterator | 无（simple loop 每个 rank 自己读） |
 # | `get_batch_on_this_cp_rank` | batch dict | 同一个 dict，序列维变 `s/CP` | `parallel_state` 的 CP 坐标 | 只读坐标，无通信 | **是**：取第 `r` 与 `2·CP−1−r` 块 | 否 | 无（simple loop 没有 CP） |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import dataclasses
-import os
 import tempfile
 
 import numpy
@@ -109,15 +108,17 @@ import torch
 
 from snippets.data.batch_flow import (FIELDS, BatchArgs, BroadcastMismatch, describe,
                                  get_batch_on_this_tp_rank, paired_views)
+from snippets.data.pictures import draw_batch_flow
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n03_batch_flow import (chunk_table, receiver_table, role_table, run, sender_table,
-                                             summary_table)
+from snippets.experiments.n03_batch_flow import (chunk_table, data_flow, receiver_table, role_table, run,
+                                             sender_table, summary_table, write_corpus)
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.tokenizers import MegatronTokenizer
 
 # %% [markdown]
@@ -129,7 +130,7 @@ from megatron.core.tokenizers import MegatronTokenizer
 # 下表是其中主要的几项（"来自"一列是读代码的记录）；后两列由运行算出：这个名字确实是 `GPTDatasetConfig` 的构造参数，
 # 以及不传时的缺省值。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 FROM_ARGS = {
     "random_seed": "args.seed",
     "sequence_length": "args.seq_length",
@@ -178,23 +179,18 @@ print("vocab_size:", tokenizer.vocab_size, " eod:", tokenizer.eod)
 # ### 一个真实的 indexed dataset：`.bin` + `.idx`
 #
 # 预处理脚本（`tools/preprocess_data.py`）最后一步用的就是 `IndexedDatasetBuilder`：token 依次写进 `.bin`，
-# 每条序列的长度和文档边界写进 `.idx`。这里用它写两个小语料（每篇文档末尾加 EOD），写在一个临时目录里：
+# 每条序列的长度和文档边界写进 `.idx`。实验模块的 `write_corpus` 就是这几行（每篇文档末尾加 EOD）：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(write_corpus)
+
+# %% [markdown]
+# 用它写两个小语料，写在一个临时目录里：
 
 # %%
 workdir = tempfile.TemporaryDirectory()
-
-
-def write_corpus(name, documents):
-    prefix = os.path.join(workdir.name, name)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.int32)
-    for doc in documents:
-        builder.add_document(torch.tensor(doc + [tokenizer.eod]), [len(doc) + 1])
-    builder.finalize(prefix + ".idx")
-    return prefix
-
-
-corpus_a = write_corpus("a", [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
-corpus_b = write_corpus("b", [[20, 21], [22, 23, 24, 25]])
+corpus_a = write_corpus(workdir.name, "a", [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15]], tokenizer.eod)
+corpus_b = write_corpus(workdir.name, "b", [[20, 21], [22, 23, 24, 25]], tokenizer.eod)
 
 indexed = IndexedDataset(corpus_a)
 print("序列数:", len(indexed), " sequence_lengths:", indexed.sequence_lengths.tolist(),
@@ -303,63 +299,17 @@ Table(["i", "来自", "tokens"], [[i, "ab"[int(blended.dataset_index[i])], blend
 #
 # 下面每个 rank 做正式入口会做的事：`initialize_model_parallel`；用 `is_dataset_built_on_rank` 的规则
 # （首或尾 stage，且 TP rank 0）调 `BlendedMegatronDatasetBuilder`；建了数据集的 rank 建 `DataLoader`；然后 `get_batch`。
-# `get_batch` / `get_batch_on_this_tp_rank` 不在 pip 包里，`snippets.data.batch_flow` 按 tag 上的逻辑重写了它们
-# （`tests/ranks/test_batch_flow.py` 拿 tag 上的原函数逐个 broadcast 对比），其中 CP 切分调用的是真实的
-# `megatron.core.utils.get_batch_on_this_cp_rank`。每个 collective 都被 `snippets.record.recorder` 记下。
+# `get_batch` / `get_batch_on_this_tp_rank` 不在 pip 包里，`snippets.data.batch_flow` 按 tag 上的逻辑重写了它们，
+# 其中 CP 切分调用的是真实的 `megatron.core.utils.get_batch_on_this_cp_rank`。每个 collective 都被
+# `snippets.record.recorder` 记下。
 #
-# 每个 rank 上跑的函数在 `snippets/experiments/n03_batch_flow.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 4 -m snippets.run batch-flow --tp 2 --cp 2`（见 README 的 "Running at real scale"）调用的是同一个 `run`。
-# 序列长度、micro-batch 和词表是参数 `dims`，本篇用它的 `tiny`：seq 8、micro-batch 2、vocab 32（数据集要
-# micro-batch × `microbatches` = 4 个样本）。`run` 先让 global rank 0 用 `IndexedDatasetBuilder` 把上面语料 a 的三篇文档
-# （长度按 seq 缩放：5/8、3/8、7/8）写进一个临时目录，路径用 `broadcast_object_list` 发给各 rank（不在记录里，也不打印），
-# 再调 `data_flow`。下面几张表由同一模块里的 `summary_table`、`sender_table`、`receiver_table`、`chunk_table`、
-# `role_table` 画出，命令行上 rank 0 打印的（`tables`）也是它们。原样列出（`tests/experiments/test_run_data.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def data_flow(prefix, tokenizer, dims, tp, pp, cp):
-#     from megatron.core import parallel_state as mpu
-#     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-#     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-#
-#     from snippets.record import recorder
-#
-#     mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-#                                   context_parallel_size=cp)
-#     config = GPTDatasetConfig(random_seed=1234, sequence_length=dims.seq, blend=([prefix], None),
-#                               split="100,0,0", tokenizer=tokenizer, reset_position_ids=False,
-#                               reset_attention_mask=False, eod_mask_loss=False)
-#
-#     def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
-#         return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
-#                 and mpu.get_tensor_model_parallel_rank() == 0)
-#
-#     num_samples = dims.micro_batch_size * dims.microbatches
-#     with recorder.record() as build_calls:
-#         train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None],
-#                                                     is_dataset_built_on_rank, config).build()
-#     loader = None if train is None else iter(torch.utils.data.DataLoader(train, batch_size=dims.micro_batch_size))
-#     log = []
-#     with recorder.record() as batch_calls:
-#         batch = get_batch(loader, BatchArgs(micro_batch_size=dims.micro_batch_size, seq_length=dims.seq,
-#                                             pipeline_model_parallel_size=pp), log=log)
-#     batch = dict(zip(FIELDS, batch))
-#
-#     def first_row(name):
-#         return None if batch[name] is None else batch[name][0].tolist()
-#
-#     return dict(coords=(mpu.get_tensor_model_parallel_rank(), mpu.get_context_parallel_rank(),
-#                         mpu.get_pipeline_model_parallel_rank()),
-#                 built=train is not None, build_calls=build_calls, log=log, batch_calls=batch_calls,
-#                 fields={name: describe(batch[name]) for name in FIELDS},
-#                 kept=[name for name in FIELDS if batch[name] is not None],
-#                 tokens=first_row("tokens"), positions=first_row("position_ids"))
-#
-#
-# def run(dims, par) -> dict:
-#     tokenizer = null_tokenizer(dims.vocab)
-#     with shared_corpus(corpus_documents(dims), tokenizer.eod) as prefix:
-#         return data_flow(prefix, tokenizer, dims, par.tp, par.pp, par.cp)
-# ```
+# 每个 rank 上跑的是 `snippets/experiments/n03_batch_flow.py` 里的 `run`。序列长度、micro-batch 和词表是参数 `dims`，
+# 本篇用它的 `tiny`：seq 8、micro-batch 2、vocab 32（数据集要 micro-batch × `microbatches` = 4 个样本）。`run` 先让
+# global rank 0 用 `write_corpus` 把上面语料 a 的三篇文档（长度按 seq 缩放：5/8、3/8、7/8）写进一个临时目录，
+# 路径用 `broadcast_object_list` 发给各 rank（不在记录里，也不打印），再调 `data_flow`：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(data_flow, run)
 
 # %%
 TINY = EXPERIMENTS["batch-flow"].tiny
@@ -400,9 +350,15 @@ chunk_table(tp_cp, TINY, TP_CP)
 # 要看的 key 分散在别的 rank 上，attention 里靠 K/V 在 CP 群里传递补齐（[笔记 16](../16_context_parallel/)）。
 # 同一 TP 群的两个 rank（0 与 1、2 与 3）留下的完全相同：TP 切的是权重，不是数据。
 #
+# 把同一次运行画出来：每行一个 rank，左边是 TP 广播之后它手里的整条 `tokens[0]`（上方数字是位置），右边是 CP 切分后
+# 留下的两块；深色块归 CP rank 0，浅色块归 CP rank 1。
+
+# %%
+draw_batch_flow(tp_cp, TINY.seq, TP_CP.tp, TP_CP.cp, title="一个 micro-batch 经过 get_batch：TP 群内广播，再按 CP 坐标切序列")
+#
 # ### 每个 pipeline stage 广播什么：TP=2、PP=3
 #
-# 同一个函数换成 6 个 rank、三个 stage（命令行 `torchrun --nproc-per-node 6 -m snippets.run batch-flow --tp 2 --pp 3`）：
+# 同一个函数换成 6 个 rank、三个 stage：
 
 # %%
 TP_PP = Parallel(world=6, tp=2, pp=3)
@@ -461,9 +417,9 @@ Table(["PackedSeqParams 字段", "值"],
 # 在 CPU 上可以用真实的 `GPTModel`（local spec）验证：同一个 packed 样本，用块对角 mask + 重置位置跑一次，
 # 把各文档拆开各跑一次，逐 token 的 loss 应该相同；用缺省 mask 跑，后面文档的 loss 就变了。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def packed_vs_separate(sample, cu_seqlens):
-    from snippets.models.tiny_gpt import tiny_config  # first: it silences the "no Apex" import warning
+    from snippets.models.tiny_gpt import tiny_config
 
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
@@ -557,7 +513,7 @@ print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
 #    （[`utils.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L671)
 #    覆盖了上面按 `args.sft` 分配的那一个），发送方却只要数据里有 `max_seqlen` 就发（`SFTDataset` 的样本就有）。
 #    下面用 `PairedBroadcast` 把一个 TP 群的发送方与接收方在同一进程里对放：第 8 次接收就错位了。
-#    `tests/ranks/test_batch_flow.py` 用 tag 上的原函数得到同样的错位；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
+#    换成 tag 上的原函数，错位完全一样；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
 #    的字节读成 `cu_seqlens` 的长度，试图分配几十 TB 内存而失败。即使广播对上了，接收方的 `max_seqlen` 是 None，
 #    `get_batch` 里的 `max_seqlen.dim()` 也会失败。上游之后有 [issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092)
 #    与重写 `get_batch` 的 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)。
@@ -593,7 +549,7 @@ print("get_batch_on_this_tp_rank 返回的键:", list(get_batch_on_this_tp_rank(
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(len(tp_cp[0]["log"]), sum(entry[0].startswith("cu_seqlens") for entry in tp_cp[0]["log"]))
 
 # %% [markdown]
@@ -605,7 +561,7 @@ print(len(tp_cp[0]["log"]), sum(entry[0].startswith("cu_seqlens") for entry in t
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(tp_cp[2]["positions"])
 
 # %% [markdown]
@@ -617,7 +573,7 @@ print(tp_cp[2]["positions"])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([r for r, d in enumerate(tp_pp) if d["built"]])
 
 # %% [markdown]
@@ -629,7 +585,7 @@ print([r for r, d in enumerate(tp_pp) if d["built"]])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(all(torch.equal(train_ds[i]["labels"][:-1], train_ds[i]["tokens"][1:]) for i in range(len(train_ds))))
 
 # %% [markdown]
@@ -643,7 +599,7 @@ print(all(torch.equal(train_ds[i]["labels"][:-1], train_ds[i]["tokens"][1:]) for
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 try:
     BlendedMegatronDatasetBuilder(GPTDataset, [4, None, None], lambda: True, mock_config).build()
 except Exception as err:
