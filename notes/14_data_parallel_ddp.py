@@ -97,11 +97,12 @@
 # | `finalize_model_grads` | 模型 chunk 的 list、`num_tokens` | 无 | `finish_grad_sync`、几个 `_allreduce_*` | **是**：dp-cp、tp、embd、pp | 否 | 是：梯度最终值 | `finalize_model_grads([gpt_model])` |
 # | `zero_grad_buffer` | 无 | 无 | buffer / bucket group 的 `reset` | 否 | 否 | 是：梯度清零 | simple loop **没有**调用（遗留问题 2） |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
 
-from snippets.dp import grad_buffers
+from snippets.dp import grad_buffers, overlap_timeline, pictures
 from snippets.record import recorder
+from snippets.record.listing import listing
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n14_ddp import ddp_run, one_process_full_batch
 from snippets.ranks.launch import run_ranks
@@ -127,64 +128,13 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 每个 rank 跑一次 schedule（2 个 micro-batch，`no_sync` 挂在 config 上，和正式入口 `train` 一样），
 # 然后像 simple loop 那样显式调用 `finalize_model_grads`；两段分别录下通信。
 #
-# 这两个函数在 `snippets/experiments/n14_ddp.py` 里：本篇的单元格和命令行 `torchrun ... -m snippets.run ddp --dims qwen3-8b --layers 2`
-# （见 README 的 "Running at real scale"）调用的是同一份代码，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`：
+# 这两个函数在 `snippets/experiments/n14_ddp.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`：
 # 4 层、hidden 16、vocab 32、sequence 8、micro-batch 2、一个 global batch 4 个 micro-batch），模型由同一模块的 `build_model`
-# 建（local spec 的 `GPTModel`，权重按全局名字生成）。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="cpu", keep_grads=True):
-#     """On every rank: ``iterations`` DDP steps (schedule, then ``finalize_model_grads``), recorded."""
-#     from snippets.dp import grad_buffers
-#     from snippets.record import recorder
-#     from snippets.models.tiny_gpt import by_global_name, forward_step
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-#                                            finalize_model_grads)
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel()
-#     model, config = build_model(dims, device)
-#     ddp = DistributedDataParallel(
-#         config, DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce, bucket_size=bucket_size),
-#         model)
-#     config.no_sync_func = ddp.no_sync
-#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-#     per_rank = dims.microbatches // dp
-#     mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank:per_rank * (dp_rank + 1)]
-#     steps = []
-#     for _ in range(iterations):
-#         ddp.zero_grad_buffer()
-#         with recorder.record() as in_schedule:
-#             get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-#                                         num_microbatches=per_rank, seq_length=dims.seq,
-#                                         micro_batch_size=dims.micro_batch_size)
-#         local = by_global_name([ddp], "main_grad") if keep_grads else None
-#         with recorder.record() as in_finalize:
-#             finalize_model_grads([ddp])
-#         # cross entropy all-reduces over TP, here a group of one: not communication, left out
-#         steps.append(dict(schedule=[c for c in in_schedule if len(c.ranks) > 1],
-#                           finalize=[c for c in in_finalize if len(c.ranks) > 1]))
-#     return dict(steps=steps, local=local, reduced=by_global_name([ddp], "main_grad") if keep_grads else None,
-#                 buckets=grad_buffers.bucket_rows(ddp), params=grad_buffers.param_rows(ddp),
-#                 dtypes=grad_buffers.buffer_dtypes(ddp), param_buffer=ddp.buffers[0].param_data is not None,
-#                 bucket_size=ddp.ddp_config.bucket_size, views=grad_buffers.main_grads_are_views(ddp),
-#                 grad_is_none=all(p.grad is None for p in ddp.parameters()))
-#
-#
-# def one_process_full_batch(dims, device="cpu"):
-#     """The reference: one process, all of the global batch's sequences in one forward + backward."""
-#     from snippets.models.tiny_gpt import by_global_name, concat
-#     from megatron.core import parallel_state
-#
-#     parallel_state.initialize_model_parallel()
-#     model, _ = build_model(dims, device)
-#     batch = concat(microbatches(dims, dims.microbatches, device))
-#     loss = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]).mean()
-#     loss.backward()
-#     return by_global_name([model])
-# ```
+# 建（local spec 的 `GPTModel`，权重按全局名字生成）。schedule 期间还用 `overlap_timeline.markers` 记下每个模块开始
+# forward、每个参数的梯度算好的时刻，和通信排在同一张记录里（下面的时间线图用它）。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(ddp_run, one_process_full_batch)
 
 # %%
 TINY = EXPERIMENTS["ddp"].tiny
@@ -268,7 +218,14 @@ print("finalize_model_grads 期间:", len(overlapped[0]["steps"][1]["finalize"])
 communication_table(overlapped[0]["steps"][1]["schedule"], meanings)
 
 # %% [markdown]
-# 读这三张表：
+# 把三次运行排成时间线（rank 0；蓝 = 一串模块的 forward，红 = 一串参数的梯度，黄 = 一个 bucket 的 all-reduce，
+# 鼠标停在方块上看细节）：
+
+# %%
+pictures.draw_ddp_timeline(plain[0], overlapped[0])
+
+# %% [markdown]
+# 读这三张表和这张图：
 #
 # - **通信前后 shape 相同**：all-reduce 原地求和，`[9632]` 还是 `[9632]`；overlap 时每次是一个 bucket 的那一段。
 # - **第 2 步的 phase 是 backward**：all-reduce 是在 autograd 执行 backward 的过程中、由参数的 hook 发出的——
@@ -391,7 +348,7 @@ print("main_grad 的范数，第 1、2 步:", [round(n, 4) for n in norms], " �
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(plain[0]["bucket_size"], len(plain[0]["buckets"]),
       [(c.api, c.group, c.before) for c in plain[0]["steps"][0]["finalize"]])
 
@@ -405,7 +362,7 @@ print(plain[0]["bucket_size"], len(plain[0]["buckets"]),
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(name, end - start) for name, _, start, end, bucket in overlapped[0]["params"] if bucket == 0])
 
 # %% [markdown]
@@ -418,7 +375,7 @@ print([(name, end - start) for name, _, start, end, bucket in overlapped[0]["par
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 name = "decoder.layers.0.mlp.linear_fc1.weight"
 print(torch.allclose(0.5 * local[0][name] + 0.5 * local[1][name], plain[0]["reduced"][name], atol=1e-7))
 
@@ -432,7 +389,7 @@ print(torch.allclose(0.5 * local[0][name] + 0.5 * local[1][name], plain[0]["redu
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 first = overlapped[0]["steps"][1]["schedule"][0]
 print("第 2 步的第一个 collective:", first.api, first.phase, first.before,
       " bucket 0 的大小:", overlapped[0]["buckets"][0][3])
@@ -449,7 +406,7 @@ print("bucket 0:", overlapped[0]["buckets"][0][4])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def mean_of_means_vs_global():
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)

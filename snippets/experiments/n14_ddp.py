@@ -41,13 +41,16 @@ def build_model(dims, device="cpu"):
 
 def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="cpu", keep_grads=True):
     """On every rank: ``iterations`` DDP steps (schedule, then ``finalize_model_grads``), recorded."""
-    from snippets.dp import grad_buffers
+    from snippets.dp import grad_buffers, overlap_timeline
     from snippets.record import recorder
     from snippets.models.tiny_gpt import by_global_name, forward_step
     from megatron.core import parallel_state
     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                            finalize_model_grads)
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def comm(calls):  # cross entropy all-reduces over TP, here a group of one: not communication
+        return [c for c in calls if not isinstance(c, overlap_timeline.Marker) and len(c.ranks) > 1]
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()
@@ -62,16 +65,15 @@ def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="c
     steps = []
     for _ in range(iterations):
         ddp.zero_grad_buffer()
-        with recorder.record() as in_schedule:
+        with recorder.record() as in_schedule, overlap_timeline.markers(ddp, in_schedule):
             get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
                                         num_microbatches=per_rank, seq_length=dims.seq,
                                         micro_batch_size=dims.micro_batch_size)
         local = by_global_name([ddp], "main_grad") if keep_grads else None
         with recorder.record() as in_finalize:
             finalize_model_grads([ddp])
-        # cross entropy all-reduces over TP, here a group of one: not communication, left out
-        steps.append(dict(schedule=[c for c in in_schedule if len(c.ranks) > 1],
-                          finalize=[c for c in in_finalize if len(c.ranks) > 1]))
+        steps.append(dict(schedule=comm(in_schedule), finalize=comm(in_finalize),  # the tables
+                          events=["schedule", *in_schedule, "finalize_model_grads", *in_finalize]))
     return dict(steps=steps, local=local, reduced=by_global_name([ddp], "main_grad") if keep_grads else None,
                 buckets=grad_buffers.bucket_rows(ddp), params=grad_buffers.param_rows(ddp),
                 dtypes=grad_buffers.buffer_dtypes(ddp), param_buffer=ddp.buffers[0].param_data is not None,
