@@ -102,14 +102,15 @@
 # | `ChainedOptimizer.step` | 无 | (成功, 梯度范数, 零的个数) | `prepare_grads`、`get_grad_norm`、`step_with_ready_grads` | **是**：范数 all-reduce | 否 | 是：shard 更新、Adam 状态 | `optim.step()` |
 # | `step_with_ready_grads` | 无 | 成功与否 | AdamW、`_copy_main_params_to_model_params`、`start_param_sync` | **是**：all-gather | **是**：拼回完整参数 | 是：模型权重 | 同上 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
 
 from snippets.dp import grad_buffers
-from snippets.optim import optimizer_memory
+from snippets.optim import optimizer_memory, pictures
+from snippets.record.listing import listing
 from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n15_dist_optimizer import train_two_steps
+from snippets.experiments.n15_dist_optimizer import MEANINGS, memory_rows, train_two_steps
 from snippets.ranks.launch import run_ranks
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
@@ -134,57 +135,11 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # `finalize_model_grads`、`optimizer.step()`。`clip_grad=0`：裁剪只是本地乘一个系数，留给笔记 20；在 CPU 上它还需要
 # 一个额外的补丁（遗留问题 2）。同一个函数在 1 个 rank 上跑就是"单进程、整批、不分片"的参照。
 #
-# 这个函数在 `snippets/experiments/n15_dist_optimizer.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run dist-optimizer --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）调用的是同一个函数，
-# 模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），模型由笔记 14 的同一个 `build_model` 建。
-# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def train_two_steps(dims, use_distributed_optimizer, steps=2, device="cpu", keep_tensors=True):
-#     """On every rank: ``steps`` training steps, the last one's optimizer part recorded."""
-#     from snippets.dp import grad_buffers
-#     from snippets.optim import optimizer_memory
-#     from snippets.record import recorder
-#     from snippets.models.tiny_gpt import by_global_name, forward_step
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-#                                            finalize_model_grads)
-#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel()
-#     model, config = build_model(dims, device)
-#     ddp = DistributedDataParallel(
-#         config, DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer), model)
-#     optimizer = get_megatron_optimizer(
-#         OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=0.0, use_distributed_optimizer=use_distributed_optimizer),
-#         [ddp])
-#     config.no_sync_func = ddp.no_sync
-#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-#     per_rank = dims.microbatches // dp
-#     mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank:per_rank * (dp_rank + 1)]
-#     for _ in range(steps):
-#         ddp.zero_grad_buffer()
-#         optimizer.zero_grad()
-#         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-#                                     num_microbatches=len(mine), seq_length=dims.seq,
-#                                     micro_batch_size=dims.micro_batch_size)
-#         local = ddp.buffers[0].grad_data.clone() if keep_tensors else None
-#         with recorder.record() as calls:
-#             finalize_model_grads([ddp])
-#             reduced = ddp.buffers[0].grad_data.clone() if keep_tensors else None
-#             ok, grad_norm, _ = optimizer.step()
-#     inner = optimizer.chained_optimizers[0]
-#     return dict(
-#         types=(type(optimizer).__name__, type(inner).__name__, type(inner.optimizer).__name__),
-#         ok=ok, grad_norm=grad_norm, params=by_global_name([ddp], "param") if keep_tensors else None,
-#         calls=[c for c in calls if len(c.ranks) > 1],  # groups of one rank move nothing
-#         local=local, reduced=reduced, buckets=grad_buffers.bucket_rows(ddp),
-#         shards=grad_buffers.shard_rows(inner, ddp) if use_distributed_optimizer else [],
-#         memory=optimizer_memory.measured_bytes(ddp, optimizer),
-#         numel=sum(p.numel() for p in ddp.parameters()))
-# ```
+# 这个函数在 `snippets/experiments/n15_dist_optimizer.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），
+# 模型由笔记 14 的同一个 `build_model` 建。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(train_two_steps)
 
 # %%
 TINY = EXPERIMENTS["dist-optimizer"].tiny
@@ -239,6 +194,12 @@ split = [(rank, row[1], row[5]) for rank, r in enumerate(zero1) for row in r["sh
 print("被切开的参数:", split)
 
 # %% [markdown]
+# 画成一张图：横轴是补齐后的整块 buffer，每个 rank 三行——权重、梯度 buffer、优化器状态（鼠标停在小块上看参数名）：
+
+# %%
+pictures.draw_shard_map([r["shards"] for r in zero1], zero1[0]["buckets"][0][3])
+
+# %% [markdown]
 # ## Tensor / Process Group 语义
 #
 # ### 一步里的通信
@@ -246,19 +207,13 @@ print("被切开的参数:", split)
 # 第 2 步，从 `finalize_model_grads` 到 `optimizer.step()` 结束，rank 0 发出的全部 collective：
 
 # %%
-meanings = {
-    "reduce_scatter_tensor": "梯度：求和后每个 rank 只留自己那段（先乘了 1/DP，即平均）",
-    "optimizer/clip_grads.py::get_grad_norm_fp32": "梯度范数：各 rank 本段的平方和相加",
-    "all_gather_into_tensor": "权重：各 rank 更新过的那段拼回完整 buffer",
-    "all_reduce": "梯度求和（先乘了 1/DP，即平均）",
-}
-communication_table(zero1[0]["calls"], meanings, ranks=False)
+communication_table(zero1[0]["calls"], MEANINGS, ranks=False)
 
 # %% [markdown]
 # 对照：不分片的 DP=2 同一段只有一次 all-reduce（梯度范数那次 all-reduce 在 `tp-pp` 群里，这里只有 1 个 rank，不算通信）：
 
 # %%
-communication_table(plain[0]["calls"], meanings, ranks=False)
+communication_table(plain[0]["calls"], MEANINGS, ranks=False)
 
 # %% [markdown]
 # - **reduce-scatter**：`[9728] → [4864]`，输入是整个 bucket，输出是本 rank 那段的视图（`shard_buffer` 切出来的，原地）。
@@ -343,13 +298,9 @@ Table(["", "字节 / 参数", "每个 rank（GB）"],
 # 是拷贝而非视图的主权重）：
 
 # %%
-rows = []
-for name, results in (("DP=2，不分片", plain), ("DP=2，分布式优化器", zero1)):
-    for rank, r in enumerate(results):
-        m = r["memory"]
-        rows.append([name, rank, m["weights"], m["grads"], m["main_weights"], m["adam_state"], m["total"],
-                     round(m["total"] / r["numel"], 2)])
-Table(["运行", "rank", "权重 B", "梯度 B", "fp32 主权重 B", "Adam 状态 B", "合计 B", "字节 / 参数"], rows)
+rows = memory_rows("DP=2，不分片", plain) + memory_rows("DP=2，分布式优化器", zero1)
+display(Table(["运行", "rank", "权重 B", "梯度 B", "fp32 主权重 B", "Adam 状态 B", "合计 B", "字节 / 参数"], rows))
+pictures.draw_bytes_per_parameter(rows)
 
 # %% [markdown]
 # - 不分片：正好 16 字节 / 参数。
@@ -433,7 +384,7 @@ print("max |grad|  q bias:", round(q, 4), " v bias:", round(v, 4), " k bias < 1e
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(zero1[1]["shards"][0][3], "…", zero1[1]["shards"][-1][3], " Adam 元素数:", zero1[1]["memory"]["adam_state"] // 8,
       " 两个 rank 合计:", sum(r["memory"]["adam_state"] // 8 for r in zero1), "= 参数个数", zero1[0]["numel"])
 
@@ -446,7 +397,7 @@ print(zero1[1]["shards"][0][3], "…", zero1[1]["shards"][-1][3], " Adam 元素�
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 d64 = optimizer_memory.bytes_per_parameter("bf16", "fp32", 64, True)
 print(d64, round(1 - d64 / optimizer_memory.bytes_per_parameter("bf16", "fp32", 64, False), 4))
 
@@ -460,7 +411,7 @@ print(d64, round(1 - d64 / optimizer_memory.bytes_per_parameter("bf16", "fp32", 
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(c.api, c.before, c.after) for c in zero1[0]["calls"]], [(c.api, c.before) for c in plain[0]["calls"]])
 
 # %% [markdown]
@@ -473,7 +424,7 @@ print([(c.api, c.before, c.after) for c in zero1[0]["calls"]], [(c.api, c.before
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(torch.allclose(zero1[0]["reduced"][half:], zero1[0]["local"][half:] / 2),
       torch.allclose(zero1[0]["reduced"][half:], average[half:], atol=1e-7))
 
@@ -487,7 +438,7 @@ print(torch.allclose(zero1[0]["reduced"][half:], zero1[0]["local"][half:] / 2),
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([r["memory"]["main_weights"] for r in zero1])
 
 # %% [markdown]
