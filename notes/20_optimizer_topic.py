@@ -128,14 +128,15 @@
 # | `DDP._make_forward_pre_hook` 的 hook | 模块 | 无 | `finish_param_sync` | **是**：all-gather(dp-cp) | 是：拼回参数分片 | 是：权重变成最新 | forward 之内 |
 # | `_ParamAndGradBucketGroup.register_grad_ready` | 参数 | 无 | `start_grad_sync` | **是**：reduce-scatter / all-reduce(dp-cp) | 是：分布式优化器时按 rank 分段 | 是：梯度归约 | backward 之内 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
 
 from snippets.optim import grad_norm, loss_scale, mixed_precision, optimizer_memory
-from snippets.dp import overlap_timeline
+from snippets.dp import overlap_timeline, pictures as dp_pictures
+from snippets.record.listing import listing
 from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n20_optimizer_topic import run, tables
+from snippets.experiments.n20_optimizer_topic import bf16_buffers, overlap_run, run, tables
 from snippets.experiments.n20_overlap import run as run_overlap, tables as overlap_tables
 from snippets.ranks.launch import run_ranks
 from snippets.config.param_table import gather
@@ -159,7 +160,7 @@ from megatron.core.transformer.module import Float16Module
 # `Float16Module` 包一层（它把权重转成 bf16 / fp16），再用 DDP 包装。权重按参数的**全局**名字生成、TP 时取自己那片
 # （`grad_norm.init_full_by_global_name`），所以不管怎么切，拼起来都是同一个单进程模型。`train_step` 是一步里优化器之前的部分。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def build(config, ddp_config, share_embeddings=False):
     model = GPTModel(config, get_gpt_layer_local_spec(num_experts=config.num_moe_experts), vocab_size=VOCAB,
                      max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
@@ -371,7 +372,7 @@ Table(header, controlled)
 # `train_step` 拿到 `update_successful=False` 时不推进学习率调度。
 #
 # 策略本身是十几行纯算术。`snippets/optim/loss_scale.py` 用自己的话重写了 `DynamicGradScaler.update`（`trace`），
-# 下面直接驱动真实的 `DynamicGradScaler`，喂同一串"是否溢出"，逐步比较（`tests/ranks/test_loss_scale.py` 还比较了 40 组随机序列）：
+# 下面直接驱动真实的 `DynamicGradScaler`，喂同一串"是否溢出"，逐步比较：
 
 # %%
 def scaler_trace(found_infs, initial_scale, growth_interval, hysteresis):
@@ -400,65 +401,12 @@ Table(["step", "found_inf", "scale（前）", "scale（后）", "growth", "hyste
 # [笔记 15](../15_distributed_optimizer/) 用 fp32 模型看过分片：fp32 时主参数就是模型权重的视图，不另占内存。bf16 才是真实训练的情形：
 # 2 个 rank、DP=2、`grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 持有的 buffer。
 #
-# 这一节的函数在 `snippets/experiments/n20_optimizer_topic.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 8 -m snippets.run optimizer-topic --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）
-# 调用的是同一个 `run`，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`，就是上面 `tiny_config` 的 4 层模型）。
-# 模型的建法与上面的 `build` 相同（`GPTModel` → 按全局名字初始化 → `Float16Module` → DDP）；最后比较两次运行的权重时
-# 不传回整份权重，只传回它们字节的 SHA-256（`digest`）。原样列出（`tests/experiments/test_run_training.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def bf16_buffers(dims, use_distributed_optimizer, steps=1, device="cpu"):
-#     """On every rank: a bf16 model, Megatron's optimizer, ``steps`` steps; what the rank holds."""
-#     from snippets.optim import grad_norm, mixed_precision, optimizer_memory
-#     from snippets.models.tiny_gpt import forward_step, global_name
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-#                                            finalize_model_grads)
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#     from megatron.core.transformer import TransformerConfig
-#     from megatron.core.transformer.module import Float16Module
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel()
-#     model_parallel_cuda_manual_seed(0)
-#     config = TransformerConfig(**dims.transformer_config_kwargs(), bf16=True, hidden_dropout=0.0,
-#                                attention_dropout=0.0, use_cpu_initialization=device == "cpu")
-#     with torch.device(device):
-#         model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization),
-#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                          share_embeddings_and_output_weights=False,
-#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
-#     grad_norm.init_full_by_global_name(model, tp_rank=0, tp_size=1)
-#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
-#         use_distributed_optimizer=use_distributed_optimizer, grad_reduce_in_fp32=True), Float16Module(config, model))
-#     optimizer = get_megatron_optimizer(
-#         OptimizerConfig(lr=0.01, bf16=True, use_distributed_optimizer=use_distributed_optimizer), [ddp])
-#     dp, r = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-#     n = dims.microbatches // dp
-#     mine = microbatches(dims, dims.microbatches, device)[n * r:n * (r + 1)]
-#     for _ in range(steps):
-#         ddp.zero_grad_buffer()
-#         optimizer.zero_grad()
-#         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-#                                     num_microbatches=n, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
-#         finalize_model_grads([ddp])
-#         optimizer.step()
-#     return dict(buffers=mixed_precision.buffer_rows(ddp, optimizer), rows=mixed_precision.param_rows(ddp),
-#                 memory=optimizer_memory.measured_bytes(ddp, optimizer), numel=sum(p.numel() for p in ddp.parameters()),
-#                 weights=digest((global_name(ddp.module, k), p) for k, p in ddp.module.named_parameters()))
-#
-#
-# def run(dims, par) -> dict:
-#     """On every rank (the runner): the distributed optimizer's run, then the unsharded one."""
-#     from megatron.core import parallel_state
-#
-#     parallel_state.initialize_model_parallel()
-#     return {sharded: bf16_buffers(dims, sharded, device=par.device) for sharded in (True, False)}
-# ```
+# 这一节的函数在 `snippets/experiments/n20_optimizer_topic.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的
+# `tiny`，就是上面 `tiny_config` 的 4 层模型）。模型的建法与上面的 `build` 相同（`GPTModel` → 按全局名字初始化 →
+# `Float16Module` → DDP）；最后比较两次运行的权重时不传回整份权重，只传回它们字节的 SHA-256（`digest`）。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(bf16_buffers, run)
 
 # %%
 TINY = EXPERIMENTS["optimizer-topic"].tiny
@@ -674,50 +622,10 @@ communication_table(overflow[1]["calls"], {
 #
 # 每个 rank 上的一次运行是 `snippets/experiments/n20_optimizer_topic.py` 里的 `overlap_run`（模型由笔记 14 的同一个 `build_model` 建，
 # 与上面的 `build` 得到同样的权重）。`snippets/experiments/n20_overlap.py` 的 `run` 在每个 rank 上先后跑两次（不 overlap、overlap），
-# 当场比较两次的权重；本篇的单元格和命令行 `torchrun --nproc-per-node 8 -m snippets.run overlap --dims qwen3-8b --layers 2`
-# 调用的是同一个 `run`。原样列出（`tests/experiments/test_run_training.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def overlap_run(dims, overlap, iterations=2, bucket_size=None, device="cpu"):
-#     """On every rank: ``iterations`` recorded steps with both overlap switches ``overlap``."""
-#     from snippets.dp import overlap_timeline
-#     from snippets.record import recorder
-#     from snippets.models.tiny_gpt import by_global_name, forward_step
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-#                                            finalize_model_grads)
-#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel()
-#     model, config = build_model(dims, device)
-#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
-#         use_distributed_optimizer=True, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
-#         bucket_size=bucket_size), model)
-#     optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, use_distributed_optimizer=True), [ddp])
-#     config.no_sync_func = ddp.no_sync
-#     dp, r = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-#     n = dims.microbatches // dp
-#     mine = microbatches(dims, dims.microbatches, device)[n * r:n * (r + 1)]
-#     steps = []
-#     for _ in range(iterations):
-#         with recorder.record() as events, overlap_timeline.markers(ddp, events):
-#             events.append("schedule")
-#             ddp.zero_grad_buffer()
-#             optimizer.zero_grad()
-#             get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-#                                         num_microbatches=n, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
-#             events.append("finalize_model_grads")
-#             finalize_model_grads([ddp])
-#             events.append("optimizer.step")
-#             optimizer.step()
-#         steps.append(events)
-#     after_step = by_global_name([ddp], "param")
-#     ddp.start_param_sync(force_sync=True)  # what the formal entry does before saving a checkpoint
-#     return dict(steps=steps, after_step=after_step, synced=by_global_name([ddp], "param"),
-#                 buckets=[b.grad_data.numel() for b in ddp.buffers[0].buckets])
-# ```
+# 当场比较两次的权重。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(overlap_run)
 
 # %%
 section8 = run_ranks(run_overlap, 2, EXPERIMENTS["overlap"].tiny, PAR)   # 每个 rank：先不 overlap，再 overlap
@@ -741,13 +649,20 @@ where
 timeline
 
 # %% [markdown]
+# 同一份记录画成时间线，上面再加上不 overlap 的一步和 overlap 的第 1 步（蓝 = 一串模块的 forward，红 = 一串参数的梯度，
+# 黄 = 一次 collective，`AG b2` 是 bucket 2 的 all-gather；鼠标停在方块上看细节）：
+
+# %%
+dp_pictures.draw_overlap_timeline(section8[0])
+
+# %% [markdown]
 # - **AG 在 forward 里按需发出、预取下一个**：第一个有参数的模块 `word_embeddings` 开始 forward 时，它的 pre-hook 发现自己的 bucket
 #   （bucket 2，buffer 的词嵌入那端）的 AG 还没发，就发出并等它完成（[`param_and_grad_buffer.py:322`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L322)），
 #   随即**异步**发出下一个 bucket 1 的 AG（第 338 行）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
 #   时才等 bucket 1，再发 bucket 0。AG 的顺序与 forward 用参数的顺序一致，和 bucket 的编号相反。第二个 micro-batch 的 forward 不再 AG。
 # - **RS 在 backward 里、紧跟在 bucket 凑齐之后**：backward 从输出层往回算，`output_layer.weight` 到 `layers.2` 的 `linear_fc2` 这 12 个梯度
-#   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。`tests/ranks/test_overlap_timeline.py`
-#   对每个 RS 检查：它前面恰好刚算完它那个 bucket 的最后一个梯度。
+#   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。每个 RS
+#   前面恰好刚算完它那个 bucket 的最后一个梯度。
 # - 第一个 micro-batch 的 backward 没有通信（`no_sync`）。
 #
 # gloo 在 CPU 上也给了异步句柄，所以顺序与 GPU 上一致；真正的"重叠"（通信和计算同时进行）要 GPU 上独立的通信 stream，
@@ -867,7 +782,7 @@ Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后
 # 不拥有的参数就没有 `main_param` 属性——不报错，但读它的代码（正式入口的参数范数）会退回用完整权重、在每个 DP rank 上重复计数。
 # `shared_embedding_cuda`：PP>1 共享词嵌入时最后一个 stage 的 `weight.data.cuda()`
 # （[`language_module.py:244`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L244)，
-# 笔记 13 遗留问题 4 提到过）。每个都在 `tests/ranks/test_cpu_compat.py` 里对照参考实现测过。fp16 的数值在 CPU 上与 GPU 不同
+# 笔记 13 遗留问题 4 提到过）。fp16 的数值在 CPU 上与 GPU 不同
 # （矩阵乘的累加方式不同），所以第 3 节"缺省配置跳过 16 步"这个数只属于这台机器和这个小模型，不是 Megatron 的性质。
 
 # %% [markdown]
@@ -882,7 +797,7 @@ Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([row for row in created if row[0] in ("fp16", "bf16")])
 
 # %% [markdown]
@@ -894,7 +809,7 @@ print([row for row in created if row[0] in ("fp16", "bf16")])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(run_ranks(scaler_trace, 1, [True, False, True], initial_scale=1024.0, growth_interval=1000, hysteresis=2)[0][-1])
 
 # %% [markdown]
@@ -906,7 +821,7 @@ print(run_ranks(scaler_trace, 1, [True, False, True], initial_scale=1024.0, grow
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(optimizer_memory.bytes_per_parameter("bf16", "fp32", 4, True), optimizer_memory.bytes_per_parameter("bf16", "fp32", 4, False))
 
 # %% [markdown]
@@ -919,7 +834,7 @@ print(optimizer_memory.bytes_per_parameter("bf16", "fp32", 4, True), optimizer_m
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 step0 = [r["steps"][0]["rows"] for r in tp2]
 extra = sum(x["sumsq"] for rows in step0 for x in rows if not x["counted"])
 print(sorted({x["name"].split(".")[-2] + "." + x["name"].split(".")[-1] for x in step0[1] if not x["counted"]}))
@@ -935,7 +850,7 @@ print(round(grad_norm.naive_norm(step0) ** 2 - grad_norm.total_norm(step0) ** 2,
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 since_forward = []
 for event in section8[0]["overlapped"][1]:
     if isinstance(event, overlap_timeline.Marker):
