@@ -104,9 +104,10 @@
 # | `HyperCommGrid.create_pg` | 维度名 | 本 rank 所在的那个群 | `new_subgroups_by_enumeration` | 是：建群（全员参与） | 否 | 进程状态 | 相当于另一套 `initialize_distributed` |
 # | `SelfAttention.get_query_key_value_tensors` | hidden states `[s, b, h]` | Q、K、V | `linear_qkv` | TP 份数多于 group 数时才 all-gather | 按 group 排的行 | 否 | forward |
 
-# %%
-from snippets.rl import qkv_layout, refit_cost  # first: refit_cost also quiets known warnings
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+from snippets.rl import pictures, qkv_layout, refit_cost
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
 
@@ -132,106 +133,30 @@ from megatron.core import parallel_state
 # - **rollout 模型（目标）** 不能再调一次 `initialize_model_parallel`（全局群只有一套），所以用 `HyperCommGrid`
 #   按 TP=4 另建一套群，装进它自己的 `ProcessGroupCollection`。模型的层从 `pg_collection` 取群，不看全局变量。
 #
-# 这些构造函数和下面的 `one_rl_round` 都在 `snippets/experiments/n22_refit.py`：本篇的单元格和命令行
-# `torchrun ... -m snippets.run refit --dims dense-8b --tp 2 --pp 4`（见 README 的 "Running at real scale"）调用的是
-# 同一组函数，模型尺寸是参数 `dims`，本篇用它的 `tiny`（上面那个小 GPT）。原样列出（`tests/experiments/test_run.py` 检查
-# 这里和模块里的源码一字不差）：
-#
-# ```python
-# def gpt_config(dims, tp: int, pp: int, device: str = "cpu"):
-#     from megatron.core.transformer import TransformerConfig
-#
-#     return TransformerConfig(**dims.transformer_config_kwargs(), tensor_model_parallel_size=tp,
-#                              pipeline_model_parallel_size=pp, use_cpu_initialization=device == "cpu",
-#                              pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
-#
-#
-# def gpt(dims, config, pg_collection, first: bool = True, last: bool = True):
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#
-#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
-#     return GPTModel(config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                     pre_process=first, post_process=last, share_embeddings_and_output_weights=False,
-#                     position_embedding_type="rope" if dims.rope else "learned_absolute",
-#                     pg_collection=pg_collection)
-#
-#
-# def rollout_groups(tp: int):
-#     """The inference layout's own groups: TP=tp, PP=1, the rest data parallel."""
-#     from megatron.core.hyper_comm_grid import HyperCommGrid
-#     from megatron.core.process_groups_config import ProcessGroupCollection
-#
-#     grid = HyperCommGrid([tp, 1, 1, 1, dist.get_world_size() // tp], ["tp", "cp", "ep", "pp", "dp"])
-#     return ProcessGroupCollection(tp=grid.create_pg("tp"), cp=grid.create_pg("cp"),
-#                                   pp=grid.create_pg("pp"), ep=grid.create_pg("ep"),
-#                                   dp=grid.create_pg("dp"),
-#                                   embd=None, pos_embd=None)  # PP=1: no stage shares the embedding
-# ```
+# 这些构造函数和下面的 `one_rl_round` 都在 `snippets/experiments/n22_refit.py`，模型尺寸是参数 `dims`，本篇用它的
+# `tiny`（上面那个小 GPT）。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n22_refit import gpt, gpt_config, one_rl_round, rollout_groups
+from snippets.experiments.n22_refit import (MEANINGS, Inputs, check_table, compact, gpt, gpt_config, one_rl_round,
+                                            param_bytes, pipeline_logits, rank_row, rollout_groups, rollout_logits,
+                                            train_one_step, where)
 
 TINY = EXPERIMENTS["refit"].tiny
 SEQ, VOCAB, BATCH = TINY.seq, TINY.vocab, TINY.micro_batch_size
 POS = torch.arange(SEQ).expand(BATCH, SEQ)
 MASK = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).view(1, 1, SEQ, SEQ)  # True = 看不见
 
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(gpt_config, gpt, rollout_groups)
+
 # %% [markdown]
 # 训练一步走真实的 pipeline schedule（PP=2 时 `get_forward_backward_func()` 给出 1F1B），再对本 rank 的参数做一次
 # 普通的 `torch.optim.SGD`。比较 logits 时训练模型也要走 pipeline（forward only）：最后一个 stage 拿到完整 vocab 的
 # logits（`runtime_gather_output=True`），再在 PP 群里广播给前面的 stage。rollout 模型 PP=1，直接调用。
-#
-# ```python
-# class Inputs:
-#     """Positions and the causal mask for ``[batch, seq]`` tokens, on ``device``."""
-#
-#     def __init__(self, dims, device: str = "cpu"):
-#         s, b = dims.seq, dims.micro_batch_size
-#         self.seq, self.batch, self.vocab = s, b, dims.vocab
-#         self.pos = torch.arange(s, device=device).expand(b, s)
-#         self.mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1).view(1, 1, s, s)
-#
-#
-# def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5):
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#
-#     def step(data, model):
-#         tokens = next(data)
-#         loss = model(tokens, inputs.pos, inputs.mask, labels=tokens.roll(-1, dims=1))  # [b, s]
-#         return loss, lambda l: (l.mean(), {"loss": l.mean().detach().clone()})
-#
-#     out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter(batches),
-#                                       model=[model], num_microbatches=len(batches),
-#                                       seq_length=inputs.seq, micro_batch_size=inputs.batch)
-#     torch.optim.SGD(model.parameters(), lr=lr).step()
-#     return [round(float(o["loss"]), 4) for o in out]
-#
-#
-# def pipeline_logits(model, tokens, inputs: Inputs):
-#     from megatron.core import parallel_state
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#
-#     def step(data, model):
-#         out = model(next(data), inputs.pos, inputs.mask, runtime_gather_output=True)
-#         return out, lambda o: (o.sum() * 0, {"logits": o.detach().clone()})
-#
-#     out = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([tokens]),
-#                                       model=[model], num_microbatches=1, seq_length=inputs.seq,
-#                                       micro_batch_size=inputs.batch, forward_only=True)
-#     last = parallel_state.is_pipeline_last_stage()
-#     logits = out[0]["logits"] if last else torch.empty(inputs.batch, inputs.seq, inputs.vocab,
-#                                                        device=tokens.device)
-#     dist.broadcast(logits, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-#                    group=parallel_state.get_pipeline_model_parallel_group())
-#     return logits
-#
-#
-# def rollout_logits(model, tokens, inputs: Inputs):
-#     with torch.no_grad():
-#         return model(tokens, inputs.pos, inputs.mask, runtime_gather_output=True)
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(Inputs, train_one_step, pipeline_logits, rollout_logits)
 
 # %% [markdown]
 # ### 一轮 RL，在每个 rank 上
@@ -239,86 +164,14 @@ MASK = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).view(1, 1, SEQ, SEQ)  # Tr
 # 建两个模型 → 第一次同步（rollout 从当前 policy 出发）→ 训练一步 → 不同步时 rollout 用的是哪个 policy →
 # 第二次同步。两次 `swap_model_weights` 各自用 `snippets.record.recorder` 记下全部 collective；最后把缓存在目标模型上的
 # plan 拆成记录（`refit_cost.plan_ops`）带回 notebook。
-#
-# ```python
-# def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None,
-#                  device: str = "cpu") -> dict:
-#     """On every rank: refit, train one step, see the stale rollout, refit again (note 22)."""
-#     from snippets.record import recorder
-#     from megatron.core import parallel_state
-#     from megatron.core.process_groups_config import ProcessGroupCollection
-#     from megatron.core.resharding.refit import swap_model_weights
-#     from megatron.core.resharding.utils import (_build_layer_module_prefix_map,
-#                                                 _resolve_global_layer_number_in_name)
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#
-#     rollout_tp = rollout_tp or dist.get_world_size()
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-#     model_parallel_cuda_manual_seed(123)
-#     torch.manual_seed(100 * parallel_state.get_pipeline_model_parallel_rank())  # each stage its own layers
-#     with torch.device(device):
-#         policy = gpt(dims, gpt_config(dims, tp, pp, device), ProcessGroupCollection.use_mpu_process_groups(),
-#                      parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
-#         rollout = gpt(dims, gpt_config(dims, rollout_tp, 1, device), rollout_groups(rollout_tp))
-#     backend = "nccl" if device == "cuda" else "gloo"
-#     inputs = Inputs(dims, device)
-#
-#     data = torch.randint(0, dims.vocab, (dims.microbatches + 1, dims.micro_batch_size, dims.seq),
-#                          generator=torch.Generator().manual_seed(7)).to(device)
-#     prompts, batches = data[0], list(data[1:])
-#
-#     with recorder.record() as first_sync:
-#         swap_model_weights(policy, rollout, backend)         # round 0: from the current policy
-#     before = pipeline_logits(policy, prompts, inputs)
-#     synced = torch.allclose(rollout_logits(rollout, prompts, inputs), before, atol=1e-5)
-#
-#     losses = train_one_step(policy, batches, inputs)         # the policy moved
-#     after = pipeline_logits(policy, prompts, inputs)
-#     stale = rollout_logits(rollout, prompts, inputs)         # rollout still has the old weights
-#
-#     with recorder.record() as second_sync:
-#         swap_model_weights(policy, rollout, backend)         # round 1: sync again
-#     fresh = rollout_logits(rollout, prompts, inputs)
-#
-#     def shapes(model):
-#         prefix = _build_layer_module_prefix_map(model)
-#         return {_resolve_global_layer_number_in_name(n, prefix): tuple(p.shape)
-#                 for n, p in model.named_parameters()}
-#
-#     tp_sharded = [getattr(p, "tensor_model_parallel", False) for p in rollout.parameters()]
-#     return dict(
-#         losses=losses, synced=synced,
-#         policy_changed=not torch.allclose(after, before, atol=1e-5),
-#         max_change=round(float((after - before).abs().max()), 4),
-#         stale_is_old=torch.allclose(stale, before, atol=1e-5),
-#         stale_is_new=torch.allclose(stale, after, atol=1e-5),
-#         fresh_is_new=torch.allclose(fresh, after, atol=1e-5),
-#         fresh_diff=float((fresh - after).abs().max()),
-#         policy_shapes=shapes(policy), rollout_shapes=shapes(rollout),
-#         sharded_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if s),
-#         replicated_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if not s),
-#         plan=refit_cost.plan_ops(rollout._cached_reshard_plan, policy, rollout),
-#         first_sync=first_sync, second_sync=second_sync,
-#         groups={"训练 tp": dist.get_process_group_ranks(policy.pg_collection.tp),
-#                 "训练 pp": dist.get_process_group_ranks(policy.pg_collection.pp),
-#                 "rollout tp": dist.get_process_group_ranks(rollout.pg_collection.tp),
-#                 "rollout dp": dist.get_process_group_ranks(rollout.pg_collection.dp)},
-#     )
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(one_rl_round)
 
 # %%
 ranks = run_ranks(one_rl_round, 4, TINY, tp=2, pp=2, grid=dict(tp=2, pp=2))
 r0 = ranks[0]
-Table(["检查", "rank 0、1、2、3 的结果"], [
-    ["训练一步的 loss（最后一个 stage 才有，2 个 microbatch）", [r["losses"] for r in ranks]],
-    ["第一次同步后：rollout logits == policy logits", [r["synced"] for r in ranks]],
-    ["训练一步后：policy 的 logits 变了（最大变化）",
-     [(r["policy_changed"], r["max_change"]) for r in ranks]],
-    ["不同步：rollout == 旧 policy", [r["stale_is_old"] for r in ranks]],
-    ["不同步：rollout == 新 policy", [r["stale_is_new"] for r in ranks]],
-    ["第二次同步后：rollout == 新 policy", [r["fresh_is_new"] for r in ranks]],
-    ["第二次同步后：最大差 < 1e-6", [r["fresh_diff"] < 1e-6 for r in ranks]],
-])
+check_table(ranks, TINY.microbatches)
 
 # %% [markdown]
 # 这张表就是"为什么每轮都要同步"：训练一步之后 policy 的 logits 最多变了 0.69，而没有同步的 rollout 模型
@@ -332,11 +185,6 @@ Table(["检查", "rank 0、1、2、3 的结果"], [
 # PP stage 1 上的 `decoder.layers.0` 其实是全局第 2 层）：
 
 # %%
-def where(shapes_by_rank, name):
-    held = {r: s[name] for r, s in enumerate(shapes_by_rank) if name in s}
-    return ", ".join(f"r{r} {list(shape)}" for r, shape in held.items())
-
-
 names = ["embedding.word_embeddings.weight",
          "decoder.layers.0.self_attention.linear_qkv.weight",
          "decoder.layers.3.self_attention.linear_qkv.weight",
@@ -358,10 +206,6 @@ Table(["参数（全局名）", "训练 TP2·PP2：rank 与本地 shape", "rollo
 # 每个 rank 持有多少：
 
 # %%
-def param_bytes(shapes):
-    return sum(4 * torch.Size(s).numel() for s in shapes.values())
-
-
 Table(["rank", "训练：参数个数", "训练：字节", "rollout：参数个数", "rollout：字节"],
       [[r, len(p), param_bytes(p), len(q), param_bytes(q)]
        for r, (p, q) in enumerate(zip(policy_shapes, rollout_shapes))])
@@ -379,19 +223,19 @@ matrix = refit_cost.plan_traffic(plans)
 Table(["发送 ＼ 接收", *[f"r{d}" for d in range(4)], "发出合计"],
       [[f"r{s}", *matrix[s], sum(matrix[s])] for s in range(4)])
 
+# %% [markdown]
+# 同一个矩阵画出来，每个训练 rank 标上它的 TP、PP 坐标（颜色越深字节越多；鼠标停在格子上看数）：
+
 # %%
-def rank_row(rank, ops):
-    recv = [o for o in ops if o["kind"] == "recv"]
-    send = [o for o in ops if o["kind"] == "send"]
-    local = sum(o["bytes"] for o in recv if o["peer"] == rank)
-    remote = sum(o["bytes"] for o in recv) - local
-    return [rank, len(recv), sorted({o["peer"] for o in recv}), remote, local,
-            len(send), sorted({o["peer"] for o in send}), param_bytes(rollout_shapes[rank])]
+pictures.draw_traffic_matrix(
+    matrix, [f"r{s}（训练 tp{s % 2}·pp{s // 2}）" for s in range(4)], [f"r{d}（tp{d}）" for d in range(4)],
+    title="refit 的字节矩阵：训练 TP2×PP2 → rollout TP4",
+    desc="行是发送的训练 rank，列是接收的 rollout rank，格子里是 plan 让它搬的字节；对角线是不出进程的本地拷贝。")
 
-
+# %%
 Table(["rank", "recv 片数", "来自", "远端收到（字节）", "本地拷贝（字节）",
        "send 片数", "发往", "rollout 参数字节"],
-      [rank_row(r, ops) for r, ops in enumerate(plans)])
+      [rank_row(r, ops, rollout_shapes[r]) for r, ops in enumerate(plans)])
 
 # %% [markdown]
 # 读法：
@@ -448,19 +292,6 @@ Table(["rank", *r0["groups"]], [[r, *x["groups"].values()] for r, x in enumerate
 # **第一次同步**记录到的每个 collective（rank 0；API / 群 / 通信前后 shape / 语义）：
 
 # %%
-def compact(calls):
-    """batch_isend_irecv carries one op per piece: show how many, not every shape."""
-    for c in calls:
-        if c.api == "batch_isend_irecv":
-            sends = sum(op == "isend" for op, _ in c.extra["ops"])
-            c.before = c.after = f"{sends} × isend, {len(c.extra['ops']) - sends} × irecv"
-    return calls
-
-
-MEANINGS = {"all_gather": "all_gather_object：先交换长度，再交换 pickle 后的元数据（源、目标各一轮）",
-            "broadcast": "broadcast_object_list：rank 0 把算好的 plan 发给每个 rank（先长度后内容）",
-            "batch_isend_irecv": "按 plan 逐片收发 weight（本地片直接 copy_，不在其中）",
-            "barrier": "所有 rank 都收完，再写回参数"}
 communication_table(compact(r0["first_sync"]), MEANINGS, ranks=False)
 
 # %% [markdown]
@@ -518,6 +349,13 @@ Table(["query group", "linear_qkv 里的行块（每块 head_dim 行）", "训�
       [[g, " ".join(b), g * 2 // len(blocks), g * 4 // len(blocks)] for g, b in enumerate(blocks)])
 
 # %% [markdown]
+# 同一组行块，上面是 Megatron 的存法和每种 TP 下各 rank 拿走的行，下面是 Hugging Face 分开存的 `q_proj`、`k_proj`、
+# `v_proj`，箭头是转换时每个行块去哪里：
+
+# %%
+pictures.draw_qkv_layout(labels, num_query_groups=4, tp_sizes=(2, 4))
+
+# %% [markdown]
 # 这样排的理由在后两列：TP 按行把 `linear_qkv` 切成连续的几段，每段恰好是**整数个 query group**——本 rank 的
 # attention 需要的 Q、K、V 全在本地，不用通信（`get_query_key_value_tensors` 只在 TP 份数多于 group 数时才 all-gather，
 # attention.py 第 1398 行）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
@@ -529,7 +367,6 @@ Table(["query group", "linear_qkv 里的行块（每块 head_dim 行）", "训�
 
 # %%
 def attention_check():
-    from snippets.rl import refit_cost  # noqa: F401 - first, quiets the known warnings
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.attention import SelfAttention
@@ -584,7 +421,7 @@ print("转回 Megatron 的名字和行序，逐位相等:",
 # 反推带宽：2 GB ÷ 4.4 ms ≈ 450 GB/s，正是 H100 NVLink 4 每卡单向带宽（双向 900 GB/s 的一半）；2 GB ÷ 40 ms = 50 GB/s，
 # 正是每卡一块 400 Gb/s NDR InfiniBand 网卡（400 ÷ 8）。GB 按十进制（1e9 字节）。所以这组数字假设的是：
 # 每张卡只收自己那 1/8（目标切片），8 张卡同时收、各走各的链路，没有延迟和协议开销——是下限。
-# `snippets/rl/refit_cost.py` 把它写成公式（`tests/ranks/test_refit_cost.py` 核对 seed 的每个数）：
+# `snippets/rl/refit_cost.py` 把它写成公式：
 #
 # <!-- same-as-next-output -->
 # | model | dtype | total (GB) | GPUs | per GPU (GB) | NVLink (ms) | IB (ms) |
@@ -661,9 +498,9 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 #
 # `python -m snippets.rl.verl_sync CONFIG.yaml [--params 7e9]` 读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
 # 回答 seed 000 的四个问题并给出每卡搬运量和时间下限（模型大小取 `--params`，或从 `model.path` 的名字里读）。
-# `tests/fixtures/verl/` 下是为测试写的几份最小配置。seed 的布局（Megatron TP4×PP2，SGLang TP8，colocated）：
+# `tests/fixtures/verl/` 下是几份最小的 verl 配置。seed 的布局（Megatron TP4×PP2，SGLang TP8，colocated）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 ROOT = Path(refit_cost.__file__).resolve().parents[2]
 
 
@@ -722,7 +559,6 @@ verl_sync("tests/fixtures/verl/not_verl.yaml")
 
 # %%
 def surprises():
-    from snippets.rl import refit_cost  # noqa: F401 - first, quiets the known warnings
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.parallel_state import RankGenerator
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -730,6 +566,7 @@ def surprises():
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     model_parallel_cuda_manual_seed(123)
+    torch.manual_seed(0)  # the weights must not depend on the random state this rank was forked with
     # 1. the rollout model asked for a loss, against cross entropy of its own full logits
     rollout = gpt(TINY, gpt_config(TINY, tp=4, pp=1), rollout_groups(tp=4))
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(7))
@@ -809,7 +646,7 @@ Table(["群", "RankGenerator（tp-cp-ep-dp-pp）", "HyperCommGrid 同序",
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 Table(refit_cost.REFIT_HEADERS, refit_cost.refit_rows(8.19e9))
 
 # %% [markdown]
@@ -823,7 +660,7 @@ Table(refit_cost.REFIT_HEADERS, refit_cost.refit_rows(8.19e9))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 labels = qkv_layout.fused_row_labels(8, 4)
 print(labels[6], labels[2 * 4:3 * 4])
 
@@ -837,7 +674,7 @@ print(labels[6], labels[2 * 4:3 * 4])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(len(r0["first_sync"]), "→", len(r0["second_sync"]), [c.api for c in r0["second_sync"]])
 
 # %% [markdown]
@@ -854,9 +691,8 @@ print(len(r0["first_sync"]), "→", len(r0["second_sync"]), [c.api for c in r0["
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def seed_layout_plan():
-    from snippets.rl import refit_cost  # noqa: F401 - first, quiets the known warnings
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.resharding import build_centralized_reshard_plan
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -894,7 +730,7 @@ Table(["rank", "收到（字节）", "占整个模型", "其中本地拷贝"],
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 verl_sync("tests/fixtures/verl/megatron_sglang_colocated.yaml", "--params", "8e9")
 
 # %% [markdown]
