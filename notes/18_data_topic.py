@@ -133,9 +133,8 @@
 # | `loss_func`（pretrain_gpt） | `loss_mask`、每 token loss | `(loss 之和, token 数, 报告)` | 无 | 否 | 否 | 否 | simple loop 的 `loss_func` |
 # | `train`（只看数据这一面） | data iterator | 无 | 无 | 否 | 否 | **是**：`consumed_train_samples` | 训练循环本身 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import math
-import os
 import re
 import tempfile
 from collections import Counter
@@ -144,18 +143,21 @@ import numpy
 import torch
 
 from snippets.data.batch_flow import FIELDS, STAGE_FIELDS
+from snippets.data.pictures import draw_blend
 from snippets.data.dataset_args import (CONFIG_FROM_ARGS, core_gpt_dataset_config_from_args,
                                    get_train_valid_test_num_samples, parse_args)
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n18_data_topic import (build_table, checks, consumed_line, reading_ranks, resume_table,
-                                             run)
+from snippets.experiments.n03_batch_flow import write_corpus
+from snippets.experiments.n18_data_topic import (build_table, checks, consumed_line, read_iterations, reading_ranks,
+                                             resume_table, run)
 from snippets.ranks.launch import RankError, run_ranks
+from snippets.record.listing import listing
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.utils import get_blend_from_list
 from megatron.core.tokenizers import MegatronTokenizer
 
@@ -165,26 +167,17 @@ from megatron.core.tokenizers import MegatronTokenizer
 # ### 两个小语料
 #
 # 语料 a：10 篇文档，长 2–5 个 token（加 EOD 后 3–6），token 依次递增，便于认出来自哪里；语料 b：8 篇，token 是 20–24 的重复。
-# 每篇文末加 EOD（`NullTokenizer` 的 EOD 是 31），和 `tools/preprocess_data.py` 最后一步一样用 `IndexedDatasetBuilder` 写：
+# 每篇文末加 EOD（`NullTokenizer` 的 EOD 是 31），和 `tools/preprocess_data.py` 最后一步一样用 `IndexedDatasetBuilder` 写
+# （笔记 03 实验模块里的 `write_corpus`）：
 
 # %%
 tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=31)
 workdir = tempfile.TemporaryDirectory()
-
-
-def write_corpus(name, documents):
-    prefix = os.path.join(workdir.name, name)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.int32)
-    for doc in documents:
-        builder.add_document(torch.tensor(doc + [tokenizer.eod]), [len(doc) + 1])
-    builder.finalize(prefix + ".idx")
-    return prefix
-
-
 lengths = [2 + i % 4 for i in range(10)]
 starts = numpy.cumsum([0] + lengths[:-1])
-corpus_a = write_corpus("a", [[int(s + j) % 30 for j in range(n)] for s, n in zip(starts, lengths)])
-corpus_b = write_corpus("b", [[20 + i % 5] * (3 + i % 3) for i in range(8)])
+corpus_a = write_corpus(workdir.name, "a", [[int(s + j) % 30 for j in range(n)] for s, n in zip(starts, lengths)],
+                        tokenizer.eod)
+corpus_b = write_corpus(workdir.name, "b", [[20 + i % 5] * (3 + i % 3) for i in range(8)], tokenizer.eod)
 NAMES = {corpus_a: "a", corpus_b: "b"}  # print names, never temporary paths
 indexed_a, indexed_b = IndexedDataset(corpus_a), IndexedDataset(corpus_b)  # keep them: see 遗留问题 7
 print("a 的文档长度（含 EOD）:", indexed_a.sequence_lengths.tolist())
@@ -193,8 +186,7 @@ print("b 的文档长度（含 EOD）:", indexed_b.sequence_lengths.tolist())
 # %% [markdown]
 # ### 1. 从命令行到 `GPTDatasetConfig`
 #
-# 正式入口里这一步分三处（都不在 pip 包里，`snippets/data/dataset_args.py` 用 Megatron 的名字重写了它们；
-# `tests/unit/test_dataset_args.py` 拿 tag 上 Megatron 自己的 argparse、`pretrain_gpt.py` 里的字典字面量和三个原函数逐项对比）：
+# 正式入口里这一步分三处（都不在 pip 包里，`snippets/data/dataset_args.py` 用 Megatron 的名字重写了它们）：
 #
 # 1. [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469)：
 #    `--data-path`（或 `--train/valid/test-data-path`，或写在文件里的同样内容）交给 core 的 `get_blend_from_list`；
@@ -286,7 +278,7 @@ Table(["split", "表", "shape", "内容"],
 #
 # 顺着三张表手工取 `train[0]` 的 token，应与 `GPTDataset.__getitem__` 给的一致：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def window(ds, i):
     """Follow shuffle -> sample -> document index to the seq_length + 1 tokens of sample i."""
     j = int(ds.shuffle_index[i])
@@ -311,7 +303,7 @@ print("全部 18 个样本都一致:", all(window(train, i)[1] == train[i]["toke
 # 排在 `shuffle_index` 末尾。这样训练读到的前若干样本只来自完整的 epoch，不会偏向最后那个 epoch 里碰巧被选中的文档。
 # 换几个 `--train-iters`，用真实的 `shuffle_index` 检查它是否分成了两段：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def train_split(command):
     a = parse_args(command, world_size=2)
     return BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(a), lambda: True,
@@ -374,6 +366,17 @@ Table(["split", "size（要的）", "BlendedDataset 长度", "a: num_samples / l
 # （helpers.cpp 第 77 行）的**贪心**结果：每一步选"目标数 − 已取数"最大的那个语料。它不依赖 seed；
 # 随机性只在每个语料自己的 `shuffle_index` 里。`dataset_sample_index` 则在每个语料里依次数 0, 1, 2, …
 #
+# 把 train 的 17 个样本画成一条：颜色是 `dataset_index`（来自哪个语料），格里是 `dataset_sample_index`（该语料的第几个样本）；
+# 下面的折线是"前 n 个样本里来自 a 的个数 − 0.7·n"：
+
+# %%
+train_blend = blended[0]
+draw_blend(train_blend.dataset_index, train_blend.dataset_sample_index,
+           [round(float(w), 4) for w in train_blend.weights], title="--data-path 0.7 a 0.3 b：train 的每个样本来自哪个语料")
+
+# %% [markdown]
+# 每 10 个样本里 a 取 7 个、b 取 3 个，b 的样本均匀地插在中间；折线始终在 ±1 之内。
+#
 # 实测比例：把训练拉长到 250 步（train 要 1000 个样本），用真实的 `BlendedDataset.__getitem__` 逐个取样本，数 `dataset_id`：
 
 # %%
@@ -420,7 +423,7 @@ print({k: f"{list(v.shape)} {str(v.dtype).replace('torch.', '')}" for k, v in ba
 print("loss_mask 第 0 行:", batch["loss_mask"][0].tolist(), " tokens 第 0 行:", batch["tokens"][0].tolist())
 
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def field_runs(batch):
     from snippets.data.forward_fields import readers_of, record_forward_inputs
     from snippets.models.tiny_gpt import init_by_global_name, tiny_config
@@ -479,7 +482,7 @@ Table(["batch 字段", "GPTModel.forward 参数", "被谁读到（learned_absolu
 # %% [markdown]
 # 然后逐个改动一个字段，看每 token 的 loss 变不变（`torch.allclose`）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def effect(result, base):
     return result if isinstance(result, str) else ("变了" if not torch.allclose(result, base) else "不变")
 
@@ -516,13 +519,13 @@ print("每 token loss 之和:", round(float(losses.sum()), 4), " 乘 loss_mask �
 # TP：只有 TP rank 0 读数据，在 TP 群里 broadcast 给其余 rank（笔记 03 逐条记录了 9 次 broadcast）；CP：`get_batch_on_this_cp_rank`
 # 把序列切成 2·CP 块、每个 rank 留一头一尾两块，纯索引、不通信（笔记 03 的运行、[笔记 16](../16_context_parallel/) 的 attention）。
 #
-# **PP 是这一节的新事实。** `get_batch` 按 stage 只留一部分字段（`snippets.data.batch_flow.STAGE_FIELDS`，笔记 03 已与 tag 上的代码逐个 broadcast 对过）：
+# **PP 是这一节的新事实。** `get_batch` 按 stage 只留一部分字段（`snippets.data.batch_flow.STAGE_FIELDS`）：
 # 首 stage `tokens, attention_mask, position_ids`，尾 stage `labels, loss_mask, attention_mask`，中间 stage 什么都没有。
 # 这够不够？在 3 个 rank（PP=3、每 stage 1 层、RoPE）上用真实的 `get_forward_backward_func()` 跑一个 micro-batch，
 # 每个 stage 的 data iterator 只给它 `get_batch` 会留下的字段，其余为 `None`；权重按全局层名生成（`init_by_global_name`），
 # 可与第 4 节那次运行里单 rank 的完整 3 层模型（`field_runs` 的 "rope, 3 layers"）逐元素比较。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def pipeline_fields(batch):
     import traceback
     from functools import partial
@@ -607,7 +610,7 @@ communication_table(pp[1]["calls"], meanings={
 # 从第 4 节的数据集里挑文档最多的那条样本，当作一个 packed（THD）micro-batch：`tokens [1, 8]`，文档边界由 EOD 位置算出，
 # 正式入口里 `get_batch` → `get_thd_batch_on_this_cp_rank` 把它们装进 `PackedSeqParams(qkv_format="thd")`（笔记 03）。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def packed_runs(packed):
     import traceback
 
@@ -690,7 +693,7 @@ Table(["调用栈（megatron/core 内，由外到内）", "行", "函数"],
 # （[`transformer_engine.py:1373`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1373)），
 # THD 时把 `causal` 改成 `padding_causal`（第 1397–1402 行），TE 的 kernel 只在每段内部做因果 attention。
 # 为了在 CPU 上看到完整的结果，`snippets/data/thd_attention.py` 的 `ThdCoreAttention` 坐到 core attention 的位置上，做同样的"段内因果"计算
-# （`tests/ranks/test_thd_attention.py` 拿 Megatron 自己的 `DotProductAttention` + 块对角 mask 验证它）；模型的其余部分——embedding、
+# （与 Megatron 自己的 `DotProductAttention` 加块对角 mask 的结果相同）；模型的其余部分——embedding、
 # RoPE 的 THD 路径、线性层、loss——都是真实的 Megatron：
 
 # %%
@@ -701,7 +704,7 @@ Table(["读者", "收到的"],
        ["core_attention: attn_mask_type", got["attn_mask_type"]],
        ["core_attention: cu_seqlens_q / max_seqlen_q", f"{got['cu_seqlens_q']} / {got['max_seqlen_q']}"]])
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def same(a, b):
     return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.allclose(a, b, atol=1e-6)
 
@@ -736,8 +739,8 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # `build_pretraining_data_loader`（[`training.py:3387`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3387)），
 # `MegatronPretrainingSampler` 从这个下标接着切块。数据集本身不存状态：三张索引表由 seed 和 sizes 决定，重启后重建（或读缓存）出同样的表。
 #
-# sampler 在 `megatron/training` 里，不在 pip 包中：`snippets/data/pretraining_sampler.py` 按 tag 重写了它
-# （`tests/unit/test_pretraining_sampler.py` 拿 tag 上的类逐下标对比）。每个 rank 做正式入口做的事（`read_iterations`）：
+# sampler 在 `megatron/training` 里，不在 pip 包中：`snippets/data/pretraining_sampler.py` 按 tag 重写了它。
+# 每个 rank 做正式入口做的事（`read_iterations`）：
 # 用本篇的命令行建数据集（和 `pretrain_gpt.py` 一样只有 TP rank 0 建，其余 rank 只陪 builder 的 barrier），
 # 按 `consumed_train_samples` 建 loader，然后跑若干步、每步取 `num_microbatches` 个 micro-batch。
 #
@@ -745,61 +748,12 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # 只留下第 2 步后存下的 `consumed_train_samples`，以 DP=2（TP=2）、DP=4（TP=1）、DP=1（TP=4）各重读一次第 3、4 步——
 # rank 数不变，换 DP 大小靠换 TP。global batch 固定为 micro-batch × `microbatches` × DP = 1 × 2 × 2 = 4，
 # 和 `--global-batch-size` 一样不随 DP 变。语料就是上面的语料 a：`run` 让 global rank 0 按 `dims` 把它重新写进一个临时目录
-# （逐 token 相同；路径不打印）。这些函数在 `snippets/experiments/n18_data_topic.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 4 -m snippets.run data-topic --tp 2`（见 README 的 "Running at real scale"）调用的是同一个 `run`；
+# （逐 token 相同；路径不打印）。这些函数在 `snippets/experiments/n18_data_topic.py` 里；
 # 序列长度、micro-batch、`microbatches` 和词表是参数 `dims`，本篇用它的 `tiny`（seq 4、micro-batch 1、2 个 micro-batch、vocab 32）。
-# 下表的 `rN` 是 DP rank：TP=2 时每个 DP rank 只有它的 TP rank 0 读数据。原样列出（`tests/experiments/test_run_data.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def read_iterations(command, tokenizer, consumed_train_samples, iterations):
-#     from megatron.core import parallel_state as mpu
-#     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-#     from megatron.core.datasets.gpt_dataset import GPTDataset
-#
-#     from snippets.record import recorder
-#
-#     args = parse_args(command, world_size=torch.distributed.get_world_size())
-#
-#     def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
-#         return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
-#                 and mpu.get_tensor_model_parallel_rank() == 0)
-#
-#     with recorder.record() as build_calls:  # every rank must enter build(): it holds world barriers
-#         train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(args),
-#                                                     is_dataset_built_on_rank,
-#                                                     core_gpt_dataset_config_from_args(args, tokenizer)).build()
-#     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
-#     num_microbatches = args.global_batch_size // (args.micro_batch_size * dp)
-#     loader = build_pretraining_data_loader(train, consumed_train_samples, args.micro_batch_size, dp_rank, dp)
-#     batches = None if loader is None else zip(loader.batch_sampler, loader)  # indices, and the batch
-#     steps, consumed = [], []
-#     for _ in range(iterations):
-#         if batches is not None:  # TP rank 0 reads (get_batch sends it on to the other TP ranks)
-#             steps.append([next(batches) for _ in range(num_microbatches)])
-#         consumed_train_samples += samples_per_iteration(dp, args.micro_batch_size, num_microbatches)
-#         consumed.append(consumed_train_samples)  # what train() keeps in args after each step
-#     return dict(dp=dp, dp_rank=dp_rank, consumed=consumed, build_calls=build_calls,
-#                 steps=None if batches is None else [[(idx, b["tokens"]) for idx, b in step] for step in steps])
-#
-#
-# def run(dims, par) -> dict:
-#     from megatron.core import parallel_state
-#
-#     tokenizer = null_tokenizer(dims.vocab)
-#     global_batch_size = dims.micro_batch_size * dims.microbatches * par.dp
-#     with shared_corpus(corpus_documents(dims), tokenizer.eod) as prefix:
-#         parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
-#         uninterrupted = read_iterations(command(prefix, dims, global_batch_size, par.tp), tokenizer, 0,
-#                                         RESUME_ITERATIONS)
-#         saved = uninterrupted["consumed"][INTERRUPTED_AFTER - 1]  # what a checkpoint then holds in args
-#         resumed = {}
-#         for dp in resume_dp_sizes(dims, par):  # a restart: new layout, dataset and sampler; only `saved` kept
-#             parallel_state.destroy_model_parallel()
-#             parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.world // dp)
-#             resumed[dp] = read_iterations(command(prefix, dims, global_batch_size, par.world // dp), tokenizer,
-#                                           saved, RESUME_ITERATIONS - INTERRUPTED_AFTER)
-#     return dict(uninterrupted=uninterrupted, saved=saved, resumed=resumed)
-# ```
+# 下表的 `rN` 是 DP rank：TP=2 时每个 DP rank 只有它的 TP rank 0 读数据。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(read_iterations, run)
 
 # %%
 TINY = EXPERIMENTS["data-topic"].tiny
@@ -900,7 +854,7 @@ build_table(resume)
 #    `IndexedDataset(prefix).sequence_lengths.tolist()` 这样一行里，对象在 `.tolist()` 之前就被回收，读到的是已解除映射的内存：
 #    进程被 SIGSEGV 杀死，没有 Python 异常（本篇初稿的 kernel 就是这样死的，所以第一格把两个对象留在变量里）。在一个 rank 里重现：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def dangling_view(prefix):
     kept = IndexedDataset(prefix)
     lengths = kept.sequence_lengths.tolist()  # fine: `kept` still holds the mmap
@@ -923,7 +877,7 @@ except RankError as err:
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(len(blended[0]), math.ceil(16 * 0.7) + math.ceil(16 * 0.3), [d.num_samples for d in blended[0].datasets])
 
 # %% [markdown]
@@ -935,7 +889,7 @@ print(len(blended[0]), math.ceil(16 * 0.7) + math.ceil(16 * 0.3), [d.num_samples
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(config.split_matrix[1], valid.indices.tolist())
 
 # %% [markdown]
@@ -947,7 +901,7 @@ print(config.split_matrix[1], valid.indices.tolist())
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([idx for idx, _ in reading_ranks(resume, dp=2)[1]["steps"][0]])
 
 # %% [markdown]
@@ -959,7 +913,7 @@ print([idx for idx, _ in reading_ranks(resume, dp=2)[1]["steps"][0]])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(effect(runs["learned_absolute"]["changed"]["position_ids 倒序"], runs["learned_absolute"]["base"]),
       effect(runs["rope"]["changed"]["position_ids 倒序"], runs["rope"]["base"]))
 
@@ -972,7 +926,7 @@ print(effect(runs["learned_absolute"]["changed"]["position_ids 倒序"], runs["l
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(packed_out["rotary_length"], int(packed["cu_seqlens"].diff().max()))
 
 # %% [markdown]
