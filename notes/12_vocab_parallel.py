@@ -85,14 +85,15 @@
 # | `_VocabParallelCrossEntropy.backward` | `[s, b]` 的上游梯度 | 本卡 logits 的梯度 `[s, b, V/TP]` | 无 | 否 | 同上 | 否 | `backward` |
 # | `LanguageModule.compute_language_model_loss` | label `[b, s]`、logits | loss `[b, s]` | 上面两种交叉熵之一 | 间接 | 否 | 否 | `forward_step` |
 
-# %%
-from snippets.tp.layer_walk import record_table  # importing it also quiets known Megatron warnings
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n12_vocab import (ALPHA, ce_comm_table, ce_inputs, cross_entropy_run, embedding_comm_table,
                                         embedding_run, padded)
 from snippets.ranks.launch import run_ranks
 from snippets.site.sources import installed_root
+from snippets.record.listing import listing
 from snippets.record.tables import Table
+from snippets.tp import pictures
 from snippets.tp.vocab_parallel import smoothed_loss, smoothed_loss_on_rank
 
 import math
@@ -113,16 +114,11 @@ from megatron.core.tensor_parallel.utils import VocabUtility
 # （[`arguments.py:1678`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1678) 缺省 128）。
 # 这个函数在 `megatron/training` 里、不在 pip 包中，下面按它的公式算；多出来的"假 token"只是永远不会出现的类别。
 #
-# 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/n12_vocab.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run vocab --dims qwen3-8b --tp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
-# 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def padded(vocab, tp, divisible_by=128):
-#     """The vocabulary rounded up to a multiple of ``divisible_by * tp`` (Megatron's training entry)."""
-#     multiple = divisible_by * tp
-#     return math.ceil(vocab / multiple) * multiple
-# ```
+# 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/n12_vocab.py` 里，
+# 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(padded)
 
 # %%
 QWEN3_VOCAB = 151936   # Qwen3 tokenizer 的 vocab_size
@@ -141,40 +137,9 @@ Table(["", "V（pad 之后）", "TP", "每卡宽度", "各卡 range(start, end)"
 #
 # V=16、h=6，token `[b, s] = [2, 4]`。同一个种子建两个真实的 `VocabParallelEmbedding`：一个直接 all-reduce，
 # 一个 `reduce_scatter_embeddings=True`（SP 的走法，输出按 s 切）。稠密参照是把各卡的表 all-gather 起来的完整表上的 `F.embedding`。
-#
-# ```python
-# def embedding_run(dims, tp, device="cpu", keep_tensors=True):
-#     """On every rank: the real embedding without and with ``reduce_scatter_embeddings``, one
-#     recorded lookup + backward each; with ``keep_tensors`` also the output, the weight gradient,
-#     the tokens and the whole table gathered from every rank (note 12's dense reference)."""
-#     import torch.distributed as dist
-#     from megatron.core.model_parallel_config import ModelParallelConfig
-#     from megatron.core.tensor_parallel import VocabParallelEmbedding
-#     from snippets.record import recorder
-#
-#     _model_parallel(tp)
-#     V, H = dims.vocab, dims.hidden
-#     config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
-#     tokens = torch.randint(0, V, (dims.micro_batch_size, dims.seq),
-#                            generator=torch.Generator().manual_seed(1)).to(device)   # [b, s]
-#     out = {}
-#     for sp in (False, True):
-#         torch.manual_seed(0)
-#         emb = VocabParallelEmbedding(V, H, init_method=torch.nn.init.normal_, config=config,
-#                                      reduce_scatter_embeddings=sp).to(device)
-#         with recorder.record() as calls:
-#             y = emb(tokens)
-#             y.pow(2).sum().backward()
-#         out[sp] = dict(calls=calls, shape=list(emb.weight.shape), out_shape=list(y.shape),
-#                        range=(emb.vocab_start_index, emb.vocab_end_index))
-#         if keep_tensors:
-#             out[sp].update(y=y.detach(), grad=emb.weight.grad)
-#     if not keep_tensors:
-#         return out
-#     shards = [torch.empty(V // tp, H, device=device) for _ in range(tp)]
-#     dist.all_gather(shards, emb.weight.detach())          # the whole table, for the reference (not recorded)
-#     return {"tokens": tokens, "full": torch.cat(shards), **out}
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(embedding_run)
 
 # %%
 TINY = EXPERIMENTS["vocab"].tiny
@@ -182,7 +147,7 @@ V, H = TINY.vocab, TINY.hidden
 emb = {tp: run_ranks(embedding_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (2, 4)}
 
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def dense_embedding(tokens, full, sp):
     weight = full.clone().requires_grad_()
     y = F.embedding(tokens, weight)
@@ -206,53 +171,9 @@ Table(["TP", "SP（reduce-scatter）", "每卡 weight", "各卡词表段", "输�
 #
 # logits `[s, b, V] = [4, 2, 16]` 在每卡上相同（固定种子），每卡取自己那一段 `[4, 2, V/TP]` 交给真实的 `vocab_parallel_cross_entropy`；
 # 对 loss 乘一个随机权重再 backward，检查梯度里"乘上游梯度"那一步。TP=1、2、4，不开和开 label smoothing（0.1）各跑一次：
-#
-# ```python
-# def ce_inputs(dims, device="cpu"):
-#     """``[s, b, vocab]`` logits, ``[s, b]`` targets and a per-token weight, the same everywhere."""
-#     s, b, V = dims.seq, dims.micro_batch_size, dims.vocab
-#     logits = torch.randn(s, b, V, generator=torch.Generator().manual_seed(3)) * 2
-#     target = torch.randint(0, V, (s, b), generator=torch.Generator().manual_seed(4))
-#     weight = torch.rand(s, b, generator=torch.Generator().manual_seed(5))
-#     return logits.to(device), target.to(device), weight.to(device)
-#
-#
-# def cross_entropy_run(dims, tp, device="cpu", keep_tensors=True):
-#     """On every rank: this rank's slice of the logits through ``vocab_parallel_cross_entropy``
-#     (label smoothing 0 and :data:`ALPHA`) and the fused version, backward with a weighted loss,
-#     recorded; with ``keep_tensors`` also the losses, the gradients and the input after forward and
-#     after backward (the function overwrites it: note 12's open question 5)."""
-#     from megatron.core import parallel_state
-#     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
-#     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-#     from snippets.record import recorder
-#
-#     _model_parallel(tp)
-#     rank = parallel_state.get_tensor_model_parallel_rank()
-#     logits, target, weight = ce_inputs(dims, device)
-#     out = {}
-#     for alpha in (0.0, ALPHA):
-#         local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
-#         with recorder.record() as calls:
-#             loss = vocab_parallel_cross_entropy(local, target, label_smoothing=alpha)
-#             after_forward = local.detach().clone() if keep_tensors else None
-#             (loss * weight).sum().backward()
-#         out[alpha] = dict(calls=calls, local_shape=list(local.shape))
-#         if keep_tensors:
-#             out[alpha].update(loss=loss.detach(), grad=local.grad, after_forward=after_forward,
-#                               after_backward=local.detach().clone())
-#     if device == "cpu":
-#         from torch._dynamo import config as dynamo
-#         dynamo.disable = True  # the fused version is torch.compile'd: on CPU run it eagerly, same math
-#     local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
-#     with recorder.record() as calls:
-#         loss = fused_vocab_parallel_cross_entropy(local, target, parallel_state.get_tensor_model_parallel_group())
-#         (loss * weight).sum().backward()
-#     out["fused"] = dict(calls=calls)
-#     if keep_tensors:
-#         out["fused"].update(loss=loss.detach(), grad=local.grad)
-#     return out
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(ce_inputs, cross_entropy_run)
 
 # %%
 S, B = TINY.seq, TINY.micro_batch_size
@@ -260,7 +181,7 @@ logits, target, weight = ce_inputs(TINY)
 ce = {tp: run_ranks(cross_entropy_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (1, 2, 4)}
 
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def dense_grad(loss_fn):
     x = logits.clone().requires_grad_()
     loss = loss_fn(x)
@@ -332,6 +253,14 @@ embedding_comm_table(emb[2][0])
 ce_comm_table(ce[2][0][0.0]["calls"])
 
 # %% [markdown]
+# 画在一起：上面两条是各卡管的词表段（TP=2、TP=4 的运行里 `VocabParallelEmbedding` 自己报出的 `vocab_start_index`、
+# `vocab_end_index`），下面是 TP=2 时交叉熵 forward 的三次 all-reduce（上表的三行）。
+
+# %%
+pictures.draw_vocab(V, {tp: [r[False]["range"] for r in ranks] for tp, ranks in emb.items()},
+                    ce_comm_table(ce[2][0][0.0]["calls"]).rows, ce[2][0][0.0]["local_shape"])
+
+# %% [markdown]
 # 两种通信量对比（每个 token）：拼出完整 logits 要 all-gather `V` 个数；vocab-parallel 交叉熵只 all-reduce 3 个数。
 # Qwen3 的 V≈15 万，差 5 万倍，而且完整的 `[s, b, V]` 从未在一张卡上出现。
 #
@@ -397,7 +326,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 #    `log_probs.mean(dim=-1)` 只对本卡一段求平均、之后没有 all-reduce
 #    （[`cross_entropy.py:181`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L181)）；
 #    backward 用同一个本卡宽度（[`cross_entropy.py:206`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L206)）。
-#    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度（`tests/ranks/test_vocab_parallel.py` 逐卡验证），
+#    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度，
 #    拼起来不是任何一个统一 loss 的梯度。上游已有报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)（2024 年提出，查阅时仍开放）。
 #    影响面：0.16.1 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
 #    所以正式 GPT 训练碰不到；直接调这个函数的外部代码会碰到。
@@ -421,16 +350,15 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 #    结果：forward 之后，调用方手里的 logits 变成了 softmax；backward 之后又变成了梯度（下面最后一格）。
 #    GPT 训练不会再读 logits，所以无害；自己调这个函数、之后还想用 logits（算准确率、打日志）时，先 `clone()`。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 root = installed_root()
 callers = sorted(str(p.relative_to(root)) for p in (root / "megatron" / "core").rglob("*.py")
                  if "label_smoothing" in p.read_text())
 print("megatron/core 里出现 label_smoothing 的文件:", callers)
 
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def gpt_loss(tp):
-    from snippets.tp import layer_walk  # noqa: F401 - first: quiets known warnings on this rank
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -484,7 +412,7 @@ print("backward 之后，输入 logits = 它自己的梯度:", torch.equal(r["af
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 v4 = padded(QWEN3_VOCAB, 4)
 print(v4, VocabUtility.vocab_range_from_global_vocab_size(v4, 3, 4))
 
@@ -497,7 +425,7 @@ print(v4, VocabUtility.vocab_range_from_global_vocab_size(v4, 3, 4))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({sp: [c.api for c in emb[2][0][sp]["calls"] if c.phase == "backward"] for sp in (False, True)})
 
 # %% [markdown]
@@ -510,7 +438,7 @@ print({sp: [c.api for c in emb[2][0][sp]["calls"] if c.phase == "backward"] for 
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 source = (root / "megatron/core/tensor_parallel/cross_entropy.py").read_text()
 forward_source = source.split("def forward", 1)[1].split("def backward", 1)[0]
 print("记录到:", [c.api for c in ce[2][0][0.0]["calls"]], "| forward 里依次用的归约:",
@@ -526,7 +454,7 @@ print("记录到:", [c.api for c in ce[2][0][0.0]["calls"]], "| forward 里依�
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 try:
     VocabUtility.vocab_range_from_global_vocab_size(50257, 0, 2)
 except AssertionError as err:
@@ -543,7 +471,7 @@ print(padded(50257, 2), VocabUtility.vocab_range_from_global_vocab_size(padded(5
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 for tp in (1, 2):
     k = V // tp
     print(f"TP={tp}: K={k}, 系数 {ALPHA * k / (k - 1):.4f}")
