@@ -12,15 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
-
-# The TP linears suggest CUDA_DEVICE_MAX_CONNECTIONS=1, a GPU kernel-ordering hint with no meaning
-# on CPU; in a rank process the warning would reach the notebook as stderr.
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS")
-# Loading goes through torch.distributed.checkpoint's older entry points, which announce their own
-# deprecation (load_state_dict -> load, torch ShardedTensor -> DTensor) on every load.
-warnings.filterwarnings("ignore", message=r"`load_state_dict` is deprecated")
-warnings.filterwarnings("ignore", message=r"Please use DTensor instead")
 
 
 def is_main_replica(replica_id) -> bool:

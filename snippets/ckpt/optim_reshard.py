@@ -40,21 +40,12 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-import warnings
 
 import torch
 
 from snippets.ranks import rank_env
 from snippets.ranks.launch import DEFAULT_TIMEOUT_S, run_ranks
 
-# Each load goes through torch.distributed.checkpoint's older entry points, which announce their
-# own deprecation; the distributed optimizer touches `.grad` of its shard views (not leaves). In a
-# rank process either warning would reach the notebook as stderr.
-warnings.filterwarnings("ignore", message=r"`load_state_dict` is deprecated")
-warnings.filterwarnings("ignore", message=r"Please use DTensor instead")
-warnings.filterwarnings("ignore", message=r".*\.grad attribute of a Tensor that is not a leaf.*")
-# The TP linears suggest CUDA_DEVICE_MAX_CONNECTIONS=1, a GPU kernel-ordering hint with no meaning here.
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS")
 
 SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter",
                   "fully_sharded_model_space")

@@ -18,16 +18,10 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 from argparse import Namespace
 
 import numpy as np
 import torch
-
-# Loading goes through torch.distributed.checkpoint's older entry points, which announce their own
-# deprecation on every load; in a rank process the warning would reach the notebook as stderr.
-warnings.filterwarnings("ignore", message=r"`load_state_dict` is deprecated")
-warnings.filterwarnings("ignore", message=r"Please use DTensor instead")
 
 
 def rng_state() -> dict:

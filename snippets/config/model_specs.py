@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 
-# Importing the GPT layer specs without Apex warns "Falling back to Torch Norm": expected here.
-warnings.filterwarnings("ignore", message=r".*Apex is not installed.*")
 
 SLOTS = (
     # slot in TransformerLayerSubmodules (dotted for nested specs), in forward order

@@ -16,17 +16,8 @@ puts those chunks back in order; ``tests/ranks/test_param_table.py`` checks it a
 
 from __future__ import annotations
 
-import warnings
 
 import torch
-
-# Known, expected warnings of a GPTModel on CPU without Apex / TE, which would otherwise reach a
-# notebook as stderr from the rank processes: "Falling back to Torch Norm" (at import), the default
-# cuda_graph_scope "full" being deprecated (every TransformerConfig), and the hint below.
-warnings.filterwarnings("ignore", message=r".*Apex is not installed.*")
-warnings.filterwarnings("ignore", message=r".*full scope is deprecated.*")
-# TP linears suggest CUDA_DEVICE_MAX_CONNECTIONS=1 (a GPU kernel-ordering setting) on first use.
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
 
 
 def param_rows(model) -> list[dict]:

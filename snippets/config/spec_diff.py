@@ -18,16 +18,9 @@ So the note builds real models and compares *them*:
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 
-# Known, harmless warnings of building MoE GPT models on CPU, which would reach a cell as stderr
-# from the ranks: a MoE config without moe_ffn_hidden_size says it falls back to ffn_hidden_size.
-warnings.filterwarnings("ignore", message=r"moe_ffn_hidden_size is not set")
-warnings.filterwarnings("ignore", message=r".*Apex is not installed.*")
-warnings.filterwarnings("ignore", message=r".*full scope is deprecated.*")
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
 
 MISSING = "—"
 """Table cell for a path one of the compared models does not have, or a flag a layer lacks."""

@@ -16,13 +16,7 @@ Megatron built.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
-
-# DistributedOptimizer.zero_grad also clears `.grad` on its shard tensors, which are views (not
-# leaves); torch warns on every such access. Megatron knows ("throws grad-access warning" in its
-# zero_grad); in a rank process the warning would land in the notebook as stderr.
-warnings.filterwarnings("ignore", message=r".*\.grad attribute of a Tensor that is not a leaf.*")
 
 
 def _names(ddp) -> dict:

@@ -18,14 +18,9 @@ markers into one row.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass
 
 from snippets.models.tiny_gpt import global_name
-
-# DistributedOptimizer.zero_grad reads `.grad` of its shard views (not leaves) and torch warns each
-# time (Megatron's own comment there says so); in a rank process it would reach the notebook as stderr.
-warnings.filterwarnings("ignore", message=r".*\.grad attribute of a Tensor that is not a leaf.*")
 
 
 @dataclass

@@ -26,7 +26,7 @@ from functools import partial
 import torch
 from torch.utils.data import DataLoader
 
-from snippets.ckpt import checkpoint_view as cv  # first: quiets dist_checkpointing's known warnings
+from snippets.ckpt import checkpoint_view as cv
 from snippets.experiments.n07_checkpoint import checkpoint_dir
 from snippets.record.tables import Table
 

@@ -28,7 +28,7 @@ def tokens_kept(dims) -> list[int]:
 def one_step(dims, tp, loss_contract="three", report="same", device="cpu", keep_tensors=True):
     """On every rank: the schedule over ``dims.microbatches`` micro-batches, recorded; the
     per-micro-batch reports, and with ``keep_tensors`` the gradients and micro-batch 0's logits."""
-    from snippets.config import param_table  # param_table first: it quiets the known import warnings
+    from snippets.config import param_table
     from snippets.record import recorder
     from snippets.train.loss_flow import masked_mean, masked_token_sum, microbatches
 

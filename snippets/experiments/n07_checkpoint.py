@@ -31,7 +31,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from snippets.ckpt import checkpoint_view as cv  # first: quiets dist_checkpointing's known warnings
+from snippets.ckpt import checkpoint_view as cv
 from snippets.experiments.catalog_checkpoint import load_tps
 from snippets.experiments.n13_pipeline import microbatches, pipeline_config
 from snippets.record.tables import Table

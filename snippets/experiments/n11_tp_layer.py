@@ -56,7 +56,6 @@ def build_layer(dims, tp: int, sequence_parallel: bool = False, device: str = "c
     slice: independent of TP); on a GPU Megatron initializes each shard on the device. On
     ``"meta"`` (note 11's Qwen3-8B layer) the same path gives parameters with shapes and no storage.
     """
-    from snippets.tp import layer_walk  # noqa: F401 - first, so this rank's known warnings stay quiet
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig

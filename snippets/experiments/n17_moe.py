@@ -26,10 +26,6 @@ TOPK = 2
 
 def build_moe_layer(dims, ep, dispatcher="alltoall", tell_router=True, experts=4, topk=TOPK):
     """The real ``MoELayer`` on this rank: ``experts`` experts of FFN ``dims.ffn``, top-``topk``."""
-    import warnings
-
-    # two known warnings on every CPU rank, or they land in the notebook as stderr (note 17, 遗留问题 5)
-    warnings.filterwarnings("ignore", message="Apex is not installed|full scope is deprecated")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.moe.moe_layer import MoELayer

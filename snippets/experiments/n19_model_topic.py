@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from snippets.config import spec_diff  # first: quiets the known warnings of building GPT models on CPU
+from snippets.config import spec_diff
 from snippets.config.spec_diff import diff_trees, flag_cells
 from snippets.record.tables import Table
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from snippets.rl import refit_cost  # first: quiets known warnings on this rank
+from snippets.rl import refit_cost
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
 

@@ -27,18 +27,12 @@ embedding's values.
 from __future__ import annotations
 
 import math
-import warnings
 import zlib
 
 import torch
 
 from snippets.models.tiny_gpt import global_name
 
-# Known warnings that would reach the notebook as stderr from the rank processes: TP linears
-# suggest CUDA_DEVICE_MAX_CONNECTIONS=1 (a GPU setting) on first use; DistributedOptimizer.zero_grad
-# reads `.grad` of its shard views, which are not leaves (Megatron's comment there says it warns).
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
-warnings.filterwarnings("ignore", message=r".*\.grad attribute of a Tensor that is not a leaf.*")
 
 TIED = "embedding.word_embeddings.weight"
 

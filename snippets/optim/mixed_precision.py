@@ -13,13 +13,8 @@ rank's slice (``param.main_param`` is then that slice, ``main_param_sharded`` is
 
 from __future__ import annotations
 
-import warnings
 
 from snippets.models.tiny_gpt import global_name
-
-# DistributedOptimizer.zero_grad reads `.grad` of its shard views (not leaves) and torch warns each
-# time (Megatron's own comment there says so); in a rank process it would reach the notebook as stderr.
-warnings.filterwarnings("ignore", message=r".*\.grad attribute of a Tensor that is not a leaf.*")
 
 
 def _same_storage(a, b) -> bool:

@@ -27,16 +27,7 @@ Units are decimal: 1 GB = 1e9 bytes, as in seed 000 ("8B bf16 = 16 GB").
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass
-
-# The refit experiment of note 22 builds GPTModels (local spec) and a HyperCommGrid on CPU ranks,
-# which warns, harmlessly here, that Apex and absl are absent, that TransformerConfig's default
-# cuda_graph_scope is deprecated and about CUDA_DEVICE_MAX_CONNECTIONS. Importing this module
-# first (in the notebook and at the top of a rank function) keeps them out of the cell outputs.
-for _message in (r"Apex is not installed\. Falling back to Torch Norm", r"absl\.logging is not installed",
-                 r"full scope is deprecated", r".*CUDA_DEVICE_MAX_CONNECTIONS"):
-    warnings.filterwarnings("ignore", message=_message)
 
 GB = 1e9
 

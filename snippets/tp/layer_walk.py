@@ -19,18 +19,9 @@ Note 11 builds the real layer (``get_gpt_layer_local_spec``) and reads it with t
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 import torch
 
-# Known, harmless warnings that would otherwise reach a notebook cell as stderr (a rank's stderr
-# does) and fail it. Import this module on a rank before building a layer:
-# - importing the GPT layer specs without Apex warns "Falling back to Torch Norm";
-warnings.filterwarnings("ignore", message=r"Apex is not installed\. Falling back to Torch Norm")
-# - every TransformerConfig with the default cuda_graph_scope="full" warns that "full" is deprecated;
-warnings.filterwarnings("ignore", message=r"full scope is deprecated")
-# - the TP linears suggest CUDA_DEVICE_MAX_CONNECTIONS=1 (a GPU kernel-ordering setting).
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS")
 
 WALK = (
     # (submodule path,               what it is in the layer)

@@ -24,7 +24,6 @@ without hiding Megatron's calls:
 
 from __future__ import annotations
 
-import warnings
 import zlib
 
 import torch
@@ -32,9 +31,6 @@ import torch
 from snippets.dp import grad_buffers
 from snippets.models.tiny_gpt import global_name
 
-# With sequence parallel every TP linear warns (on a rank: stderr in the notebook) that
-# CUDA_DEVICE_MAX_CONNECTIONS=1 is recommended -- a GPU kernel-ordering setting.
-warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS")
 
 # ------------------------------------------------------------------ weights: dense, then a TP slice
 
