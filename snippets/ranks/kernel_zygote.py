@@ -1,4 +1,4 @@
-"""A Jupyter kernel that starts in ~0.1 s: forked from a process that already imported torch and Megatron.
+"""A Jupyter kernel that starts in ~0.45 s: forked from a process that already imported torch and Megatron.
 
 Every notebook nbval checks gets a fresh kernel, and every fresh kernel used to spend ~5 s of CPU
 importing torch and ``megatron.core`` before its first cell did anything: 23 notebooks, ~2 minutes

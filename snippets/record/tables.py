@@ -46,9 +46,3 @@ class Table:
     def column(self, header: str) -> list:
         i = self.headers.index(header)
         return [row[i] for row in self.rows]
-
-
-def from_dicts(records: Sequence[dict], columns: Sequence[str] | None = None, title: str = "") -> Table:
-    """A table from a list of dicts (columns default to the first record's keys)."""
-    columns = list(columns or (records[0].keys() if records else []))
-    return Table(columns, ([r.get(c, "") for c in columns] for r in records), title=title)

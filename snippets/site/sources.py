@@ -19,7 +19,6 @@ from functools import lru_cache
 from pathlib import Path
 
 TAG = "core_v0.16.1"
-COMMIT = "55ac7082517c3878ae653c07c09c534b8aed49f6"
 REPO_URL = "https://github.com/NVIDIA/Megatron-LM"
 BLOB = f"{REPO_URL}/blob/{TAG}/"
 
@@ -60,8 +59,7 @@ def defines(line: str, symbol: str) -> bool:
     """Does this source line define ``symbol`` (def, class, or a module-level assignment)?"""
     name = re.escape(symbol)
     return bool(
-        re.match(rf"\s*(async\s+)?(def|class)\s+{name}\b", line)
-        or re.match(rf"{name}\s*(:[^=]+)?=", line)
+        re.match(rf"\s*(async\s+)?(def|class)\s+{name}\b", line) or re.match(rf"{name}\s*(:[^=]+)?=", line)
     )
 
 
@@ -164,8 +162,14 @@ def cited_links(root: Path) -> list[tuple[str, str, str, int | None]]:
     found = []
     for file in citing_files(root):
         for m in LINK_RE.finditer(file.read_text(encoding="utf-8")):
-            found.append((file.relative_to(root).as_posix(), m["text"], m["path"],
-                          int(m["line"]) if m["line"] else None))
+            found.append(
+                (
+                    file.relative_to(root).as_posix(),
+                    m["text"],
+                    m["path"],
+                    int(m["line"]) if m["line"] else None,
+                )
+            )
     return found
 
 
