@@ -111,15 +111,17 @@
 # | `DistributedOptimizer._get_main_param_and_optimizer_states` | 一个模型参数 | `{"param", "exp_avg", "exp_avg_sq", …}`，都是本 rank 那段 | torch 优化器的 `state` | 否 | 否 | 否 | 无 |
 # | `ChainedOptimizer.step` → `step_with_ready_grads` | 无 | 成功与否、梯度范数 | Adam、`start_param_sync` | **是**：范数 all-reduce（全 world）、参数 all-gather（DP） | **是**：分段 → 完整 | 是：weight、Adam 状态 | `optim.step()` |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
 
-from snippets.train import journey
+from snippets.train import journey, pictures
+from snippets.record.listing import listing
 from snippets.experiments import EXPERIMENTS, Parallel
 from snippets.experiments.n23_journey import (activation_table, compare, final_lines, followed_weight, grad_calls_table,
-                                          grad_table, journey_table, loss_lines, memory_table, one_step,
+                                          grad_table, holders, journey_table, loss_lines, memory_table, one_step,
                                           opt_calls_table, p2p_table, rank_table, shard_table, slice_table,
                                           sp_calls_table, stage_table)
+from snippets.experiments.n23_journey import run as journey_run
 from snippets.ranks.launch import run_ranks
 from snippets.record.tables import Table
 from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, microbatches, tiny_config
@@ -146,110 +148,11 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # `linear_fc2` 的输入输出，`SavedActivations` 数 autograd 为 backward 存下的张量，`collectives_by_submodule` 把通信归到发出它的子模块。
 # 它们都只看不改。
 #
-# 这个函数在 `snippets/experiments/n23_journey.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 8 -m snippets.run journey --tp 2 --pp 2 --sequence-parallel`（见 README 的 "Running at real scale"）
-# 调用的是同一个函数，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），跟踪的是最后一个 stage 第一层的
+# 这个函数在 `snippets/experiments/n23_journey.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），跟踪的是最后一个 stage 第一层的
 # `linear_fc1.weight`（`followed_weight`；这里就是第 2 层）。同一个函数在 1 个 rank、TP = PP = 1 上跑就是参照。
-# 原样列出（`tests/experiments/test_run_training.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def followed_weight(dims, pp: int) -> str:
-#     """The global name of the weight to follow: ``linear_fc1`` of the last stage's first layer."""
-#     return f"decoder.layers.{dims.layers - dims.layers // pp}.mlp.linear_fc1.weight"
-#
-#
-# def one_step(dims, tp=1, pp=1, sequence_parallel=False, weight_name=None, device="cpu", whole_batch=False):
-#     """On every rank: one watched training step of this rank's stage; where ``weight_name`` (a
-#     global name) and its activations and gradient are. ``whole_batch``: every DP rank takes all
-#     ``dims.microbatches`` micro-batches instead of its share (the runner's in-job reference)."""
-#     from snippets.train import journey
-#     from snippets.tp import layer_walk
-#     from snippets.record import recorder
-#     from snippets.ranks.groups import describe_rank
-#     from snippets.pp.timeline import record_schedule
-#     from snippets.models.tiny_gpt import forward_step
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#
-#     weight_name = weight_name or followed_weight(dims, pp)
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-#     model_parallel_cuda_manual_seed(0)
-#     config = pipeline_config(dims, pp, tp=tp, sequence_parallel=sequence_parallel, device=device)
-#     with torch.device(device):
-#         model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization),
-#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                          pre_process=parallel_state.is_pipeline_first_stage(),
-#                          post_process=parallel_state.is_pipeline_last_stage(),
-#                          share_embeddings_and_output_weights=False,
-#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
-#     dense = journey.init_full_then_shard(model, keep=(weight_name,))
-#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
-#     optimizer = get_megatron_optimizer(
-#         OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=0.0, use_distributed_optimizer=True), [ddp])
-#     config.no_sync_func = ddp.no_sync
-#
-#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-#     m = dims.microbatches if whole_batch else dims.microbatches // dp
-#     first = 0 if whole_batch else m * dp_rank
-#     data = microbatches(dims, dims.microbatches, device)[first:first + m]
-#     weight = dict(journey.named_by_global_name(model)).get(weight_name)    # None on ranks without it
-#     layer = model.decoder.layers[0]                          # on the last stage: the followed weight's layer
-#     number = int(weight_name.split(".")[2]) + 1              # its global layer_number
-#     initial = weight.detach().clone() if weight is not None else None
-#
-#     ddp.zero_grad_buffer()
-#     optimizer.zero_grad()
-#     batch_tensors = [t for batch in data for t in batch.values()]
-#     with recorder.record() as step_calls, record_schedule() as ops, \
-#             journey.Taps(model, layer_numbers=(number,)) as taps, \
-#             journey.SavedActivations(model, exclude=batch_tensors) as acts, \
-#             layer_walk.collectives_by_submodule(layer, step_calls, ["mlp.linear_fc1", "mlp.linear_fc2"]) as by_module:
-#         losses = get_forward_backward_func()(
-#             forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
-#             num_microbatches=m, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
-#     local_grad = weight.main_grad.clone() if weight is not None else None
-#     with recorder.record() as grad_calls:
-#         finalize_model_grads([ddp])
-#     reduced_grad = weight.main_grad.clone() if weight is not None else None
-#     with recorder.record() as opt_calls:
-#         optimizer.step()
-#
-#     dp_mean_grad = None
-#     if weight is not None:      # outside the step, for the check: the DP ranks' local gradients averaged
-#         dp_mean_grad = local_grad.clone()
-#         torch.distributed.all_reduce(dp_mean_grad, group=parallel_state.get_data_parallel_group())
-#         dp_mean_grad /= dp
-#     inner = optimizer.chained_optimizers[0]                               # the DistributedOptimizer
-#     shard = None
-#     if weight is not None and weight in inner.model_param_gbuf_map:      # this DP rank owns a piece of it
-#         ranges = inner._get_model_param_range_map(weight)
-#         states = inner._get_main_param_and_optimizer_states(weight)
-#         shard = dict(param=(ranges["param"].start, ranges["param"].end),
-#                      gbuf_world=(ranges["gbuf_world"].start, ranges["gbuf_world"].end),
-#                      shapes={k: list(v.shape) for k, v in states.items() if v.dim() > 0},
-#                      main_is_view=states["param"].untyped_storage().data_ptr()
-#                      == weight.untyped_storage().data_ptr())
-#     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-#     return dict(
-#         who=describe_rank(), layers=[l.layer_number for l in model.decoder.layers], weight_name=weight_name,
-#         number=number, sequence_parallel=sequence_parallel, dense=dense, initial=initial,
-#         weight=weight.detach().clone() if weight is not None else None,
-#         rows=journey.dense_ranges(weight, tp_rank, tp) if weight is not None else None,
-#         buffer_range=ddp.buffers[0].param_index_map[weight][:2] if weight is not None else None,
-#         buffer_numel=ddp.buffers[0].grad_data.numel(), local_grad=local_grad, reduced_grad=reduced_grad,
-#         dp_mean_grad=dp_mean_grad, shard=shard, taps=taps, ops=ops, by_module=by_module, step_calls=step_calls,
-#         grad_calls=grad_calls, opt_calls=opt_calls, losses=[x["lm loss"] for x in losses],
-#         grad_stats_group=torch.distributed.get_process_group_ranks(inner.get_grad_stats_parallel_group()),
-#         memory=journey.measured_memory(ddp, optimizer, acts), saved_by_label=acts.saved_by_label,
-#         formula=journey.memory_formula(config, dims.vocab, dims.seq, dims.micro_batch_size, m, dp,
-#                                        parallel_state.get_pipeline_model_parallel_rank(), dp_rank)
-#         if formula_applies(dims) else None)
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(followed_weight, one_step)
 
 # %%
 TINY = EXPERIMENTS["journey"].tiny
@@ -264,85 +167,15 @@ summaries = [compare(r, ref) for r in ranks]
 # 下面每张表都由 `snippets/experiments/n23_journey.py` 里的函数从 `summaries` 打印。命令行的 `run` 在同一个作业里先跑参照：
 # TP = PP = 1 时每个 rank 都是整个模型的一个 DP 副本、各自吃下整个 global batch，于是每个 rank 在 DP 归约之前的梯度、
 # 激活和 loss 就是单进程的；然后跑 `par` 指定的切法，在各 rank 上调同一个 `compare`。比对是这样做的：
-#
-# ```python
-# def compare(r: dict, ref: dict) -> dict:
-#     """What the tables print about one rank, every comparison with the reference ``ref`` (the
-#     TP = PP = 1 step: one process, or the runner's in-job replica) made here; no tensors."""
-#     from snippets.train import journey
-#
-#     out = dict(who=r["who"], layers=r["layers"], holds=r["weight"] is not None, ops=r["ops"],
-#                losses=[x.item() for x in r["losses"]], ref_losses=[x.item() for x in ref["losses"]],
-#                grad_stats_group=r["grad_stats_group"], memory=r["memory"], formula=r["formula"])
-#     if r["weight"] is None:
-#         return out
-#     name, n, rows = r["weight_name"], r["number"], r["rows"]
-#     tp_rank, dp_rank = r["who"]["coords"]["tp"], r["who"]["coords"]["dp"]
-#     dense, weight = r["dense"][name], r["weight"]
-#     # the reference's gradient: one process's finalize changes nothing (DP = 1), and each in-job
-#     # replica's gradient before the DP reduction is already the whole batch's
-#     ref_grad = journey.take(ref["local_grad"], rows)
-#
-#     m = len(r["taps"][(n, "")])
-#     g = dp_rank * m                                          # this rank's first micro-batch, globally
-#     layer_in, _ = r["taps"][(n, "")][0]
-#     fc1_in, fc1_out = r["taps"][(n, "mlp.linear_fc1")][0]
-#     _, fc2_out = r["taps"][(n, "mlp.linear_fc2")][0]
-#     ref_in, _ = ref["taps"][(n, "")][g]
-#     ref_fc1_in, ref_fc1_out = ref["taps"][(n, "mlp.linear_fc1")][g]
-#     _, ref_fc2_out = ref["taps"][(n, "mlp.linear_fc2")][g]
-#     s, local_s = ref_in.shape[0], layer_in.shape[0]          # a sequence shard under SP, else all of it
-#     a, b = (tp_rank * local_s, (tp_rank + 1) * local_s) if local_s < s else (0, s)
-#     # fp32 sums in another order (split matmuls, reductions): relative differences grow with the sizes
-#     near = lambda x, y, atol=1e-5: torch.allclose(x, y, rtol=1e-4, atol=atol)  # noqa: E731
-#     tokens, cols = f"token [{a}, {b})", journey.ranges_text(rows)
-#     out["activations"] = [
-#         [f"第 {n} 层的输入", list(layer_in.shape), tokens, near(layer_in, ref_in[a:b])],
-#         ["linear_fc1 的输入", list(fc1_in.shape), tokens, near(fc1_in, ref_fc1_in[a:b])],
-#         ["linear_fc1 的输出", list(fc1_out.shape), f"token [0, {s}) × 列 {cols}",
-#          near(fc1_out, journey.take(ref_fc1_out, rows, dim=2))],
-#         ["linear_fc2 的输出", list(fc2_out.shape), tokens, near(fc2_out, ref_fc2_out[a:b])],
-#     ]
-#     shard = r["shard"]
-#     owned = journey.dense_rows_of(shard["param"], list(weight.shape), rows) if shard else "-"
-#     flat = slice(*shard["param"]) if shard else slice(0, 0)
-#     out.update(
-#         weight_name=name, number=n, first_microbatch=g, tokens=tokens, seq=s, cols=cols, dim=0,
-#         rows=rows, dense_shape=list(dense.shape), dense_equal=torch.equal(dense, ref["dense"][name]),
-#         local_shape=list(r["initial"].shape), local_is_slice=torch.equal(r["initial"], journey.take(dense, rows)),
-#         buffer_range=tuple(r["buffer_range"]), buffer_numel=r["buffer_numel"],
-#         mean_equal=near(r["dp_mean_grad"], ref_grad, atol=1e-7),
-#         owned_equal=near(r["reduced_grad"].reshape(-1)[flat], ref_grad.reshape(-1)[flat], atol=1e-7),
-#         shard=shard, owned=owned,
-#         updated_close=torch.allclose(weight, journey.take(ref["weight"], rows), atol=1e-6),
-#         updated_diff_small=(weight - journey.take(ref["weight"], rows)).abs().max().item() < 1e-6,
-#         digest=digest([(name, weight)]), changed=not torch.equal(weight, r["initial"]),
-#         by_module=r["by_module"], grad_calls=r["grad_calls"], opt_calls=r["opt_calls"],
-#         recv=_first(r["step_calls"], "batch_isend_irecv"),
-#         gather=_first(r["by_module"]["mlp.linear_fc1"]["forward"], "all_gather_into_tensor"),
-#         fc2_call=next(iter(r["by_module"]["mlp.linear_fc2"]["forward"]), None),
-#         sync=_first(r["grad_calls"], "reduce_scatter_tensor"), regather=_first(r["opt_calls"], "all_gather_into_tensor"),
-#         fc1_in_shape=list(fc1_in.shape), fc1_out_shape=list(fc1_out.shape), fc2_out_shape=list(fc2_out.shape),
-#         layer_in_shape=list(layer_in.shape), sequence_parallel=r["sequence_parallel"])
-#     return out
-# ```
-#
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(compare)
+
+# %% [markdown]
 # 命令行的入口：
-#
-# ```python
-# def run(dims, par) -> dict:
-#     """On every rank (the runner): the reference step in the job, then the step at ``par``."""
-#     import gc
-#
-#     from megatron.core import parallel_state
-#
-#     weight = followed_weight(dims, par.pp)
-#     # TP = PP = 1: every rank holds the whole model and takes the whole batch -- one process's step
-#     ref = one_step(dims, weight_name=weight, device=par.device, whole_batch=True)
-#     parallel_state.destroy_model_parallel()
-#     gc.collect()                                  # the reference's model and optimizer go; its copies stay
-#     return compare(one_step(dims, par.tp, par.pp, par.sp, weight, par.device), ref)
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(journey_run)
 
 # %% [markdown]
 # 8 个 rank 各是谁（坐标按 `(tp, dp, pp)`；缺省 order `tp-cp-ep-dp-pp`，rank = tp + 2·dp + 4·pp，见
@@ -505,6 +338,12 @@ print(final_lines(summaries))
 
 # %%
 journey_table(summaries)
+
+# %% [markdown]
+# 同一张表画成一条（高的方框是全长：weight 的 32 行，或序列的 8 个 token；填色是 rank 4 持有的那段）：
+
+# %%
+pictures.draw_journey_strip(journey_table(summaries).rows, rank=holders(summaries)[0])
 
 # %% [markdown]
 # 顺序是数据真实经过的顺序（③ 的接收发生在 ② 的 all-gather 之前）。roadmap 那条链上的六个形态都在：
@@ -671,7 +510,7 @@ Table(["query groups", "一层存下的 B（实测）", "公式", "linear_qkv �
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def owners_of_row(row):
     holders = [i for i, r in enumerate(ranks) if r["rows"] and any(a <= row < b for a, b in r["rows"])]
     adam = []
@@ -694,7 +533,7 @@ print("持有 weight:", owners_of_row(30)[0], " 存 Adam 状态:", owners_of_row
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 from megatron.core.pipeline_parallel.schedules import get_tensor_shapes  # noqa: E402
 
 
@@ -722,7 +561,7 @@ for sp in (True, False):
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 truth = ref["reduced_grad"][12:16]
 print("rank 4:", torch.allclose(ranks[4]["reduced_grad"][12:16], truth, atol=1e-7),
       " rank 4 = 本地 / 2:", torch.allclose(ranks[4]["reduced_grad"][12:16], ranks[4]["local_grad"][12:16] / 2),
@@ -738,7 +577,7 @@ print("rank 4:", torch.allclose(ranks[4]["reduced_grad"][12:16], truth, atol=1e-
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 for m in (2, 4):
     per_stage = [journey.memory_formula(config, VOCAB, SEQ, MBS, m, 2, stage, 0) for stage in (0, 1)]
     print(f"m={m}: 激活", [f["activations"] for f in per_stage],
@@ -755,7 +594,7 @@ for m in (2, 4):
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({c.api: list(c.ranks) for c in ranks[4]["opt_calls"]})
 
 # %% [markdown]
