@@ -1,4 +1,9 @@
-"""Shared fixtures for the site tests: build the site once per session, serve it locally.
+"""Test kinds by folder, the test processes' rank forking, and the site tests' shared fixtures.
+
+Every test gets the marker of its folder (:data:`KINDS`): ``pytest -m unit`` selects the same tests
+as ``pytest tests/unit``, and ``-m "not site"`` leaves out the build and browser tests.
+
+The site tests' fixtures build the site once per session and serve it locally.
 
 By default the real site is built (mkdocs.yml, docs/, notes/*.ipynb). To develop the site
 before notes exist, set ``MEGATRON_SITE_FIXTURE=1``: the build then runs on a temporary copy
@@ -31,9 +36,9 @@ NOTE_NAME = re.compile(r"^\d\d_[A-Za-z0-9_]+\.ipynb$")
 
 @dataclass
 class Site:
-    dir: Path                 # the built site
-    notes_dir: Path           # the notes/ the build read (real or fixture copy)
-    log: str                  # mkdocs build output
+    dir: Path  # the built site
+    notes_dir: Path  # the notes/ the build read (real or fixture copy)
+    log: str  # mkdocs build output
     seconds: float
     note_names: list[str] = field(default_factory=list)  # NN_slug.ipynb rendered as pages
 
@@ -46,8 +51,7 @@ def _fixture_project(tmp: Path) -> tuple[Path, Path]:
     project = tmp / "project"
     project.mkdir()
     shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
-    shutil.copytree(ROOT / "hooks", project / "hooks",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "hooks", project / "hooks", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "docs", project / "docs", symlinks=True)
     notes = project / "docs" / "notes"
     if notes.is_symlink() or notes.is_file():
@@ -57,7 +61,8 @@ def _fixture_project(tmp: Path) -> tuple[Path, Path]:
     notes.mkdir()
     shutil.copy(FIXTURE_NOTE, notes / "01_sample_note.ipynb")
     (notes / "01_sample_note.py").write_text(
-        "# %% [markdown]\n# # The .py twin: must not become a page\n", encoding="utf-8")
+        "# %% [markdown]\n# # The .py twin: must not become a page\n", encoding="utf-8"
+    )
     return project / "mkdocs.yml", notes
 
 
@@ -76,9 +81,11 @@ def _build(config: Path, out: Path) -> tuple[str, float, int]:
     start = time.monotonic()
     # A subprocess, not mkdocs in-process: mkdocs-jupyter monkeypatches nbconvert globally.
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
-         "-f", str(config), "-d", str(out)],
-        cwd=config.parent, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(config), "-d", str(out)],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     return proc.stdout + proc.stderr, time.monotonic() - start, proc.returncode
@@ -106,8 +113,14 @@ def _build_once(tmp: Path, lock) -> dict:
     return result
 
 
-SITE_TESTS = ("test_site.py", "test_browser.py", "test_backlinks.py", "test_generated_pages.py",
-              "test_drift.py", "test_cpu_compat.py")
+SITE_TESTS = (
+    "test_site.py",
+    "test_browser.py",
+    "test_backlinks.py",
+    "test_generated_pages.py",
+    "test_drift.py",
+    "test_cpu_compat.py",
+)
 """Test files that use the built site (the ``site`` fixture)."""
 
 
@@ -121,6 +134,22 @@ def pytest_configure(config):
         import snippets
 
         snippets.fork_ranks_from_this_process()
+
+
+KINDS = ("unit", "ranks", "experiments", "site")
+"""The folders of tests/, one kind of test each; each is also a marker (registered in pyproject.toml)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's kind, so ``-m unit`` (or ``-m "ranks or unit"``) selects by kind."""
+    tests = ROOT / "tests"
+    for item in items:
+        try:
+            kind = Path(item.path).relative_to(tests).parts[0]
+        except ValueError:  # a notebook under notes/, or a test outside tests/
+            continue
+        if kind in KINDS:
+            item.add_marker(kind)
 
 
 def pytest_collection_finish(session):
@@ -138,8 +167,9 @@ def pytest_sessionstart(session):
     the build is done or under way, instead of starting then while the other worker waits."""
     config = session.config
     if os.environ.get("PYTEST_XDIST_WORKER") or not any(
-            Path(arg.split("::")[0]).resolve() in (ROOT / "tests", *(ROOT / "tests" / f for f in SITE_TESTS))
-            for arg in config.args):
+        Path(arg.split("::")[0]).resolve() in (ROOT / "tests", *(ROOT / "tests" / f for f in SITE_TESTS))
+        for arg in config.args
+    ):
         return
     tmp = _site_dir(config._tmp_path_factory.getbasetemp())
     lock = open(tmp / "lock", "w")
@@ -166,21 +196,23 @@ def site(tmp_path_factory) -> Site:
     with open(tmp / "lock", "w") as lock:
         result = _build_once(tmp, lock)
     if result["code"] != 0:
-        pytest.fail(f"mkdocs build --strict failed (rc={result['code']}):\n{result['log']}",
-                    pytrace=False)
+        pytest.fail(f"mkdocs build --strict failed (rc={result['code']}):\n{result['log']}", pytrace=False)
     notes_dir = Path(result["notes_dir"])
     names = sorted(p.name for p in notes_dir.glob("*.ipynb") if NOTE_NAME.match(p.name))
-    return Site(dir=tmp / "built", notes_dir=notes_dir, log=result["log"],
-                seconds=result["seconds"], note_names=names)
+    return Site(
+        dir=tmp / "built", notes_dir=notes_dir, log=result["log"], seconds=result["seconds"], note_names=names
+    )
 
 
 @pytest.fixture(scope="session")
 def note_names(site) -> list[str]:
     """The notes rendered by this build; an empty site fails rather than passing vacuously."""
     if not site.note_names:
-        pytest.fail(f"no notes/NN_slug.ipynb in {site.notes_dir}: nothing to check "
-                    "(set MEGATRON_SITE_FIXTURE=1 to test the site on the fixture note)",
-                    pytrace=False)
+        pytest.fail(
+            f"no notes/NN_slug.ipynb in {site.notes_dir}: nothing to check "
+            "(set MEGATRON_SITE_FIXTURE=1 to test the site on the fixture note)",
+            pytrace=False,
+        )
     return site.note_names
 
 
