@@ -80,15 +80,17 @@
 # | `get_pos_emb_on_this_cp_rank` | RoPE 表、序列维、`cp_group` | 本 rank 两块位置的 RoPE | 无 | 只读 CP 坐标 | 是：与 batch 同样的切法 | 否 | forward |
 # | `ring_attention`（本站） | 本地 `q, k, v` `[s/CP, b, np, hn]`、`cp_group` | 本地输出 | 无（torch.distributed） | **是**：CP 群内 p2p | 否（K/V 只是路过） | 否 | forward / backward |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n16_cp import (batch_on_cp_rank, make_batch, ring_table, ring_vs_full, shapes,
-                                                   split_table)
+                                         split_table, work_table)
 from snippets.ranks.groups import describe_rank, rank_table
 from snippets.ranks.launch import RankError, run_ranks
 from snippets.record.recorder import record
 from snippets.cp.ring_attention import causal_attention, causal_pairs, chunk_positions, ring_attention
+from snippets.record.listing import listing
 from snippets.record.tables import Table
+from snippets.cp import pictures
 
 import torch
 import torch.distributed as dist
@@ -102,20 +104,11 @@ import torch.distributed as dist
 # `[b, s]`，`attention_mask` 形状 `[b, 1, s, s]`（Megatron 的约定：`True` 表示**遮住**）。
 # 下面造一个 `s = 16` 的 batch，token 取 `100, 101, …`，方便认出每个 rank 拿到了哪些位置。
 #
-# 本篇在 rank 上跑的函数和 `make_batch` 都在 `snippets/experiments/n16_cp.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run cp --dims qwen3-8b --cp 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
-# 序列长度、micro-batch、head 数和 head 维是参数 `dims`，本篇用它的 `tiny`（s = 16、b = 1、2 个 head、head 维 4）。
-# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def make_batch(seq_len, first_token=100, micro_batch=1):
-#     """A GPT micro-batch's five fields for ``[b, s]`` tokens ``first_token, first_token + 1, ...``."""
-#     tokens = torch.arange(first_token, first_token + seq_len).expand(micro_batch, seq_len).clone()
-#     causal = torch.ones(seq_len, seq_len).tril().bool()
-#     return dict(tokens=tokens, labels=tokens + 1, loss_mask=torch.ones(micro_batch, seq_len),
-#                 attention_mask=(~causal).expand(micro_batch, 1, seq_len, seq_len).clone(),
-#                 position_ids=torch.arange(seq_len).expand(micro_batch, seq_len).clone())
-# ```
+# 本篇在 rank 上跑的函数和 `make_batch` 都在 `snippets/experiments/n16_cp.py` 里，
+# 序列长度、micro-batch、head 数和 head 维是参数 `dims`，本篇用它的 `tiny`（s = 16、b = 1、2 个 head、head 维 4）：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(make_batch)
 
 # %%
 TINY = EXPERIMENTS["cp"].tiny
@@ -127,27 +120,9 @@ print({k: list(v.shape) for k, v in make_batch(TINY.seq).items()})
 # 每个 rank 调 `initialize_model_parallel(context_parallel_size=CP)`，再把同一个 batch 交给真实函数。
 # （Megatron 的 import 写在 rank 函数里：rank 进程从已经导入过 Megatron 的内核 fork 出来，不再花时间；
 # notebook 进程自己只做表格和算术，用不着它。）
-#
-# ```python
-# def batch_on_cp_rank(dims, cp):
-#     """On every rank: the real ``get_batch_on_this_cp_rank`` on one batch of ``dims.seq`` tokens."""
-#     from megatron.core import parallel_state
-#     from megatron.core.utils import get_batch_on_this_cp_rank
-#
-#     _context_parallel(cp)
-#     full, batch = make_batch(dims.seq), make_batch(dims.seq)
-#     local = get_batch_on_this_cp_rank(batch)
-#     positions = local["position_ids"][0]
-#     return dict(
-#         cp_rank=parallel_state.get_context_parallel_rank(),
-#         same_dict=local is batch,
-#         shapes={k: list(v.shape) for k, v in local.items()},
-#         positions=positions.tolist(),
-#         tokens=local["tokens"][0].tolist(),
-#         mask_rows_kept=torch.equal(local["attention_mask"],
-#                                    full["attention_mask"][:, :, positions]),
-#     )
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(batch_on_cp_rank)
 
 # %%
 split_table(run_ranks(batch_on_cp_rank, 2, TINY, 2, grid=dict(cp=2)), 2, TINY.seq)
@@ -163,7 +138,7 @@ cp4_table
 # 这一步**没有任何通信**：每个 rank 本来就拿到了整条序列（TP 广播之后），只是各自留下自己的两块。
 # 还要注意标题里的 `True`：函数**就地改写**传入的 dict 再把它返回，调用之后原来那份整条序列就不在了
 # （下面的 DP×CP 实验因此先复制一份再切）。
-# `snippets.cp.ring_attention.chunk_positions(cp_rank, cp_size, seq_len)` 是同一规则的算术版（测试里逐 rank 与真实函数比对）：
+# `snippets.cp.ring_attention.chunk_positions(cp_rank, cp_size, seq_len)` 是同一规则的算术版，逐 rank 和真实函数的结果相同：
 
 # %%
 print(all(chunk_positions(r, 4, 16).tolist() == row[2] for r, row in enumerate(cp4_table.rows)))
@@ -175,27 +150,26 @@ print(all(chunk_positions(r, 4, 16).tolist() == row[2] for r, row in enumerate(c
 # 数 causal mask 保留的 (query, key) 对数，就是这个 rank 的 attention 计算量。朴素切法把序列连续切成 CP 段；
 # Megatron 的切法取一头一尾：
 
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(work_table)
+
 # %%
-def work_table(cp, seq_len):
-    keys = torch.arange(seq_len)
-    part = seq_len // cp
-    rows = []
-    for r in range(cp):
-        naive = causal_pairs(torch.arange(r * part, (r + 1) * part), keys)
-        zigzag = causal_pairs(chunk_positions(r, cp, seq_len), keys)
-        rows.append([cp, seq_len, r, naive, zigzag])
-    return rows
-
-
 rows = work_table(2, 16) + work_table(4, 16) + work_table(4, 4096)
 Table(["CP", "s", "cp_rank", "连续切：(q, k) 对数", "2·CP 块切：(q, k) 对数"], rows)
 
 # %% [markdown]
 # 连续切时最后一个 rank 的工作量是第一个的 3 倍（CP=2）到 7 倍（CP=4）；每一步 attention 都要等最慢的 rank，
 # 整体就按最慢的算。一头一尾的两块正好互补（第 `r` 块轻、第 `2·CP−1−r` 块重），每个 rank 分到的对数完全相同。
-# 最慢 rank 与平均值之比：
+# 把 CP=4 的切法（上面 `cp4_table` 的 `position_ids`）和这张表的 CP=4、s=16 几行画在一起：上面一条是 8 块各归哪个 rank，
+# 下面是 causal mask 的下三角，query 行按持有者上色，右边是每个 rank 保留的 (q, k) 对数。
 
 # %%
+pictures.draw_cp_split(cp4_table.rows, work_table(4, 16))
+
+# %% [markdown]
+# 最慢 rank 与平均值之比：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def imbalance(cp, seq_len):
     rows = work_table(cp, seq_len)
     mean = sum(r[3] for r in rows) / cp
@@ -223,35 +197,9 @@ Table(["CP", "s", "连续切 max/mean", "2·CP 块切 max/mean"],
 # 前向、反向各一个环），通信用 `torch.distributed.batch_isend_irecv`。下面在 CP=2 与 CP=4 上验证：每个 rank
 # 的 `q, k, v` 取自真实 `get_batch_on_this_cp_rank` 给出的 `position_ids`，与单进程整条序列上的 causal attention
 # 比较输出和三个梯度：
-#
-# ```python
-# def ring_vs_full(dims, cp, device="cpu"):
-#     """On every rank: ring attention on this rank's positions against one process's full causal
-#     attention (output, dQ, dK, dV), and the recorded p2p calls.
-#
-#     ``q, k, v`` are ``[s, b, heads, kv_channels]``, laid out as in Megatron's attention.
-#     """
-#     from snippets.record.recorder import record
-#     from snippets.cp.ring_attention import causal_attention, ring_attention
-#     from megatron.core import parallel_state
-#     from megatron.core.utils import get_batch_on_this_cp_rank
-#
-#     _context_parallel(cp)
-#     positions = get_batch_on_this_cp_rank(make_batch(dims.seq))["position_ids"][0].to(device)
-#     torch.manual_seed(0)  # every rank draws the same full-sequence q, k, v and upstream gradient
-#     q, k, v, dout = (torch.randn(dims.seq, dims.micro_batch_size, dims.heads, dims.kv_channels).to(device)
-#                      for _ in range(4))
-#     full = [t.clone().requires_grad_() for t in (q, k, v)]
-#     causal_attention(*full).backward(dout)                 # reference: one process, whole sequence
-#     local = [t[positions].clone().requires_grad_() for t in (q, k, v)]
-#     with record() as calls:
-#         out = ring_attention(*local, parallel_state.get_context_parallel_group())
-#         out.backward(dout[positions])
-#     reference_out = causal_attention(q, k, v)[positions]
-#     same = [torch.allclose(out, reference_out, atol=1e-6)]
-#     same += [torch.allclose(l.grad, f.grad[positions], atol=1e-6) for l, f in zip(local, full)]
-#     return same, calls
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(ring_vs_full)
 
 # %%
 ring2 = run_ranks(ring_vs_full, 2, TINY, 2, grid=dict(cp=2))
@@ -275,7 +223,7 @@ ring_table(ring4[1][1])
 #
 # 环的每一步都是"本地 query × 一块 K/V"。用 `chunk_positions` 数每一步 causal mask 保留的对数（CP=4、s=16）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def step_work(cp, seq_len):
     rows = []
     for step in range(cp):
@@ -303,7 +251,7 @@ step_work(4, 16)
 # 所有 rank 的权重相同（同一个种子）；`linear_qkv.weight` 的梯度先看本地值，再分别在 CP 群、DP×CP 群里求和，
 # 与单进程在整条序列上算出的梯度比较：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def cp_dp_step(seq_len=16, hidden=8, heads=2):
     from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
@@ -468,7 +416,7 @@ for line in run_ranks(local_attention_and_rope, 2, grid=dict(cp=2))[0]:
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 positions = chunk_positions(1, 4, 4096)
 print(len(positions), [positions[i].item() for i in (0, 511, 512, 1023)])
 
@@ -482,7 +430,7 @@ print(len(positions), [positions[i].item() for i in (0, 511, 512, 1023)])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 try:
     run_ranks(batch_on_cp_rank, 2, TINY.replace(seq=6), 2, grid=dict(cp=2))
 except RankError as err:
@@ -497,7 +445,7 @@ except RankError as err:
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 calls = ring4[1][1]
 for phase in ("forward", "backward"):
     sizes = [c.before.split(";")[0].removeprefix("isend") for c in calls if c.phase == phase]
@@ -513,7 +461,7 @@ for phase in ("forward", "backward"):
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 r1 = step[1]["rank"]
 print(r1["groups"]["dp-cp"], "dp 坐标:", step[0]["rank"]["coords"]["dp"], r1["coords"]["dp"],
       " cp 坐标:", step[0]["rank"]["coords"]["cp"], r1["coords"]["cp"])
@@ -528,7 +476,7 @@ print(r1["groups"]["dp-cp"], "dp 坐标:", step[0]["rank"]["coords"]["dp"], r1["
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(imbalance(4, 4096), imbalance(8, 4096))
 
 # %% [markdown]

@@ -106,6 +106,22 @@ def split_table(results, cp, seq_len):
                  title=f"CP={cp}（共 2·CP 块）；返回的是传入的同一个 dict：{same_dict}")
 
 
+def work_table(cp, seq_len):
+    """Per CP rank, the (query, key) pairs the causal mask keeps on its queries -- its attention
+    work -- when the sequence is cut into ``cp`` contiguous parts, and into Megatron's ``2·cp``
+    chunks (``[cp, s, cp_rank, contiguous, 2·CP chunks]``)."""
+    from snippets.cp.ring_attention import causal_pairs, chunk_positions
+
+    keys = torch.arange(seq_len)
+    part = seq_len // cp
+    rows = []
+    for r in range(cp):
+        naive = causal_pairs(torch.arange(r * part, (r + 1) * part), keys)
+        zigzag = causal_pairs(chunk_positions(r, cp, seq_len), keys)
+        rows.append([cp, seq_len, r, naive, zigzag])
+    return rows
+
+
 def ring_meaning(call):
     if call.phase == "forward":
         return "把手里的 K/V 块交给下一个 CP rank，收上一个的"
