@@ -9,7 +9,7 @@ all-gathered over the TP group), so before and after can be compared with the sa
 
 :func:`run` does both in one job of ``par.world`` ranks: save at TP = ``par.tp``, then load at
 TP = 1 and at TP = ``par.world`` (each that differs from ``par.tp``; a world of one reloads at
-TP = 1: :func:`snippets.experiments.catalog_checkpoint.load_tps`), every time with all the job's
+TP = 1: :func:`snippets.experiments.checks.load_tps`), every time with all the job's
 ranks, the rest data parallel. The checkpoint directory is made by rank 0 (:func:`checkpoint_dir`)
 and removed at the end; nothing printed contains its path. Note 07 gives ``run`` a directory of its
 own instead (kept, and rank 0 then also returns the saved model's logits): it saves at TP=2 on 2
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from snippets.ckpt import checkpoint_view as cv
-from snippets.experiments.catalog_checkpoint import load_tps
+from snippets.experiments.checks import load_tps
 from snippets.experiments.n13_pipeline import microbatches, pipeline_config
 from snippets.record.tables import Table
 

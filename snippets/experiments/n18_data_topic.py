@@ -11,7 +11,7 @@ the sampler at ``consumed_train_samples``, ``num_microbatches`` micro-batches pe
 four iterations at ``par``'s layout (DP = world / tp). Then, as a restart would, it drops the
 model-parallel state, the dataset and the sampler, keeps only the count saved after iteration 2,
 and reads iterations 3 and 4 again at every DP size the same ranks can form (TP takes the rest;
-:func:`snippets.experiments.catalog_data.resume_dp_sizes`). The global batch
+:func:`snippets.experiments.checks.resume_dp_sizes`). The global batch
 (``micro_batch_size * microbatches * dp``) stays fixed, as ``--global-batch-size`` does.
 ``tables`` prints note 18's table of the micro-batch indices each DP rank read, the checks that a
 resumed run reads the same global batches, and the builder's barriers.
@@ -24,7 +24,7 @@ import torch
 
 from snippets.data.dataset_args import core_gpt_dataset_config_from_args, get_train_valid_test_num_samples, parse_args
 from snippets.experiments.n03_batch_flow import null_tokenizer, shared_corpus
-from snippets.experiments.catalog_data import RESUME_ITERATIONS, resume_dp_sizes
+from snippets.experiments.checks import RESUME_ITERATIONS, resume_dp_sizes
 from snippets.data.pretraining_sampler import build_pretraining_data_loader, samples_per_iteration
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table

@@ -43,11 +43,11 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import cloudpickle
+
+from snippets.ranks.parallel_dims import ParallelDims
 
 DEFAULT_TIMEOUT_S = 60.0
 """Upper bound for one launch, from fork to the last result."""
@@ -90,44 +90,23 @@ class RankError(RuntimeError):
         self.summary = summary
 
 
-@dataclass(frozen=True)
-class Grid:
-    """The sizes a launch is checked against before any process starts.
-
-    ``tp * pp * cp`` must divide ``world_size`` (the rest is data parallel, as in
-    ``parallel_state.initialize_model_parallel``); expert parallel ``ep`` must divide the
-    ranks left for experts, ``world_size / (etp * pp)``.
+class Grid(ParallelDims):
+    """The sizes a launch is checked against before any process starts: a
+    :class:`~snippets.ranks.parallel_dims.ParallelDims` that refuses, with :class:`ValueError`, sizes
+    that do not fit together (``tp * pp * cp`` must divide ``world_size``, the rest being data
+    parallel as in ``parallel_state.initialize_model_parallel``; ``ep`` must divide the ranks left
+    for experts, ``world_size / (etp * pp)``).
     """
 
-    world_size: int
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
+    WORLD = "world_size"
 
     def __post_init__(self):
-        for name in ("world_size", "tp", "pp", "cp", "ep"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        model = self.tp * self.pp * self.cp
-        if self.world_size % model:
-            raise ValueError(
-                f"world_size {self.world_size} is not divisible by tp*pp*cp = "
-                f"{self.tp}*{self.pp}*{self.cp} = {model}"
-            )
-        etp = self.tp if self.etp is None else self.etp
-        expert_ranks = self.world_size // (etp * self.pp)
-        if self.world_size % (etp * self.pp) or expert_ranks % self.ep:
-            raise ValueError(
-                f"ep {self.ep} does not divide the {expert_ranks} ranks left for experts "
-                f"(world_size {self.world_size} / (etp {etp} * pp {self.pp}))"
-            )
+        super().__post_init__()
+        self.check()
 
     @property
-    def dp(self) -> int:
-        return self.world_size // (self.tp * self.pp * self.cp)
+    def world_size(self) -> int:
+        return self.world
 
 
 def _context() -> mp.context.BaseContext:
@@ -205,7 +184,7 @@ def run_ranks(
     """
     if grid is not None:
         if isinstance(grid, dict):
-            grid = Grid(world_size=world_size, **grid)
+            grid = Grid(world_size, **grid)
         if grid.world_size != world_size:
             raise ValueError(f"grid.world_size {grid.world_size} != world_size {world_size}")
     if not isinstance(world_size, int) or world_size < 1:

@@ -1,21 +1,26 @@
-"""Run a note's experiment as a ``torchrun`` job: the same function the note's cell runs, any size.
+"""Run a note's experiment as a job of N ranks: the same function the note's cell runs, any size.
 
-    torchrun --standalone --nproc-per-node 8 -m snippets.run tp-layer --dims qwen3-8b --tp 8
-    torchrun --standalone --nproc-per-node 4 -m snippets.run pipeline --dims tiny --pp 4
-    torchrun --standalone --nproc-per-node 2 -m snippets.run tp-layer --tp 2 + pipeline --pp 2
+    python -m snippets.run --nproc-per-node 8 tp-layer --dims qwen3-8b --tp 8
+    python -m snippets.run --nproc-per-node 4 pipeline --dims tiny --pp 4
+    python -m snippets.run --nproc-per-node 2 tp-layer --tp 2 + pipeline --pp 2
     python -m snippets.run --list
     python -m snippets.run pipeline --dims qwen3-8b --pp 4 --tp 2 --world-size 8 --estimate
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m snippets.run pipeline --dims qwen3-8b --pp 4  # multi-node
 
-``torch.distributed`` is the distributed engine and ``torchrun`` its launcher; this module is only
-the entry point each rank runs. In every rank it:
+``torch.distributed`` is the distributed engine and torch's elastic launcher starts the ranks:
+with ``--nproc-per-node N`` this process checks the whole command first (steps 1 and 2, for a
+world of N), then starts N ranks through ``torch.distributed.launcher.elastic_launch`` -- what
+``torchrun --standalone`` does, in-process -- each running this module. Under a ``torchrun`` the
+user started (several hosts), each rank runs this module directly. In every rank it:
 
 1. resolves the sizes (``--dims`` preset, then single-size overrides such as ``--seq 512``) and the
-   parallel sizes (``--tp/--pp/--vp/--cp/--ep/--dp``, world size from ``torchrun``'s
-   ``WORLD_SIZE``) and refuses impossible combinations;
-2. estimates the memory one rank needs (:mod:`snippets.models.memory_estimate`) and refuses -- exit status
-   2, one line -- when this rank's GPU (free memory) or its share of the host RAM cannot hold it.
-   All of this happens before ``init_process_group``: every rank reaches the same verdict from the
-   same numbers, so a refused job never half starts;
+   parallel sizes (``--tp/--pp/--vp/--cp/--ep/--dp``, world size from ``WORLD_SIZE``), checked by
+   :class:`snippets.ranks.parallel_dims.ParallelDims` and the registry
+   (:func:`snippets.experiments.registry.problems`);
+2. estimates the memory one rank needs (:mod:`snippets.experiments.needs`) and refuses when this
+   rank's GPU (free memory) or its share of the host RAM cannot hold it. A refusal is one line on
+   stderr and exit status 2, before ``init_process_group``: every rank reaches the same verdict
+   from the same numbers, so a refused job never half starts (:func:`_refuse` says who prints);
 3. joins the job: NCCL on the GPU ``LOCAL_RANK`` when CUDA is available, else gloo on the CPU with
    :mod:`snippets.cpu` applied (only then); installs the collective recorder;
 4. runs the experiment's ``run`` on every rank, gathers the per-rank summaries on rank 0, and rank 0
@@ -24,14 +29,16 @@ the entry point each rank runs. In every rank it:
 Several experiments separated by ``+`` run one after the other in the same job (each is checked
 before any starts; Megatron's model-parallel state is torn down between them).
 
-Without ``torchrun`` (no ``WORLD_SIZE`` in the environment) it runs as a single rank.
+Without ``--nproc-per-node`` or ``torchrun`` it runs as a single rank.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -45,23 +52,42 @@ REFUSED = 2
 
 
 class Refused(Exception):
-    """The job cannot run as asked; the message says why in one line."""
+    """The job cannot run as asked; the message says why in one line.
+
+    ``everywhere``: every rank of the job reaches it from the same arguments, so rank 0 alone says
+    it. Otherwise (memory, GPUs) it depends on the host: local rank 0 of each refusing host says it,
+    and so does a rank that refuses while its local rank 0 would not (``alone``)."""
+
+    def __init__(self, message: str, everywhere: bool = True, alone: bool = False):
+        super().__init__(message)
+        self.everywhere, self.alone = everywhere, alone
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a :class:`Refused` (one line) instead of usage text + exit."""
+
+    def error(self, message):
+        raise Refused(f"{message} (python -m snippets.run --help lists the flags)")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m snippets.run",
-        description="Run a note's experiment on every rank of a torchrun job; rank 0 prints its tables.",
+        description="Run a note's experiment on N ranks (--nproc-per-node N, or under torchrun); "
+                    "rank 0 prints its tables.",
         epilog="experiments: " + "; ".join(f"{e.name} (note {e.note[:2]})" for e in EXPERIMENTS.values())
         + f". Several in one job: EXPERIMENT [options] {SEPARATOR} EXPERIMENT [options] ...")
     p.add_argument("experiment", nargs="?", help="which experiment (--list shows them)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N", dest="nproc",
+                   help="start N ranks on this host (torch's elastic launcher, as torchrun "
+                        "--standalone does); only before the first experiment")
     p.add_argument("--list", action="store_true", help="list the experiments and presets, then exit")
     p.add_argument("--dims", default="tiny", choices=presets.NAMES,
                    help="model sizes: tiny = the note's own, or a real model's (default tiny)")
     sizes = p.add_argument_group("size overrides (applied on top of --dims)")
     for name in presets.OVERRIDES:
         sizes.add_argument("--" + name.replace("_", "-"), type=int, dest=name, metavar="N")
-    par = p.add_argument_group("parallel sizes (world size comes from torchrun)")
+    par = p.add_argument_group("parallel sizes (world size: --nproc-per-node, or torchrun's)")
     for name in ("tp", "pp", "cp", "ep"):
         par.add_argument("--" + name, type=int, default=1, metavar="N")
     par.add_argument("--vp", type=int, default=None, metavar="N",
@@ -72,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate", action="store_true",
                    help="print the memory estimate and the verdict, start nothing")
     p.add_argument("--world-size", type=int, default=None, metavar="N",
-                   help="with --estimate outside torchrun: the world size to estimate for")
+                   help="with --estimate: the world size to estimate for")
     return p
 
 
@@ -104,19 +130,32 @@ def resolve(args, world: int):
                                **{k: getattr(args, k) for k in presets.OVERRIDES})
     except ValueError as exc:
         raise Refused(f"{exp.name} --dims {args.dims}: {exc}") from None
-    for flag in ("tp", "pp", "cp", "ep", "vp", "dp"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise Refused(f"--{flag} must be a positive int, got {value}")
-    par = Parallel(world=world, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
-                   sp=args.sp)
+    if args.dp is not None and args.dp < 1:
+        raise Refused(f"--dp must be a positive int, got {args.dp}")
+    try:  # the world size was checked already: what ParallelDims refuses here is one of the flags
+        par = Parallel(world=world, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
+                       etp=exp.etp, sp=args.sp)
+    except ValueError as exc:
+        raise Refused(f"--{exc}") from None
     found = problems(exp, dims, par)
     if args.dp is not None and not found and args.dp != par.dp:
         found.append(f"--dp {args.dp} does not match world size {world} / (tp*pp*cp = "
-                     f"{par.tp * par.pp * par.cp}) = {par.dp}")
+                     f"{par.model_ranks}) = {par.dp}")
+    if found and world == 1 and "WORLD_SIZE" not in os.environ:
+        enough = ranks_needed(exp, dims, par)
+        if enough:
+            found.append(f"use --nproc-per-node {enough} to start {enough} ranks")
     if found:
         raise Refused(f"{exp.name} on {world} rank(s): " + "; ".join(found))
     return exp, dims, par
+
+
+def ranks_needed(exp, dims, par, most: int = 64) -> int | None:
+    """The smallest world size at which ``exp`` has no problem with these sizes, if any."""
+    for world in range(2, most + 1):
+        if not problems(exp, dims, dataclasses.replace(par, world=world)):
+            return world
+    return None
 
 
 def memory_verdict(exp, dims, par, local_rank: int, local_world: int) -> tuple[bool, str]:
@@ -191,25 +230,66 @@ def split(argv: list[str]) -> list[list[str]]:
 
 def main(argv=None) -> int:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron's advice for TP overlap
-    all_args = [parser().parse_args(segment) for segment in split(sys.argv[1:] if argv is None else argv)]
-    if any(args.list for args in all_args):
-        print(listing())
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        all_args = [parser().parse_args(segment) for segment in split(argv)]
+        if any(args.list for args in all_args):
+            print(listing())
+            return 0
+        nproc = _nproc(all_args)
+        jobs, headers = check(all_args, nproc)
+    except Refused as exc:
+        return _refuse(exc)
+    if any(args.estimate for args in all_args):
+        if mem.local_world()[0] == 0:
+            print("\n\n".join(headers))
         return 0
-    rank = int(os.environ.get("RANK", 0))
+    if nproc is not None:  # checked for a world of nproc: now start them (torch's elastic launcher)
+        from snippets.ranks.elastic import launch
+
+        rest = [arg for segment in split(argv) for arg in [SEPARATOR, *_without_nproc(segment)]][1:]
+        return launch(nproc, "snippets.run", rest, refused=REFUSED)
+    return run_jobs(jobs, headers)
+
+
+def _nproc(all_args) -> int | None:
+    nprocs = [args.nproc for args in all_args if args.nproc is not None]
+    if not nprocs:
+        return None
+    if "WORLD_SIZE" in os.environ:
+        raise Refused("--nproc-per-node is for starting the ranks here; under torchrun, give it "
+                      "to torchrun")
+    if all_args[0].nproc is None or len(nprocs) > 1:
+        raise Refused("--nproc-per-node goes once, before the first experiment")
+    if nprocs[0] < 1:
+        raise Refused(f"--nproc-per-node must be a positive int, got {nprocs[0]}")
+    return nprocs[0]
+
+
+def _without_nproc(segment: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in segment:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            out.append(arg)
+    return out
+
+
+def check(all_args, nproc: int | None) -> tuple[list, list[str]]:
+    """Every job ``(experiment, dims, parallel)`` and its header, or :class:`Refused`: the
+    arguments, the sizes, the GPUs and the memory, for a world of ``nproc`` ranks on this host
+    (``--nproc-per-node``), of torchrun's ``WORLD_SIZE``, or of one."""
     local_rank, local_world = mem.local_world()
     under_torchrun = "WORLD_SIZE" in os.environ
-    estimate = any(args.estimate for args in all_args)
     asked = {args.world_size for args in all_args} - {None}
-    if asked and (under_torchrun or not estimate or len(asked) > 1):
-        return _refuse("--world-size is only for --estimate outside torchrun (torchrun sets it), "
-                       "and one value for the whole command", local_rank)
-    world = int(os.environ.get("WORLD_SIZE", asked.pop() if asked else 1))
-    jobs = []
-    for args in all_args:  # every experiment is checked before any of them starts
-        try:
-            jobs.append(resolve(args, world))
-        except Refused as exc:
-            return _refuse(str(exc), local_rank)
+    if asked and (under_torchrun or nproc or not any(a.estimate for a in all_args) or len(asked) > 1):
+        raise Refused("--world-size is only for --estimate without a launcher (torchrun and "
+                      "--nproc-per-node set it), and one value for the whole command")
+    world = nproc or int(os.environ.get("WORLD_SIZE", asked.pop() if asked else 1))
+    jobs = [resolve(args, world) for args in all_args]  # every experiment before any starts
     gpus = 0
     if nvidia_device_nodes():  # only then can CUDA be there: without, refusals skip torch (~2.5 s)
         import torch  # only now: a bad command line is refused without paying for torch
@@ -218,26 +298,30 @@ def main(argv=None) -> int:
     device = "cuda" if gpus else "cpu"
     if not under_torchrun:  # a world of `world` ranks on this host (or one per GPU)
         local_world = min(world, gpus or world)
-    elif device == "cuda" and local_world > gpus:
-        return _refuse(f"{local_world} ranks on this host but {gpus} GPU(s): "
-                       f"use --nproc-per-node {gpus} or fewer", local_rank)
+    if device == "cuda" and (nproc or local_world) > gpus:
+        raise Refused(f"{nproc or local_world} ranks on this host but {gpus} GPU(s): "
+                      f"use --nproc-per-node {gpus} or fewer", everywhere=False)
     headers = []
     for i, (exp, dims, par) in enumerate(jobs):
         par = dataclasses.replace(par, device=device)
         jobs[i] = exp, dims, par
         fits, verdict = memory_verdict(exp, dims, par, local_rank, local_world)
         if not fits:
-            return _refuse(verdict, local_rank)
+            alone = local_rank != 0 and memory_verdict(exp, dims, par, 0, local_world)[0]
+            raise Refused(verdict, everywhere=False, alone=alone)
         headers.append(f"snippets.run {exp.name} (note {exp.note}) --dims {dims.name}: "
                        f"{dims.describe(exp.unused)}\n"
                        f"{par.describe()}; {par.backend} on {device}"
                        + ("" if par.cuda else ", snippets.cpu applied") + f"\n{verdict}")
-    if estimate:
-        if local_rank == 0:
-            print("\n\n".join(headers))
-        return 0
+    return jobs, headers
 
+
+def run_jobs(jobs, headers) -> int:
+    """Steps 3 and 4 in this rank: join the job, run every experiment, rank 0 prints."""
     import torch
+
+    rank, world = int(os.environ.get("RANK", 0)), jobs[0][2].world
+    local_rank, local_world = mem.local_world()
 
     functions = [exp.functions() for exp, _, _ in jobs]
     join(jobs[0][2], rank, world, local_rank, local_world)
@@ -264,15 +348,39 @@ def main(argv=None) -> int:
     return 0
 
 
-REFUSE_DELAY_S = 5.0
-"""How long ranks other than local rank 0 wait before refusing: every rank refuses for the same
-reason, and torchrun stops the job at the first exit, so local rank 0 exits first and alone prints
-the reason -- one line per host, not one per rank. A rank that refuses while local rank 0 does not
-(free memory can differ between GPUs) still prints after the wait."""
+REFUSE_WAIT_S = 5.0
+"""Longest a refusing rank waits for its host's local rank 0 to have refused (and said why)."""
 
 
-def _refuse(message: str, local_rank: int) -> int:
-    if local_rank != 0:
-        time.sleep(REFUSE_DELAY_S)
-    print(f"snippets.run: {message}", file=sys.stderr, flush=True)
+def _refuse(exc: Refused) -> int:
+    """Say why in one line, from the rank that should (:class:`Refused`), and exit 2.
+
+    Under a launcher every rank refuses. Each one ignores the launcher's SIGTERM and leaves on its
+    own with status 2, so the launcher's report lists every rank as exit code 2, not as stopped.
+    Every rank writes the line to its torchelastic error file, so a raw ``torchrun``'s report names
+    the reason on each; the others write theirs after local rank 0 (which has printed by then),
+    and each leaves once all ranks of its host have written theirs."""
+    line = f"snippets.run: {exc}"
+    rank, (local_rank, local_world) = int(os.environ.get("RANK", 0)), mem.local_world()
+    if (rank == 0) if exc.everywhere else (local_rank == 0 or exc.alone):
+        print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file or "WORLD_SIZE" not in os.environ:
+        return REFUSED
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopped by the agent = a second, wrong reason
+    attempt = os.path.dirname(os.path.dirname(error_file))  # .../attempt_N/<local rank>/error.json
+    first = os.path.join(attempt, "0", os.path.basename(error_file))
+    deadline = time.monotonic() + REFUSE_WAIT_S
+    while local_rank != 0 and not os.path.exists(first) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        with open(error_file, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {
+                "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass
+    # stay until every rank of this host has refused too: none is left for the agent to stop
+    everyone = [os.path.join(attempt, str(r), os.path.basename(error_file)) for r in range(local_world)]
+    while not all(map(os.path.exists, everyone)) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return REFUSED

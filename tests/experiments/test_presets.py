@@ -8,7 +8,7 @@ from snippets.models import presets
 from snippets.rl import refit_cost
 from snippets.experiments import EXPERIMENTS
 from snippets.ranks.launch import run_ranks, warm_up
-from test_run import assert_in_note, ok, tables
+from run_support import assert_in_note, ok, tables
 
 
 @pytest.fixture(scope="module")

@@ -1,106 +1,32 @@
-"""``python -m snippets.run`` under ``torchrun --standalone`` on CPU ranks prints the notes' tables.
+"""``python -m snippets.run`` on CPU ranks prints the notes' tables, and refuses bad jobs in one line.
 
-Each job is a real ``torchrun`` (gloo, 2 or 4 ranks); rank 0's stdout is split into markdown tables
-and compared with the tables stored in the note's ``.ipynb`` (the outputs nbval checks). A table of
-one configuration must equal the note's table, or -- where the note puts several configurations
-in one table -- be exactly the note's rows for that configuration. Then the failures: an unknown
-experiment, a world size the sizes cannot divide, a preset too big for this machine; each must end
-at once with exit status 2 and one line saying why, before any process group exists.
+Each job is real: 2 gloo ranks started the one-command way (``--nproc-per-node 2``: the runner
+checks, then starts them through torch's elastic launcher), 4 under a raw ``torchrun``. Rank 0's
+stdout is split into markdown tables and compared with the tables stored in the note's ``.ipynb``
+(the outputs nbval checks). A table of one configuration must equal the note's table, or -- where
+the note puts several configurations in one table -- be exactly the note's rows for that
+configuration. Then the refusals -- a bad flag, an unknown experiment, a world size the sizes
+cannot divide, a job too big for this machine -- each checked both ways for its exact line on
+stderr, exit status 2 and no traceback, before any process group exists.
 
-Every ``torchrun`` start imports torch and megatron.core in each rank (~5 s of CPU each), so the
-jobs are few: one per world size runs its experiments one after the other (``+``), and each
-job serves several assertions (cached per test session).
+Every job start imports torch and megatron.core in each rank (~5 s of CPU each), so the jobs are
+few: one per world size runs its experiments one after the other (``+``), and each job serves
+several assertions (cached per test session).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import re
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
+from run_support import (AS_RANK_0_OF_2, EXPERIMENTS, ROOT, assert_in_note, note_text, ok, one_command,
+                         one_line, plain, refusals, rows_of, runner_tables, tables, torchrun)
 
 from snippets.models import presets
-from snippets.experiments import EXPERIMENTS
-
-ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-JOB_TIMEOUT_S = 300  # a hung job fails the test instead of the suite
-
-
-@functools.lru_cache(maxsize=None)
-def torchrun(nproc: int, *args: str):
-    """Run ``torchrun --standalone --nproc-per-node nproc -m snippets.run *args`` once per session."""
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:  # its log dirs go there, and go
-        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc),
-                               "-m", "snippets.run", *args], env={**os.environ, "TMPDIR": tmp},
-                              cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    proc.seconds = time.monotonic() - start
-    return proc
-
-
-def ok(nproc: int, *args: str) -> str:
-    proc = torchrun(nproc, *args)
-    assert proc.returncode == 0, f"torchrun {nproc} {args} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def tables(text: str) -> list[str]:
-    """The markdown tables in ``text``: runs of lines that start with ``|``."""
-    out, current = [], []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            current.append(line.rstrip())
-        elif current:
-            out.append("\n".join(current))
-            current = []
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def note_tables(note: str) -> list[str]:
-    """Every table the note's stored outputs hold (its ``text/markdown`` outputs)."""
-    nb = json.loads((ROOT / "notes" / f"{note}.ipynb").read_text(encoding="utf-8"))
-    found = []
-    for cell in nb["cells"]:
-        for output in cell.get("outputs", []):
-            markdown = output.get("data", {}).get("text/markdown")
-            if markdown:
-                found += tables("".join(markdown))
-    assert found, f"{note}.ipynb has no stored tables"
-    return found
-
-
-def note_text(note: str) -> str:
-    nb = json.loads((ROOT / "notes" / f"{note}.ipynb").read_text(encoding="utf-8"))
-    return "\n".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
-
-
-def rows_of(table: str) -> tuple[str, list[str]]:
-    lines = table.splitlines()
-    return lines[0], lines[2:]
-
-
-def assert_in_note(table: str, note: str, whole: bool = True) -> None:
-    """``table`` is one of the note's tables (``whole``), or a run of rows of one of them under the
-    same header (the note's table has more configurations)."""
-    stored = note_tables(note)
-    if whole:
-        assert table in stored, f"not in {note}'s stored tables:\n{table}"
-        return
-    header, rows = rows_of(table)
-    for candidate in stored:
-        head, stored_rows = rows_of(candidate)
-        if head == header and any(stored_rows[i:i + len(rows)] == rows for i in range(len(stored_rows))):
-            return
-    raise AssertionError(f"rows not found under the same header in {note}:\n{table}")
-
 
 TWO_RANKS = ("tp-layer", "--dims", "tiny", "--tp", "2", "+", "pipeline", "--dims", "tiny", "--pp", "2",
              "+", "refit", "--dims", "tiny", "--pp", "2")
@@ -108,12 +34,14 @@ FOUR_RANKS = ("groups", "--tp", "2", "--pp", "2",
               "+", "tp-layer", "--dims", "tiny", "--tp", "4", "--query-groups", "2",
               "+", "pipeline", "--dims", "tiny", "--pp", "4",
               "+", "refit", "--dims", "tiny", "--tp", "2", "--pp", "2")
-"""One job per world size runs the experiments one after the other (``+``): the ranks start once."""
+"""One job per world size runs the experiments one after the other (``+``): the ranks start once.
+The 2-rank job is started the one-command way (``python -m snippets.run --nproc-per-node 2``), the
+4-rank one under a raw ``torchrun``: both launchers print the notes' tables."""
 
 
 def section(nproc: int, args: tuple, experiment: str) -> str:
-    """What rank 0 printed for ``experiment`` in the job ``torchrun nproc args``."""
-    out = ok(nproc, *args)
+    """What rank 0 printed for ``experiment`` in the job of ``nproc`` ranks running ``args``."""
+    out = ok(nproc, *args, raw=nproc != 2)
     parts = out.split("snippets.run ")
     found = [p for p in parts if p.startswith(experiment + " (note ")]
     assert len(found) == 1, out
@@ -216,61 +144,93 @@ def test_refit_2_ranks_syncs_and_moves_each_rank_its_shard():
     assert params == presets.parameter_count(EXPERIMENTS["refit"].tiny)
 
 
-# ----------------------------------------------------------------------------- refusing, fast
+# ----------------------------------------------------------------------------- refusing: one line, status 2
+
+KNOWN = ", ".join(f"{e.name} (note {e.note})" for e in EXPERIMENTS.values())
 
 
-def plain(*args: str, env: dict | None = None):
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "snippets.run", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
-    proc.seconds = time.monotonic() - start
-    return proc
+def too_big(world: int) -> str:
+    """The memory refusal of ``pipeline --dims dense-70b --pp 2`` (fp32 70B: no CPU host holds it),
+    as a regular expression: only what this host has is left open."""
+    from snippets.experiments import Parallel
+
+    exp, dims = EXPERIMENTS["pipeline"], presets.PRESETS["dense-70b"]
+    par = Parallel(world=world, pp=2)
+    return re.escape(f"snippets.run: refusing pipeline --dims dense-70b ({dims.describe(exp.unused)}) on "
+                     f"{par.describe()}: one rank needs {exp.estimate(dims, par).describe()}, but this "
+                     f"rank has ") + (r"\d+\.\d\d GiB \(\d+\.\d\d GiB available host RAM / "
+                                      rf"{world} rank\(s\) on this host\)") + re.escape(
+        ". Use more ranks (--tp/--pp), a shorter --seq, fewer --layers, or --dims tiny. Nothing was started.")
 
 
-def one_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1, text
-    return lines[0]
+REFUSALS = [  # (ranks, arguments, the line on stderr: exact, or a regex for the memory one)
+    (2, ("groups", "--bogus"),
+     "snippets.run: unrecognized arguments: --bogus (python -m snippets.run --help lists the flags)"),
+    (2, ("no-such-experiment",), f"snippets.run: unknown experiment 'no-such-experiment'; known: {KNOWN}"),
+    (4, ("groups", "--tp", "3"),
+     "snippets.run: groups on 4 rank(s): world size 4 is not divisible by tp*pp*cp = 3*1*1 = 3"),
+    (2, ("pipeline", "--dims", "dense-70b", "--pp", "2"), None),
+]
+IDS = ["bad flag", "unknown experiment", "world size", "memory"]
 
 
-def test_unknown_experiment_lists_the_known_ones():
-    proc = plain("no-such-experiment")
-    assert proc.returncode == 2 and proc.stdout == ""
-    line = one_line(proc.stderr)
-    assert "unknown experiment 'no-such-experiment'" in line
-    assert all(name in line for name in EXPERIMENTS)
+def says(line: str, nproc: int, expected: str | None) -> bool:
+    return re.fullmatch(too_big(nproc), line) is not None if expected is None else line == expected
 
 
-AS_RANK_0_OF_2 = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
-"""What torchrun sets in rank 0 of a 2-rank job: the checks run before any rendezvous, so a plain
-process with this environment takes the same path (and no peer is needed to refuse)."""
+@pytest.mark.parametrize("nproc, args, expected", REFUSALS, ids=IDS)
+def test_one_command_refusal_is_one_line_and_status_2(nproc, args, expected):
+    """``python -m snippets.run --nproc-per-node N ...`` checks before it starts any rank: stderr is
+    exactly the one line (so no traceback), stdout empty, exit status 2, well under a few seconds."""
+    proc = plain("--nproc-per-node", str(nproc), *args)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.endswith("\n") and proc.stderr.count("\n") == 1, proc.stderr
+    assert says(proc.stderr[:-1], nproc, expected), proc.stderr
+    assert "torch" not in proc.stderr.split(":", 1)[0] and proc.seconds < 20
+
+
+@pytest.mark.parametrize("nproc, args, expected", REFUSALS, ids=IDS)
+def test_raw_torchrun_refusal_rank_0_says_it_and_every_rank_exits_2(nproc, args, expected):
+    """Under a raw ``torchrun`` (multi-node jobs): the same line once, from rank 0; every rank exits
+    with status 2 by itself (none is stopped by the agent) and none prints a traceback. What is
+    left is torchrun's own report -- its traceback, then a table naming the reason on each rank --
+    and its exit status 1, which README's "Running at real scale" describes."""
+    proc = torchrun(nproc, *args)
+    lines = refusals(proc.stderr)
+    assert len(lines) == 1 and says(lines[0], nproc, expected), proc.stderr
+    assert proc.stdout == "" and proc.returncode == 1 and proc.seconds < 60
+    assert proc.stderr.count("exitcode  : 2 ") == nproc and "SIGTERM)" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("Traceback") == 1, proc.stderr              # torchrun's, not a rank's
+    frames = [line for line in proc.stderr.splitlines() if line.startswith('  File "')]
+    assert frames and not any("snippets" in frame for frame in frames), frames
+    root = proc.stderr.split("Root Cause (first observed failure):")[1]
+    reported = root.split("traceback : ", 1)[1].splitlines()[0]  # that rank's line (its own RAM figures)
+    assert says(reported, nproc, expected), root  # the report names the reason, not "To enable traceback"
+
+
+def test_world_of_one_says_how_to_start_more_ranks():
+    proc = plain("groups", "--tp", "2", "--pp", "2")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("snippets.run: groups on 1 rank(s): world size 1 is not divisible by "
+                           "tp*pp*cp = 2*2*1 = 4; use --nproc-per-node 4 to start 4 ranks\n")
 
 
 @pytest.mark.parametrize("args, says", [
     (["tp-layer", "--tp", "4"], "world size 2 is not divisible by tp*pp*cp = 4*1*1 = 4"),
     (["tp-layer", "--tp", "2", "--heads", "9", "--query-groups", "3"], "heads 9 is not divisible by tp 2"),
     (["tp-layer", "--pp", "2"], "tp-layer does not use --pp"),
+    (["ddp", "--sequence-parallel"], "ddp does not use --sequence-parallel"),
     (["pipeline", "--pp", "2", "--dp", "2"], "--dp 2 does not match world size 2"),
     (["pipeline", "--pp", "2", "--layers", "7"], "layers 7 is not divisible by pp * vp 2"),
+    (["pipeline", "--vp", "2"], "--vp (interleaved 1F1B) needs --pp 2 or more"),
+    (["moe", "--ep", "4"], "ep 4 does not divide the 2 ranks left for experts (world size 2 / (tp 1 * pp 1))"),
+    (["groups", "--tp", "0"], "--tp must be a positive int, got 0"),
+    (["--nproc-per-node", "2", "groups"], "--nproc-per-node is for starting the ranks here"),
 ])
 def test_impossible_sizes_are_refused_in_one_line(args, says):
     proc = plain(*args, env=AS_RANK_0_OF_2)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert says in one_line(proc.stderr)
-
-
-def test_too_big_preset_is_refused_by_every_rank_before_starting():
-    """Qwen3-8B's pipeline in fp32 cannot fit this machine: torchrun's ranks all exit with status 2
-    before ``init_process_group`` (no rendezvous timeout, no header, no table), one line per host."""
-    proc = torchrun(2, "pipeline", "--dims", "qwen3-8b", "--pp", "2")
-    assert proc.returncode != 0 and proc.stdout == ""
-    refusals = [line for line in proc.stderr.splitlines() if line.startswith("snippets.run: refusing")]
-    assert len(refusals) == 1, proc.stderr
-    assert "refusing pipeline --dims qwen3-8b (hidden 4096, heads 32 in 8 query groups" in refusals[0]
-    assert "one rank needs ~" in refusals[0] and "GiB available host RAM / 2 rank(s)" in refusals[0]
-    assert proc.stderr.count("exitcode  : 2") == 1 and "rank      : 0" in proc.stderr  # torchrun's report
-    assert proc.seconds < 60
 
 
 @pytest.mark.skipif(__import__("snippets.ranks.runner").ranks.runner.nvidia_device_nodes(),
@@ -290,7 +250,7 @@ def test_without_a_gpu_the_verdict_needs_no_torch():
     assert "one rank needs ~" in refused.stderr
     estimate = main_in_rank_0_of_2("tp-layer", "--tp", "2", "--estimate")
     assert estimate.stdout.rstrip().endswith("exit 0 torch imported: False"), estimate.stderr
-    assert "gloo on cpu, snippets.cpu applied" in estimate.stdout
+    assert "gloo on cpu, snippets.cpu" in estimate.stdout
 
 
 def test_estimate_and_list_start_nothing():
@@ -298,11 +258,23 @@ def test_estimate_and_list_start_nothing():
                  "--estimate")
     assert proc.returncode in (0, 2)  # depends on this machine's memory; either way nothing ran
     assert "one rank needs ~" in proc.stderr or "memory per rank: needs ~" in proc.stdout
+    estimate = plain("--nproc-per-node", "8", "groups", "--tp", "2", "--pp", "4", "--estimate")
+    assert estimate.returncode == 0 and estimate.stdout.splitlines()[1].startswith(
+        "8 ranks = tp 2 x pp 4 x cp 1 x dp 1; gloo on cpu"), estimate.stderr
     listing = plain("--list")
     assert listing.returncode == 0
     for name, exp in EXPERIMENTS.items():
         assert name in listing.stdout and exp.note in listing.stdout
     assert "qwen3-8b  8.19B parameters" in listing.stdout
+
+
+def test_one_command_job_is_quiet_and_leaves_nothing_in_tmp():
+    """The one-command job of the 2-rank tables ran in a TMPDIR of its own: the launcher removed
+    its per-rank directories, and no line of torch's elastic agent reached stderr."""
+    proc = one_command(2, *TWO_RANKS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.leftovers == []
+    assert "torch/distributed/elastic" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 # ----------------------------------------------------------------------------- notes call the same code
@@ -380,19 +352,6 @@ def check_listing(note: str, module: str) -> None:
 
 
 # ----------------------------------------------------------------------------- in-process runs of the runner's path
-
-def runner_tables(name: str, world: int, **parallel) -> list[str]:
-    """What ``python -m snippets.run name --dims tiny`` prints as tables, computed in-process with
-    ``run_ranks`` (the same ``run`` and ``tables``; no torchrun start, so cheap)."""
-    from snippets.experiments import Parallel
-    from snippets.ranks.launch import run_ranks
-    from snippets.record.tables import Table
-
-    exp = EXPERIMENTS[name]
-    run, make_tables = exp.functions()
-    par = Parallel(world=world, **parallel)
-    results = run_ranks(run, world, exp.tiny, par, grid={k: v for k, v in parallel.items() if k in ("tp", "pp", "cp")})
-    return [tables(t.markdown())[0] for t in make_tables(results, exp.tiny, par) if isinstance(t, Table)]
 
 
 def test_linear_runner_path_prints_note_10_tables():

@@ -2,7 +2,7 @@
 
 Each note lists the experiment code its cells call (checked for every note in ``test_run.py``); the runner's
 path -- the module's ``run`` on every rank, then its ``tables`` -- computed in-process with
-``run_ranks`` (:func:`test_run.runner_tables`, no torchrun start) prints the note's stored tables;
+``run_ranks`` (:func:`run_support.runner_tables`, no torchrun start) prints the note's stored tables;
 and sizes that cannot work are refused with a sentence that says why.
 """
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from test_run import ROOT, assert_in_note, rows_of, runner_tables
+from run_support import ROOT, assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 
@@ -52,18 +52,18 @@ def test_impossible_sizes_say_why(name, par, says):
     assert any(says in sentence for sentence in problems(exp, exp.tiny, par)), problems(exp, exp.tiny, par)
 
 
-def test_overview_too_many_samples_is_refused_and_its_constants_match_the_catalog():
-    from snippets.experiments import catalog_checkpoint as catalog
+def test_overview_too_many_samples_is_refused_and_its_constants_match_the_checks():
+    from snippets.experiments import checks
     from snippets.experiments import n01_overview as overview
 
-    assert (overview.STEPS, overview.SAMPLES) == (catalog.SIMPLE_LOOP_STEPS, catalog.MOCK_SAMPLES)
+    assert (overview.STEPS, overview.SAMPLES) == (checks.SIMPLE_LOOP_STEPS, checks.MOCK_SAMPLES)
     exp = EXPERIMENTS["overview"]
     assert any("more than the mock dataset's 1000" in p
                for p in problems(exp, exp.tiny.replace(microbatches=100), Parallel(world=2, tp=2)))
 
 
 def test_load_tps_rule():
-    from snippets.experiments.catalog_checkpoint import load_tps
+    from snippets.experiments.checks import load_tps
 
     assert load_tps(Parallel(world=2, tp=2)) == [1]
     assert load_tps(Parallel(world=8, tp=2)) == [1, 8]
@@ -71,7 +71,7 @@ def test_load_tps_rule():
     assert load_tps(Parallel(world=1)) == [1]
 
 
-def test_catalog_is_torch_free():
-    code = ("import sys; import snippets.experiments.catalog_checkpoint; "
+def test_registry_is_torch_free():
+    code = ("import sys; import snippets.experiments.registry; "
             "assert 'torch' not in sys.modules and 'megatron' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

@@ -2,17 +2,17 @@
 runner's path: the notes list the code their cells call, the runner prints the notes' stored tables
 at ``tiny``, the corpora the experiments write are the notes' own, and impossible sizes are refused.
 
-Runs are in-process (:func:`test_run.runner_tables`, forked gloo ranks), not ``torchrun``.
+Runs are in-process (:func:`run_support.runner_tables`, forked gloo ranks), not ``torchrun``.
 """
 
 from __future__ import annotations
 
 import numpy
 import pytest
-from test_run import assert_in_note, runner_tables
+from run_support import assert_in_note, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
-from snippets.experiments.catalog_data import resume_dp_sizes
+from snippets.experiments.checks import resume_dp_sizes
 
 NOTE_03, NOTE_18 = "03_data_and_batch_flow", "18_data_topic"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from test_run import assert_in_note, rows_of, runner_tables
+from run_support import assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 
@@ -62,10 +62,10 @@ def test_impossible_sizes_are_named(name, dims, par, says):
     assert any(says in sentence for sentence in found), found
 
 
-def test_catalog_constants_are_the_experiments():
-    """The torch-free catalog repeats two constants of the experiment modules; they must agree."""
-    from snippets.experiments import catalog_model
+def test_checks_constants_are_the_experiments():
+    """The torch-free checks repeat two constants of the experiment modules; they must agree."""
+    from snippets.experiments import checks
     from snippets.experiments import n08_rank_generator as rank_generator
     from snippets.experiments import n19_model_topic as model_topic
 
-    assert (catalog_model.ETP, catalog_model.EXPERTS) == (rank_generator.ETP, model_topic.EXPERTS)
+    assert (checks.ETP, checks.EXPERTS) == (rank_generator.ETP, model_topic.EXPERTS)

@@ -3,7 +3,7 @@
 ``optimizer-topic`` (note 20, section 4: a bf16 model with and without the distributed optimizer),
 ``overlap`` (note 20, section 8: DDP's bucket collectives with and without overlap) and
 ``journey`` (note 23: one step on TP2 · PP2 · DP2 with sequence parallel, following one
-``linear_fc1`` weight) run in-process through the runner's path (:func:`test_run.runner_tables`,
+``linear_fc1`` weight) run in-process through the runner's path (:func:`run_support.runner_tables`,
 no ``torchrun``); every table they print must be one the note stores. ``journey`` runs its
 TP = PP = 1 reference inside the job (every rank a DP replica fed the whole batch) where the note
 runs it as a separate one-process launch: the comparisons must come out the same.
@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from test_run import ROOT, assert_in_note, rows_of, runner_tables
+from run_support import ROOT, assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 
@@ -59,10 +59,9 @@ def test_impossible_sizes_are_refused(name, dims, par, says):
     assert says in "; ".join(problems(exp, exp.tiny.replace(**dims), par))
 
 
-def test_catalog_is_torch_free_and_estimates_real_sizes():
+def test_registry_is_torch_free_and_estimates_real_sizes():
     code = ("import sys; from snippets.models import presets; from snippets.experiments import Parallel; "
-            "import snippets.experiments.catalog_training as c; "
-            "e = {x.name: x for x in c.ENTRIES}; d = presets.PRESETS['qwen3-8b'].replace(layers=2); "
+            "from snippets.experiments.registry import EXPERIMENTS as e; d = presets.PRESETS['qwen3-8b'].replace(layers=2); "
             "print(e['journey'].estimate(d, Parallel(world=8, tp=2, pp=2, sp=True, device='cuda')).total > 0, "
             "e['optimizer-topic'].estimate(d, Parallel(world=8, device='cuda')).total > 0, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
