@@ -1,0 +1,116 @@
+"""The ``weight-sync`` command: which input it was given, and the report.
+
+    weight-sync RUN [--params 7e9] [--dtype bf16]
+
+RUN is a verl launch script (``.sh``), a verl YAML config (nested or flat dotted keys), or a
+NeMo RL YAML config (with its ``defaults:`` chain). Any problem with the input -- a missing
+file, bad YAML, a script that runs no trainer, a file that is neither framework's config, a wrong
+value -- is one line on stderr and exit status 2. A value the input cannot give (``???``, a
+shell variable only known at run time) is named in the report, which covers everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from snippets.rl import refit_cost
+from snippets.rl.weight_sync import nemo_rl, report, verl
+from snippets.rl.weight_sync.shell import looks_like_script, read_script
+from snippets.rl.weight_sync.values import ConfigError, read_yaml, unflatten
+
+
+def build(path: str, params: float | None, dtype: str | None, size_from: str) -> list[str]:
+    """The report's lines for the input at ``path`` (ConfigError on a problem)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"no such file: {path}")
+    text = p.read_text(errors="replace")
+    if looks_like_script(path, text):
+        command = read_script(path, text)
+        tree, head, separate = verl.from_script(path, command)
+        return _verl(path, tree, head, separate, params, dtype, size_from)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path} is neither a verl nor a NeMo RL config: expected a mapping of "
+            f"sections, got {type(data).__name__}"
+        )
+    if verl.is_verl(unflatten(data)):
+        tree, head, separate = verl.from_yaml(path, data)
+        return _verl(path, tree, head, separate, params, dtype, size_from)
+    tree, chain = nemo_rl.load(path)
+    if not nemo_rl.is_nemo_rl(tree):
+        raise ConfigError(
+            f"{path} is neither a verl config (no actor_rollout_ref section) nor a "
+            "NeMo RL config (no policy section with generation, dtensor_cfg or "
+            "megatron_cfg)"
+        )
+    return _nemo_rl(path, tree, chain, params, dtype, size_from)
+
+
+def _verl(path, tree, head, separate, params, dtype, size_from):
+    reader = report.Reader(tree, "verl")
+    try:
+        run = verl.read_run(reader, separate)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    params, size_from = _size(params, size_from, run.model_path, "model.path")
+    lines, moved, kept = verl.explain(run)
+    return (
+        head
+        + reader.lines()
+        + lines
+        + report.bytes_lines(params, dtype or "bf16", size_from, moved=moved, kept=kept)
+    )
+
+
+def _nemo_rl(path, tree, chain, params, dtype, size_from):
+    reader = report.Reader(tree, "NeMo RL", "set on the command line")
+    try:
+        run = nemo_rl.read_run(reader)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    head = [f"NeMo RL config {path} (read against NeMo RL {nemo_rl.SHORT})"]
+    if len(chain) > 1:
+        names = " <- ".join(Path(c).name for c in reversed(chain))
+        head.append(f"defaults   {names}, merged as {nemo_rl.code('inheritance')} does")
+    params, size_from = _size(params, size_from, run.model, "policy.model_name")
+    lines, moved, kept = nemo_rl.explain(run)
+    return (
+        head
+        + reader.lines()
+        + lines
+        + report.bytes_lines(params, dtype or nemo_rl.dtype(run), size_from, moved=moved, kept=kept)
+    )
+
+
+def _size(params, size_from, name, key):
+    if params is None and name:
+        found = refit_cost.params_from_name(name)
+        if found:
+            return found, f" (from {key} {name})"
+    return params, size_from
+
+
+def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a verl launch script (.sh), a verl YAML config or a NeMo RL YAML config")
+    parser.add_argument("--params", help="model size, e.g. 7e9 or 7B (default: from the model's name)")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(refit_cost.DTYPE_BYTES),
+        help="bytes per weight (default: bf16; NeMo RL: policy.precision)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        params, size_from = None, ""
+        if args.params is not None:
+            params, size_from = report.params_from_flag(args.params), " (--params)"
+        lines = build(args.run, params, args.dtype, size_from)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(report.wrap(line) for line in lines))
+    return 0
