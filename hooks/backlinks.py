@@ -39,6 +39,9 @@ from mkdocs.structure.files import File
 from mkdocs.structure.toc import AnchorLink
 from mkdocs.utils import get_relative_url
 
+from snippets.record.draw import Figure
+from snippets.record.draw import text_width as _draw_width
+
 log = logging.getLogger("mkdocs.hooks.backlinks")
 
 GRAPH_PAGE = "graph.md"  # src_uri of the page that shows the whole graph
@@ -102,6 +105,7 @@ class Node:
     label: str    # short label for the SVG
     group: str    # column: a round title, or SITE_GROUP
     is_note: bool
+    hub: bool = False  # links to every note by construction (HUB_SOURCES): left out of the graphs
 
 
 @dataclass
@@ -142,21 +146,28 @@ def build_graph(pages: list, links: dict[str, Counter]) -> LinkGraph:
             Path(page.file.src_uri).name))
         title = str(page.title or page.url or "首页")
         nodes.append(Node(page.url, title, short_label(title, note),
-                          note_group(page.file.src_uri) if note else SITE_GROUP, note))
+                          note_group(page.file.src_uri) if note else SITE_GROUP, note,
+                          page.file.src_uri in HUB_SOURCES))
     nodes.sort(key=lambda n: groups.index(n.group))  # stable: keeps nav order inside a column
     used = [g for g in groups if any(n.group == g for n in nodes)]
     return LinkGraph({n.url: n for n in nodes}, links, used)
 
 
-# ---------------------------------------------------------------------------- SVG
+# ---------------------------------------------------------------------------- pictures
+# Both graphs are drawn with snippets.record.draw (the site's one drawing layer: palette as CSS
+# variables, byte-stable output, a legibility check). A page is a box that links to it; an edge
+# is a curve with an arrow from the page that holds the link to the page it points at. Boxes and
+# edges are drawn as named groups, then given their link and hover classes here.
 
-FONT = 12.5
-NODE_H, ROW, TOP, PAD = 28, 38, 30, 6
+FONT = 12
+NODE_H, ROW, HEAD, PAD = 24, 30, 26, 8
+# Pages that link to every note by construction (home, 自测题库, 30 秒英文回答): in a graph they
+# only add a fan of edges to everything, so the graphs leave them out (the lists keep them).
+HUB_SOURCES = {"index.md", "self_test.md", "answers.md"}
 
 
 def text_width(s: str) -> float:
-    # wide for CJK and full-width forms, a generous average for Latin in a sans-serif
-    return sum(FONT * (1.0 if ord(ch) >= 0x2E80 else 0.6) for ch in s)
+    return _draw_width(s, FONT)
 
 
 def fit(s: str, width: float) -> str:
@@ -177,89 +188,87 @@ class Box:
     url: str = ""         # page.url, for data-page
     x: float = 0.0
     y: float = 0.0
-    col: int = 0
-    row: int = 0
+    w: float = 0.0
 
 
-def svg(columns: list[tuple[str, list[Box]]], edges: list[tuple[str, str, str]], *,
-        uid: str, label: str, col_w: int, gap: int, center: bool = False,
-        hover_rules: bool = False) -> str:
-    """Columns of boxes, each box a link; edges as arrows between boxes (keys)."""
-    COL_W, GAP = col_w, gap  # noqa: N806 - layout constants of this drawing
-    tallest = max([len(boxes) for _, boxes in columns] + [1])
-    width = 2 * PAD + len(columns) * COL_W + (len(columns) - 1) * GAP
-    height = TOP + tallest * ROW + PAD
+def _curve(s: Box, t: Box) -> str:
+    """An edge from box s to box t: between columns a horizontal S-curve, inside one column an
+    arc that bulges out on the right (downwards) or the left (upwards)."""
+    sy, ty = s.y + NODE_H / 2, t.y + NODE_H / 2
+    if abs(s.x - t.x) > 1:
+        right = s.x < t.x
+        sx, tx = (s.x + s.w, t.x) if right else (s.x, t.x + t.w)
+        dx = (tx - sx) / 2
+        return f"M{sx:.1f},{sy:.1f} C{sx + dx:.1f},{sy:.1f} {tx - dx:.1f},{ty:.1f} {tx:.1f},{ty:.1f}"
+    down = s.y < t.y
+    side = s.x + s.w if down else s.x
+    k = min(40.0, 12 + abs(ty - sy) * 0.12) * (1 if down else -1)
+    return (f"M{side:.1f},{sy:.1f} C{side + k:.1f},{sy:.1f} {side + k:.1f},{ty:.1f} "
+            f"{side:.1f},{ty:.1f}")
+
+
+def draw(columns: list[list[tuple[str, list[Box]]]], edges: list[tuple[str, str, str]], *,
+         uid: str, title: str, desc: str, col_w: float, gap: float, hover: bool = False,
+         extra_height: float = 0, after=None) -> str:
+    """Columns of titled groups of boxes; edges (source key, target key, tooltip) between them.
+    ``after(fig, y)`` may draw more below the columns (``extra_height`` px are reserved)."""
+    heights = [sum(HEAD + len(boxes) * ROW for _, boxes in col) for col in columns]
+    width = 2 * PAD + len(columns) * col_w + (len(columns) - 1) * gap
+    height = PAD + max(heights + [ROW]) + extra_height + PAD
+    fig = Figure(width, height, title=title, desc=desc)
     boxes: dict[str, Box] = {}
-    parts: list[str] = []
-    for c, (title, column) in enumerate(columns):
-        x = PAD + c * (COL_W + GAP)
-        parts.append(f'<text class="lg-col" x="{x + 2}" y="{TOP - 12}">'
-                     f"{html.escape(fit(title, COL_W))}</text>")
-        offset = (tallest - len(column)) * ROW / 2 if center else 0
-        if not column:
-            parts.append(f'<text class="lg-none" x="{x + 8}" y="{TOP + offset + 18:.1f}">'
-                         "（无）</text>")
-        for r, box in enumerate(column):
-            box.x, box.y, box.col, box.row = x, TOP + offset + r * ROW, c, r
-            boxes[box.key] = box
-
+    for c, col in enumerate(columns):
+        x, y = PAD + c * (col_w + gap), PAD
+        for head, group in col:
+            fig.text(x + 2, y + HEAD / 2 + 2, fit(head, col_w - 4), kind="muted", bold=True)
+            y += HEAD
+            if not group:
+                fig.text(x + 10, y + NODE_H / 2, "（无）", kind="muted")
+                y += ROW
+            for box in group:
+                box.x, box.y, box.w = x, y, col_w
+                boxes[box.key] = box
+                y += ROW
     index = {key: i for i, key in enumerate(boxes)}
-    edge_parts = []
     for a, b, tip in edges:
-        s, t = boxes[a], boxes[b]
-        sy, ty = s.y + NODE_H / 2, t.y + NODE_H / 2
-        if s.col != t.col:
-            right = s.col < t.col
-            sx = s.x + COL_W if right else s.x
-            tx = t.x if right else t.x + COL_W
-            dx = (tx - sx) / 2
-            d = (f"M{sx:.1f},{sy:.1f} C{sx + dx:.1f},{sy:.1f} {tx - dx:.1f},{ty:.1f} "
-                 f"{tx:.1f},{ty:.1f}")
-        else:  # same column: downward links bend out on the right, upward ones on the left
-            down = s.row < t.row
-            side = s.x + COL_W if down else s.x
-            k = min(GAP - 14, 16 + abs(ty - sy) * 0.2) * (1 if down else -1)
-            d = (f"M{side:.1f},{sy:.1f} C{side + k:.1f},{sy:.1f} {side + k:.1f},{ty:.1f} "
-                 f"{side:.1f},{ty:.1f}")
-        # links written on a page that is not a note (home, self-test bank) reach every note
-        # by construction: drawn faint so the links between notes stand out
-        faint = " lg-faint" if s.kind == "lg-page" and t.kind == "lg-note" else ""
-        edge_parts.append(
-            f'<path class="lg-edge{faint} s{index[a]} t{index[b]}" d="{d}" '
-            f'data-source="{html.escape(s.url)}" data-target="{html.escape(t.url)}" '
-            f'marker-end="url(#{uid}-arrow)"><title>{html.escape(tip)}</title></path>')
-
-    node_parts = []
+        with fig.group(f"edge:{index[a]}:{index[b]}", tip=tip):
+            fig.path(_curve(boxes[a], boxes[b]), "muted", arrow=True)
     for key, box in boxes.items():
-        inner = (f'<title>{html.escape(box.title)}</title>'
-                 f'<rect x="{box.x:.1f}" y="{box.y:.1f}" width="{COL_W}" height="{NODE_H}" rx="5"/>'
-                 f'<text x="{box.x + 9:.1f}" y="{box.y + NODE_H / 2 + FONT * 0.36:.1f}">'
-                 f"{html.escape(fit(box.label, COL_W - 16))}</text>")
-        cls = f"lg-node {box.kind} n{index[key]}"
-        if box.href is None:
-            node_parts.append(f'<g class="{cls}" data-page="{html.escape(box.url)}">{inner}</g>')
-        else:
-            node_parts.append(f'<a class="{cls}" href="{html.escape(box.href)}" '
-                              f'data-page="{html.escape(box.url)}" '
-                              f'aria-label="{html.escape(box.title)}">{inner}</a>')
+        fill = "tp" if box.kind == "lg-self" else "light"
+        with fig.group(f"node:{index[key]}", tip=box.title):
+            fig.rect(box.x, box.y, box.w, NODE_H, fill, outline=None if fill == "tp" else
+                     ("tp" if box.kind == "lg-note" else "grid"), rx=4, dashed=box.kind == "lg-page")
+            fig.text(box.x + 8, box.y + NODE_H / 2, fit(box.label, box.w - 14),
+                     kind="on" if fill == "tp" else "ink", bold=box.kind == "lg-self")
+    if after is not None:
+        after(fig, PAD + max(heights + [ROW]))
+    fig.check()
+    out = fig.svg()
+    out = out.replace('class="ms-figure"', f'class="ms-figure lg-svg" id="{uid}"', 1)
+    keys = list(boxes)
 
-    style = ""
-    if hover_rules:  # hovering (or tabbing to) a page lights up its own links
-        rules = []
-        for i in range(len(boxes)):
-            on = f"#{uid}:has(.n{i}:hover, .n{i}:focus-visible)"
-            rules.append(f"{on} .s{i}, {on} .t{i}")
-        style = ("<style>" + ",\n".join(rules) +
-                 " { stroke: var(--md-accent-fg-color); opacity: 1; stroke-width: 2;"
-                 " stroke-dasharray: none; }"
-                 "</style>")
-    return (f'<svg class="lg-svg" id="{uid}" role="group" aria-label="{html.escape(label)}" '
-            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-            f'xmlns="http://www.w3.org/2000/svg">{style}'
-            f'<defs><marker id="{uid}-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
-            f'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
-            f'<path class="lg-arrowhead" d="M0,0 L10,5 L0,10 z"/></marker></defs>'
-            + "".join(parts) + "".join(edge_parts) + "".join(node_parts) + "</svg>")
+    def node(m: re.Match) -> str:
+        box = boxes[keys[int(m.group(1))]]
+        cls = f"lg-node {box.kind} n{m.group(1)}"
+        page = html.escape(box.url)
+        if box.href is None:
+            return f'<g class="{cls}" data-page="{page}">{m.group(2)}</g>'
+        return (f'<a class="{cls}" href="{html.escape(box.href)}" data-page="{page}" '
+                f'aria-label="{html.escape(box.title)}">{m.group(2)}</a>')
+
+    def edge(m: re.Match) -> str:
+        s, t = boxes[keys[int(m.group(1))]], boxes[keys[int(m.group(2))]]
+        return (f'<g class="lg-edge s{m.group(1)} t{m.group(2)}" data-source="{html.escape(s.url)}" '
+                f'data-target="{html.escape(t.url)}">')
+
+    out = re.sub(r'<g data-name="node:(\d+)">(.*?)</g>', node, out, flags=re.S)
+    out = re.sub(r'<g data-name="edge:(\d+):(\d+)">', edge, out)
+    if hover:  # hovering (or tabbing to) a page lights up its own links
+        rules = ",\n".join(f"#{uid}:has(.n{i}:hover, .n{i}:focus-visible) :is(.s{i}, .t{i}) path"
+                           for i in range(len(boxes)))
+        out = out.replace("</style>", rules + "{stroke:var(--md-accent-fg-color);opacity:1;"
+                          "stroke-width:2}</style>", 1)
+    return out
 
 
 def page_href(target_url: str, from_url: str) -> str:
@@ -276,42 +285,126 @@ def _box(graph: LinkGraph, url: str, from_url: str, key: str | None = None) -> B
                "lg-note" if n.is_note else "lg-page", url)
 
 
+def _packed(groups: list[tuple[str, list]]) -> list[list[tuple[str, list]]]:
+    """Groups into columns, in order; small groups share a column (no column taller than the
+    largest group plus a few rows), so the picture stays within ~1,000 px."""
+    cap = max([len(g) for _, g in groups] + [1]) + 4
+    columns: list[list[tuple[str, list]]] = []
+    for title, group in groups:
+        if columns and sum(len(g) + 1 for _, g in columns[-1]) + len(group) + 1 <= cap:
+            columns[-1].append((title, group))
+        else:
+            columns.append([(title, group)])
+    return columns
+
+
+def drawn_pages(graph: LinkGraph) -> list[str]:
+    return [u for u, n in graph.nodes.items() if not n.hub]
+
+
 def full_graph_svg(graph: LinkGraph, from_url: str) -> str:
-    columns = [(g, [_box(graph, u, from_url) for u, n in graph.nodes.items() if n.group == g])
-               for g in graph.groups]
+    shown = set(drawn_pages(graph))
+    groups = [(g, [_box(graph, u, from_url) for u, n in graph.nodes.items()
+                   if n.group == g and u in shown]) for g in graph.groups]
+    groups = [(g, b) for g, b in groups if b]
     edges = [(s, t, f"{graph.nodes[s].title} → {graph.nodes[t].title}（{n} 处链接）")
-             for s, t, n in graph.edges()]
-    return svg(columns, edges, uid="lg-site", col_w=190, gap=72, hover_rules=True,
-               label="全站关系图谱：页面按轮次分列，箭头从链接所在的页面指向被链接的页面")
+             for s, t, n in graph.edges() if s in shown and t in shown]
+    return draw(_packed(groups), edges, uid="lg-site", col_w=250, gap=100, hover=True,
+                title="全站关系图谱",
+                desc="页面按轮次分列，箭头从写下链接的页面指向被链接的页面；首页、自测题库和 30 秒英文回答"
+                     "链接每一篇笔记，不画在图里。")
+
+
+def neighbours(graph: LinkGraph, url: str) -> tuple[list[str], list[str], list[str]]:
+    """前置 (linked pages that come before this one in the nav: what it builds on), 后续 (linked
+    pages after it: what builds on it), 同主题 (the nearest unlinked notes of its round)."""
+    order = {u: i for i, u in enumerate(graph.nodes)}
+    me = graph.nodes[url]
+    linked = {u for u in graph.backlinks(url) + graph.forward(url) if not graph.nodes[u].hub}
+    before = sorted((u for u in linked if order[u] < order[url]), key=order.get)
+    after = sorted((u for u in linked if order[u] > order[url]), key=order.get)
+    same = []
+    if me.is_note:
+        peers = [u for u, n in graph.nodes.items()
+                 if n.is_note and n.group == me.group and u != url and u not in linked]
+        same = sorted(sorted(peers, key=lambda u: abs(order[u] - order[url]))[:4], key=order.get)
+    return before, after, same
 
 
 def neighbourhood_svg(graph: LinkGraph, url: str) -> str:
     me = graph.nodes[url]
-    incoming = [_box(graph, u, url, "in:" + u) for u in graph.backlinks(url)]
-    outgoing = [_box(graph, u, url, "out:" + u) for u in graph.forward(url)]
+    before, after, same = neighbours(graph, url)
+    left = [_box(graph, u, url, "pre:" + u) for u in before]
+    right = [_box(graph, u, url, "post:" + u) for u in after]
     center = Box("self", me.label, me.title, None, "lg-self", url)
-    edges = [(b.key, "self", f"{b.title} → 本页") for b in incoming]
-    edges += [("self", b.key, f"本页 → {b.title}") for b in outgoing]
-    return svg([("链接到本页", incoming), ("本页", [center]), ("本页链接到", outgoing)], edges,
-               uid="lg-local", col_w=250, gap=64, center=True,
-               label="本页的关系图谱：左列链接到本页，右列是本页链接到的页面")
+    edges = []
+    for box in left + right:
+        if box.url in graph.links.get(url, {}):
+            edges.append(("self", box.key, f"本页 → {box.title}"))
+        if url in graph.links.get(box.url, {}):
+            edges.append((box.key, "self", f"{box.title} → 本页"))
+    peers = [_box(graph, u, url, "same:" + u) for u in same]
+    col_w, gap = 230, 56
+    per_row = 3
+    rows = -(-len(peers) // per_row)
+
+    def same_topic(fig, y):
+        if not peers:
+            return
+        fig.text(PAD + 2, y + HEAD / 2 + 2, "同主题（同一轮，没有互相链接）", kind="muted", bold=True)
+        for k, box in enumerate(peers):
+            box.x = PAD + (k % per_row) * (col_w + gap)
+            box.y = y + HEAD + (k // per_row) * ROW
+            box.w = col_w
+            with fig.group(f"peer:{k}", tip=box.title):
+                fig.rect(box.x, box.y, col_w, NODE_H, "light", outline="grid", rx=4)
+                fig.text(box.x + 8, box.y + NODE_H / 2, fit(box.label, col_w - 14))
+
+    svg = draw([[("前置：本页用到的", left)], [("本页", [center])], [("后续：用到本页的", right)]],
+               edges, uid="lg-local", col_w=col_w, gap=gap, extra_height=(HEAD + rows * ROW) if peers else 0,
+               after=same_topic, title=f"{me.label} 的关系图谱",
+               desc="左列是本页之前、与本页有链接的页面，右列是本页之后、与本页有链接的页面，"
+                    "下面是同一轮里没有互相链接的笔记。")
+
+    def peer(m: re.Match) -> str:
+        box = peers[int(m.group(1))]
+        return (f'<a class="lg-node {box.kind} lg-peer" href="{html.escape(box.href)}" '
+                f'data-page="{html.escape(box.url)}" aria-label="{html.escape(box.title)}">'
+                f"{m.group(2)}</a>")
+
+    return re.sub(r'<g data-name="peer:(\d+)">(.*?)</g>', peer, svg, flags=re.S)
+
+
+def _link_list(graph: LinkGraph, urls: list[str], from_url: str) -> str:
+    return "、".join(f'<a href="{html.escape(page_href(u, from_url))}" data-page="{html.escape(u)}">'
+                    f"{html.escape(graph.nodes[u].label)}</a>" for u in urls) or "—"
+
+
+def neighbourhood_list(graph: LinkGraph, url: str) -> str:
+    """The same three lists in words: what a phone shows instead of the picture."""
+    before, after, same = neighbours(graph, url)
+    rows = [("前置", before), ("后续", after)] + ([("同主题", same)] if same else [])
+    return ('<dl class="lg-list lg-local-list">' + "".join(
+        f"<dt>{k}</dt><dd>{_link_list(graph, v, url)}</dd>" for k, v in rows) + "</dl>")
 
 
 def edge_table(graph: LinkGraph, from_url: str) -> str:
-    """The same edges as a table: one row per page, the pages it links to in its last cell."""
-    def link(u):
-        return (f'<a href="{html.escape(page_href(u, from_url))}" data-page="{html.escape(u)}">'
-                f"{html.escape(graph.nodes[u].title)}</a>")
-
-    rows = []
+    """Every page and the pages it links to, as a list (readable on a phone, where the picture
+    is replaced by it). Hubs are listed too, their many targets summed up in one line."""
+    items = []
     for url, node in graph.nodes.items():
         targets = graph.forward(url)
-        rows.append(f'<tr data-source="{html.escape(url)}"><td>{link(url)}</td>'
-                    f"<td>{html.escape(node.group)}</td><td>{len(targets)}</td>"
-                    f'<td class="lg-targets">{"<br>".join(link(t) for t in targets) or "—"}</td>'
-                    "</tr>")
-    return ("<table><thead><tr><th>页面</th><th>分组</th><th>出链</th><th>链接到</th></tr>"
-            "</thead><tbody>" + "".join(rows) + "</tbody></table>")
+        if node.hub:
+            body = f"链接到 {len(targets)} 个页面（每一篇笔记）"
+            body = f'<span class="lg-targets" data-hub="1">{body}</span>'
+        else:
+            body = f'<span class="lg-targets">{_link_list(graph, targets, from_url)}</span>'
+        items.append(
+            f'<dt data-source="{html.escape(url)}"><a href="{html.escape(page_href(url, from_url))}" '
+            f'data-page="{html.escape(url)}">{html.escape(node.title)}</a> '
+            f'<span class="lg-group">{html.escape(node.group)} · 出链 {len(targets)}</span></dt>'
+            f"<dd>{body}</dd>")
+    return '<dl class="lg-list lg-site-list">' + "".join(items) + "</dl>"
 
 
 def summary(graph: LinkGraph) -> str:
@@ -353,40 +446,38 @@ def sections(graph: LinkGraph, url: str, graph_url: str | None, taken: set[str]
         back_html = "<p>还没有其他页面链接到本页。</p>"
     content = (
         f'<section class="lg-section link-graph">{graph_h}'
-        f"<p>左列是链接到本页的页面，右列是本页链接到的页面。{see_all}</p>"
-        f"{neighbourhood_svg(graph, url)}</section>"
+        f"<p>读本页之前可以先读的（前置）、读完接着读的（后续），和同一轮的其他笔记（同主题）；"
+        f"首页和题库这类链接每一篇笔记的页面不算在内。{see_all}</p>"
+        f'<div class="lg-figure">{neighbourhood_svg(graph, url)}</div>'
+        f"{neighbourhood_list(graph, url)}</section>"
         f'<section class="lg-section backlinks">{back_h}{back_html}</section>')
     return content, [AnchorLink("关系图谱", graph_id, 2), AnchorLink("反向链接", back_id, 2)]
 
 
 # ---------------------------------------------------------------------------- CSS
 
-CSS = """/* hooks/backlinks.py: 关系图谱 and 反向链接 (inline SVG, no script) */
+CSS = """/* hooks/backlinks.py: 关系图谱 and 反向链接 (inline SVG drawn by snippets.record.draw) */
 .md-typeset .lg-section { margin-top: 2em; }
 .md-typeset .lg-section.link-graph { border-top: 1px solid var(--md-default-fg-color--lightest);
   padding-top: 0.5em; }
 .md-typeset .lg-group { color: var(--md-default-fg-color--light); font-size: 0.85em; }
-.lg-svg { display: block; max-width: 100%; height: auto; margin: 0.6em 0 1em;
-  font-size: 12.5px; }
-.lg-svg .lg-col { font-weight: 700; fill: var(--md-default-fg-color--light); }
-.lg-svg .lg-none { fill: var(--md-default-fg-color--lighter); }
-.lg-svg rect { fill: var(--md-default-bg-color); stroke: var(--md-default-fg-color--lighter);
-  stroke-width: 1; }
-.lg-svg .lg-note rect { stroke: var(--md-primary-fg-color); }
-.lg-svg .lg-page rect { stroke-dasharray: 4 3; }
-.lg-svg text { fill: var(--md-default-fg-color); }
-.lg-svg .lg-self rect { fill: var(--md-primary-fg-color); stroke: var(--md-primary-fg-color); }
-.lg-svg .lg-self text { fill: var(--md-primary-bg-color); font-weight: 700; }
+.lg-figure { overflow-x: auto; max-width: 100%; margin: 0.6em 0 1em; }
+.lg-svg { display: block; max-width: none; height: auto; }
+.lg-svg a.lg-node { cursor: pointer; }
 .lg-svg a.lg-node:hover rect, .lg-svg a.lg-node:focus-visible rect {
   stroke: var(--md-accent-fg-color); stroke-width: 2; }
-.lg-svg a.lg-node:hover text, .lg-svg a.lg-node:focus-visible text {
-  fill: var(--md-accent-fg-color); }
+.lg-svg a.lg-node:hover text, .lg-svg a.lg-node:focus-visible text { fill: var(--md-accent-fg-color); }
 .lg-svg a.lg-node:focus-visible { outline: none; }
-.lg-svg .lg-edge { fill: none; stroke: var(--md-default-fg-color--light); opacity: 0.55;
-  stroke-width: 1.2; }
-.lg-svg .lg-edge.lg-faint { opacity: 0.2; stroke-dasharray: 3 3; }
-.lg-svg .lg-arrowhead { fill: var(--md-default-fg-color--light); }
-.lg-svg:has(a.lg-node:hover, a.lg-node:focus-visible) .lg-edge { opacity: 0.1; }
+.lg-svg .lg-edge path { opacity: 0.5; stroke-width: 1.2; }
+.lg-svg:has(a.lg-node:hover, a.lg-node:focus-visible) .lg-edge path { opacity: 0.08; }
+.md-typeset dl.lg-list { margin: 0.6em 0; }
+.md-typeset dl.lg-list dt { font-weight: 600; margin-top: 0.5em; }
+.md-typeset dl.lg-list dd { margin: 0.1em 0 0.3em 1.2em; }
+.md-typeset dl.lg-local-list { display: none; }
+@media screen and (max-width: 30em) {
+  .lg-figure { display: none; }                 /* a phone reads the lists instead */
+  .md-typeset dl.lg-local-list { display: block; }
+}
 """
 
 # ---------------------------------------------------------------------------- events
@@ -445,7 +536,7 @@ def fill_graph_page(page) -> None:
         if mark not in content:
             log.warning("%s: marker %s missing, the graph is not shown", GRAPH_PAGE, mark)
     page.content = content.replace(
-        SVG_MARK, summary(_graph) + full_graph_svg(_graph, page.url)).replace(
+        SVG_MARK, summary(_graph) + f'<div class="lg-figure">{full_graph_svg(_graph, page.url)}</div>').replace(
         TABLE_MARK, edge_table(_graph, page.url))
 
 

@@ -56,11 +56,14 @@ NOTES_DIR = "notes"  # inside docs_dir
 NOTE_NAME = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 
 # Round titles in nav order, and the note numbers each one holds (ROADMAP.md).
+# Note 23 closes round 2 (it follows one tensor through every mechanism of 08-17) but its number
+# comes after round 3's; it gets its own last section so the nav reads in number order.
 ROUNDS: list[tuple[str, set[int]]] = [
     ("第一轮：训练主链路", set(range(1, 8))),
-    ("第二轮：并行机制", set(range(8, 18)) | {23}),
+    ("第二轮：并行机制", set(range(8, 18))),
     ("第三轮：训练系统专题", set(range(18, 22))),
     ("RL：训推权重同步", {22}),
+    ("串起来：一个 tensor 走过所有并行", {23}),
 ]
 
 # Every note the roadmap plans (../shared/ROADMAP.md), for the home page's map. A note that
@@ -76,6 +79,16 @@ PLAN: dict[int, str] = {
     21: "checkpoint 专题", 22: "refit 与 resharding", 23: "一个 tensor 的旅程",
 }
 NOTE_MAP_MARK = "<!-- note-map -->"
+
+# The Chinese names of what a note is about, for search: many notes are titled with Megatron's
+# English names (Pipeline schedule, DDP), and a reader types 流水线并行. Added to the note's title
+# in the search index only (each stays one word: hooks/jieba_userdict.txt lists them too).
+SEARCH_TERMS: dict[int, str] = {
+    5: "梯度累积", 6: "梯度同步", 8: "进程组", 9: "张量并行", 10: "张量并行",
+    11: "张量并行 序列并行", 12: "词表并行", 13: "流水线并行 气泡", 14: "数据并行 梯度同步",
+    15: "分布式优化器", 16: "上下文并行", 17: "专家并行", 20: "分布式优化器 混合精度",
+    22: "重切 权重同步",
+}
 
 # ---------------------------------------------------------------------------- nav
 
@@ -330,10 +343,65 @@ GENERATED = {NOTE_MAP_MARK: lambda d: note_map(d), SELF_TEST_MARK: self_test_ban
              ANSWERS_MARK: answers_page, NOTE_TEMPLATE_MARK: note_template}
 
 
+# ---------------------------------------------------------------------------- note numbers
+# Docs pages (code map, CPU page) name notes by number in plain text ("笔记 21", "note 13",
+# "笔记 02/08", a "对应笔记" column of "06、14"). At build time each number becomes a link to its
+# note, so these pages link where they point (and show up in the graph). Code, existing links
+# and headings are left alone.
+
+NOTE_REF = re.compile(r"(?<![A-Za-z0-9_/#.])(笔记|[Nn]otes?)(\s?)(\d\d(?:\s?[/、,，–-]\s?\d\d)*)(?![0-9A-Za-z_%])")
+TWO_DIGITS = re.compile(r"(?<!\d)\d\d(?!\d)")
+PROTECTED = re.compile(r"```.*?```|`[^`\n]*`|\[[^\]\n]*\]\([^)\n]*\)|<[^>\n]+>|^#.*$", re.S | re.M)
+
+
+def _link_numbers(text: str, present: dict[int, Path], prefix: str) -> str:
+    return TWO_DIGITS.sub(
+        lambda d: (f"[{d.group(0)}]({prefix}{NOTES_DIR}/{present[int(d.group(0))].name})"
+                   if int(d.group(0)) in present else d.group(0)), text)
+
+
+def link_note_numbers(markdown: str, present: dict[int, Path], prefix: str = "") -> str:
+    """``markdown`` with plain note numbers turned into links to the notes in ``present``."""
+    out, pos = [], 0
+
+    def plain(text: str) -> str:
+        return NOTE_REF.sub(lambda m: m.group(1) + m.group(2)
+                            + _link_numbers(m.group(3), present, prefix), text)
+
+    for m in PROTECTED.finditer(markdown):
+        out += [plain(markdown[pos:m.start()]), m.group(0)]
+        pos = m.end()
+    out.append(plain(markdown[pos:]))
+    return _link_note_columns("".join(out), present, prefix)
+
+
+def _link_note_columns(markdown: str, present: dict[int, Path], prefix: str) -> str:
+    """In a Markdown table with a column headed "对应笔记" / "笔记", link the numbers of that column."""
+    lines = markdown.split("\n")
+    column = None
+    for k, line in enumerate(lines):
+        if not line.startswith("|"):
+            column = None
+            continue
+        cells = line.split("|")
+        if column is None:
+            names = [c.strip() for c in cells]
+            column = next((i for i, c in enumerate(names) if c in ("对应笔记", "笔记")), -1)
+            continue
+        if column > 0 and column < len(cells) and not set(cells[column].strip()) <= set("-: "):
+            if "](" not in cells[column]:
+                cells[column] = _link_numbers(cells[column], present, prefix)
+                lines[k] = "|".join(cells)
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown, page, config, files):
     for mark, render in GENERATED.items():
         if mark in markdown:
             markdown = markdown.replace(mark, render(Path(config.docs_dir)))
+    if not is_note(page):
+        depth = page.file.src_uri.count("/")
+        markdown = link_note_numbers(markdown, _notes_present(Path(config.docs_dir)), "../" * depth)
     return markdown
 
 
@@ -440,8 +508,30 @@ def _speed_up_notebook_rendering():
     TemplateExporter._create_environment = with_shared_bytecode
 
 
+USER_DICT = Path(__file__).with_name("jieba_userdict.txt")
+_user_dict_loaded = False
+
+
+def load_search_words() -> None:
+    """Teach jieba (material's Chinese segmenter for the search index) the site's own terms, so
+    流水线并行 or 重切 stay one word instead of being cut into single characters. Material's
+    ``jieba_dict_user`` option takes a path relative to the working directory; this one is found
+    next to the hook wherever mkdocs runs."""
+    global _user_dict_loaded
+    if _user_dict_loaded:
+        return
+    try:
+        import jieba
+    except ImportError:  # material indexes without segmenting; nothing to teach
+        return
+    jieba.setLogLevel(logging.WARNING)
+    jieba.load_userdict(str(USER_DICT))
+    _user_dict_loaded = True
+
+
 def on_config(config):
     _speed_up_notebook_rendering()
+    load_search_words()
     nav = list(config.nav or [])
     nav.extend(note_sections(Path(config.docs_dir)))
     config.nav = nav
@@ -525,9 +615,11 @@ def download_button(nb_name: str) -> str:
 
         icon = Path(material.__file__).parent / "templates/.icons/material/download.svg"
         _DOWNLOAD_ICON = icon.read_text(encoding="utf-8") if icon.exists() else "⤓"
-    return (f'<a href="{nb_name}" download class="md-content__button md-icon nb-download" '
-            f'title="下载 Notebook（{nb_name}）" aria-label="下载 Notebook">'
-            f"{_DOWNLOAD_ICON}</a>")
+    return (f'<a href="{nb_name}" download class="md-content__button md-button nb-download" '
+            f'data-search-exclude '
+            f'title="下载 Notebook（{nb_name}），放进 notes/ 就能在 Jupyter 里重跑">'
+            f'<span class="nb-download__icon" aria-hidden="true">{_DOWNLOAD_ICON}</span>'
+            f"下载 .ipynb</a>")
 
 
 STYLE = re.compile(r"<style[^>]*>.*?</style>", re.S | re.I)
@@ -557,22 +649,141 @@ def share_styles(content: str, page) -> str:
 
 def on_pre_build(config):
     _shared_css.clear()
+    _used_classes.clear()
+
+
+# Material's search worker splits a typed Chinese query greedily into words the index knows, but
+# its loop stops one character short: the query's last word is never tried whole, so 流水线 is
+# searched as 流 and 流水线并行 as 流水线 + 并 (seen; material 9.x, segment() in the worker).
+# The two comparisons are corrected in the built copy of the worker; if material's code changes
+# and they are not found, the build warns and the worker is left as it is.
+SEGMENT_FIX = [
+    ("for(let o=s+1;o<t.length;o++)t.slice(s,o)in e", "for(let o=s+1;o<=t.length;o++)t.slice(s,o)in e"),
+    ("n[a]&&a<t.length-1&&(i[s++]=a)", "n[a]&&a<t.length&&(i[s++]=a)"),
+]
+
+
+def fix_query_segmenter(site_dir: Path) -> bool:
+    workers = sorted((site_dir / "assets" / "javascripts" / "workers").glob("search.*.min.js"))
+    for worker in workers:
+        code = worker.read_text(encoding="utf-8")
+        if all(old in code for old, _ in SEGMENT_FIX):
+            for old, new in SEGMENT_FIX:
+                code = code.replace(old, new, 1)
+            worker.write_text(code, encoding="utf-8")
+            return True
+    log.warning("search worker: material's query segmenter was not found; Chinese queries keep "
+                "losing their last word (hooks/notes_site.py SEGMENT_FIX)")
+    return False
+
+
+# ---------------------------------------------------------------------------- CSS weight
+# nbconvert's JupyterLab stylesheet is ~590 KB, most of it for JupyterLab's own UI (toolbars,
+# dialogs, file browser, editors). The pages are static: a rule whose every selector names a
+# class no built note page uses can never apply, and is dropped from the shared copy.
+
+CSS_CLASS = re.compile(r"\.(-?[_a-zA-Z][\w-]*)")
+HTML_CLASS = re.compile(r"""\bclass\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+
+
+def _css_blocks(css: str):
+    """Top-level (prelude, body) pairs of a stylesheet; body without its braces."""
+    i, n = 0, len(css)
+    while i < n:
+        j = css.find("{", i)
+        if j < 0:
+            return
+        prelude, depth, k = css[i:j], 1, j + 1
+        while k < n and depth:
+            c = css[k]
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+            elif c in "\"'":
+                k = css.find(c, k + 1)  # skip a string (content: "{")
+                k = n if k < 0 else k
+            k += 1
+        yield prelude.strip(), css[j + 1:k - 1]
+        i = k
+
+
+def purge_css(css: str, used: set[str]) -> str:
+    """``css`` without the rules that cannot match a page whose classes are ``used``."""
+    out = []
+    for prelude, body in _css_blocks(css):
+        if prelude.startswith("@media") or prelude.startswith("@supports"):
+            inner = purge_css(body, used)
+            if inner.strip():
+                out.append(f"{prelude}{{{inner}}}")
+        elif prelude.startswith("@"):
+            out.append(f"{prelude}{{{body}}}")  # @font-face, @keyframes, @page: kept as they are
+        elif re.search(r"\([^)]*,", prelude):
+            out.append(f"{prelude}{{{body}}}")  # :is(.a, .b) lists: not split, kept
+        else:
+            # classes under :not() need not be on the page for the rule to match; [attr] values
+            # are not class names
+            keep = [sel for sel in prelude.split(",") if all(
+                c in used for c in CSS_CLASS.findall(re.sub(r":not\([^)]*\)|\[[^\]]*\]", "", sel)))]
+            if keep:
+                out.append(f"{','.join(keep)}{{{body}}}")
+    return "".join(out)
+
+
+# material's page frame around the content (the notebook CSS has a few rules under these)
+FRAME_CLASSES = {"jupyter-wrapper", "md-typeset", "md-content", "md-content__inner", "md-main",
+                 "md-grid", "md-container"}
+_used_classes: set[str] = set()  # every class of every note page's content, filled on_page_content
+
+
+def note_classes(content: str) -> set[str]:
+    return {c for m in HTML_CLASS.finditer(content) for c in (m.group(1) or m.group(2) or "").split()}
 
 
 def on_post_build(config):
+    fix_query_segmenter(Path(config.site_dir))
     for path, css in _shared_css.items():
+        css = purge_css(css, _used_classes | FRAME_CLASSES)
         target = Path(config.site_dir) / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(css, encoding="utf-8")
     index = Path(config.site_dir) / "search" / "search_index.json"
     if index.exists():  # material's search plugin wrote it in its own on_post_build, before ours
         data = json.loads(index.read_text(encoding="utf-8"))
+        marks = word_mark_pattern(data["config"]["separator"])
         for doc in data["docs"]:
-            doc["text"] = drop_plain_copies(doc["text"])
+            # inline <code> marks cost 13 bytes a pair, ~6,000 pairs: the words stay, the style goes
+            text = CODE_TAGS.sub("", drop_plain_copies(doc["text"]))
+            doc["text"] = compact_word_marks(text, marks)
+            doc["title"] = compact_word_marks(doc["title"], marks)
+            m = re.fullmatch(rf"{NOTES_DIR}/(\d\d)_[A-Za-z0-9_]+/", doc["location"])
+            if m and int(m.group(1)) in SEARCH_TERMS:
+                doc["title"] += " · " + SEARCH_TERMS[int(m.group(1))]
         index.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
 
 
+def word_mark_pattern(separator: str) -> re.Pattern:
+    """The zero-width spaces of search text that separate nothing (see compact_word_marks), for
+    material's ``separator`` (a character class with ``+``, e.g. ``[\\s\\u200b、。，]+``)."""
+    cls = separator.rstrip("+")
+    if not (cls.startswith("[") and cls.endswith("]")):
+        return re.compile(r"(?!)")  # an unexpected separator: leave the text alone
+    cls = cls[1:-1].replace("\\u200b", "")
+    return re.compile(rf"(?<=[{cls}<>])\u200b+|\u200b+(?=[{cls}<>])|^\u200b+|\u200b+$|(?<=\u200b)\u200b+")
+
+
+def compact_word_marks(text: str, marks: re.Pattern) -> str:
+    """``text`` without the zero-width spaces that separate nothing.
+
+    Material's search puts U+200B around every word jieba cuts from Chinese text, so the browser
+    can split it again; next to whitespace, a separator punctuation mark (，、。), a tag or another
+    U+200B the mark splits nothing, but costs 3 bytes in the index every page loads (about a
+    fifth of it). The browser finds the same words with or without them."""
+    return marks.sub("", text)
+
+
 PRE_BLOCK = re.compile(r"<pre>(.*?)</pre>", re.S)
+CODE_TAGS = re.compile(r"</?code>")
 _IGNORED = frozenset(" \t\r\n\u200b")
 
 
@@ -612,10 +823,114 @@ PROMPT = re.compile(r"(?:In|Out)\xa0\[\d*\]: (?:Copied! )?")
 """nbconvert's cell prompts (``In [3]: Copied!``) as they reach the search text: not words."""
 
 
+# ---------------------------------------------------------------------------- cells
+# Conventions of issue 20 (brief): a code cell tagged ``hide-input`` shows its output and keeps
+# its input behind a closed "显示代码"; a cell tagged ``answer`` computes a 自测 answer, so all of
+# it (input and output) stays closed until asked for. nbconvert writes a cell's tags as
+# ``celltag_<tag>`` classes on the cell's <div>; the folds are made on the rendered HTML.
+
+DIV_TAG = re.compile(r"<(/?)div\b[^>]*>", re.I)
+CODE_CELL = re.compile(r'<div id="cell-id=[^"]*" class="jp-Cell jp-CodeCell[^"]*">')
+INPUT_WRAPPER = '<div class="jp-Cell-inputWrapper"'
+TOOLBAR = '<div class="celltoolbar">'
+SVG_IMG = re.compile(r'<img\s+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\s]+)"[^>]*>')
+CHECKED_LINE = ('<p class="ms-checked" data-search-exclude>这一页怎样检查：CI 用 nbval 重新执行整本 notebook，逐个单元格比对'
+                '存下的输出；页面上的表格和图都是这次运行打印、画出来的，不是手写的。</p>')
+
+
+def _div_end(content: str, start: int) -> int:
+    """Index just past the ``</div>`` that closes the ``<div`` opening at ``start``."""
+    depth = 0
+    for m in DIV_TAG.finditer(content, start):
+        depth += -1 if m.group(1) else 1
+        if depth == 0:
+            return m.end()
+    raise ValueError(f"unbalanced <div> at {start}")
+
+
+def _code_lines(input_html: str) -> int:
+    pre = re.search(r"<pre>(.*?)</pre>", input_html, re.S)
+    return html.unescape(TAG.sub("", pre.group(1))).rstrip("\n").count("\n") + 1 if pre else 0
+
+
+def fold_cells(content: str) -> str:
+    """Fold tagged cells (see above), keep every code input out of the search index (previews
+    show prose, and the index stays small: the code is one click away on the page), and mark
+    listing() outputs the same way."""
+    out, pos = [], 0
+    for m in CODE_CELL.finditer(content):
+        if m.start() < pos:
+            continue
+        end = _div_end(content, m.start())
+        cell = content[m.start():end]
+        head, inner = cell[:m.end() - m.start()], cell[m.end() - m.start():-len("</div>")]
+        classes = m.group(0)
+        # mkdocs-jupyter prints a cell's tags above its code ("hide-input"): machinery, not text
+        t = inner.find(TOOLBAR)
+        if t >= 0:
+            inner = inner[:t] + inner[_div_end(inner, t):]
+        i = inner.find(INPUT_WRAPPER)
+        if i >= 0:
+            j = i + (_div_end(inner, i) - i)
+            # material's search parser matches a closing tag to the excluded element by tag name
+            # only, so the mark goes on elements with no same-tag child: the <pre> and the
+            # copy button's plain-text copy
+            n = _code_lines(inner[i:j])
+            wrapper = re.sub(r"<pre>", "<pre data-search-exclude>", inner[i:j])
+            wrapper = wrapper.replace('class="clipboard-copy-txt"',
+                                      'class="clipboard-copy-txt" data-search-exclude')
+            if "celltag_hide-input" in classes and "celltag_answer" not in classes:
+                wrapper = (f'<details class="ms-fold ms-fold-input"><summary data-search-exclude>显示代码'
+                           f'<span class="ms-fold__n">（{n} 行）</span></summary>{wrapper}</details>')
+            inner = inner[:i] + wrapper + _unsearched(inner[j:])
+        if "celltag_answer" in classes:
+            inner = ('<details class="ms-fold ms-fold-answer"><summary data-search-exclude>答案的运行结果'
+                     '<span class="ms-fold__n">（计算它的代码和输出）</span></summary>'
+                     f"{inner}</details>")
+        out += [content[pos:m.start()], head, inner, "</div>"]
+        pos = end
+    out.append(content[pos:])
+    content = "".join(out)
+    # prompts (In [3]: / Out[3]:), 调用链 trees and other <pre> in prose, pictures: not words
+    content = re.sub(r'<div class="(jp-(?:In|Out)putPrompt [^"]*)">', r'<div class="\1" data-search-exclude>', content)
+    content = content.replace('<span class="notice" hidden>', '<span class="notice" hidden data-search-exclude>')
+    content = re.sub(r"<(pre|svg)\b(?![^>]*data-search-exclude)", r"<\1 data-search-exclude", content)
+    return content.replace('<details class="ms-listing">',
+                           '<details class="ms-listing" data-search-exclude>')
+
+
+def _unsearched(outputs: str) -> str:
+    """A cell's printed tables and text, kept out of the search index: the index is for the
+    prose (what a result preview shows), and every reader's browser loads it on every page."""
+    return re.sub(r"<(table|pre)>", r"<\1 data-search-exclude>", outputs)
+
+
+def inline_svgs(content: str) -> str:
+    """nbconvert shows an ``image/svg+xml`` output as ``<img src="data:...base64">``: inside an
+    <img> the picture cannot see the page's CSS variables (light/dark palette) nor be read by
+    search or screen readers as text. Put the SVG itself in the page."""
+    import base64
+
+    def repl(m: re.Match) -> str:
+        svg = base64.b64decode(m.group(1)).decode("utf-8")
+        svg = re.sub(r"^\s*<\?xml[^>]*\?>\s*", "", svg)
+        return svg.strip()
+
+    return SVG_IMG.sub(repl, content)
+
+
+def add_checked_line(content: str) -> str:
+    """One sentence under the note's H1 on how the page is checked (said once, by the site)."""
+    m = re.search(r"</h1>", content)
+    return content[:m.end()] + CHECKED_LINE + content[m.end():] if m else CHECKED_LINE + content
+
+
 def on_page_content(content, page, config, files):
     if not is_note(page):
         return content
     content = strip_cdn_scripts(content)
+    content = inline_svgs(content)
+    content = fold_cells(content)
     content = share_styles(content, page)
     content, tokens = fix_headings(content)
     page.toc = get_toc(nest_toc_tokens(list(tokens)))  # nest_toc_tokens empties its argument
@@ -624,5 +939,7 @@ def on_page_content(content, page, config, files):
     h1 = next((t for t in tokens if t["level"] == 1), None)
     if h1 is not None:
         page.title = html.unescape(h1["name"])
+    content = add_checked_line(content)
+    _used_classes.update(note_classes(content))
     # include_source copies the .ipynb into the page's own directory
     return download_button(Path(page.file.abs_src_path).name) + content

@@ -1,8 +1,14 @@
-"""Benchmark (a script, not a test): rank launch overhead, seconds per notebook under nbval, and
-`mkdocs build --strict` time. Prints a markdown table to paste into the README.
+"""Benchmark (a script, not a test): rank launch overhead, seconds per notebook under nbval,
+`mkdocs build --strict` time, and each note page's load-event time in headless Chromium. Prints
+markdown tables to paste into the README.
 
     .venv/bin/python scripts/benchmark.py            # everything
     .venv/bin/python scripts/benchmark.py --launch   # only the launcher
+    .venv/bin/python scripts/benchmark.py --pages    # only the build and the page loads
+
+Page load: the built site is served from 127.0.0.1; each note page is opened 3 times in a fresh
+browser context (an empty cache: every byte is fetched, the search index included) at 1400 px,
+and the median time to the load event is reported with the bytes the page transferred.
 
 Launch overhead is the wall time of ``run_ranks`` on a function that returns at once: spawn of
 the fork server (first launch in a fresh process, which pays the torch + megatron.core import
@@ -76,6 +82,54 @@ def mkdocs_seconds_and_pages() -> tuple[float, list[list]]:
     return seconds, [[name, f"{size / 1024:.0f}"] for size, name in pages]
 
 
+def page_loads(repeats: int = 3) -> tuple[float, list[list]]:
+    """Build the site, then load each note page ``repeats`` times in headless Chromium: median
+    load-event time (ms) and the bytes it transferred (the page, its CSS/JS, the search index)."""
+    import functools
+    import http.server
+    import tempfile
+    import threading
+
+    from playwright.sync_api import sync_playwright
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        subprocess.run([str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
+                       check=True, cwd=ROOT, capture_output=True,
+                       env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+        build = time.perf_counter() - start
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=out))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        rows = []
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                        args=["--no-sandbox", "--disable-gpu"])
+            for page_dir in sorted(Path(out).glob("notes/*/index.html")):
+                url = f"{base}notes/{page_dir.parent.name}/"
+                times, sizes = [], []
+                for _ in range(repeats):
+                    context = browser.new_context(viewport={"width": 1400, "height": 900})
+                    page = context.new_page()
+                    got = []
+                    page.on("requestfinished", lambda r: got.append(r))
+                    page.goto(url, wait_until="load")
+                    times.append(page.evaluate(
+                        "() => performance.getEntriesByType('navigation')[0].loadEventStart"))
+                    page.wait_for_load_state("networkidle")  # the search worker's index fetch
+                    sizes.append(sum(r.sizes()["responseBodySize"] for r in got))
+                    context.close()
+                rows.append([page_dir.parent.name, f"{statistics.median(times):.0f}",
+                             f"{max(sizes) / 1024:.0f}"])
+            browser.close()
+        server.shutdown()
+    return build, rows
+
+
 def suite_seconds() -> float:
     """The whole test command, exactly as the README gives it (its install step is a no-op when
     nothing changed)."""
@@ -94,7 +148,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launch", action="store_true", help="only the launcher")
     parser.add_argument("--suite", action="store_true", help="also time the whole test command")
+    parser.add_argument("--pages", action="store_true", help="only the build and the page loads")
     args = parser.parse_args()
+    if args.pages:
+        build, rows = page_loads()
+        print(f"mkdocs build --strict: {build:.1f} s\n")
+        print(table(["note page", "load event, median of 3 (ms)", "transferred (KB)"], rows))
+        return
     print(table(["ranks", "first launch (s)", "later launches, median (s)", "later, max (s)"],
                 launch_overhead()))
     if args.launch:

@@ -23,7 +23,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-from test_browser import _shot, browser_context, tab  # noqa: F401 - fixtures reused
+from conftest import shot as _shot  # the browser fixtures (tab) are in tests/site/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
@@ -76,12 +76,12 @@ class BuiltPage(HTMLParser):
         if self._svg is not None and tag == "a" and "lg-node" in classes:
             self._svg["nodes"].append({"page": a.get("data-page"), "href": a.get("href"),
                                        "note": "lg-note" in classes})
-        if self._svg is not None and tag == "path" and "lg-edge" in classes:
+        if self._svg is not None and "lg-edge" in classes and "data-source" in a:
             self._svg["edges"].append((a["data-source"], a["data-target"]))
-        if tag == "tr" and a.get("data-source") is not None:
+        if tag == "dt" and a.get("data-source") is not None:
             self._row = a["data-source"]
             self.table[self._row] = []
-        if tag == "a" and self._row is not None and self._in("td", "lg-targets"):
+        if tag == "a" and self._row is not None and self._in("span", "lg-targets"):
             self.table[self._row].append(a["data-page"])
         if tag == "h2" and self._in("section", "lg-section"):
             self._h2 = [a.get("id"), []]
@@ -103,7 +103,7 @@ class BuiltPage(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "svg":
             self._svg = None
-        if tag == "tr":
+        if tag == "dd":
             self._row = None
         if tag == "h2" and self._h2 is not None:
             self.headings.append(("".join(self._h2[1]).strip(), self._h2[0]))
@@ -235,7 +235,9 @@ def test_added_link_shows_in_backlinks_and_graph_then_goes():
         assert [(t.title, t.id) for t in toc] == [("关系图谱", "关系图谱"), ("反向链接", "反向链接")]
         site_svg = BuiltPage()
         site_svg.feed(hook.full_graph_svg(graph, "graph/"))
-        assert set(site_svg.svgs["lg-site"]["edges"]) == edges
+        # the home page links every note by construction: a hub, left out of both graphs
+        assert set(site_svg.svgs["lg-site"]["edges"]) == {(s, t) for s, t in edges if "" not in (s, t)}
+        assert "" not in {n["page"] for n in site_svg.svgs["lg-site"]["nodes"]}
 
 
 def test_section_ids_stay_unique():
@@ -327,12 +329,12 @@ def test_link_between_two_notes_in_a_real_build(tmp_path):
         assert ("notes/09_beta/" in graph.table["notes/01_alpha/"]) is with_link
         # the Markdown page's link is found as well, in both builds
         assert [unquote(h) for h in alpha.backlinks] == ["../../"]
-        assert ("", "notes/01_alpha/") in edges
-        assert {n["page"] for n in graph.svgs["lg-site"]["nodes"]} == {
-            "", "notes/01_alpha/", "notes/09_beta/"}
+        assert ("", "notes/01_alpha/") not in edges  # the home page is a hub: listed, not drawn
+        assert {n["page"] for n in graph.svgs["lg-site"]["nodes"]} == {"notes/01_alpha/", "notes/09_beta/"}
         # the hook's edges are the links the built pages show
-        assert links_in_html(site, "graph/") == ({"", "notes/01_alpha/", "notes/09_beta/"},
-                                                 edges)
+        pages, truth = links_in_html(site, "graph/")
+        assert pages == {"", "notes/01_alpha/", "notes/09_beta/"}
+        assert {(s, t) for s, t in truth if "" not in (s, t)} == edges
 
 
 # ---------------------------------------------------------------------------- the real site
@@ -364,10 +366,13 @@ def test_every_note_has_backlinks_section(built, note_names):
         assert "lg-section backlinks" in parse(built.pages[url]).sections, name
 
 
+HUBS = {"", "self_test/", "answers/"}  # link every note by construction: not drawn
+
+
 def test_graph_has_one_node_per_page(built, note_names):
     nodes = built.graph.svgs["lg-site"]["nodes"]
     pages, _ = built.truth
-    assert sorted(n["page"] for n in nodes) == sorted(pages)
+    assert sorted(n["page"] for n in nodes) == sorted(pages - HUBS)
     notes = sorted(n["page"] for n in nodes if n["note"])
     assert notes == sorted(f"notes/{Path(n).stem}/" for n in note_names)
     for n in nodes:  # each node opens its page
@@ -377,10 +382,12 @@ def test_graph_has_one_node_per_page(built, note_names):
 def test_graph_edges_equal_the_links_in_the_built_html(built):
     _, edges = built.truth
     assert edges, "no page links to another page: nothing was checked"
-    assert set(built.graph.svgs["lg-site"]["edges"]) == edges
-    assert len(built.graph.svgs["lg-site"]["edges"]) == len(edges)
-    table = {(s, t) for s, ts in built.graph.table.items() for t in ts}
-    assert table == edges
+    drawn = built.graph.svgs["lg-site"]["edges"]
+    assert set(drawn) == {(s, t) for s, t in edges if not {s, t} & HUBS}
+    assert len(drawn) == len(set(drawn))
+    listed = {(s, t) for s, ts in built.graph.table.items() for t in ts}
+    assert listed == {(s, t) for s, t in edges if s not in HUBS}
+    assert set(built.graph.table) == built.truth[0]  # every page has its line in the list
 
 
 def test_backlinks_and_local_graph_equal_the_links_in_the_built_html(built):
@@ -390,7 +397,23 @@ def test_backlinks_and_local_graph_equal_the_links_in_the_built_html(built):
         got = [target_of(built.dir, url, h, built.pages) for h in page.backlinks]
         assert sorted(got) == sorted(s for s, t in edges if t == url), url
         local = set(page.svgs["lg-local"]["edges"])
-        assert local == {(s, t) for s, t in edges if url in (s, t)}, url
+        assert local == {(s, t) for s, t in edges if url in (s, t) and not ({s, t} - {url}) & HUBS}, url
+
+
+def test_local_graph_sorts_linked_pages_into_before_and_after():
+    pages = [SimpleNamespace(url=u, title=t, file=SimpleNamespace(src_uri=f))
+             for u, t, f in [("", "首页", "index.md"), ("notes/01_a/", "01 A：x", "notes/01_a.ipynb"),
+                             ("notes/02_b/", "02 B：x", "notes/02_b.ipynb"),
+                             ("notes/03_c/", "03 C：x", "notes/03_c.ipynb"),
+                             ("notes/04_d/", "04 D：x", "notes/04_d.ipynb")]]
+    links = {"": hook.Counter({"notes/02_b/": 1}), "notes/02_b/": hook.Counter({"notes/03_c/": 1}),
+             "notes/01_a/": hook.Counter({"notes/02_b/": 1})}
+    graph = hook.build_graph(pages, links)
+    before, after, same = hook.neighbours(graph, "notes/02_b/")
+    assert (before, after, same) == (["notes/01_a/"], ["notes/03_c/"], ["notes/04_d/"])
+    svg = hook.neighbourhood_svg(graph, "notes/02_b/")
+    assert svg == hook.neighbourhood_svg(graph, "notes/02_b/")  # byte-stable
+    assert 'data-page=""' not in svg  # the home page (a hub) is not drawn
 
 
 # ---------------------------------------------------------------------------- browser
@@ -433,7 +456,7 @@ def test_note_sections_in_browser(tab, site_url, note_names):  # noqa: F811
     assert section.count() == 1 and section.is_visible()
     assert page.locator("article section.link-graph svg.lg-svg").is_visible()
     # the TOC reaches the two sections
-    toc = page.locator(".md-sidebar--secondary nav.md-nav--secondary a.md-nav__link")
+    toc = page.locator("nav.md-nav--secondary a.md-nav__link")
     hrefs = [unquote(h) for h in toc.evaluate_all("as => as.map(a => a.getAttribute('href'))")]
     assert hrefs[-2:] == ["#关系图谱", "#反向链接"], hrefs
     page.evaluate("document.querySelector('section.link-graph').scrollIntoView()")

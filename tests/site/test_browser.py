@@ -1,108 +1,24 @@
 """The built site in a real browser: Playwright driving Debian's /usr/bin/chromium.
 
-No `playwright install` (it downloads a browser; this machine cannot). Without
-/usr/bin/chromium the tests skip with how to enable them, except under CI=true, where a
-missing browser is a failure. The site is built and served once per session (conftest.py);
-one browser, one context and one tab serve the whole module.
-Screenshots go to /tmp/shots/.
+Fixtures (the browser, a 1400 px ``tab`` and a 390 px ``phone``) are in tests/site/conftest.py.
+Each note page is loaded once per width, and every check for that width runs on that one load;
+the figures that are summed over notes (wide tables, code share) are printed and asserted by the
+summary tests at the end of the module. Screenshots go to /tmp/shots/.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections import Counter
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import pytest
 
-from conftest import expected_note_names
+from conftest import DESKTOP, PHONE, expected_note_names, shot as _shot
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-SHOTS = Path("/tmp/shots")
 CJK_WORD = re.compile(r"[\u4e00-\u9fff]{2,8}")
-TOC_LINKS = ".md-sidebar--secondary nav.md-nav--secondary a.md-nav__link"
-
-
-@pytest.fixture(scope="module")
-def browser_context():
-    if not Path(CHROMIUM).exists():
-        msg = (f"{CHROMIUM} not found: install Debian's browser with "
-               "`apt-get install -y chromium fonts-noto-cjk` (never `playwright install`)")
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 900},
-                                      locale="zh-CN")
-        context.set_default_timeout(10_000)
-        try:
-            yield context
-        finally:
-            context.close()
-            browser.close()
-
-
-class Tab:
-    """One tab reused by all tests (a new tab costs a renderer start). Each page load starts a
-    fresh record of console errors, page errors, failed requests and off-machine requests."""
-
-    def __init__(self, context, site_url):
-        self.origin = urlsplit(site_url).netloc
-        self.errors: list[str] = []
-        self.external: list[str] = []
-        self.page = page = context.new_page()
-        page.on("request", self._request)
-        page.on("console", lambda m: m.type == "error" and self.errors.append(
-            f"console: {m.text} @ {m.location.get('url')}"))
-        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
-        page.on("requestfailed", self._failed)
-        page.on("response", lambda r: r.status >= 400 and self.errors.append(
-            f"HTTP {r.status}: {r.url}"))
-
-    def _request(self, request):
-        parts = urlsplit(request.url)
-        # no interception (page.route doubles load time); off-machine requests would fail
-        # on an offline machine anyway, so recording them is enough
-        if parts.scheme in ("http", "https", "ws", "wss") and parts.netloc != self.origin:
-            self.external.append(request.url)
-
-    def _failed(self, request):
-        # ERR_ABORTED is the browser cancelling a fetch (leaving the page mid-load, e.g. the
-        # favicon); a broken site shows up as an HTTP error status or a connection error.
-        if request.failure != "net::ERR_ABORTED":
-            self.errors.append(f"request failed: {request.url} ({request.failure})")
-
-    def goto(self, url, idle=False):
-        """Open ``url``, unless the tab already shows it (a fragment aside): then the page and its
-        record since it loaded are kept, and the load is not paid again (~1.5 s of CPU each)."""
-        if self.page.url.split("#")[0] != url:
-            self.errors, self.external = [], []
-            self.page.goto(url, wait_until="load")
-        if idle:  # wait for the search worker's fetches too (costs ~0.5 s)
-            self.page.wait_for_load_state("networkidle")
-
-    def assert_clean(self):
-        assert not self.external, f"requests left the machine: {self.external}"
-        assert not self.errors, "\n".join(self.errors)
-
-
-@pytest.fixture(scope="module")
-def tab(browser_context, site_url):
-    t = Tab(browser_context, site_url)
-    try:
-        yield t
-    finally:
-        t.page.close()
+TOC_LINKS = "nav.md-nav--secondary a.md-nav__link"  # the page TOC (integrated in the left sidebar)
 
 
 def _note_params():
@@ -132,6 +48,144 @@ RENDER_CHECKS = """() => {
         .filter(s => s.getBoundingClientRect().width > 100).length;
     return {broken, flat, tables: document.querySelectorAll('article table').length, svgs};
 }"""
+
+
+LAYOUT_JS = r"""window.__msLayout = (() => {
+  const art = () => document.querySelector('article');
+  const shown = el => el.checkVisibility ? el.checkVisibility() : !!el.offsetParent;
+  const scrollsX = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const clipsX = el => getComputedStyle(el).overflowX !== 'visible';
+  const label = el => {
+    const cls = typeof el.className === 'string' && el.className ? '.' + el.className.trim().split(/\s+/)[0] : '';
+    return el.tagName.toLowerCase() + cls + ' "' + (el.textContent || '').trim().replace(/\s+/g, ' ').slice(0, 50) + '"';
+  };
+  // nearest ancestor inside the article that clips or scrolls horizontally
+  const boxOf = el => {
+    for (let e = el.parentElement; e && e !== art(); e = e.parentElement) if (clipsX(e)) return e;
+    return null;
+  };
+  function blocks() {
+    // tables and code blocks: if wider than their box, they must scroll (not be cut or stick out)
+    const a = art().getBoundingClientRect();
+    const clipped = [], wide = [], comm = [];
+    for (const el of art().querySelectorAll('table, pre')) {
+      if (!shown(el)) continue;
+      const over = el.scrollWidth > el.clientWidth + 1;
+      const r = el.getBoundingClientRect();
+      const box = boxOf(el);
+      if (over && !scrollsX(el)) clipped.push(label(el));
+      else if (r.right > a.right + 1 && !(box && scrollsX(box))) clipped.push(label(el));
+      if (el.tagName === 'TABLE') {
+        if (over) wide.push(label(el));
+        const heads = [...el.querySelectorAll('thead th')].map(t => t.textContent.trim());
+        if (heads.includes('API') && over) comm.push(label(el));
+      }
+    }
+    return {clipped, wide, comm};
+  }
+  function codeShare() {
+    // code-cell inputs still open on the page, as a share of the article's height
+    let code = 0;
+    for (const el of art().querySelectorAll('.jp-CodeCell .jp-Cell-inputWrapper'))
+      if (shown(el)) code += el.getBoundingClientRect().height;
+    return code / art().getBoundingClientRect().height;
+  }
+  function spoilers() {
+    // in the 自测 section: every answer is closed, and no code cell shows its input or output
+    const h = document.getElementById('自测');
+    if (!h) return {found: false, visible: []};
+    const visible = [];
+    const cells = [...art().querySelectorAll('.jp-Cell')];
+    const start = cells.findIndex(c => c.contains(h));
+    for (const c of cells.slice(start)) {
+      const h2 = c.querySelector('h2');
+      if (h2 && !c.contains(h)) break;
+      if (c.querySelector('.jp-Cell')) continue;  // the outer wrapper of a cell
+      for (const d of c.querySelectorAll('details')) if (d.open) visible.push('open: ' + label(d));
+      if (c.classList.contains('jp-CodeCell')) {
+        for (const part of c.querySelectorAll('.jp-Cell-inputWrapper, .jp-OutputArea-output'))
+          if (shown(part) && part.getBoundingClientRect().height > 0) visible.push(label(part));
+      }
+    }
+    return {found: true, visible};
+  }
+  function svgs() {
+    // every picture and graph: drawn, each text label inside the picture, no two labels overlapping
+    const problems = [];
+    let count = 0;
+    const pictures = [...art().querySelectorAll('svg')].filter(s =>
+      s.classList.contains('ms-figure') || s.classList.contains('lg-svg') || s.closest('.jp-RenderedSVG'));
+    for (const svg of pictures) {
+      if (!shown(svg)) continue;  // inside a closed fold
+      count++;
+      const name = svg.getAttribute('aria-label') || svg.id || 'svg';
+      const sr = svg.getBoundingClientRect();
+      if (sr.width < 20 || sr.height < 10) { problems.push(name + ': not rendered'); continue; }
+      const vb = svg.viewBox.baseVal;
+      const W = vb && vb.width ? vb.width : sr.width, H = vb && vb.height ? vb.height : sr.height;
+      const X = vb && vb.width ? vb.x : 0, Y = vb && vb.width ? vb.y : 0;
+      const inv = svg.getScreenCTM().inverse();
+      const boxes = [];
+      for (const t of svg.querySelectorAll('text')) {
+        if (!t.textContent.trim() || !shown(t)) continue;
+        const b = t.getBBox();
+        if (!b.width) continue;
+        const m = inv.multiply(t.getScreenCTM());
+        const pts = [[b.x, b.y], [b.x + b.width, b.y], [b.x, b.y + b.height], [b.x + b.width, b.y + b.height]]
+          .map(([x, y]) => { const p = new DOMPoint(x, y).matrixTransform(m); return [p.x, p.y]; });
+        const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
+        let [x1, x2, y1, y2] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+        // a glyph box is the font's full ascent + descent (~1.45 em for Noto CJK): labels set one
+        // line apart touch there without their ink meeting, so compare the middle 70 %
+        const pad = (y2 - y1) * 0.15; y1 += pad; y2 -= pad;
+        const text = t.textContent.trim().slice(0, 30);
+        if (x1 < X - 1 || y1 < Y - 1 || x2 > X + W + 1 || y2 > Y + H + 1)
+          problems.push(`${name}: "${text}" leaves the picture`);
+        boxes.push({x1, x2, y1, y2, text});
+      }
+      for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+        const a = boxes[i], b = boxes[j];
+        if (Math.min(a.x2, b.x2) - Math.max(a.x1, b.x1) > 1 && Math.min(a.y2, b.y2) - Math.max(a.y1, b.y1) > 1)
+          problems.push(`${name}: "${a.text}" overlaps "${b.text}"`);
+      }
+    }
+    return {count, problems};
+  }
+  function phone() {
+    const vw = document.documentElement.clientWidth;
+    const loose = [];
+    for (const el of art().querySelectorAll('*')) {
+      const r = el.getBoundingClientRect();
+      if (!r.width || (r.right <= vw + 1 && r.left >= -1)) continue;
+      if (!boxOf(el) && !(scrollsX(el) && el.getBoundingClientRect().right <= vw + 1)) loose.push(label(el));
+      if (loose.length > 8) break;
+    }
+    const gutter = [...art().querySelectorAll('.jp-InputPrompt, .jp-OutputPrompt')]
+      .filter(e => e.getBoundingClientRect().width > 0).length;
+    const still = [...art().querySelectorAll('table')].filter(t => shown(t) && !scrollsX(t)).map(label);
+    const unpinned = [...art().querySelectorAll('table')].filter(t => {
+      const c = t.querySelector('tr > :first-child'); return shown(t) && c && getComputedStyle(c).position !== 'sticky';
+    }).map(label);
+    return {pageWidth: document.documentElement.scrollWidth, vw, loose, gutter, still, unpinned};
+  }
+  return {blocks, codeShare, spoilers, svgs, phone,
+          column: () => art().getBoundingClientRect().width,
+          height: () => art().getBoundingClientRect().height};
+})();
+"""
+
+
+def layout(page, check: str):
+    """Run one of LAYOUT_JS's checks on the page the tab shows (the script is added once per load)."""
+    return page.evaluate(f"() => {{ {LAYOUT_JS} ; return window.__msLayout.{check}(); }}"
+                         if page.evaluate("() => !window.__msLayout") else
+                         f"() => window.__msLayout.{check}()")
+
+
+MIN_COLUMN = 1000        # px: the content column of a note page at 1400 px
+MAX_WIDE_TABLES = 10     # tables (all notes together) that still need to scroll at 1400 px
+MAX_CODE_SHARE = 0.15    # of a note page's height, with every fold closed
+STATS: dict[str, dict] = {}  # note stem -> figures measured by the note tests, for the summaries
 
 
 def _toc_lands(page) -> list[str]:
@@ -220,9 +274,54 @@ def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
     tab.assert_clean()
 
 
+def _search(page, query: str) -> list[str]:
+    """Type ``query`` into material's search; the pages of the results, best first."""
+    box = page.locator("input.md-search__input")
+    box.click()
+    page.evaluate(f"() => {{ document.querySelector('{RESULT_META}').textContent = '{PENDING}'; }}")
+    box.fill(query)
+    box.press("End")  # filled text fires no keyup; material searches on a key press (seen)
+    page.wait_for_function(
+        f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000)
+    hrefs = page.evaluate("""() => Array.from(document.querySelectorAll('.md-search-result__item > a'))
+                               .map(a => new URL(a.href).pathname)""")
+    pages = []
+    for h in hrefs:
+        if h not in pages:
+            pages.append(h)
+    return pages
+
+
+# query -> (note, the best place it must reach): issue 20's search checks
+RANKED_QUERIES = [("流水线并行", "13_", 1), ("RowParallelLinear", "10_", 1), ("重切", "22_", 3)]
+
+
+def test_search_ranks_the_note_about_a_term_first(tab, site_url, note_names):
+    tab.goto(site_url, idle=True)
+    page = tab.page
+    misses = []
+    for query, note, best in RANKED_QUERIES:
+        if not any(n.startswith(note) for n in note_names):
+            continue
+        pages = _search(page, query)
+        at = next((i for i, u in enumerate(pages, 1) if f"/notes/{note}" in u), None)
+        if at is None or at > best:
+            misses.append(f"{query!r}: note {note[:2]} at {at} (want <= {best}); results {pages[:5]}")
+    _shot(page, "search-ranked.png")
+    assert not misses, "\n".join(misses)
+    tab.assert_clean()
+
+
 @pytest.mark.parametrize("name", _note_params())
 def test_note_page_renders(tab, site_url, note_names, name):
-    """Loads clean, shows a table and the download button, and every TOC link lands."""
+    """One load, both widths (the viewport is resized, the page not loaded again).
+
+    1400 px: clean, a table and the labeled download button, every TOC link lands; the column is
+    wide enough, no table or code block is cut off without a scroll bar, communication tables show
+    every column, every picture is drawn with its labels inside it and apart.
+    390 px: nothing wider than the screen unless it sits in a scroll box, no In / Out gutter,
+    every table scrolls with its first column pinned, pictures as above.
+    Wide tables, code share and the 自测 folds are recorded for the summary tests below."""
     assert name in note_names, f"{name} was not built"
     stem = Path(name).stem
     tab.goto(f"{site_url}notes/{stem}/")
@@ -230,27 +329,99 @@ def test_note_page_renders(tab, site_url, note_names, name):
     if name == note_names[0]:
         _shot(page, f"note-{stem}.png")
 
+    blocks = layout(page, "blocks")
+    STATS[stem] = dict(wide=blocks["wide"], code=layout(page, "codeShare"),
+                       spoilers=layout(page, "spoilers"))
     assert page.locator("article table").count() >= 1, "no <table> rendered"
     download = page.locator("article a.nb-download")
     assert download.count() == 1, "no .ipynb download button"
+    assert "下载 .ipynb" in download.inner_text(), "the download button has no label"
     got = download.evaluate(
         "a => fetch(a.href).then(async r => [r.status, (await r.text()).includes('nbformat')])")
     assert got == [200, True], f"download {download.get_attribute('href')} -> {got}"
-
     got = page.evaluate(RENDER_CHECKS)
     assert not got["broken"] and not got["flat"], got
     # every TOC link names a heading that exists (ids keep CJK: hrefs are percent-decoded)
     hrefs = page.locator(TOC_LINKS).evaluate_all("as => as.map(a => a.getAttribute('href'))")
     assert hrefs, "empty TOC"
     assert not _toc_lands(page), f"TOC links to missing headings: {_toc_lands(page)}"
-    # and the browser's own fragment resolution agrees: following a Chinese entry makes that
-    # heading the :target (a real mouse click is tested once, below)
     chinese = [h for h in hrefs if CJK_WORD.search(unquote(h))]
     assert chinese, "no Chinese heading in the TOC"
+
+    problems = []
+    column = layout(page, "column")
+    if column < MIN_COLUMN:
+        problems.append(f"content column {column:.0f} px at 1400 px (want >= {MIN_COLUMN})")
+    if blocks["clipped"]:
+        problems.append(f"cut off without a scroll bar: {blocks['clipped']}")
+    if blocks["comm"]:
+        problems.append(f"communication tables that hide columns: {blocks['comm']}")
+    pictures = layout(page, "svgs")
+    if pictures["count"] < 1:
+        problems.append("no picture drawn (the page's own 关系图谱 at least)")
+    problems += pictures["problems"]
+
+    page.set_viewport_size(PHONE)
+    try:
+        got = layout(page, "phone")
+        if got["pageWidth"] > got["vw"]:
+            problems.append(f"[390 px] the page scrolls sideways: {got['pageWidth']} > {got['vw']} px")
+        if got["loose"]:
+            problems.append(f"[390 px] wider than the screen, outside any scroll box: {got['loose']}")
+        if got["gutter"]:
+            problems.append(f"[390 px] {got['gutter']} In/Out prompts still take width")
+        if got["still"]:
+            problems.append(f"[390 px] tables that do not scroll: {got['still'][:5]}")
+        if got["unpinned"]:
+            problems.append(f"[390 px] tables whose first column is not pinned: {got['unpinned'][:5]}")
+        problems += ["[390 px] " + p for p in layout(page, "svgs")["problems"]]
+        if name == note_names[0]:
+            _shot(page, f"phone-{stem}.png")
+    finally:
+        page.set_viewport_size(DESKTOP)
+    assert not problems, "\n".join(problems)
+
+    # the browser's own fragment resolution agrees with the TOC: following a Chinese entry makes
+    # that heading the :target (a real mouse click is tested once, below)
     target = page.locator(f'{TOC_LINKS}[href="{chinese[0]}"]').first.evaluate(
         "a => { a.click(); return document.querySelector(':target')?.id ?? null; }")
     assert target == unquote(chinese[0][1:]), f"followed {chinese[0]} -> :target {target}"
     tab.assert_clean()
+
+
+def _stats(note_names) -> dict[str, dict]:
+    missing = [n for n in note_names if Path(n).stem not in STATS]
+    if missing:
+        pytest.fail(f"test_note_page_renders did not measure {missing} (run with it)", pytrace=False)
+    return {Path(n).stem: STATS[Path(n).stem] for n in note_names}
+
+
+def test_few_tables_still_need_to_scroll_at_desktop_width(note_names):
+    stats = _stats(note_names)
+    wide = {stem: s["wide"] for stem, s in stats.items() if s["wide"]}
+    total = sum(len(w) for w in wide.values())
+    print(f"\ntables wider than the column at 1400 px: {total} "
+          + ", ".join(f"{stem[:2]}: {len(w)}" for stem, w in wide.items()))
+    assert total <= MAX_WIDE_TABLES, f"{total} tables need to scroll at 1400 px: {wide}"
+
+
+def test_code_is_a_small_share_of_every_note_page(note_names):
+    """With every fold closed, code-cell inputs take at most 15 % of a note page's height. The
+    figure of every note is printed, not only the first that fails."""
+    stats = _stats(note_names)
+    print("\ncode share of each note page (folds closed):")
+    for stem, s in stats.items():
+        print(f"  {stem:40s} {s['code'] * 100:5.1f} %" + ("  > 15 %" if s["code"] > MAX_CODE_SHARE else ""))
+    over = {stem: round(s["code"], 3) for stem, s in stats.items() if s["code"] > MAX_CODE_SHARE}
+    assert not over, f"code over {MAX_CODE_SHARE:.0%} of the page: {over}"
+
+
+def test_no_self_test_answer_shows_before_it_is_opened(note_names):
+    stats = _stats(note_names)
+    spoiled = {stem: s["spoilers"]["visible"][:3] for stem, s in stats.items() if s["spoilers"]["visible"]}
+    absent = [stem for stem, s in stats.items() if not s["spoilers"]["found"]]
+    assert not absent, f"no 自测 heading on: {absent}"
+    assert not spoiled, f"answers visible before their fold is opened: {spoiled}"
 
 
 def test_toc_mouse_click_scrolls_to_chinese_heading(tab, site_url, note_names):

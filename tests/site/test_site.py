@@ -384,23 +384,198 @@ def test_drop_plain_copies_keeps_the_highlighted_code_once():
                                             "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
 
 
-def test_search_index_holds_each_code_cell_once(site, note_names):
-    """Every code cell's source is in the index as its <pre>, and not again as plain text."""
-    import html as html_lib
+SEARCH_INDEX_BUDGET = 700_000      # bytes: every page's browser loads the index
+PAGE_TRANSFER_BUDGET = 1_500_000   # bytes: a note page and all it loads, search index included
 
-    hook = load_hook()
+
+def _search_text(site) -> dict[str, str]:
     index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
-    text = {}
+    text: dict[str, str] = {}
     for doc in index["docs"]:
         page = doc["location"].split("#")[0]
-        text[page] = text.get(page, "") + doc["text"]
+        text[page] = text.get(page, "") + doc["title"] + " " + doc["text"]
+    return text
+
+
+def test_search_index_leaves_code_out(site, note_names):
+    """Code-cell inputs are not in the search index (previews show prose; the code is on the
+    page), nor a plain copy of them, nor the prompts; the prose around them is."""
+    text = _search_text(site)
+    hook = load_hook()
     for name in note_names:
         page_text = text[f"notes/{Path(name).stem}/"]
         assert hook.drop_plain_copies(page_text) == page_text, f"{name}: a plain copy is left"
-        cells = [c for c in json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
-                 if c["cell_type"] == "code"]
-        first = "".join(cells[0]["source"]).splitlines()[0]
-        assert html_lib.escape(first, quote=False) in page_text or first in page_text, name
+        cells = json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
+        lines = [line for c in cells if c["cell_type"] == "code"
+                 for line in "".join(c["source"]).splitlines() if line.startswith(("from ", "import "))]
+        leaked = [line for line in lines if line in page_text]
+        assert not leaked, f"{name}: code in the search index: {leaked[:3]}"
+        assert not re.search(r"(?:In|Out)\xa0?\[\d*\]:|Copied!|显示代码", page_text), name
+        assert re.search(r"[\u4e00-\u9fff]{2}", page_text), f"{name}: no prose indexed"
+
+
+def test_search_index_fits_its_budget(site):
+    size = (site.dir / "search" / "search_index.json").stat().st_size
+    print(f"\nsearch index: {size:,} bytes (budget {SEARCH_INDEX_BUDGET:,})")
+    assert size <= SEARCH_INDEX_BUDGET, f"search index {size:,} bytes > {SEARCH_INDEX_BUDGET:,}"
+
+
+def _page_transfer(site, page: Path) -> dict[str, int]:
+    """Bytes of every local file a page makes the browser fetch: the page, its stylesheets,
+    scripts and images, and what material's search worker loads (worker, lunr, the index)."""
+    parser = parse(page)
+    files = {page}
+    for tag, url in parser.links:
+        if tag in ("link", "script", "img") and url and is_local(url):
+            target, _ = resolve(site.dir, page, url)
+            if target.is_file() and target.suffix != ".html":
+                files.add(target)
+    assets = site.dir / "assets" / "javascripts"
+    files |= set((assets / "workers").glob("search.*.min.js"))
+    config = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
+    lunr = assets / "lunr" / "min"
+    files |= {lunr / "lunr.stemmer.support.min.js", lunr / "lunr.multi.min.js"}
+    files |= {lunr / f"lunr.{lang}.min.js" for lang in config["lang"] if lang != "en"}
+    files.add(site.dir / "search" / "search_index.json")
+    return {str(f.relative_to(site.dir)): f.stat().st_size for f in files if f.is_file()}
+
+
+def test_every_note_page_fits_its_transfer_budget(site, note_names):
+    heavy = {}
+    for name in note_names:
+        sizes = _page_transfer(site, site.note_page(name))
+        assert any(k.endswith(".css") for k in sizes) and "search/search_index.json" in sizes
+        total = sum(sizes.values())
+        if total > PAGE_TRANSFER_BUDGET:
+            heavy[name] = total
+    worst = max((sum(_page_transfer(site, site.note_page(n)).values()), n) for n in note_names)
+    print(f"\nheaviest note page: {worst[1]} {worst[0]:,} bytes in all (budget {PAGE_TRANSFER_BUDGET:,})")
+    assert not heavy, f"note pages over {PAGE_TRANSFER_BUDGET:,} bytes in all: {heavy}"
+
+
+def test_search_knows_the_sites_words_and_whole_queries(site):
+    """jieba learnt the user dictionary (流水线并行 stays one word in the index), the notes carry
+    their Chinese search terms, and the built search worker tries a query's last word whole."""
+    hook = load_hook()
+    index = (site.dir / "search" / "search_index.json").read_text(encoding="utf-8")
+    for term in ("流水线并行", "分布式优化器", "重切"):
+        assert re.search(rf"(?<![\u4e00-\u9fff]){term}(?![\u4e00-\u9fff])", index), term
+    worker = next((site.dir / "assets" / "javascripts" / "workers").glob("search.*.min.js")).read_text()
+    for old, new in hook.SEGMENT_FIX:
+        assert new in worker and old not in worker, old
+
+
+def test_compact_word_marks_drops_only_marks_that_separate_nothing():
+    hook = load_hook()
+    marks = hook.word_mark_pattern("[\\s\\u200b\\u3000\\-、。，．？！；]+")
+    text = "\u200b语料\u200b a：10 \u200b篇\u200b文档\u200b，\u200b长\u200b <b>x</b>\u200b的\u200b\u200b行\u200b"
+    assert hook.compact_word_marks(text, marks) == "语料 a：10 篇\u200b文档，长 <b>x</b>的\u200b行"
+
+
+def test_picture_palette_in_css_equals_the_drawing_layers():
+    """docs/stylesheets/extra.css defines --ms-<kind> for every kind of snippets.record.draw's
+    PALETTE, light under material's default scheme and dark under slate, plus --ms-on."""
+    from snippets.record.draw import PALETTE
+
+    css = (Path(__file__).resolve().parents[2] / "docs" / "stylesheets" / "extra.css").read_text()
+    blocks = {}
+    for m in re.finditer(r"([^{}]+)\{([^}]*)\}", css):
+        selector = " ".join(re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S).split())
+        blocks[selector] = dict(re.findall(r"--ms-([a-z0-9]+):\s*([^;]+);", m.group(2)))
+    light = next(v for k, v in blocks.items() if '[data-md-color-scheme="default"]' in k)
+    dark = next(v for k, v in blocks.items() if '[data-md-color-scheme="slate"]' in k)
+    assert {k: light[k] for k in PALETTE if k in light} == {k: v[0] for k, v in PALETTE.items()}
+    assert {k: dark[k] for k in PALETTE if k in dark} == {k: v[1] for k, v in PALETTE.items()}
+    assert "on" in light and "on" in dark
+
+
+# ---------------------------------------------------------------------------- cells
+
+CELL = ('<div id="cell-id=abc" class="jp-Cell jp-CodeCell jp-Notebook-cell   {tags}">\n'
+        '<div class="jp-Cell-inputWrapper" tabindex="0">\n<div class="jp-InputArea jp-Cell-inputArea">'
+        '<div class="jp-InputPrompt jp-InputArea-prompt">In&nbsp;[1]:</div>'
+        '<div class="jp-CodeMirrorEditor"><div class="celltoolbar"><div><span>hide-input</span></div></div>'
+        '<div class="highlight-ipynb"><pre><span>import</span> x\nx.run()\n</pre></div>'
+        '<div id="cell-1" class="clipboard-copy-txt">import x\nx.run()</div></div></div>\n</div>\n'
+        '<div class="jp-Cell-outputWrapper"><div class="jp-OutputArea"><div class="jp-OutputArea-child">'
+        '<div class="jp-OutputPrompt jp-OutputArea-prompt">Out[1]:</div>'
+        '<div class="jp-RenderedHTMLCommon jp-OutputArea-output"><table><tr><td>42</td></tr></table></div>'
+        '</div></div></div>\n</div>')
+
+
+def _fold(tags: str) -> str:
+    return load_hook().fold_cells("<p>前</p>" + CELL.format(tags=tags) + "<p>后</p>")
+
+
+def test_hide_input_folds_the_code_and_keeps_the_output():
+    out = _fold("celltag_hide-input")
+    fold = re.search(r'<details class="ms-fold ms-fold-input"><summary[^>]*>显示代码.*?</details>', out, re.S)
+    assert fold and "x.run()" in fold.group(0) and "（2 行）" in fold.group(0), out
+    assert "<td>42</td>" not in fold.group(0) and "<td>42</td>" in out   # the output stays open
+    assert "celltoolbar" not in out                                        # no printed tag names
+    assert out.startswith("<p>前</p>") and out.endswith("<p>后</p>") and out.count("<div") == out.count("</div>")
+
+
+def test_answer_cells_fold_whole():
+    out = _fold("celltag_answer")
+    fold = re.search(r'<details class="ms-fold ms-fold-answer">.*</details>', out, re.S)
+    assert fold and "x.run()" in fold.group(0) and "<td>42</td>" in fold.group(0), out
+    assert "ms-fold-input" not in out and " open" not in fold.group(0)
+
+
+def test_untagged_cells_stay_open_and_keep_code_out_of_search():
+    out = _fold("")
+    assert "<details" not in out
+    assert "<pre data-search-exclude>" in out and 'clipboard-copy-txt" data-search-exclude' in out
+    assert "<table data-search-exclude>" in out
+
+
+def test_svg_outputs_are_inlined():
+    import base64
+
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" class="ms-figure" viewBox="0 0 10 10"><text>甲</text></svg>'
+    data = base64.b64encode(svg.encode()).decode()
+    html = f'<div class="jp-RenderedSVG"><img src="data:image/svg+xml;base64,{data}" alt="x"></div>'
+    assert load_hook().inline_svgs(html) == f'<div class="jp-RenderedSVG">{svg}</div>'
+
+
+def test_built_svg_outputs_are_inline_not_images(site, note_names):
+    for name in note_names:
+        text = site.note_page(name).read_text(encoding="utf-8")
+        assert "data:image/svg+xml" not in text, f"{name}: an SVG output is still an <img>"
+
+
+def test_note_pages_say_once_how_they_are_checked(site, note_names):
+    hook = load_hook()
+    for name in note_names:
+        assert site.note_page(name).read_text(encoding="utf-8").count(hook.CHECKED_LINE) == 1, name
+
+
+def test_plain_note_numbers_become_links():
+    hook = load_hook()
+    present = {2: Path("02_a.ipynb"), 8: Path("08_b.ipynb"), 13: Path("13_c.ipynb"), 21: Path("21_d.ipynb")}
+    md = ("见笔记 21）。note 13 and `笔记 13` [笔记 02](x) 笔记 02/08 笔记 99\n"
+          "## 笔记 13\n\n| 主题 | 对应笔记 |\n|---|---|\n| a | 02、08 |\n")
+    out = hook.link_note_numbers(md, present)
+    assert "见笔记 [21](notes/21_d.ipynb)）" in out and "note [13](notes/13_c.ipynb) and" in out
+    assert "`笔记 13`" in out and "[笔记 02](x)" in out and "笔记 99" in out and "## 笔记 13\n" in out
+    assert "笔记 [02](notes/02_a.ipynb)/[08](notes/08_b.ipynb)" in out
+    assert "| a | [02](notes/02_a.ipynb)、[08](notes/08_b.ipynb) |" in out
+
+
+def test_code_map_and_cpu_page_link_their_notes(site, note_names):
+    for page in ("code_map", "cpu"):
+        text = (site.dir / page / "index.html").read_text(encoding="utf-8")
+        assert re.search(r'href="\.\./notes/\d\d_[A-Za-z0-9_]+/"', text), f"{page}: no link to a note"
+
+
+def test_nav_reads_in_number_order(site, note_names):
+    home = (site.dir / "index.html").read_text(encoding="utf-8")
+    nav = home[home.index('md-nav--primary'):home.index('class="md-content"')]
+    order = [int(m) for m in re.findall(r'href="notes/(\d\d)_', nav)]
+    seen = list(dict.fromkeys(order))
+    assert seen == sorted(seen), f"notes in the nav: {seen}"
+    assert "30 秒英文回答" in nav and "30-second answers</" not in nav
 
 
 def test_build_is_fast(site):
