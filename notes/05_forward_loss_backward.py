@@ -98,13 +98,15 @@
 # | `backward_step` | 输入张量、输出（loss）、输出梯度 | 输入张量的梯度（PP 用） | `grad_scale_func` | 经模型的 TP 反向 | 否 | 是：累加梯度 | schedule 内部 |
 # | `vocab_parallel_cross_entropy` | logits 分片 `[s, b, V/TP]`、target `[s, b]` | 逐 token loss `[s, b]` | `parallel_state` 的 TP 群 | **是**：3 次 all-reduce | 输入按词表切 | 否 | `GPTModel` 内部 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from functools import partial
 
 import torch
 
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n05_loss import one_step
+from snippets.experiments.n05_loss import one_step, tokens_kept
+from snippets.record.listing import listing
+from snippets.train import pictures
 from snippets.ranks.launch import run_ranks
 from snippets.train.loss_flow import annotate, masked_mean, masked_token_sum, microbatches, train_step_report
 from snippets.config.param_table import gather
@@ -126,71 +128,11 @@ from snippets.record.tables import Table
 # Megatron 的 schedule。模型与[笔记 04](../04_model_provider_and_gpt_model/) 相同（1 层、hidden 16、词表 32，CPU 初始化，去掉 dropout 以便比较），
 # 2 个 micro-batch，各 2 条长 8 的序列，`loss_mask` 分别保留 16 个和 6 个 token。
 #
-# 这个 rank 函数在 `snippets/experiments/n05_loss.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run loss --dims qwen3-8b --layers 2 --tp 8`（见 README 的 "Running at real scale"）调用的是同一个函数，
-# 模型尺寸、sequence、micro-batch 大小和个数是参数 `dims`（本篇用它的 `tiny`；`tokens_kept` 按它算出 16 和 6）。
-# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def tokens_kept(dims) -> list[int]:
-#     """Tokens each micro-batch keeps in its loss mask: all of them, then 3/8 of them, alternating
-#     (note 05's 16 and 6 of 2 x 8)."""
-#     n = dims.micro_batch_size * dims.seq
-#     return [n if i % 2 == 0 else max(1, 3 * n // 8) for i in range(dims.microbatches)]
-#
-#
-# def one_step(dims, tp, loss_contract="three", report="same", device="cpu", keep_tensors=True):
-#     """On every rank: the schedule over ``dims.microbatches`` micro-batches, recorded; the
-#     per-micro-batch reports, and with ``keep_tensors`` the gradients and micro-batch 0's logits."""
-#     from snippets.config import param_table  # param_table first: it quiets the known import warnings
-#     from snippets.record import recorder
-#     from snippets.train.loss_flow import masked_mean, masked_token_sum, microbatches
-#
-#     from megatron.core import parallel_state as mpu
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#     from megatron.core.transformer import TransformerConfig
-#
-#     if not mpu.model_parallel_is_initialized():
-#         mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
-#     model_parallel_cuda_manual_seed(1234)
-#     config = TransformerConfig(**dims.transformer_config_kwargs(),
-#                                tensor_model_parallel_size=tp, use_cpu_initialization=device == "cpu",
-#                                pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
-#     with torch.device(device):
-#         model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=dims.vocab,
-#                          max_sequence_length=dims.seq, parallel_output=True, share_embeddings_and_output_weights=True,
-#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
-#     batches = [{k: v.to(device) for k, v in b.items()} for b in
-#                microbatches(dims.microbatches, micro_batch_size=dims.micro_batch_size, seq_length=dims.seq,
-#                             vocab_size=dims.vocab, tokens_kept=tokens_kept(dims))]
-#
-#     def forward_step(data_iterator, model):
-#         batch = next(data_iterator)
-#         output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
-#         if loss_contract == "three":
-#             return output, partial(masked_token_sum, batch["loss_mask"])
-#         return output, partial(masked_mean, batch["loss_mask"], report=report)
-#
-#     forward_backward_func = get_forward_backward_func()
-#     with recorder.record() as calls:
-#         reports = forward_backward_func(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
-#                                         num_microbatches=dims.microbatches, seq_length=dims.seq,
-#                                         micro_batch_size=dims.micro_batch_size, forward_only=False)
-#     out = dict(schedule=forward_backward_func.__name__, calls=calls,
-#                reports=[{k: v.detach().clone().cpu() for k, v in r.items()} for r in reports],
-#                rows=param_table.param_rows(model))
-#     if keep_tensors:
-#         with torch.no_grad():  # after the step, outside the recording: this rank's logits and per-token loss
-#             b = batches[0]
-#             logits = model(b["tokens"], b["position_ids"], b["attention_mask"])
-#             token_loss = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"])
-#         out.update(grads={n: p.grad.clone() for n, p in model.named_parameters()},
-#                    logits=logits, token_loss=token_loss, labels=b["labels"])
-#     return out
-# ```
+# 这个 rank 函数在 `snippets/experiments/n05_loss.py` 里，模型尺寸、sequence、micro-batch 大小和个数是参数 `dims`
+# （本篇用它的 `tiny`；`tokens_kept` 按它算出 16 和 6）。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(tokens_kept, one_step)
 
 # %%
 TINY = EXPERIMENTS["loss"].tiny
@@ -293,8 +235,7 @@ Table(["参数", "partition_dim", "两 rank 的复制梯度相同", "拼回后�
 
 # %%
 def who_divides():
-    from snippets.train import loss_flow  # noqa: F401 - param_table first: it quiets known warnings
-    from snippets.config import param_table
+    from snippets.train import loss_flow
 
     from megatron.core import parallel_state as mpu
     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
@@ -347,8 +288,15 @@ def who_divides():
 
 targets, outcomes = run_ranks(who_divides, 1)[0]
 print("两个目标的值:", {k: round(v, 4) for k, v in targets.items()})
-Table(["loss_func 的写法", "train_step 记下的 lm loss", "梯度 = micro-batch 平均的平均", "梯度 = 全局 token 平均"],
-      [[label, round(report, 4), a, b] for label, report, a, b in outcomes])
+divides = [[label, round(report, 4), a, b] for label, report, a, b in outcomes]
+Table(["loss_func 的写法", "train_step 记下的 lm loss", "梯度 = micro-batch 平均的平均", "梯度 = 全局 token 平均"], divides)
+
+# %% [markdown]
+# 画成一张图：每一行从左到右是 loss 经过的除法，最后两格是梯度真正优化的目标（橙 = micro-batch 平均的平均，
+# 绿 = 全局 token 平均）和 `train_step` 记下的值（红 = 被 schedule 的原地除法一起改掉了）：
+
+# %%
+pictures.draw_loss_division(divides, tokens=[16, 6])
 
 # %% [markdown]
 # 逐行读：
@@ -424,7 +372,7 @@ Table(["loss_func 的写法", "train_step 记下的 lm loss", "梯度 = micro-ba
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 from collections import Counter
 
 print(Counter(c.phase for c in calls[:half]), {c.api for c in calls}, {c.group for c in calls})
@@ -439,7 +387,7 @@ print(Counter(c.phase for c in calls[:half]), {c.api for c in calls}, {c.group f
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(list(tp2[0]["logits"].shape), [c.before for c in calls[:half] if "cross_entropy" in c.where])
 
 # %% [markdown]
@@ -452,7 +400,7 @@ print(list(tp2[0]["logits"].shape), [c.before for c in calls[:half] if "cross_en
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(label, a, b) for label, _, a, b in outcomes if label.startswith("3 个值")])
 
 # %% [markdown]
@@ -464,7 +412,7 @@ print([(label, a, b) for label, _, a, b in outcomes if label.startswith("3 个�
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({label: round(report, 4) for label, report, _, _ in outcomes if "2 个值" in label})
 
 # %% [markdown]
@@ -477,7 +425,7 @@ print({label: round(report, 4) for label, report, _, _ in outcomes if "2 个值"
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(name.split("decoder.")[-1], same) for name, dim, same, _ in grad_rows if "layernorm.weight" in name])
 
 # %% [markdown]

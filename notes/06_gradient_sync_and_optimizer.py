@@ -71,10 +71,12 @@
 # | `ChainedOptimizer.step` | 无（读 `main_grad`） | `(update_successful, grad_norm, num_zeros)` | 范数、裁剪、Adam | tp-pp（范数） | 否 | 是：参数与 Adam 状态 | `optim.step()` |
 # | `get_grad_norm_fp32` | 梯度列表、范数类型、群 | 总范数（float） | multi-tensor L2 | tp-pp | 每个 rank 只算自己的切片 | 否 | — |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n06_train_step import train_step
+from snippets.experiments.n06_train_step import MEANINGS, train_step
+from snippets.record.listing import listing
+from snippets.train import pictures
 from snippets.ranks.launch import run_ranks
 from snippets.record.tables import Table
 from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, init_by_global_name, max_abs_diff, microbatches, tiny_config
@@ -94,57 +96,11 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # global batch = 4 个 micro-batch × 2 条序列：DP=2 时 DP rank r 拿第 2r、2r+1 个；DP=1 时一个进程拿全部 4 个。
 # 优化器 `OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=...)`，不用分布式优化器。
 #
-# 这个 rank 函数在 `snippets/experiments/n06_train_step.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run train-step --dims qwen3-8b --layers 2`（见 README 的 "Running at real scale"）调用的是同一个函数，
-# 模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），模型由笔记 14 的同一个 `build_model` 建。
-# 原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
-#     """On every rank: one training step; what the optimizer is, where the gradients live, the
-#     recorded communication and -- with ``keep_tensors`` -- the gradients and weights before and
-#     after (by global name, comparable across any DP size)."""
-#     from snippets.record import recorder
-#     from snippets.models.tiny_gpt import by_global_name, forward_step
-#     from megatron.core import parallel_state
-#     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-#                                            finalize_model_grads)
-#     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-#     from megatron.core.pipeline_parallel import get_forward_backward_func
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel()
-#     model, config = build_model(dims, device)
-#     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
-#     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=clip_grad), [ddp])
-#     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-#     n = dims.microbatches // dp
-#     mine = microbatches(dims, dims.microbatches, device)[n * dp_rank:n * (dp_rank + 1)]
-#     before = by_global_name([ddp], "param") if keep_tensors else None
-#
-#     ddp.zero_grad_buffer()
-#     optimizer.zero_grad()
-#     losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-#                                          num_microbatches=n, seq_length=dims.seq,
-#                                          micro_batch_size=dims.micro_batch_size)
-#     local = by_global_name([ddp], "main_grad") if keep_tensors else None
-#     param = next(iter(ddp.parameters()))
-#     grad_none_before_step = param.grad is None
-#     with recorder.record() as in_finalize:
-#         finalize_model_grads([ddp])
-#     with recorder.record() as in_step:
-#         update_successful, grad_norm, num_zeros = optimizer.step()
-#     out = dict(loss=sum(l["lm loss"].item() for l in losses) / n, grad_norm=grad_norm,
-#                update_successful=update_successful, finalize=in_finalize, step=in_step,
-#                optimizer=type(optimizer).__name__, inner=[type(o).__name__ for o in optimizer.chained_optimizers],
-#                grad_none_before_step=grad_none_before_step,
-#                grad_is_main_grad_after_step=param.grad.data_ptr() == param.main_grad.data_ptr(),
-#                main_grad_in_buffer=param.main_grad.data_ptr() >= ddp.buffers[0].grad_data.data_ptr())
-#     if keep_tensors:
-#         out.update(clipped=by_global_name([ddp], "main_grad"), local=local, before=before,
-#                    params=by_global_name([ddp], "param"))
-#     return out
-# ```
+# 这个 rank 函数在 `snippets/experiments/n06_train_step.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的
+# `tiny`），模型由笔记 14 的同一个 `build_model` 建。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(train_step)
 
 # %%
 TINY = EXPERIMENTS["train-step"].tiny
@@ -179,11 +135,16 @@ Table(["检查", "结果"], [
 # DP=2 一步里 finalize 和 `optimizer.step()` 期间的全部通信（rank 0，录制所得）：
 
 # %%
-meanings = {"distributed/param_and_grad_buffer.py::start_grad_sync": "DP 梯度求和（先乘了 1/DP，和即平均）"}
 print("finalize_model_grads:")
-display(recorder.communication_table(dp2[0]["finalize"], meanings))
+display(recorder.communication_table(dp2[0]["finalize"], MEANINGS))
 print("optimizer.step():", len([c for c in dp2[0]["step"] if len(c.ranks) > 1]), "条跨 rank 的集合通信；全部记录：")
 recorder.communication_table(dp2[0]["step"])
+
+# %% [markdown]
+# 梯度在这一步里走过的地方，和每一站录到的通信（rank 0）：
+
+# %%
+pictures.draw_grad_path(dp2[0])
 
 # %% [markdown]
 # - **DP 归约只有一次**：整个 grad buffer（不到 1 万个元素，一个 bucket）在 `dp-cp` 群 `[0, 1]` 里 all-reduce（CP=1，就是 DP 群）。细节（bucket、overlap、
@@ -271,7 +232,7 @@ Table(["量", "值"], [
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(dp2[0]["grad_none_before_step"], dp2[0]["grad_is_main_grad_after_step"])
 
 # %% [markdown]
@@ -283,7 +244,7 @@ print(dp2[0]["grad_none_before_step"], dp2[0]["grad_is_main_grad_after_step"])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(c.api, c.group, list(c.ranks)) for c in dp2[0]["finalize"] + dp2[0]["step"] if len(c.ranks) > 1])
 
 # %% [markdown]
@@ -296,7 +257,7 @@ print([(c.api, c.group, list(c.ranks)) for c in dp2[0]["finalize"] + dp2[0]["ste
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(dp2[0]["grad_norm"] == dp2[1]["grad_norm"], abs(dp2[0]["grad_norm"] - by_hand) < 1e-5)
 
 # %% [markdown]
@@ -308,7 +269,7 @@ print(dp2[0]["grad_norm"] == dp2[1]["grad_norm"], abs(dp2[0]["grad_norm"] - by_h
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(round(max_abs_diff(one["params"], one["before"]), 4))
 
 # %% [markdown]
@@ -321,7 +282,7 @@ print(round(max_abs_diff(one["params"], one["before"]), 4))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(round(coeff, 4), [(c.api, list(c.ranks)) for c in dp2_clip[0]["step"] if len(c.ranks) > 1])
 
 # %% [markdown]
