@@ -23,7 +23,7 @@ stamp=.venv/.megatron-study-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "installing the project into .venv (first time: a minute or two)..."
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e . 2>&1 \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --retries 1 -c constraints.txt -e ".[test]" --extra-index-url https://download.pytorch.org/whl/cpu 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
   .venv/bin/python -c "import megatron.core, snippets, mkdocs_jupyter, nbval" \
     || { echo "error: installation incomplete" >&2; exit 1; }
