@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+. scripts/env.sh
 
 # The browser tests drive Debian's Chromium (no browser download is possible here). Install it
 # when we can (root with apt); otherwise they skip with a message -- except under CI, where a
@@ -11,8 +12,8 @@ bash scripts/setup.sh
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing Debian chromium for the browser tests..."
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-cjk >/dev/null
+    apt-get update -qq >/dev/null 2>&1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-cjk >/dev/null 2>&1
   else
     echo "note: /usr/bin/chromium not found; browser tests will be skipped (sudo apt-get install chromium)"
   fi
