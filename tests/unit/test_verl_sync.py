@@ -1,7 +1,5 @@
-"""python -m snippets.rl.verl_sync (the old name of ``weight-sync``, kept for note 22): explains how a
-verl run syncs its weights from its YAML config, or fails with one clear line. Fixtures under
-tests/fixtures/verl/ are written for these tests, with verl's key names. Launch scripts and NeMo RL
-configs: tests/unit/test_weight_sync.py."""
+"""python -m snippets.rl.verl_sync: explains how a verl run syncs its weights, or fails with one
+clear line. Fixtures under tests/fixtures/verl/ are written for these tests, with verl's key names."""
 
 import subprocess
 import sys
@@ -70,10 +68,7 @@ def test_params_flag_overrides_and_unknown_size_still_explains(tmp_path, capsys)
                    .replace("Qwen/Qwen2.5-7B-Instruct", "/ckpt/my-policy"))
     assert verl_sync.main([str(cfg)]) == 0
     out = flat(capsys.readouterr().out)
-    assert "size unknown" in out and "colocated" in out and "per copy" not in out
-    # the byte figures are still there, each saying what it needs
-    assert "gather (1 - 1/8 of the model) = ? GB over NVLink (needs --params)" in out
-    assert "1/2 of the model = ? GB (needs --params)" in out and " ms" not in out
+    assert "size unknown" in out and "colocated" in out and "GB" not in out
 
 
 def _variant(tmp_path, old, new, name="v.yaml"):
@@ -87,10 +82,9 @@ def _variant(tmp_path, old, new, name="v.yaml"):
 @pytest.mark.parametrize("make,expected", [
     (lambda t: t / "missing.yaml", "error: no such file: "),
     (lambda t: _write(t, "bad.yaml", "actor_rollout_ref: [1, 2\n"), "is not valid YAML: "),
-    (lambda t: FIXTURES / "not_verl.yaml",
-     "is neither a verl config (no actor_rollout_ref section) nor a NeMo RL config"),
-    (lambda t: _write(t, "list.yaml", "- a\n- b\n"),
-     "is neither a verl nor a NeMo RL config: expected a mapping of sections, got list"),
+    (lambda t: FIXTURES / "not_verl.yaml", "is not a verl config: it has no actor_rollout_ref"),
+    (lambda t: _write(t, "list.yaml", "- a\n- b\n"), "is not a verl config: expected a mapping"),
+    (lambda t: FIXTURES / "rollout_name_unset.yaml", "actor_rollout_ref.rollout.name is ???"),
     (lambda t: _variant(t, "  nnodes: 1\n", ""), "missing key trainer.nnodes"),
     (lambda t: _variant(t, "strategy: fsdp", "strategy: deepspeed"),
      "actor_rollout_ref.actor.strategy is 'deepspeed'; verl knows fsdp, fsdp2, megatron"),
@@ -108,18 +102,6 @@ def test_problems_exit_2_with_one_line(tmp_path, make, expected):
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: ") and expected in err
-
-
-def test_mandatory_value_is_reported_as_set_on_the_command_line():
-    # verl's rollout.yaml leaves rollout.name as ???; the report names it and still explains the rest
-    code, out, err = run(FIXTURES / "rollout_name_unset.yaml")
-    assert code == 0 and err == ""
-    out = flat(out)
-    assert ("unknown actor_rollout_ref.rollout.name = ???: set on the command line (verl requires a "
-            "value here; one of vllm, sglang, trtllm)") in out
-    assert "rollout.name = ???, tensor_model_parallel_size = 1: 4 engine(s) of TP1 on 4 GPUs" in out
-    assert "rollout engine's worker on the same GPU through CUDA IPC" in out
-    assert "0.5B parameters" in out and "= 0.75 GB over NVLink" in out
 
 
 def test_bad_params_flag():
