@@ -34,7 +34,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     | sed -u -n -e 's/^Collecting \([^ ]*\).*/  fetching \1/p' -e 's/^Installing collected packages.*/  installing .../p' \
                 -e 's/^ERROR/ERROR/p'
   .venv/bin/python -c "import megatron.core, snippets, mkdocs_jupyter, nbval" \
-    || { echo "error: installation incomplete (run: .venv/bin/python -m pip install -e .)" >&2; exit 1; }
+    || { echo "error: installation incomplete (pip's errors are above; rerun bash scripts/setup.sh)" >&2; exit 1; }
   echo "$want" > "$stamp"
   echo "setup: installed in $((SECONDS - start)) s"
 fi

@@ -198,3 +198,34 @@ def test_bad_sizes_are_refused_before_any_launch(world, sizes, words, monkeypatc
 def test_grid_derives_data_parallel_size():
     assert Grid(16, tp=2, pp=2).dp == 4
     assert Grid(8, tp=2, cp=2).dp == 2
+
+
+def _elastic(module: str, *args: str):
+    """``snippets.ranks.elastic.launch(2, module, args)`` in a fresh process: its exit status and stderr."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from snippets.ranks.elastic import launch; "
+            f"sys.exit(launch(2, {module!r}, {list(args)!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_elastic_launch_names_the_failed_rank_in_one_line():
+    """A rank that fails: its own error, then one line from the launcher, status 1, and none of the
+    elastic agent's log lines (PIDs, temp paths) or its traceback."""
+    import re
+
+    proc = _elastic("no_such_module_for_this_test")
+    assert proc.returncode == 1, proc.stderr
+    assert "No module named no_such_module_for_this_test" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"no_such_module_for_this_test: rank [01] of 2 failed \(exit status 1\); "
+                        r"its error is above", last), proc.stderr
+    assert "torch/distributed/elastic" not in proc.stderr and "ChildFailedError" not in proc.stderr
+
+
+def test_elastic_launch_passes_a_refusal_through_as_status_2():
+    """Every rank exits with status 2 (here: argparse refusing a flag): so does the launch, adding nothing."""
+    proc = _elastic("json.tool", "--no-such-flag")
+    assert proc.returncode == 2, proc.stderr
+    assert "snippets" not in proc.stderr and "failed" not in proc.stderr
