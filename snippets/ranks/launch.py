@@ -57,6 +57,8 @@ _PRELOAD = ["snippets", "torch", "megatron.core", "snippets.ranks.rank_env",
             # checkpoint writer's queue (tests/ranks/test_cpu_compat.py checks this list against them)
             "megatron.core.tensor_parallel.random",
             "megatron.core.rerun_state_machine",
+            "megatron.core.tensor_parallel",
+            "megatron.core.tensor_parallel.data",
             "megatron.core.distributed.distributed_data_parallel",
             "megatron.core.pipeline_parallel.schedules",
             "megatron.core.resharding.copy_services.gloo_copy_service",
