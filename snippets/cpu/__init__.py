@@ -11,7 +11,8 @@ detail, as narrowly as possible (:mod:`snippets.cpu.base` has the means):
   or two names), or change a ``torch.Tensor`` method only while one Megatron call runs.
 
 One module per Megatron area: :mod:`~snippets.cpu.rng` (tensor_parallel.random, the rerun state
-machine), :mod:`~snippets.cpu.pipeline`, :mod:`~snippets.cpu.models`, :mod:`~snippets.cpu.moe`,
+machine), :mod:`~snippets.cpu.tp_data` (tensor_parallel.data), :mod:`~snippets.cpu.pipeline`,
+:mod:`~snippets.cpu.models`, :mod:`~snippets.cpu.moe`,
 :mod:`~snippets.cpu.optimizer`, :mod:`~snippets.cpu.distributed` (distributed optimizer, DDP),
 :mod:`~snippets.cpu.resharding`. We never edit Megatron's files. :func:`apply` is idempotent and does
 nothing when CUDA is available, so the same experiment runs unpatched under ``torchrun`` on GPUs.
@@ -22,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from snippets.cpu import devices, distributed, models, moe, optimizer, pipeline, resharding, rng
+from snippets.cpu import devices, distributed, models, moe, optimizer, pipeline, resharding, rng, tp_data
 from snippets.cpu.base import CpuUnsupported, ModuleProxy, Patch, Site
 
 __all__ = ["PATCHES", "CpuUnsupported", "ModuleProxy", "Patch", "Site", "apply", "render_table"]
 
-AREAS = (devices, rng, pipeline, models, moe, optimizer, distributed, resharding)
+AREAS = (devices, rng, tp_data, pipeline, models, moe, optimizer, distributed, resharding)
 """The modules of the CPU layer, in the order their patches are applied and shown."""
 
 PATCHES: tuple[Patch, ...] = tuple(patch for area in AREAS for patch in area.PATCHES)

@@ -418,3 +418,22 @@ def test_shared_embedding_cuda_pp2_tied_weights_start_and_stay_equal():
     assert torch.allclose(s0, g0 + g1, atol=1e-6) and torch.equal(s0, s1)
     assert (shared0, shared1) == (False, True)  # only the last stage's copy is excluded from norms
     assert cuda0 and cuda1  # Tensor.cuda is torch's own again
+
+
+def _broadcast_batch():
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import broadcast_data
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    sent = {"tokens": torch.arange(12).view(3, 4), "labels": torch.arange(12).view(3, 4) + 100}
+    mine = sent if dist.get_rank() == 0 else {}
+    got = broadcast_data(["tokens", "labels"], mine, torch.int64)
+    return {k: (v.dtype, torch.equal(v, sent[k])) for k, v in got.items()}, "cuda" not in vars(torch.Tensor)
+
+
+def test_broadcast_data_cuda_tp2_rank1_receives_rank0_batch():
+    # broadcast_data_cuda: TP rank 0 packs the batch (sizes on 'cuda', values .cuda()) and
+    # broadcasts it over the TP group; rank 1 passes no data and gets the same tensors.
+    for got, restored in run_ranks(_broadcast_batch, 2):
+        assert got == {"tokens": (torch.int64, True), "labels": (torch.int64, True)} and restored
