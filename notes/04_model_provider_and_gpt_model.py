@@ -102,15 +102,17 @@
 # | `GPTModel.__init__` | config、spec、vocab、最大长度、`parallel_output`… | 模块 | embedding、`TransformerBlock`、TP 层 | 读 TP 群大小与坐标（`pg_collection`） | **是**：每个 TP 层只建本 rank 的分片 | 是：参数 | `GPTModel(...)` |
 # | `_initialize_affine_weight_cpu` | 分片参数、完整 shape、`partition_dim`、`stride` | 分片被填好 | `set_tensor_model_parallel_attributes` | 读 TP 坐标 | **是**：整块 → 第 `r, r+TP, …` 块 | 是 | `use_cpu_initialization=True` 时 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import dataclasses
 import inspect
 
 import torch
 
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n04_gpt_model import count, run, tables
+from snippets.config.pictures import draw_param_shards
+from snippets.experiments.n04_gpt_model import build_gpt, count, run, shard_of, tables
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.config.model_args import EXCLUDED, OVERRIDES, cli_flags, transformer_config_fields, where_from
 from snippets.config.model_specs import spec_table, transformer_engine_spec_without_te
 from snippets.config.param_table import gather
@@ -133,10 +135,9 @@ from megatron.core.transformer.transformer_layer import TransformerLayerSubmodul
 # 检查 `args` 有没有同名属性，有就拷贝，最后手工覆盖十几个字段。
 #
 # 排除表与覆盖表在 `megatron/training` 里（不在 pip 包）；`snippets/config/model_args.py` 把它们记成数据、把命名规则重写成
-# 几行，`tests/unit/test_model_args.py` 用 tag 上真实的 `ArgumentGroupFactory` 对全部字段比对。字段本身和 `argparse_meta`
-# 就在已安装的 `TransformerConfig` 里，下表由它们算出：
+# 几行。字段本身和 `argparse_meta` 就在已安装的 `TransformerConfig` 里，下表由它们算出：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 fields = transformer_config_fields()
 main_fields = ["num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                "kv_channels", "normalization", "add_bias_linear", "gated_linear_unit", "activation_func",
@@ -229,82 +230,19 @@ print("local spec 的 sharded_state_dict_keys_map:", local_spec.submodules.shard
 # 再读回每个参数的 Megatron 属性。尺寸是参数 `dims`（`snippets.models.presets.Dims`）：`dims.transformer_config_kwargs()`
 # 把 hidden、head、ffn 和 SwiGLU / RMSNorm / QK norm / bias 这些开关换成 `TransformerConfig` 的字段，spec 的
 # `qk_layernorm`、`GPTModel` 的位置编码也由它决定（Qwen3 式的 RMSNorm、QK norm、无 bias、RoPE 都照此生效）。
-# 本篇的 `TINY` 就是上面那组小尺寸。
-#
-# ```python
-# def build_gpt(dims, tp: int, device: str = "cpu"):
-#     """``(model, collectives recorded while building it)`` on this rank's TP group of ``tp``."""
-#     from snippets.record import recorder
-#
-#     from megatron.core import parallel_state as mpu
-#     from megatron.core import tensor_parallel
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#     from megatron.core.transformer import TransformerConfig
-#
-#     mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
-#     model_parallel_cuda_manual_seed(1234)
-#     config = TransformerConfig(**dims.transformer_config_kwargs(),  # --swiglu sets gated_linear_unit, silu
-#                                tensor_model_parallel_size=tp, use_cpu_initialization=True,
-#                                pipeline_dtype=torch.float32)
-#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
-#     with recorder.record() as calls, torch.device(device):
-#         model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=dims.vocab,
-#                          max_sequence_length=dims.seq, parallel_output=True,
-#                          share_embeddings_and_output_weights=True,
-#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
-#     for param in model.parameters():  # as get_model does
-#         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
-#     return model, calls
-# ```
-#
+# 本篇的 `TINY` 就是上面那组小尺寸。`build_gpt` 就是 `gpt_builder` 的这几步：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(build_gpt)
+
+# %% [markdown]
 # 参照是 TP=1 的同一个模型：`run` 在同一个进程里造完 TP=2 的模型、读完它的参数后，`destroy_model_parallel`，
 # 用同一个种子再造一个 TP=1 的模型，检查本 rank 的每个分片是否正是整块里属于它的那一片（`shard_of`：
-# 按 `_initialize_affine_weight_cpu` 的切法，沿 `partition_dim` 切成 `TP · stride` 块，取第 `r, r+TP, …` 块）：
-#
-# ```python
-# def shard_of(whole: torch.Tensor, rank: int, tp: int, dim: int, stride: int = 1) -> torch.Tensor:
-#     """TP rank ``rank``'s piece of ``whole``: chunks ``rank, rank + tp, ...`` of ``tp * stride``
-#     along ``dim`` (how ``_initialize_affine_weight_cpu`` cuts the master weight)."""
-#     return torch.cat(whole.chunk(tp * stride, dim=dim)[rank::tp], dim=dim)
-#
-#
-# def run(dims, par, keep_values: bool = False) -> dict:
-#     from megatron.core import parallel_state as mpu
-#
-#     model, calls = build_gpt(dims, par.tp, par.device)
-#     layer = model.decoder.layers[0]
-#     built = {"embedding.word_embeddings": model.embedding.word_embeddings, "output_layer": model.output_layer,
-#              "linear_qkv": layer.self_attention.linear_qkv, "linear_proj": layer.self_attention.linear_proj,
-#              "linear_fc1": layer.mlp.linear_fc1, "linear_fc2": layer.mlp.linear_fc2,
-#              "input_layernorm": layer.input_layernorm}
-#     out = dict(rank=torch.distributed.get_rank(), tp_rank=mpu.get_tensor_model_parallel_rank(),
-#                dp_rank=mpu.get_data_parallel_rank(), rows=param_rows(model), collectives=len(calls),
-#                built={k: type(v).__name__ for k, v in built.items()},
-#                output_weight_is_none=model.output_layer.weight is None,
-#                shared=model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight)
-#     shards = {name: p.detach() for name, p in model.named_parameters()}
-#     del model, layer, built
-#     mpu.destroy_model_parallel()
-#     reference, _ = build_gpt(dims, 1, par.device)  # the same seed, the whole model on this rank
-#     whole = {name: p.detach() for name, p in reference.named_parameters()}
-#     out["tp1_rows"] = param_rows(reference)
-#     out["equal_tp1"] = {
-#         row["name"]: torch.equal(shards[row["name"]], shard_of(whole[row["name"]], out["tp_rank"], par.tp,
-#                                                                 row["partition_dim"], row["stride"])
-#                                  if row["split"] else whole[row["name"]])
-#         for row in out["rows"]}
-#     if keep_values:
-#         out["values"] = {name: t.cpu().clone() for name, t in shards.items()}
-#         out["tp1_values"] = {name: t.cpu().clone() for name, t in whole.items()}
-#     return out
-# ```
-#
-# 这几个函数在 `snippets/experiments/n04_gpt_model.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 2 -m snippets.run gpt-model --tp 2`（加 `--dims qwen3-8b` 即 Qwen3-8B 的尺寸）调用的是
-# 同一个 `run`，rank 0 打印的也是同一个 `tables`。原样列出（`tests/experiments/test_run_model.py` 检查这里和模块里的源码一字不差）。
+# 按 `_initialize_affine_weight_cpu` 的切法，沿 `partition_dim` 切成 `TP · stride` 块，取第 `r, r+TP, …` 块）。
 # 本篇多要一份数值（`keep_values=True`），下面拼 `linear_fc1` 时用。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(shard_of, run)
 
 # %%
 TINY = EXPERIMENTS["gpt-model"].tiny
@@ -322,6 +260,12 @@ print(classes_line)
 
 # %%
 param_rows_table
+
+# %% [markdown]
+# 同一张表画成图：每个被切分的二维权重按全局 `[out, in]` 画，颜色是持有那一块的 TP rank（块的切法就是 `shard_of`）：
+
+# %%
+draw_param_shards(param_rows_table.rows, PAR.tp, title="TP=2：每个被切分的权重，哪一块在哪个 rank")
 
 # %% [markdown]
 # 读表：
@@ -432,7 +376,7 @@ for fn in (get_gpt_layer_with_transformer_engine_spec, get_gpt_layer_local_spec)
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(cli_flags(fields["hidden_size"]), "→", where_from(fields["hidden_size"]))
 
 # %% [markdown]
@@ -445,7 +389,7 @@ print(cli_flags(fields["hidden_size"]), "→", where_from(fields["hidden_size"])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({row[0]: row[2] for row in spec_table({"local": local_spec, "te": te_spec})
        if row[0] in ("input_layernorm", "self_attention.linear_qkv", "pre_mlp_layernorm", "mlp.linear_fc1")})
 
@@ -459,7 +403,7 @@ print({row[0]: row[2] for row in spec_table({"local": local_spec, "te": te_spec}
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({row["name"].split(".")[-1]: (row["local_shape"], row["partition_dim"] if row["split"] else "复制")
        for row in tp2[0]["rows"] if "linear_proj" in row["name"]})
 
@@ -473,7 +417,7 @@ print({row["name"].split(".")[-1]: (row["local_shape"], row["partition_dim"] if 
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(sum(row["numel"] for row in tp2[0]["rows"]), sum(row["numel"] for row in tp1["rows"]),
       count(tp2[0]["rows"], True), count(tp2[0]["rows"], False))
 
@@ -487,7 +431,7 @@ print(sum(row["numel"] for row in tp2[0]["rows"]), sum(row["numel"] for row in t
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(next(row["stride"] for row in tp2[0]["rows"] if row["name"] == fc1),
       torch.equal(naive, tp1["values"][fc1]))
 
