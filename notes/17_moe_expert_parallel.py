@@ -97,7 +97,7 @@
 # | `combine_preprocess` / `token_combine` / `combine_postprocess` | expert 输出 | `[S, B, H]` | `sort_chunks_by_idxs`、`all_to_all`、`unpermute` | **是**：ep 群 all-to-all | 是：token 送回来源 rank | 否 | forward |
 # | `MoEAllGatherTokenDispatcher.token_dispatch` / `token_combine` | 同上 | 同上 | `gather_from_sequence_parallel_region`、`reduce_scatter_to_sequence_parallel_region` | **是**：`tp_ep` 群 all-gather / reduce-scatter | 是 | 否 | forward |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n17_moe import (allgather_meaning, alltoall_meaning, build_moe_layer, expert_parallel_step,
                                       flow_table, micro_batch, reference, tokens_table)
@@ -105,6 +105,8 @@ from snippets.moe.tables import dispatch_table, local_expert_state, pop_aux_loss
 from snippets.ranks.groups import describe_rank, rank_table
 from snippets.ranks.launch import run_ranks
 from snippets.record.recorder import record
+from snippets.moe import pictures
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 import torch
@@ -121,73 +123,21 @@ import torch.distributed as dist
 # 和反向传回的梯度。Megatron 的 import 写在 rank 函数里（rank 从已经导入过 Megatron 的内核 fork 出来）；
 # `snippets.moe.tables` 只挂 hook、读日志、拷权重，不实现 MoE 的任何一步。
 #
-# 本篇在 rank 上跑的函数都在 `snippets/experiments/n17_moe.py` 里：本篇的单元格和命令行
-# `torchrun ... -m snippets.run moe --dims qwen3-8b --ep 8`（见 README 的 "Running at real scale"）调用的是同一份代码，
+# 本篇在 rank 上跑的函数都在 `snippets/experiments/n17_moe.py` 里：
 # hidden、expert 的 FFN 宽、token 数（`[S, B]`）和数据并行的 micro-batch 个数是参数 `dims`，expert 个数和 top-k 是另两个参数；
-# 本篇用 `dims` 的 `tiny`。原样列出（`tests/experiments/test_run.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def build_moe_layer(dims, ep, dispatcher="alltoall", tell_router=True, experts=4, topk=TOPK):
-#     """The real ``MoELayer`` on this rank: ``experts`` experts of FFN ``dims.ffn``, top-``topk``."""
-#     import warnings
-#
-#     # two known warnings on every CPU rank, or they land in the notebook as stderr (note 17, 遗留问题 5)
-#     warnings.filterwarnings("ignore", message="Apex is not installed|full scope is deprecated")
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#     from megatron.core.transformer import TransformerConfig
-#     from megatron.core.transformer.moe.moe_layer import MoELayer
-#
-#     config = TransformerConfig(
-#         num_layers=1, hidden_size=dims.hidden, num_attention_heads=dims.heads, add_bias_linear=False,
-#         num_moe_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=dims.ffn, moe_aux_loss_coeff=0.01,
-#         expert_model_parallel_size=ep, moe_token_dispatcher_type=dispatcher,
-#         use_cpu_initialization=True)
-#     spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False)
-#     layer = MoELayer(config, spec.submodules.mlp.submodules, layer_number=1)
-#     if tell_router:  # the constructor keeps layer_number to itself (note 17, 遗留问题 3)
-#         layer.set_layer_number(1)
-#     return layer
-#
-#
-# def micro_batch(dims, i):
-#     """Data-parallel rank ``i``'s activation entering the MoE layer, ``[s, b, h]``, and the gradient
-#     that comes back to it."""
-#     g = torch.Generator().manual_seed(100 + i)
-#     shape = (dims.seq, dims.micro_batch_size, dims.hidden)
-#     x = torch.randn(*shape, generator=g).requires_grad_()
-#     return x, torch.randn(*shape, generator=g)
-# ```
+# 本篇用 `dims` 的 `tiny`：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(build_moe_layer, micro_batch)
 
 # %%
 TINY = EXPERIMENTS["moe"].tiny
 
 # %% [markdown]
 # **参考答案：EP=1。** 一个进程持有全部 4 个 expert，依次处理 4 个数据并行 rank 的 micro-batch，梯度累加：
-#
-# ```python
-# def reference(dims, experts=4, topk=TOPK):
-#     """EP=1: one process with every expert takes the ``dims.microbatches`` data-parallel ranks'
-#     micro-batches one after the other, accumulating gradients."""
-#     from snippets.moe.tables import pop_aux_loss, watch
-#     from megatron.core import parallel_state
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel()
-#     torch.manual_seed(0)
-#     layer = build_moe_layer(dims, ep=1, experts=experts, topk=topk)
-#     seen = watch(layer)
-#     outputs, aux = [], []
-#     for i in range(dims.microbatches):
-#         x, upstream = micro_batch(dims, i)
-#         y, _ = layer(x)
-#         (y * upstream).sum().backward()
-#         outputs.append(y.detach())
-#         aux.append(pop_aux_loss())
-#     return dict(state=layer.state_dict(), outputs=outputs, aux=aux, seen=seen,
-#                 grads={name: p.grad.clone() for name, p in layer.named_parameters()},
-#                 modules=[(name, type(m).__name__) for name, m in layer.named_children()],
-#                 params=[(name, list(p.shape)) for name, p in layer.named_parameters()])
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(reference)
 
 # %%
 ref = run_ranks(reference, 1, TINY)[0]
@@ -239,36 +189,9 @@ print("手算 aux / coeff:", round(aux_by_hand.item(), 4),
 # 4 个 rank、`expert_model_parallel_size=2`。每个 rank 建同样配置的层（EP=2 时只有 2 个本地 expert），
 # 再从 EP=1 的参考 `state_dict` 拷入**自己那两个** expert（`local_expert_state`）；每个 rank 处理自己那个
 # 数据并行 rank 的 micro-batch。两种 dispatcher 在同一次运行里各跑一遍，通信各自记录：
-#
-# ```python
-# def expert_parallel_step(dims, state, ep=2, experts=4, topk=TOPK):
-#     """On every rank: the layer with this EP rank's experts from ``state``, one recorded forward +
-#     backward per dispatcher on this data-parallel rank's micro-batch."""
-#     import torch.distributed as dist
-#     from snippets.ranks.groups import describe_rank
-#     from snippets.moe.tables import local_expert_state, pop_aux_loss, watch
-#     from snippets.record.recorder import record
-#     from megatron.core import parallel_state
-#
-#     if not parallel_state.model_parallel_is_initialized():
-#         parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
-#     result = {"rank": describe_rank()}
-#     for dispatcher in ("alltoall", "allgather"):
-#         layer = build_moe_layer(dims, ep, dispatcher, experts=experts, topk=topk)
-#         layer.load_state_dict(local_expert_state(state, layer.local_expert_indices))
-#         seen = watch(layer)
-#         x, upstream = micro_batch(dims, dist.get_rank())
-#         with record() as calls:
-#             y, _ = layer(x)
-#             (y * upstream).sum().backward()
-#         result[dispatcher] = dict(
-#             output=y.detach(), aux=pop_aux_loss(), seen=seen[0], calls=calls,
-#             local_experts=layer.local_expert_indices,
-#             dispatcher=type(layer.token_dispatcher).__name__,
-#             grads={name: p.grad.clone() for name, p in layer.named_parameters()},
-#             allreduce={name: getattr(p, "allreduce", True) for name, p in layer.named_parameters()})
-#     return result
-# ```
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(expert_parallel_step)
 
 # %%
 ep_run = run_ranks(expert_parallel_step, 4, TINY, ref["state"], grid=dict(ep=2))
@@ -319,7 +242,7 @@ Table(["dispatcher", "rank", "输出 = EP=1", "aux / coeff", "EP=1 的"],
 # 各 rank 只含自己 micro-batch 的贡献；expert 权重被标成 `allreduce=False`，DDP 在 `edp` 群里归约——
 # 每个 expert 的本地梯度已经包含了 EP 群里所有 rank 送来的 token 的贡献（反向的 all-to-all 把它们送来了）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def summed_grad(run, rank, name, group):
     return sum(run[m]["alltoall"]["grads"][name] for m in group)
 
@@ -368,6 +291,14 @@ dispatch_table(ep_run[0]["allgather"]["calls"], allgather_meaning)
 
 # %%
 tokens_table(ep_run)
+
+# %% [markdown]
+# 把 rank 0 所在的 EP 群（rank 0、1）画出来：左边 alltoall，箭头上是 `flow_table` 的 `input_splits`；右边 allgather，
+# 每个 rank 收下群里全部 token（上面 allgather 记录的第 3 行），本地 expert 各收到的行数与 alltoall 相同（上表）。
+
+# %%
+pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2],
+                       dispatch_table(ep_run[0]["allgather"]["calls"], allgather_meaning).rows)
 
 # %% [markdown]
 # ## 机制解释
@@ -431,9 +362,9 @@ tokens_table(ep_run)
 # 4. **反向的 all-to-all 次数取决于输入要不要梯度（运行确认）。** 上面 `micro_batch` 的 `x` 要梯度（真实模型里它来自上一层）；
 #    若 `x` 不要梯度，autograd 跳过 token 的 all-to-all 的反向，反向只剩 2 次（下面的单元格）。数通信次数时要用真实的条件。
 # 5. **`TransformerConfig` 的缺省值触发它自己的弃用警告**（`cuda_graph_scope="full"`，transformer_config.py 第 784、1705 行），
-#    每个 rank 每次构造都打印一次；`build_moe_layer` 的第一行把它和 local spec 的"没有 Apex"警告一起滤掉，免得写进 stderr。
+#    每个 rank 每次构造都打印一次；local spec 在没有 Apex 时也警告一次。两条都只是提示，本站在导入 `snippets` 时统一滤掉。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def quirks():
     from megatron.core import parallel_state
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
@@ -463,7 +394,7 @@ print(run_ranks(quirks, 2, grid=dict(ep=2))[0])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 r3, r1 = ep_run[3], ep_run[1]
 print(r3["alltoall"]["local_experts"], r3["rank"]["groups"]["edp"], r1["alltoall"]["local_experts"])
 
@@ -477,7 +408,7 @@ print(r3["alltoall"]["local_experts"], r3["rank"]["groups"]["edp"], r1["alltoall
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 per_expert = ep_run[1]["alltoall"]["seen"]["routing_map"].sum(dim=0)
 print(per_expert.tolist(), per_expert.view(2, 2).sum(dim=1).tolist(),
       ep_run[1]["alltoall"]["seen"]["input_splits"])
@@ -492,7 +423,7 @@ print(per_expert.tolist(), per_expert.view(2, 2).sum(dim=1).tolist(),
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 combine = [c for c in ep_run[0]["alltoall"]["calls"]
            if c.phase == "forward" and c.api == "all_to_all_single"][-1]
 print(combine.before, "→", combine.after, combine.extra)
@@ -509,7 +440,7 @@ print("层输出:", list(ep_run[0]["alltoall"]["output"].shape))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 for d, api in (("alltoall", "all_to_all_single"), ("allgather", "all_gather_into_tensor")):
     dispatched = next(c.after for c in ep_run[0][d]["calls"]
                       if c.phase == "forward" and c.api == api and c.after.endswith(", 8]"))
@@ -525,7 +456,7 @@ for d, api in (("alltoall", "all_to_all_single"), ("allgather", "all_gather_into
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([round(r["alltoall"]["aux"], 4) for r in ep_run], [round(a, 4) for a in ref["aux"]])
 
 # %% [markdown]
