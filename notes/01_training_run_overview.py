@@ -82,10 +82,12 @@
 # | `save_distributed_checkpoint` | 路径、model | 磁盘文件 | `sharded_state_dict`、`dist_checkpointing.save` | 是 | 按 ShardedTensor 写 | 否 | `save_checkpoint` |
 # | `load_distributed_checkpoint` | 路径、model | 填好权重的 model | `dist_checkpointing.load` | 是 | 按当前切法读 | 是 | `load_checkpoint` |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n01_overview import checkpoint_line, log_table, run
+from snippets.experiments.n01_overview import checkpoint_line, log_table, run, simple_loop
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
+from snippets.train import pictures
 
 # %% [markdown]
 # ## 关键对象
@@ -98,90 +100,11 @@ from snippets.ranks.launch import run_ranks
 #
 # 模型和数据的尺寸是参数 `dims`：本篇用它的 `tiny`，正是原脚本的尺寸（2 层、hidden 12、4 个头、vocab 100、序列 64、
 # micro-batch 8、每步 1 个 micro-batch）；TP 是参数 `tp`。`run` 在每个 rank 上先原样跑一遍、再换优化器跑一遍，
-# checkpoint 目录由 rank 0 在临时目录里建好、把路径广播给其他 rank，跑完删掉。它们在 `snippets/experiments/n01_overview.py` 里：
-# 本篇的单元格和命令行 `torchrun --nproc-per-node 2 -m snippets.run overview --tp 2`（也可以 `--dims qwen3-8b --tp 8`）
-# 调用的是同一个 `run`。原样列出（`tests/experiments/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
-#     logging.getLogger("megatron.core").setLevel(logging.ERROR)  # CPU 上的 RNG tracker、mock 数据集缓存提示
-#     parallel_state.destroy_model_parallel()                                                # :42
-#     parallel_state.initialize_model_parallel(tp, 1)                                        # :206 → :56
-#     torch.manual_seed(123)
-#     model_parallel_cuda_manual_seed(123)                                                   # :207
-#     config = TransformerConfig(**dims.transformer_config_kwargs(),                         # :68
-#                                use_cpu_initialization=True, pipeline_dtype=torch.float32)
-#     gpt_model = GPTModel(config=config,                                                    # :76
-#                          transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm,
-#                                                                          normalization=config.normalization),
-#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
-#     gpt_model.to(device)                                                                   # :211
-#     gpt_model = DistributedDataParallel(                                                   # :216-225
-#         config=config, module=gpt_model,
-#         ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
-#                                                  use_distributed_optimizer=False))
-#     if megatron_optimizer:
-#         optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
-#     else:
-#         optim = torch.optim.Adam(gpt_model.parameters())                                  # :227
-#     dataset_config = GPTDatasetConfig(                                                     # :98
-#         random_seed=0, sequence_length=dims.seq, reset_position_ids=False, reset_attention_mask=False,
-#         eod_mask_loss=False, mid_level_dataset_surplus=0.005,
-#         tokenizer=MegatronTokenizer.from_pretrained(metadata_path={"library": "null"},
-#                                                     vocab_size=min(dims.seq, dims.vocab)))
-#     datasets = BlendedMegatronDatasetBuilder(MockGPTDataset, [SAMPLES, None, None], lambda: True,
-#                                              dataset_config).build()
-#     train_iterator = iter(DataLoader(datasets[0], batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
-#
-#     def loss_func(loss_mask, output_tensor):                                               # :136
-#         loss_mask = loss_mask.view(-1).float()
-#         loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum()
-#         return loss, {"lm loss": loss}
-#
-#     def forward_step_func(data_iterator, model):                                           # :120
-#         data = {k: v.to(device) for k, v in next(data_iterator).items()}
-#         output = model(data["tokens"], data["position_ids"], data["attention_mask"], labels=data["labels"])
-#         return output, partial(loss_func, data["loss_mask"])
-#
-#     forward_backward_func = get_forward_backward_func()                                    # :231
-#     start = {n: p.detach().clone() for n, p in gpt_model.named_parameters()}
-#     log = []
-#     for iteration in range(STEPS):                                                         # :234
-#         if megatron_optimizer:
-#             gpt_model.zero_grad_buffer()
-#         optim.zero_grad()                                                                  # :235
-#         losses_reduced = forward_backward_func(                                            # :237
-#             forward_step_func=forward_step_func, data_iterator=train_iterator, model=gpt_model,
-#             num_microbatches=dims.microbatches, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size,
-#             decoder_seq_length=dims.seq, forward_only=False)
-#         finalize_model_grads([gpt_model])                                                  # :251
-#         optim.step()                                                                       # :253
-#         # schedule 已把每个 "lm loss"（与返回的 loss 是同一个 tensor）原地除以 micro-batch 数：求和即平均
-#         log.append(dict(loss=sum(x["lm loss"].item() for x in losses_reduced),
-#                         moved=max((p - start[n]).abs().max().item() for n, p in gpt_model.named_parameters()),
-#                         main_grad_norm=sum(p.main_grad.norm().item() ** 2 for p in gpt_model.parameters()) ** 0.5,
-#                         grad_is_none=all(p.grad is None for p in gpt_model.parameters())))
-#
-#     trained = {k: v.clone() for k, v in gpt_model.module.state_dict().items() if torch.is_tensor(v)}
-#     os.makedirs(ckpt_dir, exist_ok=True)                                                   # :259
-#     sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")                    # :172
-#     dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :175
-#     with torch.no_grad():
-#         for p in gpt_model.parameters():
-#             p.zero_()                                                                      # 抹掉，证明权重来自文件
-#     checkpoint = dist_checkpointing.load(sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""),
-#                                          checkpoint_dir=ckpt_dir)                           # :198
-#     mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))           # :201
-#     restored = all(torch.equal(v, gpt_model.module.state_dict()[k]) for k, v in trained.items())
-#     return dict(log=log, mismatches=mismatches, restored=restored)
-#
-#
-# def run(dims, par) -> tuple:
-#     with checkpoint_dir("ckpt-simple-") as root:  # rank 0 建目录、广播路径，最后删掉
-#         return (simple_loop(dims, par.tp, os.path.join(root, "published"), False, par.device),
-#                 simple_loop(dims, par.tp, os.path.join(root, "fixed"), True, par.device))
-# ```
+# checkpoint 目录由 rank 0 在临时目录里建好、把路径广播给其他 rank，跑完删掉。它们在 `snippets/experiments/n01_overview.py` 里，
+# `simple_loop` 每一行右边的注释是原脚本的行号：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(simple_loop, run)
 
 # %%
 TINY = EXPERIMENTS["overview"].tiny
@@ -218,6 +141,12 @@ print(checkpoint_line("原样：", as_published))
 
 # %%
 log_table(fixed)
+
+# %% [markdown]
+# 两张表的后两列并排画出来（红 = 原样，绿 = 改后）：
+
+# %%
+pictures.draw_loop_runs(log_table(as_published).rows, log_table(fixed).rows)
 
 # %%
 print(checkpoint_line("改后：", fixed))
@@ -280,7 +209,7 @@ print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(max(s["moved"] for s in as_published[0]["log"]), all(s["grad_is_none"] for s in as_published[0]["log"]))
 
 # %% [markdown]
@@ -292,7 +221,7 @@ print(max(s["moved"] for s in as_published[0]["log"]), all(s["grad_is_none"] for
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([round(s["main_grad_norm"], 2) for s in as_published[0]["log"]], [round(s["main_grad_norm"], 2) for s in fixed[0]["log"]])
 
 # %% [markdown]
@@ -304,7 +233,7 @@ print([round(s["main_grad_norm"], 2) for s in as_published[0]["log"]], [round(s[
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([round(s["moved"], 4) for s in fixed[0]["log"]])
 
 # %% [markdown]

@@ -33,6 +33,8 @@ def journey_stations(rows: list[list]) -> list[dict]:
     out = []
     for station, form, where, shape, comm in rows:
         ranges = _RANGE.findall(where)
+        if not ranges:
+            raise ValueError(f"station {station}: no range in {where!r}")
         axis, start, end = ranges[0][0], int(ranges[0][1]), int(ranges[0][2])
         cols = [(int(a), int(b)) for kind, a, b in ranges[1:] if kind == "列"]
         said = None
@@ -196,5 +198,43 @@ def draw_grad_path(result: dict) -> Figure:
                 y += 26
         if i:
             fig.line(x - gap + 2, top + 18, x - 2, top + 18, "muted", arrow=True)
+    fig.check()
+    return fig
+
+
+def draw_loop_runs(published: list[list], fixed: list[list]) -> Figure:
+    """Note 01: the simple loop as published vs with Megatron's optimizer, step by step -- two
+    panels of bars from the two ``log_table`` rows (``[iteration, lm loss, max weight change,
+    ‖main_grad‖, grad all None]``): ``main_grad`` piles up and the weights never move in the first,
+    both behave in the second."""
+    panels = [("‖main_grad‖（每步开始前没清零就会越堆越大）", 3), ("权重相对初值的最大变化", 2)]
+    runs = [("原样（torch.optim.Adam）", published, "accent"), ("改后（get_megatron_optimizer）", fixed, "dp")]
+    panel_w, gap, top, plot_h = 500, 40, 56, 150
+    width = 10 + 2 * panel_w + gap + 10
+    height = top + plot_h + 50
+    fig = Figure(width, height, title="simple loop 跑 5 步：原样 vs 用 Megatron 的优化器",
+                 desc="原样运行时 main_grad 的范数每步线性增长、权重一步也没动；换成 get_megatron_optimizer 并每步 "
+                      "zero_grad_buffer 之后，范数每步重新累积、权重每步移动约 lr。")
+    fig.legend(10, 12, [(kind, name) for name, _, kind in runs], size=11)
+    n = len(published)
+    for p, (name, col) in enumerate(panels):
+        x0 = 10 + p * (panel_w + gap)
+        fig.text(x0, 36, name, size=11, bold=True)
+        biggest = max(row[col] for rows in (published, fixed) for row in rows) or 1
+        slot = (panel_w - 20) / n
+        bar = (slot - 16) / 2
+        base = top + plot_h
+        fig.line(x0, base, x0 + panel_w, base, "grid")
+        with fig.group(name):
+            for i in range(n):
+                for j, (run, rows, kind) in enumerate(runs):
+                    value = rows[i][col]
+                    h = max(plot_h * value / biggest, 1)
+                    x = x0 + 10 + i * slot + 8 + j * bar
+                    fig.rect(x, base - h, bar - 2, h, kind, rx=1, tip=f"{run} 第 {rows[i][0]} 步：{value}")
+                    fig.text(x + bar / 2 - 1, base - h - 9 if h < plot_h - 12 else base - h + 9, f"{value:.3g}",
+                             size=11, anchor="middle", kind="ink" if h < plot_h - 12 else "on")
+                fig.text(x0 + 10 + i * slot + slot / 2, base + 14, f"第 {published[i][0]} 步", size=11,
+                         anchor="middle", kind="muted")
     fig.check()
     return fig
