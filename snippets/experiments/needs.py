@@ -53,7 +53,7 @@ def overview(d: Dims, par: ParallelDims) -> mem.Estimate:
         "cpu init": cpu_init(d, par),
         # one micro-batch in flight (no pipeline); dropout 0.1 keeps a byte mask per element
         "activations": whole_model_step(d, par.tp)["activations"]
-                       + d.layers * (mem.attention_scores_elements(d, par.tp) + 2 * d.seq * d.micro_batch_size * d.hidden),
+        + d.layers * (mem.attention_scores_elements(d, par.tp) + 2 * d.seq * d.micro_batch_size * d.hidden),
         "logits": mem.logits_elements(d, par.tp) * mem.FP32,
         **runtime(par),
     })

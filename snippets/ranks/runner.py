@@ -43,9 +43,9 @@ import sys
 import time
 import traceback
 
+from snippets.experiments import EXPERIMENTS, Parallel, problems
 from snippets.models import memory_estimate as mem
 from snippets.models import presets
-from snippets.experiments import EXPERIMENTS, Parallel, problems
 
 REFUSED = 2
 """Exit status of a job refused before it started (bad arguments, sizes, or not enough memory)."""

@@ -6,11 +6,11 @@ the runner's verdict on this machine's memory."""
 import pytest
 import torch
 
+from snippets.experiments import EXPERIMENTS, Parallel
 from snippets.models import memory_estimate as mem
 from snippets.models import presets
-from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.models.presets import Dims
+from snippets.ranks.launch import run_ranks, warm_up
 
 QWEN3_LIKE = Dims("a", hidden=64, heads=8, query_groups=4, kv_channels=16, ffn=192, vocab=1,
                   layers=1, seq=64, micro_batch_size=2, microbatches=1, swiglu=True, rmsnorm=True,

@@ -3,12 +3,12 @@ on the meta device, no memory), seed 000's figures, and a Qwen3-8B-sized layer r
 ranks under ``torchrun`` with note 11's weight table as the result."""
 
 import pytest
-
-from snippets.models import presets
-from snippets.rl import refit_cost
-from snippets.experiments import EXPERIMENTS
-from snippets.ranks.launch import run_ranks, warm_up
 from run_support import assert_in_note, ok, tables
+
+from snippets.experiments import EXPERIMENTS
+from snippets.models import presets
+from snippets.ranks.launch import run_ranks, warm_up
+from snippets.rl import refit_cost
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,22 @@ import subprocess
 import sys
 
 import pytest
-from run_support import (AS_RANK_0_OF_2, EXPERIMENTS, ROOT, assert_in_note, note_text, ok, one_command,
-                         one_line, plain, refusals, rows_of, runner_tables, tables, torchrun)
+from run_support import (
+    AS_RANK_0_OF_2,
+    EXPERIMENTS,
+    ROOT,
+    assert_in_note,
+    note_text,
+    ok,
+    one_command,
+    one_line,
+    plain,
+    refusals,
+    rows_of,
+    runner_tables,
+    tables,
+    torchrun,
+)
 
 from snippets.models import presets
 
@@ -101,8 +115,8 @@ def test_pipeline_microbatches_are_tiny_gpts_at_note_13_sizes():
     """The experiment draws its tokens at any size exactly as snippets.models.tiny_gpt does at note 13's."""
     import torch
 
-    from snippets.models import tiny_gpt
     from snippets.experiments.n13_pipeline import microbatches
+    from snippets.models import tiny_gpt
 
     ours, reference = microbatches(EXPERIMENTS["pipeline"].tiny, 3), tiny_gpt.microbatches(3)
     assert [b.keys() for b in ours] == [b.keys() for b in reference]

@@ -16,6 +16,7 @@ from run_support import ROOT, assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 
+
 def test_overview_runner_path_prints_note_01_tables():
     published, fixed = runner_tables("overview", 2, tp=2)
     for table in (published, fixed):

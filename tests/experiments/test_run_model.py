@@ -12,6 +12,7 @@ from run_support import assert_in_note, rows_of, runner_tables
 
 from snippets.experiments import EXPERIMENTS, Parallel, problems
 
+
 @functools.lru_cache(maxsize=None)
 def printed(name: str, world: int, **parallel) -> list[str]:
     """The runner's tables of ``name``, computed once per session (each call launches ranks)."""

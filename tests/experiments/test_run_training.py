@@ -61,7 +61,8 @@ def test_impossible_sizes_are_refused(name, dims, par, says):
 
 def test_registry_is_torch_free_and_estimates_real_sizes():
     code = ("import sys; from snippets.models import presets; from snippets.experiments import Parallel; "
-            "from snippets.experiments.registry import EXPERIMENTS as e; d = presets.PRESETS['qwen3-8b'].replace(layers=2); "
+            "from snippets.experiments.registry import EXPERIMENTS as e; "
+            "d = presets.PRESETS['qwen3-8b'].replace(layers=2); "
             "print(e['journey'].estimate(d, Parallel(world=8, tp=2, pp=2, sp=True, device='cuda')).total > 0, "
             "e['optimizer-topic'].estimate(d, Parallel(world=8, device='cuda')).total > 0, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
