@@ -122,20 +122,22 @@
 # | `ColumnParallelLinear.__init__` / `RowParallelLinear.__init__` | 全局 in/out、config、标志 | 本 rank 的权重分片 | `_initialize_affine_weight_cpu`、`set_tensor_model_parallel_attributes` | 读 TP 群大小与坐标 | **是**：dim 0 / dim 1 | 是 | 同上 |
 # | `WrappedTorchNorm.__new__` | config、hidden | `torch.nn.LayerNorm` 或 `RMSNorm` | 无 | 否 | 否 | 是：参数 | 同上 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import importlib.util
 
 import torch
 
-from snippets.config import spec_diff  # first: quiets the known warnings of building GPT models on CPU
+from snippets.config import spec_diff
 from snippets.config.config_derived import cli_default_ffn_hidden_size, describe, post_init_changes
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n19_model_topic import run, short_path, tables
+from snippets.config.pictures import draw_spec_trees
+from snippets.experiments.n19_model_topic import base_config, build_variants, run, short_path, tables, variants
 from snippets.ranks.launch import run_ranks
 from snippets.tp.layer_walk import apis, only_in, owner_of
 from snippets.config.model_args import OVERRIDES, cli_flags, transformer_config_fields
 from snippets.config.model_specs import transformer_engine_spec_without_te
 from snippets.config.spec_diff import flag_cells
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 from megatron.core import parallel_state
@@ -152,7 +154,7 @@ from megatron.core.transformer import TransformerConfig
 # `None` 的字段在这里被推导出来。`post_init_changes` 构造真实的 config，再把每个字段和"传进去的值（没传就是 dataclass
 # 缺省值）"比较，列出所有被改过的字段——不用记，跑出来。只给四个数（2 层、hidden 64、8 个 head、TP=2）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 given = dict(num_layers=2, hidden_size=64, num_attention_heads=8, tensor_model_parallel_size=2)
 fields = transformer_config_fields()
 
@@ -189,9 +191,9 @@ Table(["字段", "传入", "`__post_init__` 之后", "命令行 flag"],
 # `--swiglu` 且不给 `--ffn-hidden-size` 时，`validate_args` 取 `4h` 的三分之二、向下取到 64 的倍数（门控 MLP 有两个
 # 输入矩阵，这样参数量与 `4h` 的普通 MLP 相当，[`arguments.py:809`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L809)）；
 # `TransformerConfig` 不看 `gated_linear_unit`，一律 `4h`。`megatron/training` 不在 pip 包里，`cli_default_ffn_hidden_size`
-# 把那一行重写成一个函数（`tests/unit/test_config_derived.py` 用 tag 上的表达式本身核对）；右列是真实的 `TransformerConfig`：
+# 把那一行重写成一个函数；右列是真实的 `TransformerConfig`：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def core_default_ffn(hidden_size):
     return TransformerConfig(num_layers=1, hidden_size=hidden_size, num_attention_heads=4,
                              gated_linear_unit=True).ffn_hidden_size
@@ -216,7 +218,7 @@ Table(["hidden", "命令行 --swiglu", "Core gated_linear_unit", "fc1 参数：�
 # `__post_init__` 里有上百个检查，大多与 FP8、MoE 的可选功能有关。和模型结构、并行切分直接相关的几个，逐个触发，
 # 打印异常的第一行：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 REJECTED = [  # (what is wrong, TransformerConfig arguments besides num_layers=1, hidden_size=16)
     ("6 个 head，TP=4", dict(num_attention_heads=6, tensor_model_parallel_size=4)),
     ("3 个 query group，TP=2", dict(num_attention_heads=8, num_query_groups=3,
@@ -259,7 +261,7 @@ Table(["组合", "结果", "第一行"], [[what, *first_line(kwargs)] for what, 
 # `output_layer` 用的是 `init_method`（[`gpt_model.py:245`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L245)）。
 # 8 层、hidden 64、不共享词嵌入，建好后按参数名量每类权重的标准差：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def init_stds(num_layers):
     from megatron.core.models.gpt import GPTModel
 
@@ -292,58 +294,11 @@ Table(["权重", "实测 std"], sorted(stds.items(), key=lambda kv: kv[1]))
 # 加 `num_experts=2`（MoE）；加 `qk_layernorm=True`、`normalization="RMSNorm"`（config 里同样设 RMSNorm 和 QK norm）。
 # 尺寸是参数 `dims`（本篇的 `TINY` 就是这组小尺寸）：`base_config` 把它换成 `TransformerConfig` 的字段，`variants` 造出
 # 三个 (spec, config 另设字段) 对——spec 是纯数据，在哪个进程里造都一样；`build_variants` 在每个 rank 上逐个建模型，
-# `module_tree` 记下每个模块的路径和类，`parallel_layers` 记下每个 TP 层和它的标志：
-#
-# ```python
-# def base_config(dims, device: str = "cpu") -> dict:
-#     """The ``TransformerConfig`` fields every variant shares: ``dims``, no dropout, fp32."""
-#     return dict(**dims.transformer_config_kwargs(), hidden_dropout=0.0, attention_dropout=0.0,
-#                 use_cpu_initialization=device != "cuda", pipeline_dtype=torch.float32)
-#
-#
-# def variants(dims) -> dict:
-#     """label: (layer spec, TransformerConfig fields on top of :func:`base_config`)."""
-#     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-#
-#     norm = "RMSNorm" if dims.rmsnorm else "LayerNorm"
-#     return {
-#         "local": (get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=norm), {}),
-#         "MoE": (get_gpt_layer_local_spec(num_experts=EXPERTS, qk_layernorm=dims.qk_norm, normalization=norm),
-#                 dict(num_moe_experts=EXPERTS)),
-#         "RMSNorm + QK norm": (get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
-#                               dict(normalization="RMSNorm", qk_layernorm=True)),
-#     }
-#
-#
-# def build_variants(dims, tp, device="cpu"):
-#     from megatron.core import parallel_state
-#     from megatron.core.models.gpt import GPTModel
-#     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-#     from megatron.core.transformer import TransformerConfig
-#
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-#     model_parallel_cuda_manual_seed(0)
-#     built = {}
-#     for label, (spec, overrides) in variants(dims).items():
-#         config = TransformerConfig(**{**base_config(dims, device), **overrides}, tensor_model_parallel_size=tp)
-#         with torch.device(device):
-#             model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=dims.vocab,
-#                              max_sequence_length=dims.seq,
-#                              position_embedding_type="rope" if dims.rope else "learned_absolute")
-#         built[label] = dict(tree=spec_diff.module_tree(model, strip="decoder.layers.0."),
-#                             layers=spec_diff.parallel_layers(model))
-#         del model  # one model alive at a time
-#     return built
-#
-#
-# def run(dims, par) -> dict:
-#     return build_variants(dims, par.tp, par.device)
-# ```
-#
-# 这些函数在 `snippets/experiments/n19_model_topic.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 2 -m snippets.run model-topic --tp 2`（加 `--dims qwen3-8b` 即 Qwen3-8B 的尺寸，它本身就是
-# RMSNorm + QK norm、无 bias）调用的是同一个 `run`，rank 0 打印的也是同一个 `tables`（`tests/experiments/test_run_model.py`
-# 检查这里和模块里的源码一字不差）。后面的冲突实验还要用同一组字段，记作 `BASE`。
+# `module_tree` 记下每个模块的路径和类，`parallel_layers` 记下每个 TP 层和它的标志
+# （这些函数在 `snippets/experiments/n19_model_topic.py` 里）。后面的冲突实验还要用同一组字段，记作 `BASE`。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(base_config, variants, build_variants, run)
 
 # %%
 BASE = dict(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
@@ -361,6 +316,14 @@ count_rows
 
 # %%
 diff_rows
+
+# %% [markdown]
+# 把三棵树并排画出来（层内每个模块一行，高亮的就是上表的行）：MoE 只在 `mlp` 之下长出一棵新子树，
+# RMSNorm + QK norm 只换了 5 个 norm 的类，其余模块三者一样。
+
+# %%
+draw_spec_trees({label: b["tree"] for label, b in built[0].items()},
+                title="同一份 config、三种 spec：TransformerLayer 的模块树哪里不同")
 
 # %% [markdown]
 # 读 diff：
@@ -387,7 +350,7 @@ print([path for path in built[0]["local"]["tree"] if path.startswith("self_atten
 #
 # spec 与 config 都能"说"用什么 norm、要不要 QK norm、是不是 MoE。故意让两者说法不一致，1 个 rank 上建模型，看建出来的类：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 CONFLICTS = [  # (get_gpt_layer_local_spec arguments, TransformerConfig fields on top of BASE, module)
     (dict(normalization="RMSNorm"), {}, "input_layernorm"),
     ({}, dict(normalization="RMSNorm"), "input_layernorm"),
@@ -441,9 +404,8 @@ print(next(message for _, message in conflicts if message))
 # `get_gpt_decoder_block_spec`，由 config 的 `moe_layer_freq` 给**每一层**挑 dense 或 MoE 的 spec，得到一个
 # `TransformerBlockSubmodules`（每层一个 spec），而不是一个被复制 N 次的层 spec：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def block_spec_layers():
-    from snippets.config import spec_diff  # noqa: F401 - on this rank too: quiets the MoE config warning
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     parallel_state.initialize_model_parallel()
@@ -506,7 +468,7 @@ print(run_ranks(build_with_te_spec, 1)[0])
 # （没有位置嵌入）。每个模型都做一次 forward（带 labels，loss 在 vocab-parallel cross entropy 里算）+ backward，
 # `recorder` 记下每个 collective，`collectives_by_submodule`（笔记 11 的工具）把它归到发出它的 TP 层：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 TP_VARIANTS = {  # label: (TransformerConfig fields, GPTModel arguments)
     "TP=2": ({}, {}),
     "+SP": (dict(sequence_parallel=True), {}),
@@ -584,7 +546,7 @@ print("词表范围 [start, end):", {rank: tp[rank]["TP=2"]["vocab_range"] for r
 #
 # 开 SP（`+SP`）、再把位置编码换成 RoPE（`+SP+RoPE`），哪些标志变了（只列有变化的）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def flag_changes(variants):
     rows = []
     first = tp[0][variants[0]]["layers"]
@@ -607,7 +569,7 @@ Table(["层", "标志", *TP_VARIANTS], flag_changes(list(TP_VARIANTS)))
 #
 # 每个 TP 层在 rank 0 上发出的 collective（rank 1 相同）。最后一行是不在任何 TP 层里发出的：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def layer_row(path, variants):
     cells = []
     for v in variants:
@@ -643,7 +605,7 @@ Table(headers, [layer_row(r["path"], TP_VARIANTS) for r in tp[0]["TP=2"]["layers
 # 只开 TP 时 rank 0 的完整通信记录（roadmap 第二轮的格式；发出者由上面的归属得到，meaning 按发出它的 Megatron 函数给）。第 1 行的 `[2, 8, 16]` 是 `[b, s, h]`：词嵌入在转置成
 # Megatron 的 `[s, b, h]` 之前就做了 all-reduce，之后各层都是 `[s, b, h]`：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 MEANINGS = {  # issuing function -> what the collective is for
     "tensor_parallel/mappings.py::_reduce": "g：部分和相加",
     "tensor_parallel/cross_entropy.py::forward": "cross entropy：合并各段词表的 max / 目标 logit / exp 之和",
@@ -741,7 +703,7 @@ print("TransformerConfig(ffn_hidden_size=0) 构造成功，ffn_hidden_size =", z
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(cli_default_ffn_hidden_size(4096, swiglu=True), core_default_ffn(4096))
 
 # %% [markdown]
@@ -755,7 +717,7 @@ print(cli_default_ffn_hidden_size(4096, swiglu=True), core_default_ffn(4096))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({f"spec {kw(s)} / config {kw(o)}": what
        for (s, o, path), (what, _) in zip(CONFLICTS, conflicts) if path == "input_layernorm"})
 
@@ -768,7 +730,7 @@ print({f"spec {kw(s)} / config {kw(o)}": what
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 for tp_size in (4, 3):
     print(f"TP={tp_size}:", first_line(dict(num_attention_heads=12, num_query_groups=3,
                                             tensor_model_parallel_size=tp_size))[0])
@@ -783,7 +745,7 @@ for tp_size in (4, 3):
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 tp2_layers = {short_path(r["path"]): r for r in tp[0]["TP=2"]["layers"]}
 print([name for name, r in tp2_layers.items() if r["flags"].get("input_is_parallel") is True],
       tp2_layers["linear_qkv"]["flags"]["gather_output"])
@@ -797,7 +759,7 @@ print([name for name, r in tp2_layers.items() if r["flags"].get("input_is_parall
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(stds["linear_fc2"], stds["output_layer"], round(0.02 / (2 * 8) ** 0.5, 4))
 
 # %% [markdown]
