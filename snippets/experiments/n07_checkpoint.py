@@ -30,17 +30,16 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-
-from snippets.ckpt import checkpoint_view as cv
-from snippets.experiments.checks import load_tps
-from snippets.experiments.n13_pipeline import microbatches, pipeline_config
-from snippets.record.tables import Table
-
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+from snippets.ckpt import checkpoint_view as cv
+from snippets.experiments.checks import load_tps
+from snippets.experiments.n13_pipeline import microbatches, pipeline_config
+from snippets.record.tables import Table
 
 CKPT_ROOT_ENV = "SNIPPETS_CKPT_ROOT"
 """Where :func:`checkpoint_dir` makes its directory; unset = the system's temporary directory. A job

@@ -22,10 +22,14 @@ from __future__ import annotations
 import numpy
 import torch
 
-from snippets.data.dataset_args import core_gpt_dataset_config_from_args, get_train_valid_test_num_samples, parse_args
-from snippets.experiments.n03_batch_flow import null_tokenizer, shared_corpus
-from snippets.experiments.checks import RESUME_ITERATIONS, resume_dp_sizes
+from snippets.data.dataset_args import (
+    core_gpt_dataset_config_from_args,
+    get_train_valid_test_num_samples,
+    parse_args,
+)
 from snippets.data.pretraining_sampler import build_pretraining_data_loader, samples_per_iteration
+from snippets.experiments.checks import RESUME_ITERATIONS, resume_dp_sizes
+from snippets.experiments.n03_batch_flow import null_tokenizer, shared_corpus
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
 
