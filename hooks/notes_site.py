@@ -723,11 +723,15 @@ def purge_css(css: str, used: set[str]) -> str:
         else:
             # classes under :not() need not be on the page for the rule to match; [attr] values
             # are not class names
-            keep = [sel for sel in prelude.split(",") if all(
+            # ... and ".jupyter-wrapper :root" (mkdocs-jupyter's scoping of JupyterLab's :root
+            # variables, ~80 KB of icons) can match nothing: :root has no ancestor
+            keep = [sel for sel in prelude.split(",") if not re.search(r"\S\s*:root", sel) and all(
                 c in used for c in CSS_CLASS.findall(re.sub(r":not\([^)]*\)|\[[^\]]*\]", "", sel)))]
             if keep:
                 out.append(f"{','.join(keep)}{{{body}}}")
-    return "".join(out)
+    # a rule repeated word for word: only its last copy decides anything
+    last = {rule: i for i, rule in enumerate(out)}
+    return "".join(rule for i, rule in enumerate(out) if last[rule] == i)
 
 
 # material's page frame around the content (the notebook CSS has a few rules under these)
@@ -833,6 +837,10 @@ DIV_TAG = re.compile(r"<(/?)div\b[^>]*>", re.I)
 CODE_CELL = re.compile(r'<div id="cell-id=[^"]*" class="jp-Cell jp-CodeCell[^"]*">')
 INPUT_WRAPPER = '<div class="jp-Cell-inputWrapper"'
 TOOLBAR = '<div class="celltoolbar">'
+SHAPE_CELL = re.compile(r"<td>((?:<code>)?[\[(][\d, ]{0,40}[\])](?:</code>)?)</td>")
+# the copy button's icon, ~800 bytes in every code cell: drawn once per page, used by reference
+COPY_ICON = re.compile(r'<svg (?:data-search-exclude )?aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" '
+                       r'version="1\.1"\s+data-view-component="true" class="clipboard-copy-icon">(.*?)</svg>', re.S)
 SVG_IMG = re.compile(r'<img\s+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\s]+)"[^>]*>')
 CHECKED_LINE = ('<p class="ms-checked" data-search-exclude>这一页怎样检查：CI 用 nbval 重新执行整本 notebook，逐个单元格比对'
                 '存下的输出；页面上的表格和图都是这次运行打印、画出来的，不是手写的。</p>')
@@ -891,6 +899,8 @@ def fold_cells(content: str) -> str:
         pos = end
     out.append(content[pos:])
     content = "".join(out)
+    # a cell that holds only a shape or a short list of numbers stays on one line
+    content = SHAPE_CELL.sub(r'<td class="ms-nowrap">\1</td>', content)
     # prompts (In [3]: / Out[3]:), 调用链 trees and other <pre> in prose, pictures: not words
     content = re.sub(r'<div class="(jp-(?:In|Out)putPrompt [^"]*)">', r'<div class="\1" data-search-exclude>', content)
     content = content.replace('<span class="notice" hidden>', '<span class="notice" hidden data-search-exclude>')
@@ -903,6 +913,33 @@ def _unsearched(outputs: str) -> str:
     """A cell's printed tables and text, kept out of the search index: the index is for the
     prose (what a result preview shows), and every reader's browser loads it on every page."""
     return re.sub(r"<(table|pre)>", r"<\1 data-search-exclude>", outputs)
+
+
+PRE_OR_SCRIPT = re.compile(r"<(pre|script|style|textarea)\b.*?</\1>", re.S | re.I)
+INDENT = re.compile(r"\n[ \t]*(?:\n[ \t]*)*")
+
+
+def squeeze_whitespace(content: str) -> str:
+    """nbconvert's template indents its markup and leaves blank lines (~30 KB on a long note).
+    Outside <pre> (and script, style) a run of newlines and indentation renders as one space
+    either way: it becomes one newline."""
+    out, pos = [], 0
+    for m in PRE_OR_SCRIPT.finditer(content):
+        out += [INDENT.sub("\n", content[pos:m.start()]), m.group(0)]
+        pos = m.end()
+    out.append(INDENT.sub("\n", content[pos:]))
+    return "".join(out)
+
+
+def share_copy_icon(content: str) -> str:
+    first = COPY_ICON.search(content)
+    if first is None:
+        return content
+    symbol = (f'<svg hidden aria-hidden="true" data-search-exclude><symbol id="ms-copy-icon" viewBox="0 0 16 16">'
+              f"{first.group(1).strip()}</symbol></svg>")
+    use = ('<svg aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" class="clipboard-copy-icon">'
+           '<use href="#ms-copy-icon"/></svg>')
+    return symbol + COPY_ICON.sub(use, content)
 
 
 def inline_svgs(content: str) -> str:
@@ -931,6 +968,7 @@ def on_page_content(content, page, config, files):
     content = strip_cdn_scripts(content)
     content = inline_svgs(content)
     content = fold_cells(content)
+    content = squeeze_whitespace(share_copy_icon(content))
     content = share_styles(content, page)
     content, tokens = fix_headings(content)
     page.toc = get_toc(nest_toc_tokens(list(tokens)))  # nest_toc_tokens empties its argument

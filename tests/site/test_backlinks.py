@@ -23,7 +23,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-from conftest import shot as _shot  # the browser fixtures (tab) are in tests/site/conftest.py
+from conftest import DESKTOP, PHONE, shot as _shot  # browser fixtures: tests/site/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
@@ -309,7 +309,7 @@ def test_link_between_two_notes_in_a_real_build(tmp_path):
     """mkdocs build of index + graph page + two notes; the link from 01 to 09 comes and goes."""
     project = tmp_path / "project"
     (project / "hooks").mkdir(parents=True)
-    for name in ("notes_site.py", "backlinks.py"):
+    for name in ("notes_site.py", "backlinks.py", "jieba_userdict.txt"):
         (project / "hooks" / name).write_bytes((ROOT / "hooks" / name).read_bytes())
     (project / "docs" / "notes").mkdir(parents=True)
     (project / "docs" / "index.md").write_text(
@@ -437,7 +437,7 @@ def test_graph_page_in_browser(tab, site_url, built, note_names):  # noqa: F811
     # hovering a note lights up its edges (CSS only)
     note = svg.locator("a.lg-note").first
     cls = [c for c in note.get_attribute("class").split() if c[1:].isdigit()][0]
-    edge = svg.locator(f"path.lg-edge.s{cls[1:]}, path.lg-edge.t{cls[1:]}").first
+    edge = svg.locator(f"g.lg-edge.s{cls[1:]} path, g.lg-edge.t{cls[1:]} path").first
     before = float(edge.evaluate("e => getComputedStyle(e).opacity"))
     note.hover()
     after = float(edge.evaluate("e => getComputedStyle(e).opacity"))
@@ -445,6 +445,15 @@ def test_graph_page_in_browser(tab, site_url, built, note_names):  # noqa: F811
     page.evaluate("document.getElementById('全图').scrollIntoView()")
     page.wait_for_timeout(300)  # material's header fades the title in on scroll
     _shot(page, "graph.png")
+    # on a phone the picture gives way to the list, which names every page
+    page.set_viewport_size(PHONE)
+    try:
+        assert not svg.is_visible()
+        assert page.locator("dl.lg-site-list dt").count() == len(nodes) + 3  # + the three hubs
+        wide = page.evaluate("() => document.documentElement.scrollWidth")
+        assert wide <= PHONE["width"], f"the graph page scrolls sideways on a phone: {wide} px"
+    finally:
+        page.set_viewport_size(DESKTOP)
     tab.assert_clean()
 
 

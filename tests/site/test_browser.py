@@ -26,11 +26,6 @@ def _note_params():
     return expected_note_names() or ["<no notes>"]
 
 
-def _shot(page, name):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / name))
-
-
 def _doc_pages():
     """The Markdown pages of the site, as URLs relative to its root ('' is the home page, last:
     the home and search tests that follow use the page as it is)."""
