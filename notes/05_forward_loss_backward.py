@@ -202,7 +202,7 @@ annotate(calls[:half], num_layers=1)
 #
 # 把 TP=2 两个 rank 的梯度按各参数的 `partition_dim` / `partition_stride` 拼回（[笔记 04](../04_model_provider_and_gpt_model/) 的 `gather`），与 TP=1 比较：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def full_grad(name, row):
     shards = [r["grads"][name] for r in tp2]
     return gather(shards, row["partition_dim"], row["stride"]) if row["split"] else shards[0]
@@ -233,7 +233,7 @@ Table(["参数", "partition_dim", "两 rank 的复制梯度相同", "拼回后�
 # 每次运行看两件事：梯度等于哪个目标的梯度；`train_step` 会记下什么。最后一种打开 `calculate_per_token_loss`，
 # 这时 schedule 不除，由 `finalize_model_grads` 除以全局 token 数，它只对 DDP 包装的模型工作，所以这一次包了 DDP。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def who_divides():
     from snippets.train import loss_flow
 

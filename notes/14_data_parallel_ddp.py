@@ -304,7 +304,7 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # torch 的 Adam 跳过没有 `.grad` 的参数；它也从不调用 `zero_grad_buffer`，`optim.zero_grad()` 清的是 `.grad`，
 # 所以 `main_grad` 一步步累加下去。按它的写法跑两步：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def simple_loop_wiring():
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)

@@ -339,7 +339,7 @@ pictures.draw_bytes_per_parameter(rows)
 # 带 bias 时，"DP=2"与"单进程"这两种都正确的算法在一步之后就不再一致。用带 bias 的同一个模型量一下
 # fused QKV 的 bias 梯度（local spec 里 QKV 按 query 组交错排列：每组 `[q(8), k(8), v(8)]`）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def qkv_bias_grad():
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)

@@ -255,7 +255,7 @@ for cls in (FP32Optimizer, Float16OptimizerWithFloat16Params, DistributedOptimiz
 # [`arguments.py:723`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L723)）；fp16 用 DDP 的缺省（梯度 buffer 也是 fp16）和固定的
 # `loss_scale=1024`。学习率特意取得很小（1e-4），看 16 位权重能不能记住这么小的更新。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def main_params(lr, steps):
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
@@ -319,7 +319,7 @@ Table(["模型", "参数个数", "权重", "main_grad", "main_param", "主参数
 # 每步记下：step 前的 scale S、`step()` 返回的 `update_successful` 和 `grad_norm`、参数变没变、step 后的 scale 与两个计数器，
 # 以及 `‖main_grad‖ / (S·grad_norm)`——它等于 1 就说明 buffer 里放的是放大了 S 倍的梯度、返回的范数是除回来之后的。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def fp16_steps(opt_kwargs, inject_at, steps, stop_at_first_update=False):
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
@@ -548,7 +548,7 @@ communication_table(tp2dp2[0]["steps"][0]["calls"], meanings, ranks=False)
 # step 之后读 `main_grad` 就是裁剪后的梯度。把 TP=2 两个 rank 的分片按 `partition_dim` 拼回去（`param_table.gather`），与单进程比较；
 # PP=2 的两个 stage 合起来比较；分布式优化器只比较参数。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def full(results, what, step=None):
     """{global name: full tensor} from the TP shards of the ranks with DP rank 0."""
     ranks = sorted((r for r in results if r["dp_rank"] == 0), key=lambda r: r["tp_rank"])
@@ -584,7 +584,7 @@ Table(["检查", "结果"], rows)
 # 范数要跨 rank 求和，inf 标志也一样要跨 rank：只要有一个 rank 溢出，**所有** rank 都必须跳过这一步，否则 TP 的两片权重就不再属于同一个模型。
 # TP=2、fp16，只在 TP rank 0 的梯度里注入 inf：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def fp16_tp2_overflow():
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     model_parallel_cuda_manual_seed(0)
@@ -744,7 +744,7 @@ same
 # （[`optimizer.py:524`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L524) 里 `if self.grad_scaler:` 那一支）。
 # 往 bf16 的一个梯度元素里注入 inf，连跑两步：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def bf16_inf():
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
