@@ -98,7 +98,8 @@ import torch
 
 from snippets.pp import pictures, timeline
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n13_pipeline import bubble_row, mean_loss, phase_rows, pipeline_run, stage_rows
+from snippets.experiments.n13_pipeline import (bubble_row, mean_loss, phase_rows, pipeline_config, pipeline_run,
+                                               stage_rows)
 from snippets.ranks.launch import run_ranks
 from snippets.record.listing import listing
 from snippets.record.tables import Table
@@ -416,7 +417,28 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 # 之后才在 embedding 群里 all-reduce 出初值。CPU 版 torch 在 `.cuda()` 上报错，而这是 Tensor 方法，模块级代理管不到。
 # CPU 层的补丁 `shared_embedding_cuda` 只在这个方法运行期间让 `.cuda()` 返回张量本身，all-reduce 照常在 gloo 上做：
 # 两个 stage 的两份词嵌入开始时逐位相同，`finalize_model_grads` 之后两份的梯度都等于两个 stage 梯度之和（[CPU 补丁一览](../../cpu/)）。
-# 本篇仍然不共享，好让每个 stage 的梯度直接和 PP=1 逐个比较。
+# 本篇仍然不共享，好让每个 stage 的梯度直接和 PP=1 逐个比较。下面在 PP=2 上用 `share_embeddings_and_output_weights=True`
+# 建两段：第一段的词嵌入和最后一段的输出层权重是两份张量，构造完就相同：
+
+# %%
+def shared_copies():
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(0)
+    model = GPTModel(pipeline_config(TINY, 2), get_gpt_layer_local_spec(), vocab_size=TINY.vocab,
+                     max_sequence_length=TINY.seq, pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage(),
+                     share_embeddings_and_output_weights=True)
+    weight = model.shared_embedding_or_output_weight()
+    owner = "embedding.word_embeddings" if model.pre_process else "output_layer"
+    return owner, list(weight.shape), weight.detach().clone()
+
+
+copies = run_ranks(shared_copies, 2)
+print([(owner, shape) for owner, shape, _ in copies], " 两份逐位相同:", torch.equal(copies[0][2], copies[1][2]))
 
 # %% [markdown]
 # ## 自测
