@@ -1,0 +1,364 @@
+"""``weight-sync``: a verl launch script, a verl YAML config or a NeMo RL config in, how that run
+moves its weights out. Fixtures under tests/fixtures/verl/ and tests/fixtures/nemo_rl/ are written for
+these tests in the frameworks' shapes (not copied from either). The YAML-only cases of verl are in
+tests/unit/test_verl_sync.py."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snippets.rl.weight_sync import cli, facts, hydra
+from snippets.rl.weight_sync.shell import read_script
+
+ROOT = Path(__file__).parents[2]
+VERL = ROOT / "tests" / "fixtures" / "verl"
+NEMO = ROOT / "tests" / "fixtures" / "nemo_rl"
+
+
+def flat(text):
+    return " ".join(text.split())
+
+
+def run(*args, module="snippets.rl.weight_sync"):
+    p = subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, timeout=60
+    )
+    return p.returncode, p.stdout, p.stderr
+
+
+def report(path, *args):
+    """The report through main() in this process (fast), with its exit status."""
+    lines = cli.build(str(path), None, None, "") if not args else None
+    if lines is None:
+        raise AssertionError("use run() for flags")
+    return flat("\n".join(lines))
+
+
+def script(tmp_path, body, name="run.sh"):
+    """A launch script: ``body`` (shell lines) then a trainer command that feeds the keys read."""
+    path = tmp_path / name
+    path.write_text("#!/usr/bin/env bash\nset -x\n" + body)
+    return path
+
+
+COMMAND = """
+python3 -m verl.trainer.main_ppo \\
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size={tp} \\
+    trainer.n_gpus_per_node={gpus} \\
+    trainer.nnodes={nodes}
+"""
+
+
+# ----------------------------------------------------------------------------- verl launch scripts
+
+
+def test_megatron_launch_script_on_verl_defaults():
+    out = report(VERL / "run_qwen2_7b_megatron_grpo.sh")
+    assert "command line 21: verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
+    assert f"(verl {facts.VERL_COMMIT[:7]})" in out
+    # NNODES=${NNODES:-2} x GPUS_PER_NODE=8; ${train_tp} and $train_pp; rollout TP from $gen_tp
+    assert "Megatron TP2 x PP2 x DP4 on 16 GPUs" in out
+    assert "rollout.name = vllm, tensor_model_parallel_size = 4: 4 engine(s) of TP4 on 16 GPUs" in out
+    assert "hybrid_engine = true: colocated" in out  # verl's default, not in the script
+    assert "7B parameters (from model.path Qwen/Qwen2.5-7B-Instruct)" in out
+    assert "gather (1 - 1/4 of the model) = 10.5 GB over NVLink" in out
+    assert "the command ends with $@" in out and "unknown" not in out  # $HOME feeds no key read
+
+
+def test_separate_placement_script_with_shell_arithmetic():
+    out = report(VERL / "run_fully_async_fsdp2.sh")
+    assert "fully_async_main --config-name fully_async_ppo_trainer" in out
+    assert "FSDP2 on 6 GPUs, every parameter sharded over 6" in out  # $((8 - 2))
+    assert "1 engine(s) of TP2 on 2 GPUs" in out
+    assert "separate, 6 GPUs train and another 2 generate" in out
+    assert "base_detach_sync.py:210 _sync_vllm_weights" in out
+    assert "broadcast (the whole model) = 16 GB over InfiniBand >= 320 ms" in out
+
+
+def test_shell_variables_quotes_and_lists(tmp_path):
+    path = script(
+        tmp_path,
+        """
+export A=4
+B="${A}"
+C=${UNSET_ONE:-8}
+D=${C:+2}
+E='single $A'
+LIST="['$A/x.parquet', '${C}/y.parquet']"
+python3 -m verl.trainer.main_ppo data.train_files="$LIST" trainer.logger='["console","wandb"]' \\
+    a.b=$B a.c=$C a.d=$D a.e="$E" +a.f=1e-6 ++a.g=True ~a.h a.i=null
+""",
+    )
+    command = read_script(str(path), path.read_text())
+    words = {w.text.split("=")[0]: w for w in command.args}
+    values = {o.key: o.value for o in (hydra.parse(w.text, w.unknown) for w in command.args)}
+    assert all(w.unknown is None for w in words.values())
+    assert values["data.train_files"] == ["4/x.parquet", "8/y.parquet"]
+    assert values["trainer.logger"] == ["console", "wandb"]
+    assert (values["a.b"], values["a.c"], values["a.d"], values["a.e"]) == (4, 8, 2, "single $A")
+    assert values["a.f"] == 1e-6 and values["a.g"] is True and values["a.i"] is None
+    assert hydra.parse("~a.h").op == "~" and hydra.parse("--config-path=x") is None
+
+
+@pytest.mark.parametrize(
+    "body,feeds,says",
+    [
+        ("NODES=$1\n", "nodes", "trainer.nnodes = $1: it is the script's argument $1"),
+        (
+            "NODES=${1:-2}\n",
+            "nodes",
+            "trainer.nnodes = ${1:-2}: it is the script's argument $1 (or '2' without one)",
+        ),
+        (
+            "NODES=$(scontrol show hostnames | wc -l)\n",
+            "nodes",
+            "trainer.nnodes = $(scontrol show hostnames | wc -l): it is a command's output, known only "
+            "when the script runs",
+        ),
+        (
+            "NODES=`hostname | wc -l`\n",
+            "nodes",
+            "trainer.nnodes = `hostname | wc -l`: it is a command's output",
+        ),
+        (
+            "",
+            "nodes",
+            "trainer.nnodes = $NODES: NODES is not set in the script: it would come from the environment",
+        ),
+        (
+            "source ./cluster_env.sh\n",
+            "nodes",
+            "NODES is not set in the script or in cluster_env.sh, which it sources",
+        ),
+        (
+            'if [ "$SLURM" = 1 ]; then\n  NODES=4\nfi\n',
+            "nodes",
+            "trainer.nnodes = $NODES: NODES is set inside an if block, so its value depends on how the "
+            "script runs",
+        ),
+        ("for n in 1 2; do NODES=$n; done\n", "nodes", "NODES is set inside a for loop"),
+        ("read NODES\n", "nodes", "NODES is read from input when the script runs"),
+        (
+            "GPUS=$((NPROC * 2))\n",
+            "gpus",
+            "trainer.n_gpus_per_node = $((NPROC * 2)): NPROC is not set in the script",
+        ),
+    ],
+)
+def test_each_unknowable_value_is_named_with_its_key_and_the_rest_is_reported(tmp_path, body, feeds, says):
+    values = {"tp": 2, "gpus": 8, "nodes": 1}
+    values[feeds] = "$NODES" if feeds == "nodes" else "$GPUS"
+    path = script(tmp_path, body + COMMAND.format(**values))
+    code, out, err = run(path)
+    assert code == 0 and err == ""
+    assert sum(line.startswith("unknown ") for line in out.splitlines()) == 1, out
+    out = flat(out)
+    assert says in out, out
+    # everything else is still explained; what needs the unknown value says "?"
+    assert "FSDP on ? GPUs, every parameter sharded over ?" in out
+    assert "7B parameters" in out and "14 GB per copy" in out
+    assert "gather (1 - 1/? of the model) = ? GB over ? (needs the unknown values above)" in out
+    assert "1/2 of the model = 7 GB" in out
+
+
+def test_mandatory_rollout_name_from_verl_defaults(tmp_path):
+    # rollout.name is ??? in verl's generated defaults; a script that never sets it
+    path = script(
+        tmp_path,
+        COMMAND.format(tp=2, gpus=8, nodes=1).replace("    actor_rollout_ref.rollout.name=vllm \\\n", ""),
+    )
+    out = report(path)
+    assert (
+        "unknown actor_rollout_ref.rollout.name = ???: set on the command line (verl requires a "
+        "value here; one of vllm, sglang, trtllm)"
+    ) in out
+    assert "4 engine(s) of TP2 on 8 GPUs" in out and "= 12.2 GB over NVLink" in out
+
+
+def test_defaults_of_unknown_config_and_several_commands(tmp_path):
+    body = (
+        COMMAND.format(tp=2, gpus=8, nodes=1)
+        .replace("main_ppo", "main_ppo --config-path=recipe/config --config-name my_megatron_trainer")
+        .replace(
+            "trainer.nnodes=1",
+            "trainer.nnodes=1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        )
+    )
+    out = report(script(tmp_path, body + COMMAND.format(tp=1, gpus=4, nodes=1)))
+    assert (
+        "defaults my_megatron_trainer is not one of verl's configs; keys it leaves unset are read "
+        "from ppo_megatron_trainer"
+    ) in out
+    assert "Megatron TP1 x PP2 x DP4 on 8 GPUs" in out  # TP1 from verl's megatron defaults
+    assert "the script runs 2 trainer commands; this reads the first (line 4)" in out
+
+
+def test_recipe_main_module_is_a_trainer(tmp_path):
+    body = COMMAND.format(tp=2, gpus=8, nodes=1).replace("verl.trainer.main_ppo", "recipe.dapo.main_dapo")
+    out = report(script(tmp_path, body))
+    assert "recipe.dapo.main_dapo --config-name ppo_trainer" in out and "colocated" in out
+
+
+# ----------------------------------------------------------------------------- NeMo RL configs
+
+
+def test_nemo_rl_base_config_dtensor_vllm_colocated():
+    out = report(NEMO / "grpo_base.yaml")
+    assert f"NeMo RL config {NEMO / 'grpo_base.yaml'} (read against NeMo RL 7ea279a)" in out
+    assert "DTensor (FSDP2) TP1 x CP1 on 8 GPUs, every parameter sharded over 8" in out
+    assert "generation.backend = vllm: 8 engine(s) of TP1 x PP1 on 8 GPUs" in out
+    assert "colocated.enabled = true" in out
+    assert "stream_weights_via_ipc_zmq" in out and "grpo.py:2380" in out
+    assert "1.5B parameters (from policy.model_name Qwen/Qwen2.5-1.5B), bf16: 3 GB" in out
+
+
+def test_nemo_rl_defaults_chain_of_depth_2_with_interpolations():
+    out = report(NEMO / "recipes" / "grpo_llama8b_megatron_separate.yaml")
+    assert (
+        "defaults grpo_llama8b_megatron_separate.yaml <- grpo_llama8b_megatron.yaml <- grpo_base.yaml"
+    ) in out
+    # megatron_cfg from the middle file, vllm TP from ${policy.megatron_cfg.tensor_model_parallel_size},
+    # resources.gpus_per_node from ${cluster.gpus_per_node} of this file
+    assert "Megatron Core through Megatron Bridge, TP2 x PP2 x CP1 x DP2 (EP1) on 8 GPUs" in out
+    assert "4 engine(s) of TP2 x PP1 on 8 GPUs" in out
+    assert "colocated.enabled = false: 8 GPUs train, 8 others generate (2 node(s) x 8 GPUs" in out
+    assert "broadcast_weights_for_collective" in out and "grpo.py:2396" in out
+    assert "broadcast (the whole model) = 16 GB over InfiniBand >= 320 ms" in out
+
+
+def test_nemo_rl_sglang_and_megatron_generation():
+    out = report(NEMO / "grpo_sglang.yaml")
+    assert "generation.backend = sglang: 4 engine(s) of TP2 x PP1" in out
+    assert "stream_weights_via_http" in out and "1/2 of the model = 1.5 GB" in out
+    out = report(NEMO / "grpo_megatron_generation.yaml")
+    assert "nothing moves: generation runs on the training model itself" in out
+    assert "dedicated_inference_megatron_cfg returns None" in out and "= 0 GB" in out
+
+
+@pytest.mark.parametrize(
+    "child,says",
+    [
+        (
+            "policy:\n  generation:\n    backend: megatron\n    mcore_generation_config:\n"
+            "      tensor_model_parallel_size: 4\n      pipeline_model_parallel_size: 1\n",
+            "reshard into a second model in the inference layout TP4 x PP1 on the same GPUs",
+        ),
+        (
+            "policy:\n  generation:\n    backend: megatron\n    colocated:\n      enabled: false\n"
+            "      resources: {gpus_per_node: 4, num_nodes: null}\n",
+            "swap_weights_via_reshard across the two worlds over nccl",
+        ),
+        (
+            "policy:\n  generation:\n    colocated:\n      enabled: false\n      resources:\n"
+            "        gpus_per_node: 2\n    refit_transport: nccl_reshard\n",
+            "refit_transport = nccl_reshard: each generation rank receives only its slice",
+        ),
+        (
+            "policy:\n  generation:\n    backend: sglang\n    colocated:\n      enabled: false\n"
+            "      resources:\n        gpus_per_node: 2\n",
+            "NeMo RL does not run SGLang apart from training",
+        ),
+        # _override_ replaces the whole section: vllm_cfg loses its TP key, the default 1 applies
+        (
+            "policy:\n  generation:\n    vllm_cfg:\n      _override_: true\n      precision: bfloat16\n",
+            "8 engine(s) of TP1 x PP1",
+        ),
+        # ??? in a child keeps the parent's value; ${.x} is relative, ${mul:...} a NeMo RL resolver
+        ("cluster:\n  gpus_per_node: ???\n  two: 2\n  num_nodes: ${mul:${.two},1}\n", "on 16 GPUs"),
+    ],
+)
+def test_nemo_rl_refit_paths_and_merge_rules(tmp_path, child, says):
+    shutil.copy(NEMO / "grpo_llama8b_megatron.yaml", tmp_path)
+    shutil.copy(NEMO / "grpo_base.yaml", tmp_path)
+    path = tmp_path / "child.yaml"
+    path.write_text("defaults: [grpo_llama8b_megatron.yaml]\n" + child)
+    assert says in report(path)
+
+
+def test_unknown_model_size_still_gets_the_whole_report(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"defaults: {NEMO / 'grpo_base.yaml'}\npolicy:\n  model_name: /ckpt/my-policy\n")
+    code, out, err = run(path)
+    assert code == 0 and err == ""
+    out = flat(out)
+    assert "size unknown" in out and "stream_weights_via_ipc_zmq" in out
+    assert "gather (1 - 1/8 of the model) = ? GB over NVLink (needs --params)" in out
+    code, out, _ = run(path, "--params", "3B")
+    assert code == 0 and "3B parameters (--params), bf16: 6 GB per copy" in flat(out)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _file(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "make,expected",
+    [
+        (lambda t: t / "missing.sh", "error: no such file: {path}"),
+        (
+            lambda t: _file(t, "bad.yaml", "policy: [1, 2\n"),
+            "error: {path} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 2, column 1",
+        ),
+        (
+            lambda t: VERL / "prepare_data.sh",
+            "error: {path} runs no verl trainer: no `python3 -m verl.trainer.main_ppo` (or another trainer "
+            "main) in the script",
+        ),
+        (
+            lambda t: VERL / "not_verl.yaml",
+            "error: {path} is neither a verl config (no actor_rollout_ref section) nor a NeMo RL config (no "
+            "policy section with generation, dtensor_cfg or megatron_cfg)",
+        ),
+        (
+            lambda t: _file(t, "scalar.yaml", "just words\n"),
+            "error: {path} is neither a verl nor a NeMo RL config: expected a mapping of sections, got str",
+        ),
+        (
+            lambda t: _file(t, "orphan.yaml", "defaults: nowhere.yaml\npolicy: {}\n"),
+            "error: {path}: defaults: nowhere.yaml is not a file ({dir}/nowhere.yaml)",
+        ),
+        (
+            lambda t: _file(t, "loop.yaml", "defaults: loop.yaml\n"),
+            "error: {path}: defaults: chain comes back to loop.yaml",
+        ),
+        (
+            lambda t: _file(t, "run.sh", COMMAND.format(tp=3, gpus=8, nodes=1)),
+            "error: {path}: actor_rollout_ref.rollout.tensor_model_parallel_size 3 does not divide the 8 "
+            "rollout GPUs",
+        ),
+        (
+            lambda t: _file(
+                t,
+                "gen.yaml",
+                f"defaults: {NEMO / 'grpo_base.yaml'}\npolicy:\n  generation:\n    backend: hf\n",
+            ),
+            "error: {path}: policy.generation.backend is 'hf'; NeMo RL knows vllm, sglang, megatron, trtllm, "
+            "dynamo",
+        ),
+    ],
+)
+def test_errors_are_one_line_on_stderr_and_exit_2(tmp_path, make, expected):
+    path = make(tmp_path)
+    code, out, err = run(path)
+    assert (code, out) == (2, "")
+    assert err == expected.format(path=path, dir=path.parent) + "\n"
+
+
+def test_console_script_and_old_module_name():
+    exe = Path(sys.executable).with_name("weight-sync")
+    assert exe.is_file(), "run bash scripts/setup.sh: pyproject.toml's [project.scripts] installs it"
+    p = subprocess.run([str(exe), str(NEMO / "grpo_sglang.yaml")], capture_output=True, text=True, timeout=60)
+    same = run(NEMO / "grpo_sglang.yaml")
+    old = run(NEMO / "grpo_sglang.yaml", module="snippets.rl.verl_sync")
+    assert p.returncode == 0 and (0, p.stdout, "") == same == old
+    assert "usage: weight-sync" in subprocess.run([str(exe)], capture_output=True, text=True).stderr
