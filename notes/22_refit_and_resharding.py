@@ -249,7 +249,7 @@ Table(["rank", "recv 片数", "来自", "远端收到（字节）", "本地拷�
 #
 # 同一个参数的每一片，按 `task_id` 把发送方和接收方配起来：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def transfers_of(dst_name):
     sends = {o["task"]: (r, o) for r, ops in enumerate(plans) for o in ops if o["kind"] == "send"}
     rows = []
@@ -365,7 +365,7 @@ pictures.draw_qkv_layout(labels, num_query_groups=4, tp_sizes=(2, 4))
 # 检验：在 1 个 rank 上建一个真实的 `SelfAttention`（local spec，8 head、4 group，带 bias），把它的权重转换成 HF 的样子，
 # 用一个照 HF Llama 写的 attention（`repeat_kv` 式的分组）计算，输出必须一致：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def attention_check():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -437,7 +437,7 @@ Table(refit_cost.REFIT_HEADERS, refit_cost.refit_rows(8e9) + refit_cost.refit_ro
 # **完整地**聚齐（FSDP 的 `full_tensor()`，或 Megatron 的 TP all-gather + PP broadcast），再交给同卡上的推理引擎挑自己那片；
 # separate 摆法下训练端把整个模型广播给每张生成卡。同样 8 卡、TP4×PP2 → TP8，三种做法每卡收到的字节和时间下限：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def strategy_rows(params):
     rows = []
     for strategy, kw, what in [("slice", dict(gpus=8), "只收自己的 1/8（planner）"),
@@ -519,10 +519,15 @@ verl_sync("tests/fixtures/verl/megatron_sglang_colocated.yaml")
 verl_sync("tests/fixtures/verl/fsdp2_vllm_separate.yaml")
 
 # %% [markdown]
-# 配置有问题时，命令以状态 2 退出，只说一行：
+# `rollout.name` 留成 `???`（verl 要求必填）时，命令照样按其余的键作答，但第一行先说缺了什么：
 
 # %%
 verl_sync("tests/fixtures/verl/rollout_name_unset.yaml")
+
+# %% [markdown]
+# 既不是 verl 也不是 NeMo RL 的配置，命令以状态 2 退出，只说一行：
+
+# %%
 verl_sync("tests/fixtures/verl/not_verl.yaml")
 
 # %% [markdown]
@@ -557,7 +562,7 @@ verl_sync("tests/fixtures/verl/not_verl.yaml")
 #    训练端是全局群（TP=2），rollout 模型的 logits 却按 TP=4 切：下面的 loss 和用它自己完整 logits 算的交叉熵对不上，
 #    两组 rank 之间也不一致。rollout 端只取 logits 没问题；要在推理布局上算 log-prob，得自己从 logits 算。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def surprises():
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.parallel_state import RankGenerator
