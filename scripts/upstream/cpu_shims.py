@@ -1,0 +1,347 @@
+"""pytest plugin for ``scripts/upstream_tests.sh``: Megatron-LM's own unit tests on CPU ranks.
+
+The only change to ``megatron.core`` is the project's CPU layer (``snippets.cpu.apply()``). The
+rest of this file is *test-side*: each shim in :data:`SHIMS` changes only what the test files
+themselves call (their ``device="cuda"``, their ``torch.cuda`` queries, their NCCL start-up), never
+what Megatron's code sees. A call from a file under the tests directory is the test's own; a call
+from anywhere else goes to torch unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import training_stub
+from torch.distributed.device_mesh import DeviceMesh
+
+import snippets  # noqa: F401  (warning filters, before Megatron warns)
+from snippets import cpu
+from snippets.cpu.base import ModuleProxy, NoStream, on_cpu
+
+cpu.apply()  # the one and only patch of megatron.core
+torch.set_num_threads(1)  # eight ranks share the host's cores
+
+TESTS = Path(os.environ["UPSTREAM_TESTS_DIR"]).resolve()
+_ROOTS = tuple({str(TESTS), os.path.abspath(os.environ["UPSTREAM_TESTS_DIR"])})
+
+SHIMS = [
+    (
+        "Utils.initialize_distributed",
+        "the tests' start-up joins the world over gloo, not NCCL, and picks no GPU",
+    ),
+    ("Utils.set_world_size", "asks torch.cuda.device_count() for the world size: the torchrun world instead"),
+    ("skipif CUDA not available", "markers whose reason names CUDA / GPU availability are dropped"),
+    (
+        "torch in test modules",
+        'the tests\' own factories read device="cuda" as the CPU; torch.device("cuda") too',
+    ),
+    (
+        "torch.cuda in test modules",
+        "the tests' own manual_seed / get_rng_state / set_device / device_count / "
+        "memory queries / Stream / Event answer for the CPU (the default generator plays the CUDA one)",
+    ),
+    ("DeviceMesh in test modules", 'a mesh the test builds with "cuda" is built on the CPU'),
+    ("Tensor.cuda / Tensor.to / Module.cuda / Module.to", "called from a test file: stay on the CPU"),
+    (
+        "is_te_min_version in test modules",
+        "without TE, Megatron's helper raises TypeError; the tests' copy says False (bound while a test "
+        "module is imported, the only time megatron.core.utils's name is swapped)",
+    ),
+    ("ensure_test_data", "the conftest's dataset download (no network) is skipped"),
+    (
+        "megatron.training",
+        "not in megatron-core and needs triton: training_stub.py gives _set_random_seed, refuses the rest",
+    ),
+]
+
+
+def _from_tests(depth: int = 2) -> bool:
+    return sys._getframe(depth).f_code.co_filename.startswith(_ROOTS)
+
+
+# --------------------------------------------------------------- torch as the test files see it
+
+_FACTORIES = {
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "arange",
+    "linspace",
+    "tensor",
+    "as_tensor",
+    "eye",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "normal",
+    "empty_strided",
+}
+
+
+def _device(*args, **kwargs):
+    if args and isinstance(args[0], str):
+        args = (on_cpu(args[0]),) + args[1:]
+    return torch.device(*args, **kwargs)
+
+
+def _factory(fn):
+    def wrapper(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = on_cpu(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _Event:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, stream=None):
+        return None
+
+    def synchronize(self):
+        return None
+
+    def wait(self, stream=None):
+        return None
+
+    def elapsed_time(self, other):
+        return 0.0
+
+    def query(self):
+        return True
+
+
+_TEST_CUDA = ModuleProxy(
+    torch.cuda,
+    is_available=lambda: True,
+    device_count=lambda: int(os.environ.get("WORLD_SIZE", "1")),
+    set_device=lambda device: None,
+    manual_seed=torch.manual_seed,
+    manual_seed_all=torch.manual_seed,
+    get_rng_state=lambda device="cuda": torch.get_rng_state(),
+    set_rng_state=lambda state, device="cuda": torch.set_rng_state(state),
+    empty_cache=lambda: None,
+    memory_allocated=lambda device=None: 0,
+    max_memory_allocated=lambda device=None: 0,
+    reset_peak_memory_stats=lambda device=None: None,
+    Stream=NoStream,
+    current_stream=lambda device=None: NoStream(),
+    default_stream=lambda device=None: NoStream(),
+    Event=_Event,
+)
+
+
+class _TestTorch(ModuleProxy):
+    def __getattr__(self, name):
+        if name == "cuda":
+            return _TEST_CUDA
+        if name == "device":
+            return _device
+        value = getattr(torch, name)
+        return _factory(value) if name in _FACTORIES else value
+
+
+_TEST_TORCH = _TestTorch(torch)
+
+
+def _move_args(args, kwargs):
+    args = tuple(on_cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": on_cpu(kwargs["device"])}
+    return args, kwargs
+
+
+def _install_method_shims():
+    tensor_to, module_cuda, module_to = torch.Tensor.to, torch.nn.Module.cuda, torch.nn.Module.to
+
+    def tensor_cuda(self, *args, **kwargs):
+        if _from_tests():
+            return self
+        return torch._C.TensorBase.cuda(self, *args, **kwargs)
+
+    def to(self, *args, **kwargs):
+        if _from_tests():
+            args, kwargs = _move_args(args, kwargs)
+        return tensor_to(self, *args, **kwargs)
+
+    def m_cuda(self, device=None):
+        return self if _from_tests() else module_cuda(self, device)
+
+    def m_to(self, *args, **kwargs):
+        if _from_tests():
+            args, kwargs = _move_args(args, kwargs)
+        return module_to(self, *args, **kwargs)
+
+    torch.Tensor.cuda = tensor_cuda  # a shadow the CPU layer's time-scoped patches put back intact
+    torch.Tensor.to = to
+    torch.nn.Module.cuda = m_cuda
+    torch.nn.Module.to = m_to
+
+
+# --------------------------------------------------------------- the tests' start-up
+
+
+def _initialize_distributed():
+    from tests.unit_tests.test_utilities import Utils
+    from torch._C._distributed_c10d import PrefixStore
+    from torch.distributed import rendezvous
+
+    if not torch.distributed.is_initialized() and Utils.rank >= 0:
+        address = f"tcp://{os.getenv('MASTER_ADDR', 'localhost')}:{os.getenv('MASTER_PORT', '6000')}"
+        store, _, _ = next(rendezvous(address, Utils.rank, Utils.world_size, timeout=timedelta(minutes=1)))
+        Utils.store = PrefixStore("default_pg", store)
+        torch.distributed.init_process_group(
+            backend="gloo",
+            world_size=Utils.world_size,
+            rank=Utils.rank,
+            store=Utils.store,
+            timeout=timedelta(seconds=int(os.environ.get("UPSTREAM_PG_TIMEOUT", "120"))),
+        )
+        torch.distributed.barrier()
+    Utils.inited = True
+
+
+def _set_world_size(world_size=None, rank=None):
+    from tests.unit_tests.test_utilities import Utils
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    Utils.world_size = world if world_size is None else world_size
+    if torch.distributed.is_initialized() and Utils.world_size != torch.distributed.get_world_size():
+        torch.distributed.destroy_process_group()
+    if rank is None:
+        Utils.rank = int(os.environ["LOCAL_RANK"])
+        if Utils.rank >= Utils.world_size:
+            Utils.rank = -1
+    else:
+        Utils.rank = rank
+
+
+def _no_download(assets_dir):
+    raise ImportError("no dataset download on CPU runs")
+
+
+def _install_start_up_shims():
+    # Run when pytest loads this plugin, before it loads the tests' conftest.py.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(os.environ["UPSTREAM_TESTS_DIR"])))
+    training_stub.install()  # before the tests' helpers import from it
+    try:
+        from tests.test_utils.python_scripts import download_unit_tests_dataset
+    except ImportError:
+        pass
+    else:
+        download_unit_tests_dataset.download_and_extract_asset = _no_download
+    from tests.unit_tests.test_utilities import Utils
+
+    Utils.initialize_distributed = staticmethod(_initialize_distributed)
+    Utils.set_world_size = staticmethod(_set_world_size)
+    _install_method_shims()
+
+
+_install_start_up_shims()
+
+
+_CUDA_SKIP = re.compile(r"cuda|gpu", re.IGNORECASE)
+_NOT_CUDA = re.compile(r"transformer.?engine|\bte\b|apex|flash|nvshmem|deep.?ep|hybridep|fp8", re.IGNORECASE)
+
+
+def _is_cuda_skip(mark) -> bool:
+    reason = str(mark.kwargs.get("reason", ""))
+    return mark.name == "skipif" and bool(_CUDA_SKIP.search(reason)) and not _NOT_CUDA.search(reason)
+
+
+def _te_min_version(version, check_equality=True):
+    return False  # no Transformer Engine here (the tests' conftest asks before every test)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # Some test modules call is_te_min_version at import (in skipif and if-blocks): while a test
+    # module is imported, and only then, the name they import answers False.
+    if not isinstance(collector, pytest.Module):
+        yield
+        return
+    from megatron.core import utils
+
+    real = utils.is_te_min_version
+    utils.is_te_min_version = _te_min_version
+    try:
+        yield
+    finally:
+        utils.is_te_min_version = real
+
+
+class _TestDeviceMesh:
+    """torch's DeviceMesh as a test module sees it: a "cuda" mesh is built on the CPU."""
+
+    @staticmethod
+    def from_group(group, device_type, *args, **kwargs):
+        return DeviceMesh.from_group(group, on_cpu(device_type), *args, **kwargs)
+
+    def __new__(cls, device_type, *args, **kwargs):
+        return DeviceMesh(on_cpu(device_type), *args, **kwargs)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    from megatron.core.utils import is_te_min_version
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("tests."):
+            continue
+        if getattr(module, "torch", None) is torch:
+            module.torch = _TEST_TORCH
+        if getattr(module, "DeviceMesh", None) is DeviceMesh:
+            module.DeviceMesh = _TestDeviceMesh
+        if getattr(module, "is_te_min_version", None) is is_te_min_version:
+            module.is_te_min_version = _te_min_version
+    for item in items:
+        for node in item.listchain():
+            node.own_markers[:] = [m for m in node.own_markers if not _is_cuda_skip(m)]
+        pytestmark = getattr(getattr(item, "module", None), "pytestmark", None)
+        if isinstance(pytestmark, list):
+            pytestmark[:] = [m for m in pytestmark if not _is_cuda_skip(m)]
+
+
+# --------------------------------------------------------------- results, as they happen
+
+_RESULTS = os.environ.get("UPSTREAM_RESULTS")  # rank 0 appends one line per test (a timeout keeps them)
+
+
+def pytest_collection_finish(session):
+    if _RESULTS and os.environ.get("LOCAL_RANK", "0") == "0":
+        with open(_RESULTS, "a") as out:
+            for item in session.items:
+                out.write(json.dumps({"id": item.nodeid, "outcome": "collected"}) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    if not _RESULTS or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    outcome = None
+    if report.when == "call" or report.outcome != "passed":
+        outcome = "skipped" if report.skipped else report.outcome
+    if report.when == "call" and hasattr(report, "wasxfail"):
+        outcome = "skipped"
+    if outcome:
+        message = report.longrepr.reprcrash.message if hasattr(report.longrepr, "reprcrash") else ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            message = report.longrepr[2]
+        with open(_RESULTS, "a") as out:
+            out.write(json.dumps({"id": report.nodeid, "outcome": outcome, "message": message[:300]}) + "\n")
