@@ -87,15 +87,17 @@
 # | `dist_checkpointing.save` | sharded state dict、目录 | 目录里的文件 | torch DCP、保存 strategy | 是（默认群） | 每片写一次 | 否 | 同上 |
 # | `dist_checkpointing.load` | 当前模型的 sharded state dict、目录 | 普通 state dict（本地 tensor 已填好） | 同上 | 是 | 按本地偏移取区间 | 否（只返回 dict） | 同上 |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import shutil
 import tempfile
 
+from snippets.ckpt.pictures import chunk_writers, draw_reshard
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n07_checkpoint import (chunks_table, entries_line, entries_table, load_at, load_row,
-                                             load_table, run, stored_table, wants_rows, wants_table,
-                                             written_table)
+from snippets.experiments.n07_checkpoint import (LOCAL_QKV, QKV, build_gpt, chunks_table, entries_line,
+                                             entries_table, load_at, load_row, load_table, logits, run,
+                                             save_at, stored_table, wants_rows, wants_table, written_table)
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 # %% [markdown]
@@ -107,52 +109,13 @@ from snippets.record.tables import Table
 # 所以不同 TP 的结果可以直接比较。`save_at` 在 TP=`tp` 建模型（seed 1）并保存。`run` 把存和读放进同一个 job：
 # 在 TP=`par.tp` 存，再用同一批 rank 在 TP=1 和 TP=world size 各读一次（与存时相同的跳过；多出来的 rank 是 DP 副本）。
 #
-# 这些函数在 `snippets/experiments/n07_checkpoint.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 8 -m snippets.run checkpoint --tp 2`（TP=2 存，TP=1、TP=8 读；也可以 `--dims qwen3-8b`）
-# 调用的是同一个 `run`。模型尺寸是参数 `dims`，本篇用它的 `tiny`。命令行下目录由 rank 0 在临时目录里建、广播路径、
-# 最后删掉；本篇自己给一个目录，`run` 不删它（后面还要在 4 个 rank 上读），并让 rank 0 带回保存时的 logits。
-# 原样列出（`tests/experiments/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def build_gpt(dims, tp, seed, device="cpu"):
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-#     torch.manual_seed(seed)
-#     model_parallel_cuda_manual_seed(seed)
-#     config = pipeline_config(dims, pp=1, tp=tp, device=device)
-#     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
-#     with torch.device(device):
-#         return GPTModel(config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                         position_embedding_type="rope" if dims.rope else "learned_absolute")
-#
-#
-# def logits(model, dims, device="cpu"):
-#     batch = microbatches(dims, 1, device)[0]
-#     with torch.no_grad():  # 每个 rank 算出自己那 1/TP 的 vocab 列，再在 TP 群里拼回完整 vocab
-#         mine = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
-#         return gather_from_tensor_model_parallel_region(mine)
-#
-#
-# def save_at(dims, tp, ckpt_dir, device="cpu"):
-#     model = build_gpt(dims, tp, seed=1, device=device)
-#     sharded_sd = model.sharded_state_dict()
-#     dist_checkpointing.save(sharded_sd, ckpt_dir)
-#     return cv.sharded_rows(sharded_sd), logits(model, dims, device)
-#
-#
-# def run(dims, par, ckpt_dir=None) -> dict:
-#     with checkpoint_dir(f"ckpt-tp{par.tp}-", ckpt_dir) as path:
-#         rows, reference = save_at(dims, par.tp, path, par.device)
-#         saved = inspect_checkpoint(path) if dist.get_rank() == 0 else None
-#         loads = []
-#         for tp in load_tps(par):
-#             parallel_state.destroy_model_parallel()
-#             loaded = load_at(dims, tp, path, par.device)
-#             loads.append(dict(tp=tp, row=load_row(par.tp, tp, reference, loaded), wants=loaded["wants"]))
-#     kept = ckpt_dir is not None and dist.get_rank() == 0  # 调用方还要再读这个目录：带回对照用的 logits
-#     return dict(rows=rows, logits_shape=tuple(reference.shape), saved=saved, loads=loads,
-#                 reference=reference.cpu() if kept else None)
-# ```
-#
+# 这些函数在 `snippets/experiments/n07_checkpoint.py` 里。模型尺寸是参数 `dims`，本篇用它的 `tiny`。
+# 本篇自己给一个目录，`run` 不删它（后面还要在 4 个 rank 上读），并让 rank 0 带回保存时的 logits：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(build_gpt, logits, save_at, run)
+
+# %% [markdown]
 # 在 2 个 rank 上：TP=2 存，TP=1 读（两个 rank 都建完整的 TP=1 模型，互为 DP 副本）：
 
 # %%
@@ -233,26 +196,11 @@ chunks_table(saved, "decoder.layers.self_attention.linear_qkv.weight")
 # 加载方用**自己的**模型生成 sharded state dict——它说明"我这个 rank 需要全局 tensor 的哪一段"；`dist_checkpointing.load`
 # 按这些偏移从文件里读出对应区间，不管保存时是怎么切的。新模型用另一个 seed 建，加载前 logits 不同，加载后应与 TP=2 相同。
 # `load_at` 还记下这个 rank 要的第 0 层 `linear_qkv.weight` 那一块；`load_row` 把一次加载和保存时的 logits 比一遍：
-#
-# ```python
-# def load_at(dims, tp, ckpt_dir, device="cpu"):
-#     model = build_gpt(dims, tp, seed=2, device=device)
-#     before = logits(model, dims, device)
-#     sharded_sd = model.sharded_state_dict()  # 这个 rank 要全局 tensor 的哪一块
-#     wants = [row for row in cv.sharded_rows(sharded_sd) if row[0] == LOCAL_QKV]
-#     state_dict = dist_checkpointing.load(sharded_sd, ckpt_dir)
-#     result = model.load_state_dict(state_dict)
-#     return dict(before=before, after=logits(model, dims, device), wants=wants,
-#                 mismatches=cv.key_mismatches(result))
-#
-#
-# def load_row(save_tp, tp, reference, loaded):
-#     before, after = loaded["before"], loaded["after"]
-#     return [f"TP={save_tp} → TP={tp}", torch.allclose(before, reference),
-#             torch.allclose(after, reference, atol=1e-6), round((after - reference).abs().max().item(), 4),
-#             *loaded["mismatches"]]
-# ```
-#
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(load_at, load_row)
+
+# %% [markdown]
 # TP=1 那一行 `run` 已经算好；TP=4 要 4 个 rank，用同一个 `load_at` 读同一个目录，读完删掉目录：
 
 # %%
@@ -264,8 +212,17 @@ load_table([results[0]["loads"][0]["row"], load_row(2, 4, results[0]["reference"
 # 每个加载的 rank 向文件要哪一块、这一块落在保存时的哪几块里（`source_chunks`：逐维比较区间是否相交）：
 
 # %%
-wants_table(wants_rows("TP=2 → TP=1", [r["loads"][0]["wants"] for r in results], saved)
-            + wants_rows("TP=2 → TP=4", [out["wants"] for out in tp4], saved))
+wants = (wants_rows("TP=2 → TP=1", [r["loads"][0]["wants"] for r in results], saved)
+         + wants_rows("TP=2 → TP=4", [out["wants"] for out in tp4], saved))
+wants_table(wants)
+
+# %% [markdown]
+# 同一张表画成图：第 0 层 `linear_qkv.weight` 的 48 行从上到下，左边是保存时的两块（颜色 = 写它的 rank），右边每根竖条是一个
+# 加载 rank 要的行，按它读自哪一块上色：
+
+# %%
+draw_reshard(chunk_writers([r["rows"] for r in results], LOCAL_QKV, saved["chunks"][QKV]), wants,
+             title="TP=2 存，TP=1 / TP=4 读：第 0 层 linear_qkv.weight 的每一行读自哪一块")
 
 # %% [markdown]
 # TP=1 的 rank 要完整的 48 行，DCP 从 TP=2 写的两块里各读一半拼起来；两个 TP=1 rank 是 DP 副本，要的是同一块。
@@ -342,7 +299,7 @@ Table(optim_reshard.COMPARED, optim_reshard.rows(resharded, optim_reshard.COMPAR
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(rank1["output_layer.weight"][4], rank1["output_layer.weight"][5])
 
 # %% [markdown]
@@ -354,7 +311,7 @@ print(rank1["output_layer.weight"][4], rank1["output_layer.weight"][5])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(rank0["embedding.position_embeddings.weight"][6], rank1["embedding.position_embeddings.weight"][6])
 
 # %% [markdown]
@@ -366,7 +323,7 @@ print(rank0["embedding.position_embeddings.weight"][6], rank1["embedding.positio
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 row = rank0["decoder.layers.1.self_attention.linear_qkv.weight"]
 print(row[1], row[5][0])
 
@@ -379,7 +336,7 @@ print(row[1], row[5][0])
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(sum(name.endswith(".distcp") for name in saved["files"]))
 
 # %% [markdown]
@@ -392,7 +349,7 @@ print(sum(name.endswith(".distcp") for name in saved["files"]))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(len(saved["tensors"]), sum(r[2] == "ShardedTensor" for r in rank0.values()))
 
 # %% [markdown]
@@ -405,7 +362,7 @@ print(len(saved["tensors"]), sum(r[2] == "ShardedTensor" for r in rank0.values()
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(r["sharding_type"], r["exp_avg"], r["adam_step"]) for r in resharded])
 
 # %% [markdown]
