@@ -837,6 +837,8 @@ DIV_TAG = re.compile(r"<(/?)div\b[^>]*>", re.I)
 CODE_CELL = re.compile(r'<div id="cell-id=[^"]*" class="jp-Cell jp-CodeCell[^"]*">')
 INPUT_WRAPPER = '<div class="jp-Cell-inputWrapper"'
 TOOLBAR = '<div class="celltoolbar">'
+TD_CODE = re.compile(r"(<td>(?:(?!</td>).)*?<code>)([^<]{16,})(</code>)", re.S)
+BREAK_AFTER = re.compile(r"(::|[_./](?=[A-Za-z0-9]))")
 SHAPE_CELL = re.compile(r"<td>((?:<code>)?[\[(][\d, ]{0,40}[\])](?:</code>)?)</td>")
 # the copy button's icon, ~800 bytes in every code cell: drawn once per page, used by reference
 COPY_ICON = re.compile(r'<svg (?:data-search-exclude )?aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" '
@@ -899,6 +901,8 @@ def fold_cells(content: str) -> str:
         pos = end
     out.append(content[pos:])
     content = "".join(out)
+    # a long identifier in a table cell may break after _ . / :: rather than anywhere
+    content = TD_CODE.sub(lambda m: m.group(1) + BREAK_AFTER.sub(r"\1<wbr>", m.group(2)) + m.group(3), content)
     # a cell that holds only a shape or a short list of numbers stays on one line
     content = SHAPE_CELL.sub(r'<td class="ms-nowrap">\1</td>', content)
     # prompts (In [3]: / Out[3]:), 调用链 trees and other <pre> in prose, pictures: not words

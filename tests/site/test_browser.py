@@ -65,10 +65,13 @@ LAYOUT_JS = r"""window.__msLayout = (() => {
     const clipped = [], wide = [], comm = [];
     for (const el of art().querySelectorAll('table, pre')) {
       if (!shown(el)) continue;
-      const over = el.scrollWidth > el.clientWidth + 1;
+      // material's script wraps each table in a scrolling .md-typeset__scrollwrap: that box is
+      // what overflows when the table is too wide
+      const wrap = el.tagName === 'TABLE' ? el.closest('.md-typeset__scrollwrap') : null;
+      const over = el.scrollWidth > el.clientWidth + 1 || (wrap && wrap.scrollWidth > wrap.clientWidth + 1);
       const r = el.getBoundingClientRect();
       const box = boxOf(el);
-      if (over && !scrollsX(el)) clipped.push(label(el));
+      if (over && !scrollsX(wrap || el)) clipped.push(label(el));
       else if (r.right > a.right + 1 && !(box && scrollsX(box))) clipped.push(label(el));
       if (el.tagName === 'TABLE') {
         if (over) wide.push(label(el));
@@ -157,7 +160,10 @@ LAYOUT_JS = r"""window.__msLayout = (() => {
     }
     const gutter = [...art().querySelectorAll('.jp-InputPrompt, .jp-OutputPrompt')]
       .filter(e => e.getBoundingClientRect().width > 0).length;
-    const still = [...art().querySelectorAll('table')].filter(t => shown(t) && !scrollsX(t)).map(label);
+    const still = [...art().querySelectorAll('table')].filter(t => {
+      const wrap = t.closest('.md-typeset__scrollwrap') || t;
+      return shown(t) && !(scrollsX(wrap) && wrap.getBoundingClientRect().right <= vw + 1);
+    }).map(label);
     const unpinned = [...art().querySelectorAll('table')].filter(t => {
       const c = t.querySelector('tr > :first-child'); return shown(t) && c && getComputedStyle(c).position !== 'sticky';
     }).map(label);
