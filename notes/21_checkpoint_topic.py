@@ -134,7 +134,7 @@
 # | `load_common_state_dict` / `load_tensors_metadata` / `load_plain_tensors` | 目录 | common dict / 全局 key 与形状 / 整块 tensor | 加载 strategy | 前两个否；`load_plain_tensors` 要默认群 | 否（读整块） | 否 | 无 |
 # | `load_checkpoint` | 建好的 model、optimizer、scheduler | iteration、flops 计数；对象被原地填好 | 以上全部 | 是 | 按当前并行度读 | **是**：权重、Adam 状态、lr、RNG、已消费样本数 | `load_distributed_checkpoint` |
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 import os
 import random
 import tempfile
@@ -145,10 +145,12 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from snippets.ckpt import optim_reshard, training_state
 from snippets.ckpt.checkpoint_view import metadata_json
+from snippets.ckpt.pictures import draw_replica_grid
 from snippets.experiments import EXPERIMENTS, Parallel
 from snippets.experiments.n21_ckpt_topic import (QKV, entries_line, entry, qkv_table, replica_table, run,
-                                             special_keys, written_table)
+                                             sharded_entries, special_keys, written_table)
 from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
 
@@ -169,37 +171,12 @@ workdir = tempfile.TemporaryDirectory(prefix="ckpt21-")  # 本篇写的 checkpoi
 # 词嵌入与输出层共享（`share_embeddings_and_output_weights=True`，PP=2 时它们在不同 stage 上）。每个 rank 只建自己那个 stage，
 # 然后调 `model.sharded_state_dict()`——正式入口 `generate_state_dict` 存模型时调的就是它。
 #
-# 这个函数在 `snippets/experiments/n21_ckpt_topic.py` 里：本篇的单元格和命令行
-# `torchrun --nproc-per-node 8 -m snippets.run ckpt-topic --tp 2 --pp 2`（也可以 `--dims qwen3-8b`）调用的是同一个函数。
-# 模型尺寸是参数 `dims`，本篇用它的 `tiny`（2 层、hidden 16、4 个头、vocab 32、序列 8）；坐标与权重的值无关，
-# 所以不初始化权重（`perform_initialization=False`），真实尺寸下也只是分配一个 stage 的内存。原样列出
-# （`tests/experiments/test_run_checkpoint.py` 检查这里和模块里的源码一字不差）：
-#
-# ```python
-# def sharded_entries(dims, tp, pp, device="cpu"):
-#     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
-#                                              pipeline_model_parallel_size=pp)
-#     model_parallel_cuda_manual_seed(0)
-#     config = TransformerConfig(**dims.transformer_config_kwargs(), tensor_model_parallel_size=tp,
-#                                pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
-#                                use_cpu_initialization=device == "cpu", perform_initialization=False)
-#     with torch.device(device):
-#         model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm,
-#                                                           normalization=config.normalization),
-#                          vocab_size=dims.vocab, max_sequence_length=dims.seq,
-#                          pre_process=parallel_state.is_pipeline_first_stage(),
-#                          post_process=parallel_state.is_pipeline_last_stage(),
-#                          share_embeddings_and_output_weights=True,
-#                          position_embedding_type="rope" if dims.rope else "learned_absolute")
-#     coords = dict(tp=parallel_state.get_tensor_model_parallel_rank(),
-#                   pp=parallel_state.get_pipeline_model_parallel_rank(),
-#                   dp=parallel_state.get_data_parallel_rank())
-#     return coords, ckpt_coords.coordinate_rows(model.sharded_state_dict())
-#
-#
-# def run(dims, par):
-#     return sharded_entries(dims, par.tp, par.pp, par.device)
-# ```
+# 这个函数在 `snippets/experiments/n21_ckpt_topic.py` 里。模型尺寸是参数 `dims`，本篇用它的 `tiny`
+# （2 层、hidden 16、4 个头、vocab 32、序列 8）；坐标与权重的值无关，所以不初始化权重（`perform_initialization=False`），
+# 真实尺寸下也只是分配一个 stage 的内存：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(sharded_entries, run)
 
 # %%
 TINY = EXPERIMENTS["ckpt-topic"].tiny
@@ -212,6 +189,14 @@ print(entries_line(entries))
 
 # %%
 qkv_table(entries)
+
+# %% [markdown]
+# 同一张表画成图：左边是 TP × PP × DP 的 8 个 rank，实心的是 `replica_id` 全 0、真正写进文件的那份；右边是全局 tensor
+# 的 4 块（层 × 行）由谁写，以及一个 TP=1（PP 不变）的加载方每个 rank 读哪几块——每个 stage 的 rank 要整层 48 行，
+# 从保存时两个 TP rank 写的两块里各读一块：
+
+# %%
+draw_replica_grid(qkv_table(entries).rows, title="TP2·PP2·DP2：linear_qkv.weight 的每一片由谁写，TP=1 加载时读哪几块")
 
 # %% [markdown]
 # 逐列读：
@@ -254,7 +239,7 @@ written_table(entries)
 # （[笔记 08](../08_parallel_state_and_rank_generator/)）。local spec 的注意力在没有 Transformer Engine 时不支持 CP，
 # 这里用一个 `ColumnParallelLinear` 在 CP=2·DP=2 的 4 个 rank 上看：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def cp_replica_ids():
     from megatron.core.model_parallel_config import ModelParallelConfig
 
@@ -280,7 +265,7 @@ Table(["rank", "cp", "dp", "dp-cp 序号", "weight 的 replica_id"],
 # `optim_reshard.build`），先用真实的 schedule 训练一步。RNG 用 `get_rng_state` 的五个键（`training_state.rng_state`），
 # 种子像 `_set_random_seed` 那样先设好；`args` 只放 `load_checkpoint` 会读回的字段（`training_state.training_args`）。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def save_training_state(ckpt_dir):
     optim_reshard.use_local_writer_queue()  # 同步保存不需要 spawn 一个 Manager：见遗留问题 7
     model, ddp, optimizer = optim_reshard.build(tp=2, init=True)
@@ -360,7 +345,7 @@ Table(["ShardedObject key / 片", "global shape"],
 # 优化器的非张量部分按 `dp_group_idx` 各一份。最后用 `load_plain_tensors` 把所有 tensor 整块读出——它要默认进程群，
 # 所以放在 1 个 rank 上跑；4 个 rank 写的 checkpoint 被 1 个 rank 完整读回，这本身就是"换 world size 读"：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def read_whole(ckpt_dir):
     plain = dist_checkpointing.load_plain_tensors(ckpt_dir)   # 每个 tensor 整块读出，不管谁写的
     return training_state.size_rows(plain)
@@ -573,10 +558,10 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 #    `_set_main_param_and_optimizer_states` 逐键拷贝优化器状态（第 938–940 行），而这两种格式只带回 param / exp_avg / exp_avg_sq。
 #    CPU 补丁 `distrib_optimizer_torch_adam_step` 让缺失的 step 保持原值（[CPU 页](../../cpu/)）；它们保存时的 `.cuda()` 由
 #    `distrib_optimizer_gather_cuda` 处理。
-# 4. **fp32 参数 + `dp_reshardable` 的加载要在 `torch.no_grad()` 下（测试确认）。** fp32 时主权重是模型参数的 view
+# 4. **fp32 参数 + `dp_reshardable` 的加载要在 `torch.no_grad()` 下（运行确认）。** fp32 时主权重是模型参数的 view
 #    （第 421 行，没有 `detach`），`load_parameter_state_from_dp_reshardable`（第 1772 行）原地拷贝却没有 `@torch.no_grad()`，
-#    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（第 2069、1806 行）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响。
-#    `tests/ranks/test_optim_reshard.py::test_fp32_dp_reshardable_load_needs_no_grad` 复现了这个错误。
+#    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（第 2069、1806 行）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响：
+#    fp32 下不包 `no_grad` 地调用，这次原地拷贝就是对需要梯度的叶子参数的 view 做 in-place 操作，autograd 报错。
 # 5. **过时的提示。** (TP, PP) 变了时的 `RuntimeError`（checkpointing.py 第 1599 行）建议"保存时用 `--ckpt-fully-parallel-save`"，
 #    但这个参数已经弃用、不起作用（arguments.py 第 1117 行）；真正决定可否重切的是
 #    [`training_config.py:476`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training_config.py#L476) 的
@@ -607,7 +592,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([(rank, entry(rows, QKV)["global_offset"]) for rank, (_, rows) in enumerate(entries)
        if all(i == 0 for i in entry(rows, QKV)["replica_id"])])
 
@@ -621,7 +606,7 @@ print([(rank, entry(rows, QKV)["global_offset"]) for rank, (_, rows) in enumerat
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print({r: (entry(rows, "output_layer.weight")["key"], entry(rows, "output_layer.weight")["replica_id"])
        for r, (c, rows) in enumerate(entries) if c["pp"] == 1})
 
@@ -634,7 +619,7 @@ print({r: (entry(rows, "output_layer.weight")["key"], entry(rows, "output_layer.
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(sorted({k.split(".")[2] for k in tensors if k.startswith("optimizer.")}))
 
 # %% [markdown]
@@ -648,7 +633,7 @@ print(sorted({k.split(".")[2] for k in tensors if k.startswith("optimizer.")}))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def survivors(results):
     tensors = [r["sharding_type"] for r in results
                if r["loaded"] and all(r[s] for s in optim_reshard.STATES)]
@@ -670,7 +655,7 @@ print("换 TP（张量, 连步数）:", survivors(tp_change))
 #
 # </details>
 
-# %%
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(common["args"].consumed_train_samples, common["opt_param_scheduler"]["num_steps"])
 workdir.cleanup()
 

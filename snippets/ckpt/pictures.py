@@ -81,3 +81,88 @@ def draw_reshard(writers: list, wants: list, *, title: str, axis: int = 1, scale
     fig.legend(left, height - 18, legend)
     fig.check()
     return fig
+
+
+# ----------------------------------------------------------------------------- note 21: who writes what
+
+
+def written_blocks(qkv_rows) -> list[tuple]:
+    """``(rank, layer, row start, row end)`` of every piece with an all-zero ``replica_id`` in the
+    rows of note 21's ``qkv_table`` (rank, coords, key, global shape, local shape, offset, frag, replica_id)."""
+    return [(row[0], row[5][0], row[5][1], row[5][1] + row[4][0]) for row in qkv_rows if is_main_replica(row[7])]
+
+
+def tp1_requests(qkv_rows) -> list[tuple]:
+    """What a TP=1 loader with the same PP asks for: each stage's rank wants whole layers of that stage."""
+    layers = sorted({(row[1][1], row[5][0]) for row in qkv_rows})
+    rows_total = qkv_rows[0][3][1]
+    return [(f"pp {pp} 的 rank", layer, 0, rows_total) for pp, layer in layers]
+
+
+def draw_replica_grid(qkv_rows, *, title: str, scale: float = 3) -> Figure:
+    """Left: the TP × PP × DP grid, each rank's piece and ``replica_id``, writers filled. Right: the
+    global tensor's blocks by writer, and the pieces a TP=1 loader (same PP) reads from them."""
+    blocks = written_blocks(qkv_rows)
+    writer_kind = {rank: WRITER_KINDS[i] for i, (rank, *_) in enumerate(blocks)}
+    coords = {row[0]: row[1] for row in qkv_rows}  # (tp, pp, dp)
+    tps = sorted({c[0] for c in coords.values()})
+    pps = sorted({c[1] for c in coords.values()})
+    dps = sorted({c[2] for c in coords.values()})
+    cw, ch, left, top = 116, 56, 56, 60
+    grid_w = len(dps) * len(tps) * (cw + 6)
+    rows_total = qkv_rows[0][3][1]
+    bar_h = rows_total * scale
+    x_right = left + grid_w + 40
+    requests = tp1_requests(qkv_rows)
+    col = 64
+    width = x_right + (len(pps) + len(requests)) * col + 40 + 16
+    height = max(top + len(pps) * (ch + 8), top + bar_h + 20) + 56
+    desc = ("左：TP×PP×DP 的每个 rank 持有的 linear_qkv.weight 片与 replica_id，实心 = 全 0、真正写进文件的那份；"
+            "右：全局 tensor 按层、按行分成的块（颜色 = 写它的 rank），以及 TP=1 的加载方每个 rank 读哪几块。")
+    fig = Figure(width, height, title=title, desc=desc)
+    fig.text(16, 16, title, size=13, bold=True)
+    for j, (dp, tp) in enumerate((dp, tp) for dp in dps for tp in tps):
+        fig.text(left + j * (cw + 6) + cw / 2, top - 12, f"dp {dp} · tp {tp}", size=11, anchor="middle", kind="muted")
+    for i, pp in enumerate(pps):
+        fig.text(16, top + i * (ch + 8) + ch / 2, f"pp {pp}", size=12, bold=True)
+    for row in qkv_rows:
+        rank, (tp, pp, dp) = row[0], row[1]
+        x = left + (dps.index(dp) * len(tps) + tps.index(tp)) * (cw + 6)
+        y = top + pps.index(pp) * (ch + 8)
+        main = is_main_replica(row[7])
+        with fig.group(f"rank {rank} {'写' if main else '副本'}"):
+            if main:
+                fig.rect(x, y, cw, ch, writer_kind[rank], rx=3)
+            else:
+                fig.rect(x, y, cw, ch, "light", rx=3, outline="grid", dashed=True)
+            ink = "on" if main else "ink"
+            fig.text(x + 8, y + 13, f"rank {rank}", size=12, bold=True, kind=ink)
+            fig.text(x + 8, y + 29, f"层 {row[5][0]} · 行 {row[5][1]}–{row[5][1] + row[4][0]}", size=11, kind=ink)
+            fig.text(x + 8, y + 44, f"replica {tuple(row[7])}", size=11, kind=ink if main else "muted")
+    # the global tensor, one column per layer, then the TP=1 loader's requests
+    for k, pp in enumerate(pps):
+        layer = next(row[5][0] for row in qkv_rows if row[1][1] == pp)
+        x = x_right + k * col
+        fig.text(x + 22, top - 12, f"层 {layer}", size=11, anchor="middle", kind="muted")
+        for rank, lay, lo, hi in blocks:
+            if lay == layer:
+                fig.rect(x, top + lo * scale, 44, (hi - lo) * scale, writer_kind[rank], rx=0, outline="paper",
+                         tip=f"层 {lay} 行 [{lo}, {hi}) 由 rank {rank} 写")
+                fig.text(x + 22, top + (lo + hi) / 2 * scale, f"r{rank}", size=11, anchor="middle", kind="on")
+    fig.text(x_right, top - 34, "全局 [层, 行]", size=12, bold=True)
+    x0 = x_right + len(pps) * col + 40
+    fig.text(x0, top - 34, "TP=1 加载", size=12, bold=True)
+    for k, (label, layer, lo, hi) in enumerate(requests):
+        x = x0 + k * col
+        fig.text(x + 22, top - 12, f"层 {layer}", size=11, anchor="middle", kind="muted")
+        for rank, lay, b_lo, b_hi in blocks:
+            a, b = max(lo, b_lo), min(hi, b_hi)
+            if lay == layer and a < b:
+                fig.rect(x, top + a * scale, 44, (b - a) * scale, writer_kind[rank], rx=0, outline="paper",
+                         tip=f"TP=1 {label} 读 层 {layer} 行 [{a}, {b}) 自 rank {rank}")
+    y = height - 34
+    fig.legend(16, y, [(writer_kind[r], f"rank {r} 写的块") for r, *_ in blocks])
+    fig.rect(16, y + 14, 12, 12, "light", rx=2, outline="grid", dashed=True)
+    fig.text(33, y + 20, "副本（replica_id 不全为 0，不写）", size=12)
+    fig.check()
+    return fig

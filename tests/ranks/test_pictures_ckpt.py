@@ -69,3 +69,39 @@ def test_two_renders_are_byte_identical(saved_and_wants):
     assert a.svg() == b.svg()
     a.check()
     assert a.width <= 1100
+
+
+# ----------------------------------------------------------------------------- note 21
+
+
+@pytest.fixture(scope="module")
+def qkv_rows():
+    from snippets.experiments.n21_ckpt_topic import qkv_table, run
+
+    tiny = EXPERIMENTS["ckpt-topic"].tiny
+    return qkv_table(run_ranks(run, 8, tiny, Parallel(world=8, tp=2, pp=2), grid=dict(tp=2, pp=2))).rows
+
+
+def test_replica_grid_fills_exactly_the_writers(qkv_rows):
+    from snippets.ckpt.pictures import draw_replica_grid, written_blocks
+
+    svg = draw_replica_grid(qkv_rows, title="t").svg()
+    filled = {int(r) for r in re.findall(r'<g data-name="rank (\d+) 写">', svg)}
+    replicas = {int(r) for r in re.findall(r'<g data-name="rank (\d+) 副本">', svg)}
+    # the table's replica_id column: all-zero = writes
+    assert filled == {row[0] for row in qkv_rows if tuple(row[7]) == (0, 0, 0)} == {0, 1, 4, 5}
+    assert replicas == {row[0] for row in qkv_rows if tuple(row[7]) != (0, 0, 0)}
+    assert [b[0] for b in written_blocks(qkv_rows)] == sorted(filled)
+
+
+def test_tp1_loader_reads_the_two_tp_blocks_of_its_layer(qkv_rows):
+    from snippets.ckpt.pictures import draw_replica_grid
+
+    svg = draw_replica_grid(qkv_rows, title="t").svg()
+    reads = re.findall(r"<title>TP=1 pp (\d) 的 rank 读 层 (\d) 行 \[(\d+), (\d+)\) 自 rank (\d+)</title>", svg)
+    assert [tuple(map(int, r)) for r in reads] == [(0, 0, 0, 24, 0), (0, 0, 24, 48, 1), (1, 1, 0, 24, 4),
+                                                    (1, 1, 24, 48, 5)]
+    a, b = draw_replica_grid(qkv_rows, title="t"), draw_replica_grid(qkv_rows, title="t")
+    assert a.svg() == b.svg()
+    a.check()
+    assert a.width <= 1100
