@@ -11,10 +11,9 @@ import gc
 import os
 from datetime import timedelta
 
+import megatron.core  # noqa: F401 - imported here so the fork server pays for it once
 import torch
 import torch.distributed as dist
-
-import megatron.core  # noqa: F401 - imported here so the fork server pays for it once
 
 from snippets import cpu as cpu_compat
 from snippets.record import recorder

@@ -1,6 +1,6 @@
 """The CPU layer's "while this one Megatron call runs" helper puts back exactly what it replaced:
 torch's own attribute, or a shadow somebody else had set (no ranks; real methods in
-tests/ranks/test_cpu_restore.py)."""
+tests/ranks/test_cpu_foreign_shadows.py)."""
 
 import ast
 from pathlib import Path
