@@ -496,7 +496,7 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 #
 # ### 一个命令：这份 verl 配置每轮怎么同步 weight
 #
-# `python -m snippets.rl.verl_sync CONFIG.yaml [--params 7e9]` 读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
+# `weight-sync CONFIG [--params 7e9]`（即 `python -m snippets.rl.weight_sync`；`snippets.rl.verl_sync` 是它的旧名）读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
 # 回答 seed 000 的四个问题并给出每卡搬运量和时间下限（模型大小取 `--params`，或从 `model.path` 的名字里读）。
 # `tests/fixtures/verl/` 下是几份最小的 verl 配置。seed 的布局（Megatron TP4×PP2，SGLang TP8，colocated）：
 
@@ -529,6 +529,34 @@ verl_sync("tests/fixtures/verl/rollout_name_unset.yaml")
 
 # %%
 verl_sync("tests/fixtures/verl/not_verl.yaml")
+
+# %% [markdown]
+# RL 用户手里更常见的是启动脚本：先几行 shell 变量，再一条 `python3 -m verl.trainer.main_ppo --config-name=… key=value …`。
+# 同一个命令（安装后叫 `weight-sync`）照 bash 的规矩展开脚本里的变量（`NAME=value`、`${NAME:-default}`、`$((…))`、
+# 带引号的列表），找到 trainer 那条命令，再把它的 Hydra 覆盖项逐条叠到 verl 这份配置的缺省值上。缺省值我们只记了命令要读的
+# 那几个键，并注明读自 verl 提交 `b178a3c`。下面这份脚本只写了 Megatron 的 TP、PP 和 vLLM 的 TP，没写 `hybrid_engine`，
+# 于是取 verl 的缺省 `true`：训练和生成轮流用同一批 16 张卡。脚本里要到运行时才知道的值（`$1`、`$(…)`、脚本没设的环境变量），
+# 报告会单列一行 `unknown`，说明它喂给哪个键，其余部分照常回答。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+def weight_sync(*args):
+    run = subprocess.run([sys.executable, "-m", "snippets.rl.weight_sync", *args], cwd=ROOT,
+                         capture_output=True, text=True)
+    print(run.stdout + run.stderr + f"(exit status {run.returncode})")
+
+
+# %%
+weight_sync("tests/fixtures/verl/run_qwen2_7b_megatron_grpo.sh")
+
+# %% [markdown]
+# NeMo RL 的配置靠 `defaults:` 继承：子文件只写与父文件不同的键，父文件的路径相对子文件所在目录。命令按 NeMo RL 自己的规则
+# （`load_config_with_inheritance`）从最上层的父文件一层层合并下来，再解开 `${…}` 引用。下面这份配置继承了两层：
+# `recipes/grpo_llama8b_megatron_separate.yaml` → `grpo_llama8b_megatron.yaml` → `grpo_base.yaml`。Megatron 以 TP2×PP2
+# 在第一个节点训练，vLLM 以 TP2 在第二个节点生成（`colocated.enabled: false`），所以每轮 `refit_policy_generation`
+# 走 NCCL broadcast 那一支：每张生成卡都要收下整个模型，而不只是自己那一片。
+
+# %%
+weight_sync("tests/fixtures/nemo_rl/recipes/grpo_llama8b_megatron_separate.yaml")
 
 # %% [markdown]
 # ## 与训练主链路的关系
