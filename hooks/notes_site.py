@@ -351,7 +351,7 @@ GENERATED = {NOTE_MAP_MARK: lambda d: note_map(d), SELF_TEST_MARK: self_test_ban
 
 NOTE_REF = re.compile(r"(?<![A-Za-z0-9_/#.])(笔记|[Nn]otes?)(\s?)(\d\d(?:\s?[/、,，–-]\s?\d\d)*)(?![0-9A-Za-z_%])")
 TWO_DIGITS = re.compile(r"(?<!\d)\d\d(?!\d)")
-PROTECTED = re.compile(r"```.*?```|`[^`\n]*`|\[[^\]\n]*\]\([^)\n]*\)|<[^>\n]+>|^#.*$", re.S | re.M)
+PROTECTED = re.compile(r"```.*?```|`[^`\n]*`|\[[^\]\n]*\]\([^)\n]*\)|<[^>\n]+>|^#[^\n]*$", re.S | re.M)
 
 
 def _link_numbers(text: str, present: dict[int, Path], prefix: str) -> str:
