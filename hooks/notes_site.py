@@ -939,7 +939,7 @@ def share_copy_icon(content: str) -> str:
     first = COPY_ICON.search(content)
     if first is None:
         return content
-    symbol = (f'<svg hidden aria-hidden="true" data-search-exclude><symbol id="ms-copy-icon" viewBox="0 0 16 16">'
+    symbol = (f'<svg width="0" height="0" style="position:absolute" aria-hidden="true" data-search-exclude><symbol id="ms-copy-icon" viewBox="0 0 16 16">'
               f"{first.group(1).strip()}</symbol></svg>")
     use = ('<svg aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" class="clipboard-copy-icon">'
            '<use href="#ms-copy-icon"/></svg>')
