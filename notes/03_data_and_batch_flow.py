@@ -238,7 +238,7 @@ Table(["i", "shuffle_index[i]", "tokens", "labels"],
 #
 # `DataLoader` 把样本叠成 batch（这里 micro-batch 2，相当于 `--micro-batch-size 2`）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 MEANING = {
     "tokens": "输入 token id，[b, s]",
     "labels": "目标 token id = 窗口右移一位，[b, s]",
@@ -384,7 +384,7 @@ role_table(tp_pp, TP_PP)
 #
 # 取一个中间含 EOD 的样本，看第 1 种办法造出的字段，并由 EOD 位置算出第 2 种办法要的 `cu_seqlens`：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 reset_config = dataclasses.replace(config, reset_position_ids=True, reset_attention_mask=True)
 reset_ds, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [6, None, None], lambda: True, reset_config).build()
 # the sample with the most document boundaries inside it
@@ -522,7 +522,7 @@ print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
 # 4. **simple loop 的 mock 数据比看上去贵。** sizes `[1000, None, None]` 仍会为 train / valid / test 各建一个整 epoch 的
 #    索引（上面 seq 64 时每个约一百万样本）；把序列长度改小，样本数和建索引时间成比例变大（seq 8 时约 850 万个）。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 sender, receiver, paired = paired_views("all")
 packed_data = {name: packed[name][None] for name in FIELDS} | {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
 sent_log = []
@@ -533,7 +533,7 @@ except BroadcastMismatch as err:
     print("BroadcastMismatch:", err)
 print("发送方依次发出:", [entry[0] for entry in sent_log])
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 sender, receiver, paired = paired_views("all")
 get_batch_on_this_tp_rank(iter([{name: batch0[name] for name in FIELDS}]), BatchArgs(2, 8), view=sender)
 print("get_batch_on_this_tp_rank 返回的键:", list(get_batch_on_this_tp_rank(None, BatchArgs(2, 8), view=receiver)))

@@ -170,7 +170,7 @@ from megatron.core.tokenizers import MegatronTokenizer
 # 每篇文末加 EOD（`NullTokenizer` 的 EOD 是 31），和 `tools/preprocess_data.py` 最后一步一样用 `IndexedDatasetBuilder` 写
 # （笔记 03 实验模块里的 `write_corpus`）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=31)
 workdir = tempfile.TemporaryDirectory()
 lengths = [2 + i % 4 for i in range(10)]
@@ -197,7 +197,7 @@ print("b 的文档长度（含 EOD）:", indexed_b.sequence_lengths.tolist())
 #
 # 下面这条命令行就是本篇的训练配置：DP=2、micro-batch 1、global batch 4（所以每步 2 个 micro-batch）、训练 4 步、每 2 步验证 1 步：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 COMMAND = (f"--data-path {corpus_a} --split 6,2,2 --seq-length 4 --micro-batch-size 1 --global-batch-size 4 "
            "--train-iters 4 --eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size 31")
 args = parse_args(COMMAND, world_size=2)
@@ -333,7 +333,7 @@ Table(["train_iters", "num_samples", "epoch 数", "前面完整 epoch 的样本"
 # **续训时改 `--train-iters` 会换掉数据顺序。** 三张表由 `num_samples`（决定 epoch 数和是否单独打乱）与 seed 决定。
 # 同一份语料，只把 `--train-iters` 从 4 改成别的值，`train[i]` 还是同一个样本吗？
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 base = [train[i]["tokens"].tolist() for i in range(16)]
 rows = []
 for iters in (3, 4, 5, 6, 8):
@@ -379,7 +379,7 @@ draw_blend(train_blend.dataset_index, train_blend.dataset_sample_index,
 #
 # 实测比例：把训练拉长到 250 步（train 要 1000 个样本），用真实的 `BlendedDataset.__getitem__` 逐个取样本，数 `dataset_id`：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 BLEND_COMMAND = COMMAND.replace(f"--data-path {corpus_a}", f"--data-path 0.7 {corpus_a} 0.3 {corpus_b}")
 long_args = parse_args(BLEND_COMMAND.replace("--train-iters 4", "--train-iters 250"), world_size=2)
 long_blend = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(long_args), lambda: True,
@@ -391,7 +391,7 @@ Table(["前 n 个样本", "来自 a 的比例", "来自 b 的比例", "与 0.7 �
       [[k, round(from_a[k - 1] / k, 4), round(1 - from_a[k - 1] / k, 4), round(from_a[k - 1] / k - 0.7, 4)]
        for k in (10, 17, 100, len(drawn))])
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 print("样本总数:", len(drawn), " 每个前缀里来自 a 的个数与 0.7·n 之差，最大:", round(float(abs(from_a - 0.7 * n).max()), 4))
 other_seed = parse_args(BLEND_COMMAND.replace("--train-iters 4", "--train-iters 250 --seed 7"), world_size=2)
 reseeded = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(other_seed), lambda: True,
@@ -696,7 +696,7 @@ Table(["调用栈（megatron/core 内，由外到内）", "行", "函数"],
 # （与 Megatron 自己的 `DotProductAttention` 加块对角 mask 的结果相同）；模型的其余部分——embedding、
 # RoPE 的 THD 路径、线性层、loss——都是真实的 Megatron：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 got = packed_out["core_attention_got"]
 Table(["读者", "收到的"],
       [["rotary_pos_emb(max_seq_len)", packed_out["rotary_length"]],

@@ -300,7 +300,7 @@ Table(["权重", "实测 std"], sorted(stds.items(), key=lambda kv: kv[1]))
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(base_config, variants, build_variants, run)
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 BASE = dict(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
             add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
             use_cpu_initialization=True, pipeline_dtype=torch.float32)
@@ -433,7 +433,7 @@ print(run_ranks(block_spec_layers, 1)[0])
 #
 # 正式入口缺省 `--transformer-impl transformer_engine`。本机没有 TE：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 print("transformer_engine 可导入:", importlib.util.find_spec("transformer_engine") is not None,
       " gpt_layer_specs.HAVE_TE:", gpt_layer_specs.HAVE_TE)
 
