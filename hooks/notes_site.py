@@ -844,7 +844,8 @@ SHAPE_CELL = re.compile(r"<td>((?:<code>)?[\[(][\d, ]{0,40}[\])](?:</code>)?)</t
 COPY_ICON = re.compile(r'<svg (?:data-search-exclude )?aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" '
                        r'version="1\.1"\s+data-view-component="true" class="clipboard-copy-icon">(.*?)</svg>', re.S)
 SVG_IMG = re.compile(r'<img\s+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\s]+)"[^>]*>')
-CHECKED_LINE = ('<p class="ms-checked" data-search-exclude>这一页怎样检查：CI 用 nbval 重新执行整本 notebook，逐个单元格比对'
+CHECKED_LINE = ('<p class="ms-checked" data-search-exclude>'
+                '这一页怎样检查：CI 用 nbval 重新执行整本 notebook，逐个单元格比对'
                 '存下的输出；页面上的表格和图都是这次运行打印、画出来的，不是手写的。</p>')
 
 
@@ -939,7 +940,8 @@ def share_copy_icon(content: str) -> str:
     first = COPY_ICON.search(content)
     if first is None:
         return content
-    symbol = (f'<svg width="0" height="0" style="position:absolute" aria-hidden="true" data-search-exclude><symbol id="ms-copy-icon" viewBox="0 0 16 16">'
+    symbol = ('<svg width="0" height="0" style="position:absolute" aria-hidden="true" data-search-exclude>'
+              '<symbol id="ms-copy-icon" viewBox="0 0 16 16">'
               f"{first.group(1).strip()}</symbol></svg>")
     use = ('<svg aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" class="clipboard-copy-icon">'
            '<use href="#ms-copy-icon"/></svg>')

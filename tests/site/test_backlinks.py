@@ -23,7 +23,8 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-from conftest import DESKTOP, PHONE, shot as _shot  # browser fixtures: tests/site/conftest.py
+from conftest import DESKTOP, PHONE  # browser fixtures: tests/site/conftest.py
+from conftest import shot as _shot
 
 ROOT = Path(__file__).resolve().parents[2]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",

@@ -15,7 +15,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from conftest import DESKTOP, PHONE, expected_note_names, shot as _shot
+from conftest import DESKTOP, PHONE, expected_note_names
+from conftest import shot as _shot
 
 CJK_WORD = re.compile(r"[\u4e00-\u9fff]{2,8}")
 TOC_LINKS = "nav.md-nav--secondary a.md-nav__link"  # the page TOC (integrated in the left sidebar)
@@ -52,7 +53,8 @@ LAYOUT_JS = r"""window.__msLayout = (() => {
   const clipsX = el => getComputedStyle(el).overflowX !== 'visible';
   const label = el => {
     const cls = typeof el.className === 'string' && el.className ? '.' + el.className.trim().split(/\s+/)[0] : '';
-    return el.tagName.toLowerCase() + cls + ' "' + (el.textContent || '').trim().replace(/\s+/g, ' ').slice(0, 50) + '"';
+    const text = (el.textContent || '').trim().replace(/\s+/g, ' ').slice(0, 50);
+    return el.tagName.toLowerCase() + cls + ' "' + text + '"';
   };
   // nearest ancestor inside the article that clips or scrolls horizontally
   const boxOf = el => {
