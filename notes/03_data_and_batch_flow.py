@@ -427,6 +427,7 @@ def packed_vs_separate(sample, cu_seqlens):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     mpu.initialize_model_parallel()
+    torch.manual_seed(0)  # the full weights come from the default generator (use_cpu_initialization)
     model_parallel_cuda_manual_seed(0)
     model = GPTModel(config=tiny_config(num_layers=2), transformer_layer_spec=get_gpt_layer_local_spec(),
                      vocab_size=32, max_sequence_length=8)

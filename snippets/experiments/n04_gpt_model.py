@@ -35,6 +35,9 @@ def build_gpt(dims, tp: int, device: str = "cpu"):
     from megatron.core.transformer import TransformerConfig
 
     mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
+    # use_cpu_initialization draws the full weight from the default generator (as on a GPU):
+    # seed it, as megatron/training's _set_random_seed does, so every TP size builds the same model
+    torch.manual_seed(1234)
     model_parallel_cuda_manual_seed(1234)
     config = TransformerConfig(**dims.transformer_config_kwargs(),  # --swiglu sets gated_linear_unit, silu
                                tensor_model_parallel_size=tp, use_cpu_initialization=True,
