@@ -359,7 +359,7 @@ print("max |grad|  q bias:", round(q, 4), " v bias:", round(v, 4), " k bias < 1e
 # Adam 第一步对每个元素的更新是 lr·g/(|g|+ε)（ε = 1e-8）：q、v 的 bias 走接近 lr 的一步；k 的 bias 梯度只有舍入误差那么大，
 # 这一步的大小和方向都由舍入误差决定，换一种求和顺序就换一个结果。去掉 bias 之后，上面的 DP=2 与单进程只差 1e-7 量级。
 #
-# **2. CPU 上的三个补丁，和没加的那个。** 本篇依赖 `snippets/cpu/compat.py` 里为它加的三个补丁
+# **2. CPU 上的三个补丁，和没加的那个。** 本篇依赖 CPU 层（`snippets/cpu/optimizer.py`、`snippets/cpu/distributed.py`）里为它加的三个补丁
 # （[在 CPU 上运行](../../cpu/) 有表和测试）：优化器构造时写死的 `device='cuda'`；每步算梯度范数时两处写死的
 # `device='cuda'`（`ChainedOptimizer.step` 不管 `clip_grad` 是多少都算范数）；以及
 # [`distrib_optimizer.py:420`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L420)
