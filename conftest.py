@@ -5,6 +5,7 @@ import pytest
 # The site tests' fixture notebook is data, not a note: nbval must not execute it.
 collect_ignore_glob = ["tests/fixtures/*"]
 
+
 def pytest_addoption(parser):
     parser.addoption(
         "--megatron-src",
@@ -22,7 +23,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "real_size: runs a real model's sizes on CPU (opt in with --real-size)")
+    config.addinivalue_line(
+        "markers", "real_size: runs a real model's sizes on CPU (opt in with --real-size)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -53,8 +53,11 @@ def main() -> int:
         print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
     walls = sorted(float(r[2]) for r in rows)
     green = sum(r[1] == 0 for r in rows)
-    print(f"\n{green}/{len(rows)} green ({'serial' if args.serial else 'parallel, -n 2'}); wall min "
-          f"{walls[0]:.0f} s, median {walls[len(walls) // 2]:.0f} s, max {walls[-1]:.0f} s", flush=True)
+    print(
+        f"\n{green}/{len(rows)} green ({'serial' if args.serial else 'parallel, -n 2'}); wall min "
+        f"{walls[0]:.0f} s, median {walls[len(walls) // 2]:.0f} s, max {walls[-1]:.0f} s",
+        flush=True,
+    )
     return 0 if green == len(rows) else 1
 
 

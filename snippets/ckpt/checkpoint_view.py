@@ -27,11 +27,29 @@ def sharded_rows(sharded_state_dict: dict) -> list[list]:
     rows = []
     for local_key, sh in sharded_state_dict.items():
         if isinstance(sh, ShardedTensor):
-            rows.append([local_key, sh.key, "ShardedTensor", tuple(sh.global_shape),
-                         tuple(sh.local_shape), tuple(sh.global_offset), sh.replica_id])
+            rows.append(
+                [
+                    local_key,
+                    sh.key,
+                    "ShardedTensor",
+                    tuple(sh.global_shape),
+                    tuple(sh.local_shape),
+                    tuple(sh.global_offset),
+                    sh.replica_id,
+                ]
+            )
         elif isinstance(sh, ShardedObject):
-            rows.append([local_key, sh.key, "ShardedObject", tuple(sh.global_shape), "-",
-                         tuple(sh.global_offset), sh.replica_id])
+            rows.append(
+                [
+                    local_key,
+                    sh.key,
+                    "ShardedObject",
+                    tuple(sh.global_shape),
+                    "-",
+                    tuple(sh.global_offset),
+                    sh.replica_id,
+                ]
+            )
         else:
             rows.append([local_key, "-", type(sh).__name__, "-", "-", "-", "-"])
     return rows
@@ -58,8 +76,11 @@ def stored_tensors(ckpt_dir: str) -> dict[str, tuple]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(ckpt_dir).read_metadata()
-    return {k: tuple(v.size) for k, v in sorted(meta.state_dict_metadata.items())
-            if isinstance(v, TensorStorageMetadata)}
+    return {
+        k: tuple(v.size)
+        for k, v in sorted(meta.state_dict_metadata.items())
+        if isinstance(v, TensorStorageMetadata)
+    }
 
 
 def stored_chunks(ckpt_dir: str, key: str) -> list[tuple]:

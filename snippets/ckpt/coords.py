@@ -28,16 +28,33 @@ def coordinate_rows(sharded_state_dict: dict) -> list[dict]:
     rows = []
     for local_key, sh in sharded_state_dict.items():
         if isinstance(sh, ShardedTensor):
-            rows.append(dict(local_key=local_key, key=sh.key, kind="ShardedTensor",
-                             global_shape=tuple(sh.global_shape), local_shape=tuple(sh.local_shape),
-                             global_offset=tuple(sh.global_offset),
-                             axis_fragmentations=tuple(sh.axis_fragmentations or ()),
-                             prepend_axis_num=sh.prepend_axis_num, replica_id=sh.replica_id))
+            rows.append(
+                dict(
+                    local_key=local_key,
+                    key=sh.key,
+                    kind="ShardedTensor",
+                    global_shape=tuple(sh.global_shape),
+                    local_shape=tuple(sh.local_shape),
+                    global_offset=tuple(sh.global_offset),
+                    axis_fragmentations=tuple(sh.axis_fragmentations or ()),
+                    prepend_axis_num=sh.prepend_axis_num,
+                    replica_id=sh.replica_id,
+                )
+            )
         elif isinstance(sh, ShardedObject):
-            rows.append(dict(local_key=local_key, key=sh.key, kind="ShardedObject",
-                             global_shape=tuple(sh.global_shape), local_shape=(),
-                             global_offset=tuple(sh.global_offset), axis_fragmentations=(),
-                             prepend_axis_num=0, replica_id=sh.replica_id))
+            rows.append(
+                dict(
+                    local_key=local_key,
+                    key=sh.key,
+                    kind="ShardedObject",
+                    global_shape=tuple(sh.global_shape),
+                    local_shape=(),
+                    global_offset=tuple(sh.global_offset),
+                    axis_fragmentations=(),
+                    prepend_axis_num=0,
+                    replica_id=sh.replica_id,
+                )
+            )
     return rows
 
 
@@ -66,6 +83,9 @@ def written_pieces(rows_per_rank: list[list[dict]]) -> dict[str, tuple[int, bool
 
 def _tile_once(boxes: list, shape: tuple) -> bool:
     inside = all(0 <= o and o + s <= dim for box in boxes for (o, s), dim in zip(box, shape))
-    disjoint = all(any(a_o + a_s <= b_o or b_o + b_s <= a_o for (a_o, a_s), (b_o, b_s) in zip(a, b))
-                   for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    disjoint = all(
+        any(a_o + a_s <= b_o or b_o + b_s <= a_o for (a_o, a_s), (b_o, b_s) in zip(a, b))
+        for i, a in enumerate(boxes)
+        for b in boxes[i + 1 :]
+    )
     return inside and disjoint and sum(math.prod(s for _, s in box) for box in boxes) == math.prod(shape)

@@ -46,16 +46,29 @@ import torch
 from snippets.ranks import rank_env
 from snippets.ranks.launch import DEFAULT_TIMEOUT_S, run_ranks
 
-
-SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter",
-                  "fully_sharded_model_space")
+SHARDING_TYPES = (
+    "dp_reshardable",
+    "fully_reshardable",
+    "dp_zero_gather_scatter",
+    "fully_sharded_model_space",
+)
 """The sharding types ``DistributedOptimizer.sharded_state_dict`` accepts without Megatron FSDP."""
 
 STATES = ("weights", "fp32_param", "exp_avg", "exp_avg_sq")
 """What is compared: the bf16 model weights, then the optimizer's fp32 main weights and Adam moments."""
 
-COLUMNS = ("sharding_type", "save", "load", "loaded", "weights", "fp32_param", "exp_avg",
-           "exp_avg_sq", "adam_step", "error")
+COLUMNS = (
+    "sharding_type",
+    "save",
+    "load",
+    "loaded",
+    "weights",
+    "fp32_param",
+    "exp_avg",
+    "exp_avg_sq",
+    "adam_step",
+    "error",
+)
 """The keys of one result, in the order a table shows them."""
 
 COMPARED = ("sharding_type", "weights", "fp32_param", "exp_avg", "exp_avg_sq", "adam_step")
@@ -104,17 +117,26 @@ def build(tp: int, init: bool):
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     model_parallel_cuda_manual_seed(1 if init else 2)
-    config = tiny_config(tensor_model_parallel_size=tp, num_layers=2, num_attention_heads=4,
-                         bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+    config = tiny_config(
+        tensor_model_parallel_size=tp,
+        num_layers=2,
+        num_attention_heads=4,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+    )
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
     if init:
         init_by_global_name(model)
     ddp = DistributedDataParallel(
-        config, DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
-        Float16Module(config, model))
+        config,
+        DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
+        Float16Module(config, model),
+    )
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, clip_grad=0.0, use_distributed_optimizer=True),
-        [ddp])
+        [ddp],
+    )
     config.no_sync_func = ddp.no_sync
     return model, ddp, optimizer
 
@@ -129,11 +151,17 @@ def train_step(ddp, optimizer) -> bool:
 
     dp, rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     per_rank = MICROBATCHES // dp
-    mine = microbatches(MICROBATCHES)[rank * per_rank:(rank + 1) * per_rank]
+    mine = microbatches(MICROBATCHES)[rank * per_rank : (rank + 1) * per_rank]
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
-    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-                                num_microbatches=per_rank, seq_length=SEQ, micro_batch_size=MBS)
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(mine),
+        model=[ddp],
+        num_microbatches=per_rank,
+        seq_length=SEQ,
+        micro_batch_size=MBS,
+    )
     finalize_model_grads([ddp])
     ok, _, _ = optimizer.step()
     return ok
@@ -143,8 +171,10 @@ def checkpoint_state_dict(model, optimizer, sharding_type: str, is_loading: bool
     """The ``model`` and ``optimizer`` entries of ``generate_state_dict`` for one sharding type."""
     state_dict = {"model": model.sharded_state_dict()}
     state_dict["optimizer"] = optimizer.sharded_state_dict(
-        state_dict, is_loading=is_loading,
-        metadata={"distrib_optim_sharding_type": sharding_type, "chained_optim_avoid_prefix": True})
+        state_dict,
+        is_loading=is_loading,
+        metadata={"distrib_optim_sharding_type": sharding_type, "chained_optim_avoid_prefix": True},
+    )
     return state_dict
 
 
@@ -162,18 +192,37 @@ def held_pieces(model, optimizer) -> list[tuple]:
     for sh in model.sharded_state_dict().values():
         if not isinstance(sh, ShardedTensor):
             continue  # _extra_state objects carry no numbers
-        where = tuple((o, o + 1) for o in sh.global_offset[:sh.prepend_axis_num]) + tuple(
-            (o, o + n) for o, n in zip(sh.global_offset[sh.prepend_axis_num:], sh.local_shape))
+        where = tuple((o, o + 1) for o in sh.global_offset[: sh.prepend_axis_num]) + tuple(
+            (o, o + n) for o, n in zip(sh.global_offset[sh.prepend_axis_num :], sh.local_shape)
+        )
         param = sh.data
-        pieces.append(("weights", sh.key, tuple(sh.global_shape), where, 0, param.numel(),
-                       param.detach().float().reshape(-1).clone()))
+        pieces.append(
+            (
+                "weights",
+                sh.key,
+                tuple(sh.global_shape),
+                where,
+                0,
+                param.numel(),
+                param.detach().float().reshape(-1).clone(),
+            )
+        )
         if param not in inner.model_param_group_index_map:
             continue
         owned = inner._get_model_param_range_map(param)["param"]
         states = inner._get_main_param_and_optimizer_states(param)
         for name, key in (("fp32_param", "param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
-            pieces.append((name, sh.key, tuple(sh.global_shape), where, owned.start, owned.end,
-                           states[key].detach().float().reshape(-1).clone()))
+            pieces.append(
+                (
+                    name,
+                    sh.key,
+                    tuple(sh.global_shape),
+                    where,
+                    owned.start,
+                    owned.end,
+                    states[key].detach().float().reshape(-1).clone(),
+                )
+            )
     return pieces
 
 
@@ -209,8 +258,15 @@ def _dp_zero_sizes_agree(optimizer, loaded: dict) -> bool:
     inner = optimizer.chained_optimizers[0]
     group = inner.data_parallel_group_gloo
     param_state = loaded["optimizer"]["param_state"]
-    saved = [param_state[i][dtype]["numel_unpadded"] for i, maps in enumerate(inner.gbuf_ranges)
-             for dtype in maps] if group.rank() == 0 else None
+    saved = (
+        [
+            param_state[i][dtype]["numel_unpadded"]
+            for i, maps in enumerate(inner.gbuf_ranges)
+            for dtype in maps
+        ]
+        if group.rank() == 0
+        else None
+    )
     box = [saved]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
     if box[0] == [b.numel_unpadded for b in inner.buffers] or group.rank() == 0:
@@ -269,8 +325,13 @@ def save_rank(ckpt_root: str, tp: int, sharding_types: tuple) -> dict:
             except BaseException as exc:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
                 _reraise_interrupts(exc)
                 errors[sharding_type] = error_line(exc)
-    return dict(step_ok=ok, pieces=held_pieces(model, optimizer), errors=errors, calls=calls,
-                adam_step=adam_step(optimizer))
+    return dict(
+        step_ok=ok,
+        pieces=held_pieces(model, optimizer),
+        errors=errors,
+        calls=calls,
+        adam_step=adam_step(optimizer),
+    )
 
 
 def load_rank(ckpt_root: str, tp: int, sharding_types: tuple) -> dict:
@@ -295,8 +356,9 @@ def load_rank(ckpt_root: str, tp: int, sharding_types: tuple) -> dict:
                     model.load_state_dict(loaded["model"])
                     if sharding_type != "dp_zero_gather_scatter" or _dp_zero_sizes_agree(optimizer, loaded):
                         optimizer.load_state_dict(loaded["optimizer"])
-                out[sharding_type] = dict(pieces=held_pieces(model, optimizer),
-                                          adam_step=adam_step(optimizer))
+                out[sharding_type] = dict(
+                    pieces=held_pieces(model, optimizer), adam_step=adam_step(optimizer)
+                )
             except BaseException as exc:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
                 _reraise_interrupts(exc)
                 out[sharding_type] = dict(error=error_line(exc))
@@ -325,14 +387,18 @@ def compare(saved: dict, loaded: dict) -> dict:
     out = {}
     for state in STATES:
         a, b = saved.get(state, {}), loaded.get(state, {})
-        out[state] = (a.keys() == b.keys() and len(a) > 0
-                      and all(torch.equal(a[k], b[k]) for k in a))  # NaN != NaN: gaps fail
+        out[state] = (
+            a.keys() == b.keys() and len(a) > 0 and all(torch.equal(a[k], b[k]) for k in a)
+        )  # NaN != NaN: gaps fail
     return out
 
 
-def reshard_optimizer_state(save_grid: dict, load_grid: dict,
-                            sharding_types: tuple | list | str = ("dp_reshardable",),
-                            timeout: float = DEFAULT_TIMEOUT_S) -> list[dict]:
+def reshard_optimizer_state(
+    save_grid: dict,
+    load_grid: dict,
+    sharding_types: tuple | list | str = ("dp_reshardable",),
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[dict]:
     """Train at ``save_grid``, save, load at ``load_grid``; one result per sharding type.
 
     ``save_grid`` / ``load_grid`` are dicts with ``tp`` and ``dp`` (default 1; world = tp·dp,
@@ -356,20 +422,44 @@ def reshard_optimizer_state(save_grid: dict, load_grid: dict,
     sharding_types = tuple(sharding_types)
     save_world, load_world = _world(save_grid), _world(load_grid)
     with tempfile.TemporaryDirectory(prefix="optim-reshard-") as ckpt_root:
-        saved = run_ranks(save_rank, save_world, ckpt_root, save_grid.get("tp", 1), sharding_types,
-                          grid=dict(tp=save_grid.get("tp", 1)), timeout=timeout)
+        saved = run_ranks(
+            save_rank,
+            save_world,
+            ckpt_root,
+            save_grid.get("tp", 1),
+            sharding_types,
+            grid=dict(tp=save_grid.get("tp", 1)),
+            timeout=timeout,
+        )
         save_errors = {t: e for r in saved for t, e in r["errors"].items()}
         to_load = tuple(t for t in sharding_types if t not in save_errors)
-        loaded = run_ranks(load_rank, load_world, ckpt_root, load_grid.get("tp", 1), to_load,
-                           grid=dict(tp=load_grid.get("tp", 1)), timeout=timeout) if to_load else []
+        loaded = (
+            run_ranks(
+                load_rank,
+                load_world,
+                ckpt_root,
+                load_grid.get("tp", 1),
+                to_load,
+                grid=dict(tp=load_grid.get("tp", 1)),
+                timeout=timeout,
+            )
+            if to_load
+            else []
+        )
     reference = assemble([r["pieces"] for r in saved])
     results = []
     for sharding_type in sharding_types:
-        row = dict(sharding_type=sharding_type, save=grid_name(save_grid), load=grid_name(load_grid),
-                   loaded=False, **{s: None for s in STATES}, adam_step=None,
-                   error=save_errors.get(sharding_type),
-                   save_calls=saved[0]["calls"][sharding_type],
-                   load_calls=loaded[0][sharding_type]["calls"] if sharding_type in to_load else [])
+        row = dict(
+            sharding_type=sharding_type,
+            save=grid_name(save_grid),
+            load=grid_name(load_grid),
+            loaded=False,
+            **{s: None for s in STATES},
+            adam_step=None,
+            error=save_errors.get(sharding_type),
+            save_calls=saved[0]["calls"][sharding_type],
+            load_calls=loaded[0][sharding_type]["calls"] if sharding_type in to_load else [],
+        )
         if row["error"] is None:
             per_rank = [r[sharding_type] for r in loaded]
             errors = [r["error"] for r in per_rank if "error" in r]
@@ -398,8 +488,10 @@ def payload_as_n(calls: list) -> list:
     def hide(shape: str) -> str:
         return re.sub(r"\[(\d+)\]", lambda m: m[0] if m[1] == "1" else "[n]", shape)
 
-    return [replace(c, before=hide(c.before), after=hide(c.after)) if "dist_checkpointing/" in c.where else c
-            for c in calls]
+    return [
+        replace(c, before=hide(c.before), after=hide(c.after)) if "dist_checkpointing/" in c.where else c
+        for c in calls
+    ]
 
 
 def rows(results: list[dict], columns=COLUMNS) -> list[list]:

@@ -46,14 +46,18 @@ def draw_reshard(writers: list, wants: list, *, title: str, axis: int = 1, scale
     labels = list(dict.fromkeys(row[0] for row in wants))
     bar, gap, left, top = 44, 10, 16, 70
     save_w = 110
-    group_w = [max(len([r for r in wants if r[0] == lab]) * (bar + gap), text_width(lab, 12) + 12) for lab in labels]
+    group_w = [
+        max(len([r for r in wants if r[0] == lab]) * (bar + gap), text_width(lab, 12) + 12) for lab in labels
+    ]
     writers_seen = sorted({rank for _, _, rank in layer0})
     legend = [(WRITER_KINDS[r], f"保存时 rank {r} 写的块") for r in writers_seen]
     legend_w = sum(12 + 5 + text_width(name, 12) + 16 for _, name in legend)
     width = max(left + 40 + save_w + 40 + sum(group_w) + 40 * len(labels) + 16, left + legend_w + 16)
     height = top + total * scale + 64
-    desc = ("一个全局 tensor 第 0 层的行（TP 切的那一维）从上到下：左边是保存时的块，颜色是写它的 rank；"
-            "右边每根竖条是一个加载 rank 要的行，按它读自哪个保存块切段、上色。")
+    desc = (
+        "一个全局 tensor 第 0 层的行（TP 切的那一维）从上到下：左边是保存时的块，颜色是写它的 rank；"
+        "右边每根竖条是一个加载 rank 要的行，按它读自哪个保存块切段、上色。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     fig.text(left, 16, title, size=13, bold=True)
     x_axis = left + 32
@@ -64,8 +68,16 @@ def draw_reshard(writers: list, wants: list, *, title: str, axis: int = 1, scale
     fig.text(x, 40, "保存", size=12, bold=True)
     for off, size, rank in layer0:
         y, h = top + off[axis] * scale, size[axis] * scale
-        fig.rect(x, y, save_w, h, WRITER_KINDS[rank], rx=0, outline="paper",
-                 tip=f"保存 rank {rank} 写 [{off[axis]}, {off[axis] + size[axis]})")
+        fig.rect(
+            x,
+            y,
+            save_w,
+            h,
+            WRITER_KINDS[rank],
+            rx=0,
+            outline="paper",
+            tip=f"保存 rank {rank} 写 [{off[axis]}, {off[axis] + size[axis]})",
+        )
         fig.text(x + save_w / 2, y + h / 2, f"rank {rank} 写", size=11, anchor="middle", kind="on")
     x += save_w + 40
     for lab, gw in zip(labels, group_w):
@@ -75,8 +87,16 @@ def draw_reshard(writers: list, wants: list, *, title: str, axis: int = 1, scale
             fig.text(bx + bar / 2, top - 8, f"r{rank}", size=11, anchor="middle", kind="muted")
             size = local[axis - (len(offset) - len(local))]
             for lo, hi, writer in pieces(offset[axis], size, layer0, axis):
-                fig.rect(bx, top + lo * scale, bar, (hi - lo) * scale, WRITER_KINDS[writer], rx=0,
-                         outline="paper", tip=f"{lab} rank {rank} 读 [{lo}, {hi}) 自 rank {writer}")
+                fig.rect(
+                    bx,
+                    top + lo * scale,
+                    bar,
+                    (hi - lo) * scale,
+                    WRITER_KINDS[writer],
+                    rx=0,
+                    outline="paper",
+                    tip=f"{lab} rank {rank} 读 [{lo}, {hi}) 自 rank {writer}",
+                )
         x += gw + 40
     fig.legend(left, height - 18, legend)
     fig.check()
@@ -89,7 +109,9 @@ def draw_reshard(writers: list, wants: list, *, title: str, axis: int = 1, scale
 def written_blocks(qkv_rows) -> list[tuple]:
     """``(rank, layer, row start, row end)`` of every piece with an all-zero ``replica_id`` in the
     rows of note 21's ``qkv_table`` (rank, coords, key, global shape, local shape, offset, frag, replica_id)."""
-    return [(row[0], row[5][0], row[5][1], row[5][1] + row[4][0]) for row in qkv_rows if is_main_replica(row[7])]
+    return [
+        (row[0], row[5][0], row[5][1], row[5][1] + row[4][0]) for row in qkv_rows if is_main_replica(row[7])
+    ]
 
 
 def tp1_requests(qkv_rows) -> list[tuple]:
@@ -117,12 +139,21 @@ def draw_replica_grid(qkv_rows, *, title: str, scale: float = 3) -> Figure:
     col = 64
     width = x_right + (len(pps) + len(requests)) * col + 40 + 16
     height = max(top + len(pps) * (ch + 8), top + bar_h + 20) + 56
-    desc = ("左：TP×PP×DP 的每个 rank 持有的 linear_qkv.weight 片与 replica_id，实心 = 全 0、真正写进文件的那份；"
-            "右：全局 tensor 按层、按行分成的块（颜色 = 写它的 rank），以及 TP=1 的加载方每个 rank 读哪几块。")
+    desc = (
+        "左：TP×PP×DP 的每个 rank 持有的 linear_qkv.weight 片与 replica_id，实心 = 全 0、真正写进文件的那份；"
+        "右：全局 tensor 按层、按行分成的块（颜色 = 写它的 rank），以及 TP=1 的加载方每个 rank 读哪几块。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     fig.text(16, 16, title, size=13, bold=True)
     for j, (dp, tp) in enumerate((dp, tp) for dp in dps for tp in tps):
-        fig.text(left + j * (cw + 6) + cw / 2, top - 12, f"dp {dp} · tp {tp}", size=11, anchor="middle", kind="muted")
+        fig.text(
+            left + j * (cw + 6) + cw / 2,
+            top - 12,
+            f"dp {dp} · tp {tp}",
+            size=11,
+            anchor="middle",
+            kind="muted",
+        )
     for i, pp in enumerate(pps):
         fig.text(16, top + i * (ch + 8) + ch / 2, f"pp {pp}", size=12, bold=True)
     for row in qkv_rows:
@@ -137,7 +168,9 @@ def draw_replica_grid(qkv_rows, *, title: str, scale: float = 3) -> Figure:
                 fig.rect(x, y, cw, ch, "light", rx=3, outline="grid", dashed=True)
             ink = "on" if main else "ink"
             fig.text(x + 8, y + 13, f"rank {rank}", size=12, bold=True, kind=ink)
-            fig.text(x + 8, y + 29, f"层 {row[5][0]} · 行 {row[5][1]}–{row[5][1] + row[4][0]}", size=11, kind=ink)
+            fig.text(
+                x + 8, y + 29, f"层 {row[5][0]} · 行 {row[5][1]}–{row[5][1] + row[4][0]}", size=11, kind=ink
+            )
             fig.text(x + 8, y + 44, f"replica {tuple(row[7])}", size=11, kind=ink if main else "muted")
     # the global tensor, one column per layer, then the TP=1 loader's requests
     for k, pp in enumerate(pps):
@@ -146,8 +179,16 @@ def draw_replica_grid(qkv_rows, *, title: str, scale: float = 3) -> Figure:
         fig.text(x + 22, top - 12, f"层 {layer}", size=11, anchor="middle", kind="muted")
         for rank, lay, lo, hi in blocks:
             if lay == layer:
-                fig.rect(x, top + lo * scale, 44, (hi - lo) * scale, writer_kind[rank], rx=0, outline="paper",
-                         tip=f"层 {lay} 行 [{lo}, {hi}) 由 rank {rank} 写")
+                fig.rect(
+                    x,
+                    top + lo * scale,
+                    44,
+                    (hi - lo) * scale,
+                    writer_kind[rank],
+                    rx=0,
+                    outline="paper",
+                    tip=f"层 {lay} 行 [{lo}, {hi}) 由 rank {rank} 写",
+                )
                 fig.text(x + 22, top + (lo + hi) / 2 * scale, f"r{rank}", size=11, anchor="middle", kind="on")
     fig.text(x_right, top - 34, "全局 [层, 行]", size=12, bold=True)
     x0 = x_right + len(pps) * col + 40
@@ -158,8 +199,16 @@ def draw_replica_grid(qkv_rows, *, title: str, scale: float = 3) -> Figure:
         for rank, lay, b_lo, b_hi in blocks:
             a, b = max(lo, b_lo), min(hi, b_hi)
             if lay == layer and a < b:
-                fig.rect(x, top + a * scale, 44, (b - a) * scale, writer_kind[rank], rx=0, outline="paper",
-                         tip=f"TP=1 {label} 读 层 {layer} 行 [{a}, {b}) 自 rank {rank}")
+                fig.rect(
+                    x,
+                    top + a * scale,
+                    44,
+                    (b - a) * scale,
+                    writer_kind[rank],
+                    rx=0,
+                    outline="paper",
+                    tip=f"TP=1 {label} 读 层 {layer} 行 [{a}, {b}) 自 rank {rank}",
+                )
     y = height - 34
     fig.legend(16, y, [(writer_kind[r], f"rank {r} 写的块") for r, *_ in blocks])
     fig.rect(16, y + 14, 12, 12, "light", rx=2, outline="grid", dashed=True)

@@ -44,10 +44,18 @@ def rng_state() -> dict:
 def training_args(tp: int, pp: int, dp: int, consumed_train_samples: int, **extra) -> Namespace:
     """An ``args`` namespace with the fields ``load_checkpoint`` reads from a checkpoint's ``args``."""
     return Namespace(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, data_parallel_size=dp,
-        world_size=tp * pp * dp, ckpt_format="torch_dist", use_distributed_optimizer=True,
-        dist_ckpt_optim_fully_reshardable=False, consumed_train_samples=consumed_train_samples,
-        skipped_train_samples=0, consumed_valid_samples=0, **extra)
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        data_parallel_size=dp,
+        world_size=tp * pp * dp,
+        ckpt_format="torch_dist",
+        use_distributed_optimizer=True,
+        dist_ckpt_optim_fully_reshardable=False,
+        consumed_train_samples=consumed_train_samples,
+        skipped_train_samples=0,
+        consumed_valid_samples=0,
+        **extra,
+    )
 
 
 PATH_DEPENDENT = (".metadata",)
@@ -89,8 +97,10 @@ def common_rows(common: dict) -> list[list]:
 
 def tensor_rows(metadata: dict) -> list[list]:
     """``[global key, global shape, dtype]`` per ``ShardedTensor`` of ``load_tensors_metadata``."""
-    return [[key, tuple(sh.global_shape), str(sh.dtype).removeprefix("torch.")]
-            for key, sh in sorted(metadata.items())]
+    return [
+        [key, tuple(sh.global_shape), str(sh.dtype).removeprefix("torch.")]
+        for key, sh in sorted(metadata.items())
+    ]
 
 
 def size_rows(plain: dict) -> list[list]:
@@ -110,5 +120,6 @@ def object_rows(metadata: dict) -> list[list]:
     """``[key, global shape]`` of the ``ShardedObject`` entries of ``load_sharded_metadata``."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    return [[key, tuple(sh.global_shape)] for key, sh in sorted(metadata.items())
-            if isinstance(sh, ShardedObject)]
+    return [
+        [key, tuple(sh.global_shape)] for key, sh in sorted(metadata.items()) if isinstance(sh, ShardedObject)
+    ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-
 SLOTS = (
     # slot in TransformerLayerSubmodules (dotted for nested specs), in forward order
     "input_layernorm",

@@ -16,7 +16,6 @@ puts those chunks back in order; ``tests/ranks/test_param_table.py`` checks it a
 
 from __future__ import annotations
 
-
 import torch
 
 
@@ -25,14 +24,16 @@ def param_rows(model) -> list[dict]:
     rows = []
     for name, param in model.named_parameters():
         split = bool(getattr(param, "tensor_model_parallel", False))
-        rows.append(dict(
-            name=name,
-            local_shape=tuple(param.shape),
-            split=split,
-            partition_dim=param.partition_dim if split else None,
-            stride=getattr(param, "partition_stride", 1) if split else None,
-            numel=param.numel(),
-        ))
+        rows.append(
+            dict(
+                name=name,
+                local_shape=tuple(param.shape),
+                split=split,
+                partition_dim=param.partition_dim if split else None,
+                stride=getattr(param, "partition_stride", 1) if split else None,
+                numel=param.numel(),
+            )
+        )
     return rows
 
 

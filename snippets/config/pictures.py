@@ -52,8 +52,10 @@ def draw_param_shards(rows, tp: int, *, title: str, scale: float = 4) -> Figure:
     width = 16 + len(weights) * col + 8
     labels_y = top + tallest + 18
     height = labels_y + 3 * 16 + 26 + 20 * 2 + 10
-    desc = (f"TP={tp} 时每个被切分的二维权重按全局 [out, in] 形状画出，颜色表示持有那一块的 rank；"
-            "partition_dim 0 横着切（输出维），1 竖着切（输入维），stride 2 时每个 rank 拿不相邻的两块。")
+    desc = (
+        f"TP={tp} 时每个被切分的二维权重按全局 [out, in] 形状画出，颜色表示持有那一块的 rank；"
+        "partition_dim 0 横着切（输出维），1 竖着切（输入维），stride 2 时每个 rank 拿不相邻的两块。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     fig.text(16, 16, title, size=13, bold=True)
     for i, (name, shape, *locals_, dim, stride, _) in enumerate(weights):
@@ -65,13 +67,23 @@ def draw_param_shards(rows, tp: int, *, title: str, scale: float = 4) -> Figure:
                     x, y, w, h = x0, top + start * scale, inn * scale, (end - start) * scale
                 else:
                     x, y, w, h = x0 + start * scale, top, (end - start) * scale, out * scale
-                fig.rect(x, y, w, h, RANK_KINDS[rank], rx=0, outline="paper",
-                         tip=f"{name} rank {rank} dim {dim} [{start}, {end})")
+                fig.rect(
+                    x,
+                    y,
+                    w,
+                    h,
+                    RANK_KINDS[rank],
+                    rx=0,
+                    outline="paper",
+                    tip=f"{name} rank {rank} dim {dim} [{start}, {end})",
+                )
                 if min(w, h) >= 14:
                     fig.text(x + w / 2, y + h / 2, f"r{rank}", size=11, anchor="middle", kind="on")
             if dim == 0 and stride == 2 and name.endswith("linear_fc1.weight"):  # SwiGLU: [gate; up]
                 for g, half in enumerate(("gate", "up")):
-                    fig.text(x0 + inn * scale + 6, top + (g + 0.5) * out / 2 * scale, half, size=11, kind="muted")
+                    fig.text(
+                        x0 + inn * scale + 6, top + (g + 0.5) * out / 2 * scale, half, size=11, kind="muted"
+                    )
             fig.text(x0, labels_y, _short(name), size=11, bold=True)
             fig.text(x0, labels_y + 16, f"全局 {list(shape)}", size=11, kind="muted")
             fig.text(x0, labels_y + 32, f"dim {dim} · stride {stride}", size=11, kind="muted")
@@ -80,8 +92,10 @@ def draw_param_shards(rows, tp: int, *, title: str, scale: float = 4) -> Figure:
     names = "、".join(sorted({_short(n) for n in replicated}))
     line = f"复制（每个 rank 一整份）：{names}"
     if text_width(line, 11) > width - 32:
-        line = (f"复制（每个 rank 一整份）：{len(replicated)} 个参数"
-                "（position_embeddings、所有 LayerNorm、行并行层的 bias）")
+        line = (
+            f"复制（每个 rank 一整份）：{len(replicated)} 个参数"
+            "（position_embeddings、所有 LayerNorm、行并行层的 bias）"
+        )
     fig.text(16, y, line, size=11)
     fig.legend(16, y + 22, [(RANK_KINDS[r], f"TP rank {r} 的块") for r in range(tp)])
     fig.check()
@@ -102,8 +116,13 @@ def layer_rows(trees: dict) -> list[list]:
             if path not in order:
                 order.insert(order.index(previous) + 1 if previous is not None else 0, path)
             previous = path
-    keep = [p for p in order if p in differs or p == "decoder.final_layernorm"
-            or (p and not p.startswith(("embedding", "output_layer", "decoder", "rotary")) and p.count(".") <= 1)]
+    keep = [
+        p
+        for p in order
+        if p in differs
+        or p == "decoder.final_layernorm"
+        or (p and not p.startswith(("embedding", "output_layer", "decoder", "rotary")) and p.count(".") <= 1)
+    ]
     return [[p, *(t.get(p, MISSING) for t in trees.values())] for p in keep]
 
 
@@ -116,8 +135,10 @@ def draw_spec_trees(trees: dict, *, title: str) -> Figure:
     top = 56
     width = 16 + path_w + len(specs) * col + 8
     height = top + len(rows) * rh + 44
-    desc = ("Transformer 层的每个模块一行、每种 spec 一列，格里是建出的类；三种 spec 建出的类不同的行高亮，"
-            "“—” 表示这个模型没有该模块。")
+    desc = (
+        "Transformer 层的每个模块一行、每种 spec 一列，格里是建出的类；三种 spec 建出的类不同的行高亮，"
+        "“—” 表示这个模型没有该模块。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     fig.text(16, 16, title, size=13, bold=True)
     fig.text(16, 40, "模块（decoder.layers.0. 之下）", size=11, kind="muted")
@@ -133,8 +154,14 @@ def draw_spec_trees(trees: dict, *, title: str) -> Figure:
                 fig.rect(10, y + 1, width - 18, rh - 2, "accent", rx=2, faint=True)
             fig.text(16 + 14 * depth, y + rh / 2, name, size=11, mono=True, bold=diff)
             for j, cls in enumerate(classes):
-                fig.text(16 + path_w + j * col, y + rh / 2, cls, size=11,
-                         kind="muted" if cls == MISSING or not diff else "ink", mono=cls != MISSING)
+                fig.text(
+                    16 + path_w + j * col,
+                    y + rh / 2,
+                    cls,
+                    size=11,
+                    kind="muted" if cls == MISSING or not diff else "ink",
+                    mono=cls != MISSING,
+                )
     fig.legend(16, height - 16, [("accent", "三种 spec 建出的类不同（= diff 表的行）")])
     fig.check()
     return fig

@@ -18,15 +18,20 @@ So the note builds real models and compares *them*:
 
 from __future__ import annotations
 
-
 import torch
-
 
 MISSING = "—"
 """Table cell for a path one of the compared models does not have, or a flag a layer lacks."""
 
-FLAGS = ("gather_output", "input_is_parallel", "sequence_parallel", "skip_bias_add",
-         "allreduce_dgrad", "reduce_scatter_embeddings", "explicit_expert_comm")
+FLAGS = (
+    "gather_output",
+    "input_is_parallel",
+    "sequence_parallel",
+    "skip_bias_add",
+    "allreduce_dgrad",
+    "reduce_scatter_embeddings",
+    "explicit_expert_comm",
+)
 """Attributes the TP layers set in ``__init__`` that decide what they communicate."""
 
 ROLES = {
@@ -43,8 +48,10 @@ ROLES = {
 def module_tree(model: torch.nn.Module, strip: str = "") -> dict[str, str]:
     """``{path: class name}`` for every submodule of ``model`` (the root is ``""``), with the
     prefix ``strip`` removed from each path (``"decoder."`` shortens a GPT's layer paths)."""
-    return {(name[len(strip):] if strip and name.startswith(strip) else name): type(mod).__name__
-            for name, mod in model.named_modules()}
+    return {
+        (name[len(strip) :] if strip and name.startswith(strip) else name): type(mod).__name__
+        for name, mod in model.named_modules()
+    }
 
 
 def diff_trees(trees: dict[str, dict[str, str]]) -> list[list[str]]:
@@ -80,8 +87,7 @@ def parallel_layers(model: torch.nn.Module) -> list[dict]:
     :data:`MISSING`. ``tp`` is the size of the group the layer splits over (the expert TP group for
     expert linears). ``flags`` holds every name of :data:`FLAGS` the layer defines.
     """
-    from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
-                                               VocabParallelEmbedding)
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
     kinds = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
     rows = []
@@ -89,17 +95,19 @@ def parallel_layers(model: torch.nn.Module) -> list[dict]:
         if not isinstance(module, kinds):
             continue
         weight = getattr(module, "weight", None)
-        rows.append(dict(
-            path=path,
-            cls=type(module).__name__,
-            role=ROLES.get(path.rsplit(".", 1)[-1], ""),
-            partition_dim=weight.partition_dim if weight is not None else MISSING,
-            stride=getattr(weight, "partition_stride", 1) if weight is not None else MISSING,
-            local_shape=list(weight.shape) if weight is not None else MISSING,
-            tp=module.tp_group.size(),
-            is_expert=getattr(module, "is_expert", False),
-            flags={name: _flag(module, name) for name in FLAGS if hasattr(module, name)},
-        ))
+        rows.append(
+            dict(
+                path=path,
+                cls=type(module).__name__,
+                role=ROLES.get(path.rsplit(".", 1)[-1], ""),
+                partition_dim=weight.partition_dim if weight is not None else MISSING,
+                stride=getattr(weight, "partition_stride", 1) if weight is not None else MISSING,
+                local_shape=list(weight.shape) if weight is not None else MISSING,
+                tp=module.tp_group.size(),
+                is_expert=getattr(module, "is_expert", False),
+                flags={name: _flag(module, name) for name in FLAGS if hasattr(module, name)},
+            )
+        )
     return rows
 
 

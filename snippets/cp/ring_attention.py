@@ -36,8 +36,9 @@ def chunk_positions(cp_rank: int, cp_size: int, seq_len: int) -> torch.Tensor:
     ``2*cp_size`` equal chunks (tests check this against the real function)."""
     chunk = seq_len // (2 * cp_size)
     first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk),
-                      torch.arange(second * chunk, (second + 1) * chunk)])
+    return torch.cat(
+        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
+    )
 
 
 def causal_pairs(q_positions: torch.Tensor, k_positions: torch.Tensor) -> int:
@@ -74,8 +75,10 @@ def _ring_step(tensor, cp_group):
     send_dst = cp_global_ranks[(cp_rank + 1) % cp_size]
     recv_src = cp_global_ranks[(cp_rank - 1) % cp_size]
     received = torch.empty_like(tensor)
-    ops = [dist.P2POp(dist.isend, tensor, send_dst, cp_group),
-           dist.P2POp(dist.irecv, received, recv_src, cp_group)]
+    ops = [
+        dist.P2POp(dist.isend, tensor, send_dst, cp_group),
+        dist.P2POp(dist.irecv, received, recv_src, cp_group),
+    ]
     return dist.batch_isend_irecv(ops), received
 
 

@@ -37,10 +37,10 @@ FIELDS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 """The five fields every GPT micro-batch has, in the order ``get_batch`` returns them."""
 
 STAGE_FIELDS = {
-    "all": FIELDS,                                          # PP=1: embeds and computes the loss
+    "all": FIELDS,  # PP=1: embeds and computes the loss
     "first": ("tokens", "attention_mask", "position_ids"),  # embeds the tokens
-    "last": ("labels", "loss_mask", "attention_mask"),      # computes the loss
-    "middle": (),                                           # only sees hidden states
+    "last": ("labels", "loss_mask", "attention_mask"),  # computes the loss
+    "middle": (),  # only sees hidden states
 }
 """Which fields the TP source broadcasts, by pipeline position."""
 
@@ -60,7 +60,7 @@ class TPView:
     """What ``get_batch_on_this_tp_rank`` asks ``parallel_state``, plus the broadcast it uses."""
 
     tp_rank: int
-    src_rank: int          # global rank of TP rank 0 in this rank's TP group
+    src_rank: int  # global rank of TP rank 0 in this rank's TP group
     group: Any
     is_first_stage: bool
     is_last_stage: bool
@@ -70,9 +70,14 @@ class TPView:
     def from_parallel_state(cls) -> "TPView":
         from megatron.core import parallel_state as mpu
 
-        return cls(mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_src_rank(),
-                   mpu.get_tensor_model_parallel_group(), mpu.is_pipeline_first_stage(),
-                   mpu.is_pipeline_last_stage(), torch.distributed.broadcast)
+        return cls(
+            mpu.get_tensor_model_parallel_rank(),
+            mpu.get_tensor_model_parallel_src_rank(),
+            mpu.get_tensor_model_parallel_group(),
+            mpu.is_pipeline_first_stage(),
+            mpu.is_pipeline_last_stage(),
+            torch.distributed.broadcast,
+        )
 
 
 def stage_kind(args: BatchArgs, view: TPView, mtp_on_this_rank: bool = False) -> str:
@@ -89,15 +94,26 @@ def empty_batch(args: BatchArgs) -> dict:
     mask = None
     if args.create_attention_mask_in_dataloader:
         mask = torch.empty(args.micro_batch_size, 1, args.seq_length, args.seq_length, dtype=torch.bool)
-    return dict(tokens=torch.empty(shape, dtype=torch.int64), labels=torch.empty(shape, dtype=torch.int64),
-                loss_mask=torch.empty(shape, dtype=torch.float32), attention_mask=mask,
-                position_ids=torch.empty(shape, dtype=torch.int64),
-                # A receiver keeps no buffer for these outside hybrid CP, whatever the data holds.
-                cu_seqlens=None, max_seqlen=None, local_cp_size=None)
+    return dict(
+        tokens=torch.empty(shape, dtype=torch.int64),
+        labels=torch.empty(shape, dtype=torch.int64),
+        loss_mask=torch.empty(shape, dtype=torch.float32),
+        attention_mask=mask,
+        position_ids=torch.empty(shape, dtype=torch.int64),
+        # A receiver keeps no buffer for these outside hybrid CP, whatever the data holds.
+        cu_seqlens=None,
+        max_seqlen=None,
+        local_cp_size=None,
+    )
 
 
-def get_batch_on_this_tp_rank(data_iterator, args: BatchArgs, mtp_on_this_rank: bool = False,
-                              view: TPView | None = None, log: list | None = None) -> dict:
+def get_batch_on_this_tp_rank(
+    data_iterator,
+    args: BatchArgs,
+    mtp_on_this_rank: bool = False,
+    view: TPView | None = None,
+    log: list | None = None,
+) -> dict:
     """TP rank 0 reads one micro-batch and broadcasts its stage's fields; the others receive.
 
     Returns the batch dict (the five fields plus ``cu_seqlens``, ``max_seqlen``,
@@ -124,8 +140,7 @@ def get_batch_on_this_tp_rank(data_iterator, args: BatchArgs, mtp_on_this_rank: 
         send("cu_seqlens (count)", count)
         n = int(count.item())
         if is_source:
-            values = (torch.empty(0, dtype=torch.int32) if cu_seqlens is None
-                      else cu_seqlens.contiguous())
+            values = torch.empty(0, dtype=torch.int32) if cu_seqlens is None else cu_seqlens.contiguous()
         else:
             values = torch.empty((args.micro_batch_size, n) if n else (0,), dtype=torch.int32)
         send("cu_seqlens", values)
@@ -169,8 +184,7 @@ def get_batch(data_iterator, args: BatchArgs, view: TPView | None = None, log: l
         raise NotImplementedError("hybrid context parallel is not restated here")
     if cu_seqlens is None:  # [b, s] samples: cut the sequence into 2*CP chunks
         return (*get_batch_on_this_cp_rank(batch).values(), None)
-    batch, packed_seq_params = get_thd_batch_on_this_cp_rank(batch, cu_seqlens, cu_seqlens_padded,
-                                                              max_seqlen)
+    batch, packed_seq_params = get_thd_batch_on_this_cp_rank(batch, cu_seqlens, cu_seqlens_padded, max_seqlen)
     return (*batch.values(), packed_seq_params)
 
 
@@ -204,21 +218,26 @@ class PairedBroadcast:
         if sent.shape != tensor.shape or sent.dtype != tensor.dtype:
             raise BroadcastMismatch(
                 f"receive #{i + 1}: buffer {list(tensor.shape)} {tensor.dtype} "
-                f"but the sender sent {list(sent.shape)} {sent.dtype}")
+                f"but the sender sent {list(sent.shape)} {sent.dtype}"
+            )
         tensor.copy_(sent)
 
     def finish(self):
         if self.received != len(self.sent):
-            raise BroadcastMismatch(f"the sender sent {len(self.sent)} tensors, "
-                                    f"the receiver took {self.received}")
+            raise BroadcastMismatch(
+                f"the sender sent {len(self.sent)} tensors, the receiver took {self.received}"
+            )
 
 
 def paired_views(stage: str) -> tuple[TPView, TPView, PairedBroadcast]:
     """A sender view and a receiver view of one TP group at pipeline position ``stage``."""
     paired = PairedBroadcast()
     first, last = stage in ("all", "first"), stage in ("all", "last")
-    return (TPView(0, 0, None, first, last, paired.source),
-            TPView(1, 0, None, first, last, paired.receiver), paired)
+    return (
+        TPView(0, 0, None, first, last, paired.source),
+        TPView(1, 0, None, first, last, paired.receiver),
+        paired,
+    )
 
 
 def describe(value) -> str:

@@ -50,8 +50,10 @@ FLAGS = [
     (["--reset-position-ids"], dict(action="store_true")),
     (["--reset-attention-mask"], dict(action="store_true")),
     (["--eod-mask-loss"], dict(action="store_true")),
-    (["--no-create-attention-mask-in-dataloader"],
-     dict(action="store_false", dest="create_attention_mask_in_dataloader")),
+    (
+        ["--no-create-attention-mask-in-dataloader"],
+        dict(action="store_false", dest="create_attention_mask_in_dataloader"),
+    ),
     (["--object-storage-cache-path"], dict(type=str, default=None)),
     (["--mid-level-dataset-surplus"], dict(type=float, default=0.005)),
     (["--allow-ambiguous-pad-tokens"], dict(action="store_true")),
@@ -80,15 +82,15 @@ CONFIG_FROM_ARGS = {
     # GPTDatasetConfig field -> the args attribute core_gpt_dataset_config_from_args reads
     "random_seed": "seed",
     "sequence_length": "seq_length",
-    "blend": None,                   # get_blend_and_blend_per_split(args)[0]
-    "blend_per_split": None,         # get_blend_and_blend_per_split(args)[1]
+    "blend": None,  # get_blend_and_blend_per_split(args)[0]
+    "blend_per_split": None,  # get_blend_and_blend_per_split(args)[1]
     "split": "split",
     "multiple_validation_sets": "multiple_validation_sets",
     "full_validation": "full_validation",
     "num_dataset_builder_threads": "num_dataset_builder_threads",
     "path_to_cache": "data_cache_path",
     "mmap_bin_files": "mmap_bin_files",
-    "tokenizer": None,               # build_tokenizer(args), or the legacy global tokenizer
+    "tokenizer": None,  # build_tokenizer(args), or the legacy global tokenizer
     "reset_position_ids": "reset_position_ids",
     "reset_attention_mask": "reset_attention_mask",
     "eod_mask_loss": "eod_mask_loss",
@@ -97,10 +99,10 @@ CONFIG_FROM_ARGS = {
     "mid_level_dataset_surplus": "mid_level_dataset_surplus",
     "allow_ambiguous_pad_tokens": "allow_ambiguous_pad_tokens",
     "fast_cache_load": "dataloader_fast_cache_load",
-    "sequences_per_dataset": None,   # json.load of --per-dataset-sequences-path, if given
+    "sequences_per_dataset": None,  # json.load of --per-dataset-sequences-path, if given
     "defer_npy_index_mmap": "dataloader_defer_npy_index_mmap",
     "context_parallel_size": "context_parallel_size",
-    "data_parallel_size": "data_parallel_size",   # set by validate_args: world // (tp*pp*cp)
+    "data_parallel_size": "data_parallel_size",  # set by validate_args: world // (tp*pp*cp)
     "sequence_parallel_size": None,  # tensor_model_parallel_size * sequence_parallel
     "hybrid_context_parallel": "hybrid_context_parallel",
 }
@@ -129,9 +131,10 @@ def get_blend_and_blend_per_split(args):
     from megatron.core.datasets.utils import get_blend_from_list
 
     use_data_path = args.data_path is not None or args.data_args_path is not None
-    use_per_split = (any(p is not None for p in (args.train_data_path, args.valid_data_path,
-                                                  args.test_data_path))
-                     or args.per_split_data_args_path is not None)
+    use_per_split = (
+        any(p is not None for p in (args.train_data_path, args.valid_data_path, args.test_data_path))
+        or args.per_split_data_args_path is not None
+    )
     if use_data_path:
         if args.data_args_path is not None:
             assert args.data_path is None
@@ -142,8 +145,10 @@ def get_blend_and_blend_per_split(args):
         if args.per_split_data_args_path is not None:
             with open(args.per_split_data_args_path) as f:
                 per_split = json.load(f)
-            lists = [per_split[s].split() if isinstance(per_split[s], str) else per_split[s]
-                     for s in ("train", "valid", "test")]
+            lists = [
+                per_split[s].split() if isinstance(per_split[s], str) else per_split[s]
+                for s in ("train", "valid", "test")
+            ]
         else:
             lists = [args.train_data_path, args.valid_data_path, args.test_data_path]
         return None, [get_blend_from_list(x) for x in lists]
@@ -161,11 +166,19 @@ def core_gpt_dataset_config_from_args(args, tokenizer):
     if args.per_dataset_sequences_path is not None:
         with open(args.per_dataset_sequences_path) as f:
             sequences_per_dataset = json.load(f)
-    computed = dict(blend=blend, blend_per_split=blend_per_split, tokenizer=tokenizer,
-                    sequences_per_dataset=sequences_per_dataset,
-                    sequence_parallel_size=args.tensor_model_parallel_size * args.sequence_parallel)
-    return GPTDatasetConfig(**{field: computed[field] if attr is None else getattr(args, attr)
-                               for field, attr in CONFIG_FROM_ARGS.items()})
+    computed = dict(
+        blend=blend,
+        blend_per_split=blend_per_split,
+        tokenizer=tokenizer,
+        sequences_per_dataset=sequences_per_dataset,
+        sequence_parallel_size=args.tensor_model_parallel_size * args.sequence_parallel,
+    )
+    return GPTDatasetConfig(
+        **{
+            field: computed[field] if attr is None else getattr(args, attr)
+            for field, attr in CONFIG_FROM_ARGS.items()
+        }
+    )
 
 
 def get_train_valid_test_num_samples(args) -> tuple:

@@ -27,30 +27,51 @@ def record_forward_inputs(model):
         def hook(module, args, kwargs):
             for argument, value in pick(args, kwargs).items():
                 seen.append((reader, argument, value))
+
         return hook
 
     modules = dict(model.named_modules())
     if "embedding" in modules:
-        handles.append(modules["embedding.word_embeddings"].register_forward_pre_hook(
-            probe("embedding.word_embeddings", lambda a, k: {"input_ids": a[0]}), with_kwargs=True))
+        handles.append(
+            modules["embedding.word_embeddings"].register_forward_pre_hook(
+                probe("embedding.word_embeddings", lambda a, k: {"input_ids": a[0]}), with_kwargs=True
+            )
+        )
         if "embedding.position_embeddings" in modules:  # only for learned_absolute positions
-            handles.append(modules["embedding.position_embeddings"].register_forward_pre_hook(
-                probe("embedding.position_embeddings", lambda a, k: {"position_ids": a[0]}),
-                with_kwargs=True))
+            handles.append(
+                modules["embedding.position_embeddings"].register_forward_pre_hook(
+                    probe("embedding.position_embeddings", lambda a, k: {"position_ids": a[0]}),
+                    with_kwargs=True,
+                )
+            )
     if "rotary_pos_emb" in modules:
-        handles.append(modules["rotary_pos_emb"].register_forward_pre_hook(
-            probe("rotary_pos_emb", lambda a, k: {"max_seq_len": a[0]}), with_kwargs=True))
+        handles.append(
+            modules["rotary_pos_emb"].register_forward_pre_hook(
+                probe("rotary_pos_emb", lambda a, k: {"max_seq_len": a[0]}), with_kwargs=True
+            )
+        )
     for name, module in modules.items():
         if name.endswith("self_attention.core_attention"):
-            handles.append(module.register_forward_pre_hook(probe(name, lambda a, k: {
-                "attention_mask": a[3] if len(a) > 3 else k.get("attention_mask"),
-                "packed_seq_params": k.get("packed_seq_params")}), with_kwargs=True))
+            handles.append(
+                module.register_forward_pre_hook(
+                    probe(
+                        name,
+                        lambda a, k: {
+                            "attention_mask": a[3] if len(a) > 3 else k.get("attention_mask"),
+                            "packed_seq_params": k.get("packed_seq_params"),
+                        },
+                    ),
+                    with_kwargs=True,
+                )
+            )
 
     real_loss = getattr(model, "compute_language_model_loss", None)
     if real_loss is not None:
+
         def loss(labels, logits):
             seen.append(("compute_language_model_loss", "labels", labels))
             return real_loss(labels, logits)
+
         model.compute_language_model_loss = loss
     try:
         yield seen
@@ -65,6 +86,11 @@ def readers_of(value, seen) -> list[str]:
     """The readers that were handed exactly ``value`` (same shape, same elements)."""
     import torch
 
-    return [f"{reader}({argument})" for reader, argument, got in seen
-            if torch.is_tensor(value) and torch.is_tensor(got) and got.shape == value.shape
-            and torch.equal(got, value)]
+    return [
+        f"{reader}({argument})"
+        for reader, argument, got in seen
+        if torch.is_tensor(value)
+        and torch.is_tensor(got)
+        and got.shape == value.shape
+        and torch.equal(got, value)
+    ]

@@ -27,8 +27,11 @@ def kept_rows(results, seq: int, cp: int) -> list[list]:
     """``[rank, cp rank, chunks kept, position_ids[0], tokens[0]]`` for each rank holding positions
     (the first five columns of note 03's chunk table)."""
     chunk = seq // (2 * cp)
-    return [[r, d["coords"][1], sorted({p // chunk for p in d["positions"]}), d["positions"], d["tokens"]]
-            for r, d in enumerate(results) if d["positions"] is not None]
+    return [
+        [r, d["coords"][1], sorted({p // chunk for p in d["positions"]}), d["positions"], d["tokens"]]
+        for r, d in enumerate(results)
+        if d["positions"] is not None
+    ]
 
 
 def full_sequences(results) -> dict[int, list]:
@@ -44,8 +47,14 @@ def full_sequences(results) -> dict[int, list]:
         for p, t in zip(d["positions"], d["tokens"]):
             if seq.setdefault(p, t) != t:
                 raise ValueError(f"position {p}: tokens {seq[p]} and {t} disagree")
-    return {r: [joined[(d["coords"][0], d["coords"][2])][p] for p in sorted(joined[(d["coords"][0], d["coords"][2])])]
-            for r, d in enumerate(results) if d["positions"] is not None}
+    return {
+        r: [
+            joined[(d["coords"][0], d["coords"][2])][p]
+            for p in sorted(joined[(d["coords"][0], d["coords"][2])])
+        ]
+        for r, d in enumerate(results)
+        if d["positions"] is not None
+    }
 
 
 def _owner(position: int, seq: int, cp: int) -> int:
@@ -55,7 +64,7 @@ def _owner(position: int, seq: int, cp: int) -> int:
 
 
 def _chunk_kind(owner: int) -> tuple[str, bool]:
-    return ("cp", owner % 2 == 1)   # cp rank 0 solid, cp rank 1 faint, alternating
+    return ("cp", owner % 2 == 1)  # cp rank 0 solid, cp rank 1 faint, alternating
 
 
 def draw_batch_flow(results, seq: int, tp: int, cp: int, *, title: str) -> Figure:
@@ -71,8 +80,10 @@ def draw_batch_flow(results, seq: int, tp: int, cp: int, *, title: str) -> Figur
     width = x_kept + max(len(rows[0][3]) * CELL, text_width(kept_title, 12)) + 16
     top = 62
     height = top + len(rows) * (ROW + 14) + 70
-    desc = (f"TP={tp}、CP={cp} 的 {len(rows)} 个 rank：每个 TP rank 0 读一条长 {seq} 的序列，"
-            f"在 TP 群里广播给其余 rank（{len(log)} 次 broadcast），之后每个 rank 按 CP 坐标留下 2 块。")
+    desc = (
+        f"TP={tp}、CP={cp} 的 {len(rows)} 个 rank：每个 TP rank 0 读一条长 {seq} 的序列，"
+        f"在 TP 群里广播给其余 rank（{len(log)} 次 broadcast），之后每个 rank 按 CP 坐标留下 2 块。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     fig.text(16, 16, title, size=13, bold=True)
     fig.text(x_full, 34, "get_batch_on_this_tp_rank 之后：tokens[0]", size=12, kind="muted")
@@ -85,18 +96,39 @@ def draw_batch_flow(results, seq: int, tp: int, cp: int, *, title: str) -> Figur
         sender = d["coords"][0] == 0
         with fig.group(f"rank {r}"):
             fig.text(16, y + 12, f"rank {r}", size=13, bold=True)
-            fig.text(16, y + 30, f"tp {d['coords'][0]} · cp {cp_rank} · {'读数据' if sender else '收广播'}",
-                     size=11, kind="muted")
+            fig.text(
+                16,
+                y + 30,
+                f"tp {d['coords'][0]} · cp {cp_rank} · {'读数据' if sender else '收广播'}",
+                size=11,
+                kind="muted",
+            )
             for p, t in enumerate(full[r]):
                 kind, faint = _chunk_kind(_owner(p, seq, cp))
-                fig.boxed(x_full + p * CELL, y, CELL - 2, ROW - 10, str(t), kind, faint=faint,
-                          tip=f"rank {r} 位置 {p}")
+                fig.boxed(
+                    x_full + p * CELL,
+                    y,
+                    CELL - 2,
+                    ROW - 10,
+                    str(t),
+                    kind,
+                    faint=faint,
+                    tip=f"rank {r} 位置 {p}",
+                )
             fig.line(x_arrow, y + 15, x_kept - 12, y + 15, "muted", width=1.5, arrow=True)
             fig.text(x_arrow + 4, y + 30, f"留第 {', '.join(map(str, chunks))} 块", size=11, kind="muted")
             for j, (p, t) in enumerate(zip(positions, tokens)):
                 kind, faint = _chunk_kind(_owner(p, seq, cp))
-                fig.boxed(x_kept + j * CELL, y, CELL - 2, ROW - 10, str(t), kind, faint=faint,
-                          tip=f"rank {r} 留下 位置 {p} token {t}")
+                fig.boxed(
+                    x_kept + j * CELL,
+                    y,
+                    CELL - 2,
+                    ROW - 10,
+                    str(t),
+                    kind,
+                    faint=faint,
+                    tip=f"rank {r} 留下 位置 {p} token {t}",
+                )
     for p in range(seq):
         fig.text(x_full + p * CELL + (CELL - 2) / 2, top - 10, str(p), size=11, anchor="middle", kind="muted")
     # the broadcast: from each TP rank 0 to the other ranks of its TP group (same cp, same stage)
@@ -134,8 +166,9 @@ def blend_rows(dataset_index, dataset_sample_index, names="ab") -> list[list]:
     return [[i, names[int(d)], int(s)] for i, (d, s) in enumerate(zip(dataset_index, dataset_sample_index))]
 
 
-def draw_blend(dataset_index, dataset_sample_index, weights, *, title: str, names="ab",
-               prefix: int | None = None) -> Figure:
+def draw_blend(
+    dataset_index, dataset_sample_index, weights, *, title: str, names="ab", prefix: int | None = None
+) -> Figure:
     """The blend as a strip of samples; below it the first corpus' count minus ``weight · n``."""
     rows = blend_rows(dataset_index, dataset_sample_index, names)
     kinds = ("tp", "pp", "dp", "cp")
@@ -146,14 +179,24 @@ def draw_blend(dataset_index, dataset_sample_index, weights, *, title: str, name
     strip_y = 40
     chart_y, chart_h = strip_y + 70, 80
     height = chart_y + chart_h + 56
-    desc = (f"BlendedDataset 的 {n} 个样本依次来自哪个语料（颜色），格里是该语料的第几个样本；"
-            f"下方是前 n 个样本里来自 {names[0]} 的个数与 {weights[0]}·n 之差，始终在 ±1 之内。")
+    desc = (
+        f"BlendedDataset 的 {n} 个样本依次来自哪个语料（颜色），格里是该语料的第几个样本；"
+        f"下方是前 n 个样本里来自 {names[0]} 的个数与 {weights[0]}·n 之差，始终在 ±1 之内。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     fig.text(left, 16, title, size=13, bold=True)
     for i, name, k in rows:
         x = left + i * cell
-        fig.boxed(x, strip_y, cell - 2, 28, f"{name}{k}", kinds[names.index(name)], size=11,
-                  tip=f"样本 {i}: {name} 的第 {k} 个")
+        fig.boxed(
+            x,
+            strip_y,
+            cell - 2,
+            28,
+            f"{name}{k}",
+            kinds[names.index(name)],
+            size=11,
+            tip=f"样本 {i}: {name} 的第 {k} 个",
+        )
         if i % 5 == 0:
             fig.text(x + (cell - 2) / 2, strip_y + 40, str(i), size=11, anchor="middle", kind="muted")
     # the error of the greedy interleave: count(first corpus in the first m) - w·m, for m = 1..n

@@ -24,11 +24,19 @@ import torch
 class MegatronPretrainingSampler:
     """Yields this DP rank's micro-batch (a list of sample indices) of each global block."""
 
-    def __init__(self, total_samples, consumed_samples, micro_batch_size, data_parallel_rank,
-                 data_parallel_size, drop_last=True):
+    def __init__(
+        self,
+        total_samples,
+        consumed_samples,
+        micro_batch_size,
+        data_parallel_rank,
+        data_parallel_size,
+        drop_last=True,
+    ):
         assert total_samples > 0, f"no sample to consume: {total_samples}"
-        assert consumed_samples < total_samples, \
+        assert consumed_samples < total_samples, (
             f"no samples left to consume: {consumed_samples}, {total_samples}"
+        )
         assert micro_batch_size > 0 and data_parallel_size > 0
         assert data_parallel_rank < data_parallel_size
         self.total_samples = total_samples
@@ -58,13 +66,15 @@ class MegatronPretrainingSampler:
             yield block[start:end]
 
 
-def build_pretraining_data_loader(dataset, consumed_samples, micro_batch_size, data_parallel_rank,
-                                  data_parallel_size):
+def build_pretraining_data_loader(
+    dataset, consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size
+):
     """The ``--dataloader-type single`` loader (``num_workers=0``: notes run in-process)."""
     if dataset is None:
         return None
-    sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
-                                         data_parallel_rank, data_parallel_size)
+    sampler = MegatronPretrainingSampler(
+        len(dataset), consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size
+    )
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
 
 

@@ -57,12 +57,31 @@ class ThdCoreAttention(torch.nn.Module):
         assert not core_attention.config.apply_query_key_layer_scaling
         return cls(core_attention.softmax_scale)
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
         assert packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
-        self.seen.append(dict(query=tuple(query.shape), attention_mask=attention_mask,
-                              attn_mask_type=getattr(attn_mask_type, "name", attn_mask_type),
-                              cu_seqlens_q=packed_seq_params.cu_seqlens_q.tolist(),
-                              max_seqlen_q=packed_seq_params.max_seqlen_q))
-        return varlen_causal_attention(query, key, value, packed_seq_params.cu_seqlens_q,
-                                       packed_seq_params.max_seqlen_q, self.softmax_scale)
+        self.seen.append(
+            dict(
+                query=tuple(query.shape),
+                attention_mask=attention_mask,
+                attn_mask_type=getattr(attn_mask_type, "name", attn_mask_type),
+                cu_seqlens_q=packed_seq_params.cu_seqlens_q.tolist(),
+                max_seqlen_q=packed_seq_params.max_seqlen_q,
+            )
+        )
+        return varlen_causal_attention(
+            query,
+            key,
+            value,
+            packed_seq_params.cu_seqlens_q,
+            packed_seq_params.max_seqlen_q,
+            self.softmax_scale,
+        )

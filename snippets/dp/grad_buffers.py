@@ -26,8 +26,10 @@ def _names(ddp) -> dict:
 
 def buffer_dtypes(ddp) -> list[str]:
     """``param dtype / grad dtype`` of each buffer (one buffer per pair)."""
-    return [f"{str(b.param_dtype).removeprefix('torch.')} / {str(b.grad_dtype).removeprefix('torch.')}"
-            for b in ddp.buffers]
+    return [
+        f"{str(b.param_dtype).removeprefix('torch.')} / {str(b.grad_dtype).removeprefix('torch.')}"
+        for b in ddp.buffers
+    ]
 
 
 def bucket_rows(ddp) -> list[list]:
@@ -38,8 +40,15 @@ def bucket_rows(ddp) -> list[list]:
     for buffer in ddp.buffers:
         for bucket in buffer.buckets:
             params = sorted(bucket.params_list, key=lambda p: buffer.param_index_map[p][0])
-            rows.append([bucket.bucket_id, bucket.offset, bucket.numel_unpadded,
-                         bucket.grad_data.numel(), ", ".join(names[p] for p in params)])
+            rows.append(
+                [
+                    bucket.bucket_id,
+                    bucket.offset,
+                    bucket.numel_unpadded,
+                    bucket.grad_data.numel(),
+                    ", ".join(names[p] for p in params),
+                ]
+            )
     return rows
 
 
@@ -73,10 +82,19 @@ def shard_rows(optimizer, ddp) -> list[list]:
         for buckets in gbuf_range.values():
             for bucket_id, bucket_range in enumerate(buckets):
                 for param, ranges in bucket_range["param_map"].items():
-                    rows.append((ranges["gbuf_world"].start,
-                                 [bucket_id, names[param], param.numel(),
-                                  _span(ranges["gbuf_world"]), _span(ranges["gbuf_local"]),
-                                  _span(ranges["param"])]))
+                    rows.append(
+                        (
+                            ranges["gbuf_world"].start,
+                            [
+                                bucket_id,
+                                names[param],
+                                param.numel(),
+                                _span(ranges["gbuf_world"]),
+                                _span(ranges["gbuf_local"]),
+                                _span(ranges["param"]),
+                            ],
+                        )
+                    )
     return [row for _, row in sorted(rows, key=lambda r: r[0])]
 
 
@@ -90,17 +108,19 @@ def _span(r) -> str:
 @dataclass
 class Layout:
     param_ranges: list[tuple[int, int, int]]  # per parameter in model order: (start, end, bucket)
-    buckets: list[tuple[int, int]]            # per bucket: (start, end) in the buffer, padded
-    numel: int                                # buffer size, padded
+    buckets: list[tuple[int, int]]  # per bucket: (start, end) in the buffer, padded
+    numel: int  # buffer size, padded
 
     def shards(self, dp: int) -> list[list[tuple[int, int]]]:
         """Per bucket, each DP rank's [start, end) of it (the distributed optimizer's split)."""
-        return [[(s + r * (e - s) // dp, s + (r + 1) * (e - s) // dp) for r in range(dp)]
-                for s, e in self.buckets]
+        return [
+            [(s + r * (e - s) // dp, s + (r + 1) * (e - s) // dp) for r in range(dp)] for s, e in self.buckets
+        ]
 
 
-def layout(sizes: list[int], bucket_size: int | None, dp: int = 1,
-           distributed_optimizer: bool = False) -> Layout:
+def layout(
+    sizes: list[int], bucket_size: int | None, dp: int = 1, distributed_optimizer: bool = False
+) -> Layout:
     """Where each parameter (``sizes`` in model order) lands in DDP's buffer, and the buckets.
 
     Parameters go in reverse order. A bucket closes when it holds ``bucket_size`` elements or more

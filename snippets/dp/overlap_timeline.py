@@ -40,12 +40,14 @@ def markers(ddp, calls: list):
     for mod_name, mod in module.named_modules():
         if any(True for _ in mod.parameters(recurse=False)):
             label = global_name(module, mod_name + ".x")[:-2]
-            handles.append(mod.register_forward_pre_hook(
-                lambda *_, label=label: calls.append(Marker("forward", label)), prepend=True))
+            handles.append(
+                mod.register_forward_pre_hook(
+                    lambda *_, label=label: calls.append(Marker("forward", label)), prepend=True
+                )
+            )
     for param in module.parameters():
         label = names[id(param)]
-        handles.append(param.register_hook(
-            lambda grad, label=label: calls.append(Marker("grad", label))))
+        handles.append(param.register_hook(lambda grad, label=label: calls.append(Marker("grad", label))))
     try:
         yield calls
     finally:
@@ -84,8 +86,14 @@ def timeline(events: list, bucket_of=None) -> list[list]:
             flush()
             name = bucket_of(event) if bucket_of else None
             bucket = f"bucket {name}: " if name is not None else ""
-            rows.append([len(rows) + 1, section, f"**{event.api}**（{event.phase}）",
-                         f"{bucket}{event.before} → {event.after}"])
+            rows.append(
+                [
+                    len(rows) + 1,
+                    section,
+                    f"**{event.api}**（{event.phase}）",
+                    f"{bucket}{event.before} → {event.after}",
+                ]
+            )
     flush()
     return rows
 

@@ -20,10 +20,18 @@ import re
 
 from snippets.record.draw import Figure, text_width
 
-SHORT = {"all_gather_into_tensor": "AG", "reduce_scatter_tensor": "RS", "all_reduce": "AR",
-         "all_gather": "AG", "reduce_scatter": "RS"}
-SECTION_NAMES = {"schedule": "schedule（forward + backward）", "finalize_model_grads": "finalize_model_grads",
-                 "optimizer.step": "optimizer.step"}
+SHORT = {
+    "all_gather_into_tensor": "AG",
+    "reduce_scatter_tensor": "RS",
+    "all_reduce": "AR",
+    "all_gather": "AG",
+    "reduce_scatter": "RS",
+}
+SECTION_NAMES = {
+    "schedule": "schedule（forward + backward）",
+    "finalize_model_grads": "finalize_model_grads",
+    "optimizer.step": "optimizer.step",
+}
 _COMPUTE = re.compile(r"^(forward|backward) 计算（(\d+) 个")
 _COMM = re.compile(r"^\*\*(\w+)\*\*（(\w+)）$")
 _BUCKET = re.compile(r"^bucket (\d+): ")
@@ -39,16 +47,32 @@ def lane_events(rows: list[list]) -> list[dict]:
         if compute:
             kind = "fwd" if compute.group(1) == "forward" else "bwd"
             count = int(compute.group(2))
-            events.append(dict(kind=kind, section=section, count=count,
-                               label=f"{'F' if kind == 'fwd' else 'B'}×{count}", detail=detail))
+            events.append(
+                dict(
+                    kind=kind,
+                    section=section,
+                    count=count,
+                    label=f"{'F' if kind == 'fwd' else 'B'}×{count}",
+                    detail=detail,
+                )
+            )
             continue
         comm = _COMM.match(event)
         if not comm:
             raise ValueError(f"not a timeline event: {event!r}")
         bucket = _BUCKET.match(detail)
         name = SHORT.get(comm.group(1), comm.group(1))
-        events.append(dict(kind="comm", section=section, count=0, api=comm.group(1), phase=comm.group(2),
-                           label=f"{name} b{bucket.group(1)}" if bucket else name, detail=detail))
+        events.append(
+            dict(
+                kind="comm",
+                section=section,
+                count=0,
+                api=comm.group(1),
+                phase=comm.group(2),
+                label=f"{name} b{bucket.group(1)}" if bucket else name,
+                detail=detail,
+            )
+        )
     return events
 
 
@@ -81,8 +105,9 @@ def _width(event: dict, per_unit: float, pad: float) -> float:
 _SPACINGS = [(2.5, 14, 4), (1.5, 8, 3), (1.0, 6, 2), (0.5, 4, 2)]
 
 
-def draw_bucket_timeline(lanes: list[tuple[str, list[list]]], *, title: str, desc: str,
-                         max_width: float = 1100) -> Figure:
+def draw_bucket_timeline(
+    lanes: list[tuple[str, list[list]]], *, title: str, desc: str, max_width: float = 1100
+) -> Figure:
     """One lane per ``(name, timeline rows)``; events left to right in the order they happened."""
     parsed = [(name, lane_events(rows)) for name, rows in lanes]
     left, lane_h, box_h = max(text_width(n, 12) for n, _ in parsed) + 20, 74, 30
@@ -93,7 +118,9 @@ def draw_bucket_timeline(lanes: list[tuple[str, list[list]]], *, title: str, des
     width = left + widest + 40  # room for the last part's name
     height = 40 + lane_h * len(parsed)
     fig = Figure(width, height, title=title, desc=desc)
-    fig.legend(10, 14, [("fwd", "forward 计算"), ("bwd", "backward 计算"), ("comm", "collective（b0 = bucket 0）")])
+    fig.legend(
+        10, 14, [("fwd", "forward 计算"), ("bwd", "backward 计算"), ("comm", "collective（b0 = bucket 0）")]
+    )
     for i, (name, events) in enumerate(parsed):
         y = 34 + lane_h * i
         fig.text(10, y + box_h / 2, name, bold=True)
@@ -131,8 +158,10 @@ def ddp_lanes(plain: dict, overlapped: dict) -> list[tuple[str, list[list]]]:
         sizes = [bucket[3] for bucket in result["buckets"]]
         return timeline(result["steps"][step]["events"], order_namer(sizes))
 
-    return [("不 overlap", rows(plain, 0)),
-            *[(f"overlap，第 {i + 1} 步", rows(overlapped, i)) for i in range(len(overlapped["steps"]))]]
+    return [
+        ("不 overlap", rows(plain, 0)),
+        *[(f"overlap，第 {i + 1} 步", rows(overlapped, i)) for i in range(len(overlapped["steps"]))],
+    ]
 
 
 def draw_ddp_timeline(plain: dict, overlapped: dict) -> Figure:
@@ -140,9 +169,11 @@ def draw_ddp_timeline(plain: dict, overlapped: dict) -> Figure:
     lanes = ddp_lanes(plain, overlapped)
     n = len(overlapped["buckets"])
     return draw_bucket_timeline(
-        lanes, title="DDP 的 bucket 何时 all-reduce（rank 0，DP=2）",
+        lanes,
+        title="DDP 的 bucket 何时 all-reduce（rank 0，DP=2）",
         desc=f"不 overlap 时整块 buffer 在 finalize_model_grads 里一次 all-reduce；overlap 时 {n} 个 bucket 各一次，"
-             "第 1 步仍在 finalize 里，第 2 步起在 backward 中每凑齐一个 bucket 就发出。")
+        "第 1 步仍在 finalize 里，第 2 步起在 backward 中每凑齐一个 bucket 就发出。",
+    )
 
 
 def draw_overlap_timeline(result: dict) -> Figure:
@@ -152,9 +183,16 @@ def draw_overlap_timeline(result: dict) -> Figure:
 
     sizes = result["buckets"]
     namer = (lambda: bucket_namer(sizes)) if len(set(sizes)) == len(sizes) else (lambda: order_namer(sizes))
-    lanes = [(f"不 overlap，第 {len(result['plain'])} 步", timeline(result["plain"][-1], namer())),
-             *[(f"overlap，第 {i + 1} 步", timeline(events, namer())) for i, events in enumerate(result["overlapped"])]]
+    lanes = [
+        (f"不 overlap，第 {len(result['plain'])} 步", timeline(result["plain"][-1], namer())),
+        *[
+            (f"overlap，第 {i + 1} 步", timeline(events, namer()))
+            for i, events in enumerate(result["overlapped"])
+        ],
+    ]
     return draw_bucket_timeline(
-        lanes, title="overlap_grad_reduce / overlap_param_gather：bucket 的 RS、AG 何时发出（rank 0）",
+        lanes,
+        title="overlap_grad_reduce / overlap_param_gather：bucket 的 RS、AG 何时发出（rank 0）",
         desc="不 overlap 时整块 reduce-scatter 在 finalize_model_grads、all-gather 在 optimizer.step 末尾；"
-             "overlap 时每个 bucket 的 all-gather 移进下一次 forward，第 2 步起 reduce-scatter 移进 backward。")
+        "overlap 时每个 bucket 的 all-gather 移进下一次 forward，第 2 步起 reduce-scatter 移进 backward。",
+    )

@@ -73,8 +73,11 @@ def resume_dp_sizes(d: Dims, par: ParallelDims) -> list[int]:
     """The DP sizes note 18's run resumes at: its own first, then every other DP size the same ranks
     can form (``world / tp'``) whose micro-batches divide the global batch, largest first."""
     global_batch = d.micro_batch_size * d.microbatches * par.dp
-    others = [dp for dp in range(par.world, 0, -1)
-              if par.world % dp == 0 and dp != par.dp and global_batch % (d.micro_batch_size * dp) == 0]
+    others = [
+        dp
+        for dp in range(par.world, 0, -1)
+        if par.world % dp == 0 and dp != par.dp and global_batch % (d.micro_batch_size * dp) == 0
+    ]
     return [par.dp] + others
 
 
@@ -91,8 +94,10 @@ def overview(d: Dims, par: ParallelDims) -> list[str]:
     tp_splits(out, d, par.tp)
     needed = SIMPLE_LOOP_STEPS * d.microbatches * d.micro_batch_size
     if needed > MOCK_SAMPLES:
-        out.append(f"{SIMPLE_LOOP_STEPS} steps x {d.microbatches} micro-batches x micro-batch "
-                   f"{d.micro_batch_size} = {needed} samples, more than the mock dataset's {MOCK_SAMPLES}")
+        out.append(
+            f"{SIMPLE_LOOP_STEPS} steps x {d.microbatches} micro-batches x micro-batch "
+            f"{d.micro_batch_size} = {needed} samples, more than the mock dataset's {MOCK_SAMPLES}"
+        )
     return out
 
 
@@ -101,8 +106,10 @@ def batch_flow(d: Dims, par: ParallelDims) -> list[str]:
     if d.vocab < 3:
         out.append(f"vocab {d.vocab} leaves no token id between 0 and the EOD (vocab - 1): use 3 or more")
     if d.seq % (2 * par.cp):
-        out.append(f"seq {d.seq} is not divisible by 2 * cp = {2 * par.cp} (get_batch_on_this_cp_rank "
-                   f"cuts it into 2 * cp chunks)")
+        out.append(
+            f"seq {d.seq} is not divisible by 2 * cp = {2 * par.cp} (get_batch_on_this_cp_rank "
+            f"cuts it into 2 * cp chunks)"
+        )
     return out
 
 
@@ -192,9 +199,11 @@ def data_topic(d: Dims, par: ParallelDims) -> list[str]:
 def model_topic(d: Dims, par: ParallelDims) -> list[str]:
     out = gpt_under_tp(d, par.tp)
     if d.bias and par.tp > 1:
-        out.append(f"the MoE variant with linear bias needs tp 1 (TransformerConfig allows bias in "
-                   f"MoE only at expert tp 1, and expert tp follows tp {par.tp}); use a preset "
-                   f"without bias")
+        out.append(
+            f"the MoE variant with linear bias needs tp 1 (TransformerConfig allows bias in "
+            f"MoE only at expert tp 1, and expert tp follows tp {par.tp}); use a preset "
+            f"without bias"
+        )
     return out
 
 

@@ -24,16 +24,14 @@ import os
 from functools import partial
 
 import torch
-from torch.utils.data import DataLoader
-
-from snippets.ckpt import checkpoint_view as cv
-from snippets.experiments.n07_checkpoint import checkpoint_dir
-from snippets.record.tables import Table
-
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -41,6 +39,11 @@ from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.tokenizers import MegatronTokenizer
 from megatron.core.transformer.transformer_config import TransformerConfig
+from torch.utils.data import DataLoader
+
+from snippets.ckpt import checkpoint_view as cv
+from snippets.experiments.n07_checkpoint import checkpoint_dir
+from snippets.record.tables import Table
 
 STEPS = 5
 """Iterations of the loop (the example's ``range(5)``, :234)."""
@@ -51,91 +54,125 @@ SAMPLES = 1000
 
 def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
     logging.getLogger("megatron.core").setLevel(logging.ERROR)  # CPU 上的 RNG tracker、mock 数据集缓存提示
-    parallel_state.destroy_model_parallel()                                                # :42
-    parallel_state.initialize_model_parallel(tp, 1)                                        # :206 → :56
+    parallel_state.destroy_model_parallel()  # :42
+    parallel_state.initialize_model_parallel(tp, 1)  # :206 → :56
     torch.manual_seed(123)
-    model_parallel_cuda_manual_seed(123)                                                   # :207
-    config = TransformerConfig(**dims.transformer_config_kwargs(),                         # :68
-                               use_cpu_initialization=True, pipeline_dtype=torch.float32)
-    gpt_model = GPTModel(config=config,                                                    # :76
-                         transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm,
-                                                                         normalization=config.normalization),
-                         vocab_size=dims.vocab, max_sequence_length=dims.seq,
-                         position_embedding_type="rope" if dims.rope else "learned_absolute")
-    gpt_model.to(device)                                                                   # :211
-    gpt_model = DistributedDataParallel(                                                   # :216-225
-        config=config, module=gpt_model,
-        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
-                                                 use_distributed_optimizer=False))
+    model_parallel_cuda_manual_seed(123)  # :207
+    config = TransformerConfig(
+        **dims.transformer_config_kwargs(),  # :68
+        use_cpu_initialization=True,
+        pipeline_dtype=torch.float32,
+    )
+    gpt_model = GPTModel(
+        config=config,  # :76
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            qk_layernorm=dims.qk_norm, normalization=config.normalization
+        ),
+        vocab_size=dims.vocab,
+        max_sequence_length=dims.seq,
+        position_embedding_type="rope" if dims.rope else "learned_absolute",
+    )
+    gpt_model.to(device)  # :211
+    gpt_model = DistributedDataParallel(  # :216-225
+        config=config,
+        module=gpt_model,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=False, overlap_grad_reduce=False, use_distributed_optimizer=False
+        ),
+    )
     if megatron_optimizer:
         optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
     else:
-        optim = torch.optim.Adam(gpt_model.parameters())                                  # :227
-    dataset_config = GPTDatasetConfig(                                                     # :98
-        random_seed=0, sequence_length=dims.seq, reset_position_ids=False, reset_attention_mask=False,
-        eod_mask_loss=False, mid_level_dataset_surplus=0.005,
-        tokenizer=MegatronTokenizer.from_pretrained(metadata_path={"library": "null"},
-                                                    vocab_size=min(dims.seq, dims.vocab)))
-    datasets = BlendedMegatronDatasetBuilder(MockGPTDataset, [SAMPLES, None, None], lambda: True,
-                                             dataset_config).build()
+        optim = torch.optim.Adam(gpt_model.parameters())  # :227
+    dataset_config = GPTDatasetConfig(  # :98
+        random_seed=0,
+        sequence_length=dims.seq,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        mid_level_dataset_surplus=0.005,
+        tokenizer=MegatronTokenizer.from_pretrained(
+            metadata_path={"library": "null"}, vocab_size=min(dims.seq, dims.vocab)
+        ),
+    )
+    datasets = BlendedMegatronDatasetBuilder(
+        MockGPTDataset, [SAMPLES, None, None], lambda: True, dataset_config
+    ).build()
     train_iterator = iter(DataLoader(datasets[0], batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
 
-    def loss_func(loss_mask, output_tensor):                                               # :136
+    def loss_func(loss_mask, output_tensor):  # :136
         loss_mask = loss_mask.view(-1).float()
         loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum()
         return loss, {"lm loss": loss}
 
-    def forward_step_func(data_iterator, model):                                           # :120
+    def forward_step_func(data_iterator, model):  # :120
         data = {k: v.to(device) for k, v in next(data_iterator).items()}
         output = model(data["tokens"], data["position_ids"], data["attention_mask"], labels=data["labels"])
         return output, partial(loss_func, data["loss_mask"])
 
-    forward_backward_func = get_forward_backward_func()                                    # :231
+    forward_backward_func = get_forward_backward_func()  # :231
     start = {n: p.detach().clone() for n, p in gpt_model.named_parameters()}
     log = []
-    for iteration in range(STEPS):                                                         # :234
+    for _iteration in range(STEPS):  # :234
         if megatron_optimizer:
             gpt_model.zero_grad_buffer()
-        optim.zero_grad()                                                                  # :235
-        losses_reduced = forward_backward_func(                                            # :237
-            forward_step_func=forward_step_func, data_iterator=train_iterator, model=gpt_model,
-            num_microbatches=dims.microbatches, seq_length=dims.seq, micro_batch_size=dims.micro_batch_size,
-            decoder_seq_length=dims.seq, forward_only=False)
-        finalize_model_grads([gpt_model])                                                  # :251
-        optim.step()                                                                       # :253
+        optim.zero_grad()  # :235
+        losses_reduced = forward_backward_func(  # :237
+            forward_step_func=forward_step_func,
+            data_iterator=train_iterator,
+            model=gpt_model,
+            num_microbatches=dims.microbatches,
+            seq_length=dims.seq,
+            micro_batch_size=dims.micro_batch_size,
+            decoder_seq_length=dims.seq,
+            forward_only=False,
+        )
+        finalize_model_grads([gpt_model])  # :251
+        optim.step()  # :253
         # schedule 已把每个 "lm loss"（与返回的 loss 是同一个 tensor）原地除以 micro-batch 数：求和即平均
-        log.append(dict(loss=sum(x["lm loss"].item() for x in losses_reduced),
-                        moved=max((p - start[n]).abs().max().item() for n, p in gpt_model.named_parameters()),
-                        main_grad_norm=sum(p.main_grad.norm().item() ** 2 for p in gpt_model.parameters()) ** 0.5,
-                        grad_is_none=all(p.grad is None for p in gpt_model.parameters())))
+        log.append(
+            dict(
+                loss=sum(x["lm loss"].item() for x in losses_reduced),
+                moved=max((p - start[n]).abs().max().item() for n, p in gpt_model.named_parameters()),
+                main_grad_norm=sum(p.main_grad.norm().item() ** 2 for p in gpt_model.parameters()) ** 0.5,
+                grad_is_none=all(p.grad is None for p in gpt_model.parameters()),
+            )
+        )
 
     trained = {k: v.clone() for k, v in gpt_model.module.state_dict().items() if torch.is_tensor(v)}
-    os.makedirs(ckpt_dir, exist_ok=True)                                                   # :259
-    sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")                    # :172
+    os.makedirs(ckpt_dir, exist_ok=True)  # :259
+    sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")  # :172
     dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :175
     with torch.no_grad():
         for p in gpt_model.parameters():
-            p.zero_()                                                                      # 抹掉，证明权重来自文件
-    checkpoint = dist_checkpointing.load(sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""),
-                                         checkpoint_dir=ckpt_dir)                           # :198
-    mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))           # :201
+            p.zero_()  # 抹掉，证明权重来自文件
+    checkpoint = dist_checkpointing.load(
+        sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""), checkpoint_dir=ckpt_dir
+    )  # :198
+    mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))  # :201
     restored = all(torch.equal(v, gpt_model.module.state_dict()[k]) for k, v in trained.items())
     return dict(log=log, mismatches=mismatches, restored=restored)
 
 
 def run(dims, par) -> tuple:
     with checkpoint_dir("ckpt-simple-") as root:  # rank 0 建目录、广播路径，最后删掉
-        return (simple_loop(dims, par.tp, os.path.join(root, "published"), False, par.device),
-                simple_loop(dims, par.tp, os.path.join(root, "fixed"), True, par.device))
+        return (
+            simple_loop(dims, par.tp, os.path.join(root, "published"), False, par.device),
+            simple_loop(dims, par.tp, os.path.join(root, "fixed"), True, par.device),
+        )
 
 
 # ----------------------------------------------------------------------------- note 01's tables
 
 
 def log_table(runs):
-    return Table(["iteration", "lm loss", "权重最大变化", "‖main_grad‖ (rank 0)", "param.grad 全是 None"],
-                 [[i, round(s["loss"], 4), round(s["moved"], 4), round(s["main_grad_norm"], 4), s["grad_is_none"]]
-                  for i, s in enumerate(runs[0]["log"])])
+    return Table(
+        ["iteration", "lm loss", "权重最大变化", "‖main_grad‖ (rank 0)", "param.grad 全是 None"],
+        [
+            [i, round(s["loss"], 4), round(s["moved"], 4), round(s["main_grad_norm"], 4), s["grad_is_none"]]
+            for i, s in enumerate(runs[0]["log"])
+        ],
+    )
 
 
 def checkpoint_line(label: str, runs: list) -> str:
@@ -144,7 +181,12 @@ def checkpoint_line(label: str, runs: list) -> str:
 
 def tables(results: list, dims, par) -> list:
     published, fixed = [r[0] for r in results], [r[1] for r in results]
-    return ["原样的 simple loop（torch.optim.Adam）：", log_table(published), checkpoint_line("原样：", published),
-            "同样的结构，get_megatron_optimizer + 每步 zero_grad_buffer()：", log_table(fixed),
-            checkpoint_line("改后：", fixed),
-            f"第 0 步 loss 相同（还没有更新）: {published[0]['log'][0]['loss'] == fixed[0]['log'][0]['loss']}"]
+    return [
+        "原样的 simple loop（torch.optim.Adam）：",
+        log_table(published),
+        checkpoint_line("原样：", published),
+        "同样的结构，get_megatron_optimizer + 每步 zero_grad_buffer()：",
+        log_table(fixed),
+        checkpoint_line("改后：", fixed),
+        f"第 0 步 loss 相同（还没有更新）: {published[0]['log'][0]['loss'] == fixed[0]['log'][0]['loss']}",
+    ]

@@ -21,8 +21,11 @@ def run(dims, par) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-        context_parallel_size=par.cp, expert_model_parallel_size=par.ep)
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp,
+        expert_model_parallel_size=par.ep,
+    )
     return describe_rank()
 
 
@@ -33,8 +36,12 @@ def run_orders(dims, par, orders=ORDERS) -> list[dict]:
     described = []
     for order in orders:
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-            context_parallel_size=par.cp, expert_model_parallel_size=par.ep, order=order)
+            tensor_model_parallel_size=par.tp,
+            pipeline_model_parallel_size=par.pp,
+            context_parallel_size=par.cp,
+            expert_model_parallel_size=par.ep,
+            order=order,
+        )
         described.append(describe_rank())
         parallel_state.destroy_model_parallel()
     return described
@@ -43,8 +50,9 @@ def run_orders(dims, par, orders=ORDERS) -> list[dict]:
 def order_panels(results: list, par, orders=ORDERS, ranks=(5, 13)) -> list:
     """One picture panel per order from :func:`run_orders`' results (one list per rank)."""
     sizes = dict(tp=par.tp, cp=par.cp, ep=1, dp=par.dp, pp=par.pp)
-    return [panel_from_described([r[i] for r in results], order, sizes, ranks)
-            for i, order in enumerate(orders)]
+    return [
+        panel_from_described([r[i] for r in results], order, sizes, ranks) for i, order in enumerate(orders)
+    ]
 
 
 def kinds_for(par) -> tuple[str, ...]:
@@ -55,7 +63,12 @@ def kinds_for(par) -> tuple[str, ...]:
 
 def tables(results: list, dims, par) -> list:
     kinds = kinds_for(par)
-    summary = [k for k in ("tp", "pp", "dp", "cp", "tp-pp", "embd", "dp-cp", "ep", "etp", "edp")
-               if k in kinds or k in ("tp", "pp", "dp", "cp", "tp-pp", "embd")]
-    return [rank_table(results, kinds=kinds),
-            group_summary({kind: unique_groups(results, kind) for kind in summary})]
+    summary = [
+        k
+        for k in ("tp", "pp", "dp", "cp", "tp-pp", "embd", "dp-cp", "ep", "etp", "edp")
+        if k in kinds or k in ("tp", "pp", "dp", "cp", "tp-pp", "embd")
+    ]
+    return [
+        rank_table(results, kinds=kinds),
+        group_summary({kind: unique_groups(results, kind) for kind in summary}),
+    ]

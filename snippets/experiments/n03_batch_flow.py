@@ -80,36 +80,62 @@ def data_flow(prefix, tokenizer, dims, tp, pp, cp):
 
     from snippets.record import recorder
 
-    mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                  context_parallel_size=cp)
-    config = GPTDatasetConfig(random_seed=1234, sequence_length=dims.seq, blend=([prefix], None),
-                              split="100,0,0", tokenizer=tokenizer, reset_position_ids=False,
-                              reset_attention_mask=False, eod_mask_loss=False)
+    mpu.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+    )
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=dims.seq,
+        blend=([prefix], None),
+        split="100,0,0",
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
 
     def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
-        return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
-                and mpu.get_tensor_model_parallel_rank() == 0)
+        return (
+            mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()
+        ) and mpu.get_tensor_model_parallel_rank() == 0
 
     num_samples = dims.micro_batch_size * dims.microbatches
     with recorder.record() as build_calls:
-        train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None],
-                                                    is_dataset_built_on_rank, config).build()
-    loader = None if train is None else iter(torch.utils.data.DataLoader(train, batch_size=dims.micro_batch_size))
+        train, _, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset, [num_samples, None, None], is_dataset_built_on_rank, config
+        ).build()
+    loader = (
+        None if train is None else iter(torch.utils.data.DataLoader(train, batch_size=dims.micro_batch_size))
+    )
     log = []
     with recorder.record() as batch_calls:
-        batch = get_batch(loader, BatchArgs(micro_batch_size=dims.micro_batch_size, seq_length=dims.seq,
-                                            pipeline_model_parallel_size=pp), log=log)
+        batch = get_batch(
+            loader,
+            BatchArgs(
+                micro_batch_size=dims.micro_batch_size, seq_length=dims.seq, pipeline_model_parallel_size=pp
+            ),
+            log=log,
+        )
     batch = dict(zip(FIELDS, batch))
 
     def first_row(name):
         return None if batch[name] is None else batch[name][0].tolist()
 
-    return dict(coords=(mpu.get_tensor_model_parallel_rank(), mpu.get_context_parallel_rank(),
-                        mpu.get_pipeline_model_parallel_rank()),
-                built=train is not None, build_calls=build_calls, log=log, batch_calls=batch_calls,
-                fields={name: describe(batch[name]) for name in FIELDS},
-                kept=[name for name in FIELDS if batch[name] is not None],
-                tokens=first_row("tokens"), positions=first_row("position_ids"))
+    return dict(
+        coords=(
+            mpu.get_tensor_model_parallel_rank(),
+            mpu.get_context_parallel_rank(),
+            mpu.get_pipeline_model_parallel_rank(),
+        ),
+        built=train is not None,
+        build_calls=build_calls,
+        log=log,
+        batch_calls=batch_calls,
+        fields={name: describe(batch[name]) for name in FIELDS},
+        kept=[name for name in FIELDS if batch[name] is not None],
+        tokens=first_row("tokens"),
+        positions=first_row("position_ids"),
+    )
 
 
 def run(dims, par) -> dict:
@@ -140,10 +166,27 @@ def _coords(d, par) -> tuple:
 
 
 def summary_table(results, par) -> Table:
-    return Table(["rank", coords_label(par), "建了数据集", "建数据集时的 collective", "get_batch 的 broadcast 数",
-                  "tokens 之后"],
-                 [[r, _coords(d, par), d["built"], [f"{c.api} {c.group}" for c in d["build_calls"]],
-                   len(d["batch_calls"]), d["fields"]["tokens"]] for r, d in enumerate(results)])
+    return Table(
+        [
+            "rank",
+            coords_label(par),
+            "建了数据集",
+            "建数据集时的 collective",
+            "get_batch 的 broadcast 数",
+            "tokens 之后",
+        ],
+        [
+            [
+                r,
+                _coords(d, par),
+                d["built"],
+                [f"{c.api} {c.group}" for c in d["build_calls"]],
+                len(d["batch_calls"]),
+                d["fields"]["tokens"],
+            ]
+            for r, d in enumerate(results)
+        ],
+    )
 
 
 def sender_table(result) -> Table:
@@ -152,8 +195,12 @@ def sender_table(result) -> Table:
 
 
 def receiver_table(result) -> Table:
-    return communication_table(result["batch_calls"], meanings={
-        "send": "TP rank 0 读到的字段原样送给同 TP 群的其余 rank（接收方事先按 args 分配好空缓冲）"})
+    return communication_table(
+        result["batch_calls"],
+        meanings={
+            "send": "TP rank 0 读到的字段原样送给同 TP 群的其余 rank（接收方事先按 args 分配好空缓冲）"
+        },
+    )
 
 
 def kept_chunks(positions, seq_len, cp):
@@ -162,10 +209,21 @@ def kept_chunks(positions, seq_len, cp):
 
 def chunk_table(results, dims, par) -> Table:
     """Which of the ``2 * cp`` chunks each rank kept (ranks that hold ``position_ids``)."""
-    return Table(["rank", "cp rank", "留下的块", "position_ids[0]", "tokens[0]", "attention_mask"],
-                 [[r, d["coords"][1], kept_chunks(d["positions"], dims.seq, par.cp), brief(d["positions"]),
-                   brief(d["tokens"]), d["fields"]["attention_mask"]]
-                  for r, d in enumerate(results) if d["positions"] is not None])
+    return Table(
+        ["rank", "cp rank", "留下的块", "position_ids[0]", "tokens[0]", "attention_mask"],
+        [
+            [
+                r,
+                d["coords"][1],
+                kept_chunks(d["positions"], dims.seq, par.cp),
+                brief(d["positions"]),
+                brief(d["tokens"]),
+                d["fields"]["attention_mask"],
+            ]
+            for r, d in enumerate(results)
+            if d["positions"] is not None
+        ],
+    )
 
 
 def role(d) -> str:
@@ -176,9 +234,13 @@ def role(d) -> str:
 
 def role_table(results, par) -> Table:
     """With pipeline stages: what each rank broadcast, in order, and which fields it kept."""
-    return Table(["rank", coords_label(par), "建了数据集", "角色", "broadcast 的字段（依次）", "之后不为 None 的字段"],
-                 [[r, _coords(d, par), d["built"], role(d), [entry[0] for entry in d["log"]], d["kept"]]
-                  for r, d in enumerate(results)])
+    return Table(
+        ["rank", coords_label(par), "建了数据集", "角色", "broadcast 的字段（依次）", "之后不为 None 的字段"],
+        [
+            [r, _coords(d, par), d["built"], role(d), [entry[0] for entry in d["log"]], d["kept"]]
+            for r, d in enumerate(results)
+        ],
+    )
 
 
 def tables(results: list, dims, par) -> list:

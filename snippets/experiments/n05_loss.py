@@ -28,10 +28,6 @@ def tokens_kept(dims) -> list[int]:
 def one_step(dims, tp, loss_contract="three", report="same", device="cpu", keep_tensors=True):
     """On every rank: the schedule over ``dims.microbatches`` micro-batches, recorded; the
     per-micro-batch reports, and with ``keep_tensors`` the gradients and micro-batch 0's logits."""
-    from snippets.config import param_table
-    from snippets.record import recorder
-    from snippets.train.loss_flow import masked_mean, masked_token_sum, microbatches
-
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -39,42 +35,79 @@ def one_step(dims, tp, loss_contract="three", report="same", device="cpu", keep_
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
+    from snippets.config import param_table
+    from snippets.record import recorder
+    from snippets.train.loss_flow import masked_mean, masked_token_sum, microbatches
+
     if not mpu.model_parallel_is_initialized():
         mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
     model_parallel_cuda_manual_seed(1234)
-    config = TransformerConfig(**dims.transformer_config_kwargs(),
-                               tensor_model_parallel_size=tp, use_cpu_initialization=device == "cpu",
-                               pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
+    config = TransformerConfig(
+        **dims.transformer_config_kwargs(),
+        tensor_model_parallel_size=tp,
+        use_cpu_initialization=device == "cpu",
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     with torch.device(device):
-        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=dims.vocab,
-                         max_sequence_length=dims.seq, parallel_output=True, share_embeddings_and_output_weights=True,
-                         position_embedding_type="rope" if dims.rope else "learned_absolute")
-    batches = [{k: v.to(device) for k, v in b.items()} for b in
-               microbatches(dims.microbatches, micro_batch_size=dims.micro_batch_size, seq_length=dims.seq,
-                            vocab_size=dims.vocab, tokens_kept=tokens_kept(dims))]
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=dims.vocab,
+            max_sequence_length=dims.seq,
+            parallel_output=True,
+            share_embeddings_and_output_weights=True,
+            position_embedding_type="rope" if dims.rope else "learned_absolute",
+        )
+    batches = [
+        {k: v.to(device) for k, v in b.items()}
+        for b in microbatches(
+            dims.microbatches,
+            micro_batch_size=dims.micro_batch_size,
+            seq_length=dims.seq,
+            vocab_size=dims.vocab,
+            tokens_kept=tokens_kept(dims),
+        )
+    ]
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+        output = model(
+            batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]
+        )
         if loss_contract == "three":
             return output, partial(masked_token_sum, batch["loss_mask"])
         return output, partial(masked_mean, batch["loss_mask"], report=report)
 
     forward_backward_func = get_forward_backward_func()
     with recorder.record() as calls:
-        reports = forward_backward_func(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
-                                        num_microbatches=dims.microbatches, seq_length=dims.seq,
-                                        micro_batch_size=dims.micro_batch_size, forward_only=False)
-    out = dict(schedule=forward_backward_func.__name__, calls=calls,
-               reports=[{k: v.detach().clone().cpu() for k, v in r.items()} for r in reports],
-               rows=param_table.param_rows(model))
+        reports = forward_backward_func(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=model,
+            num_microbatches=dims.microbatches,
+            seq_length=dims.seq,
+            micro_batch_size=dims.micro_batch_size,
+            forward_only=False,
+        )
+    out = dict(
+        schedule=forward_backward_func.__name__,
+        calls=calls,
+        reports=[{k: v.detach().clone().cpu() for k, v in r.items()} for r in reports],
+        rows=param_table.param_rows(model),
+    )
     if keep_tensors:
         with torch.no_grad():  # after the step, outside the recording: this rank's logits and per-token loss
             b = batches[0]
             logits = model(b["tokens"], b["position_ids"], b["attention_mask"])
             token_loss = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"])
-        out.update(grads={n: p.grad.clone() for n, p in model.named_parameters()},
-                   logits=logits, token_loss=token_loss, labels=b["labels"])
+        out.update(
+            grads={n: p.grad.clone() for n, p in model.named_parameters()},
+            logits=logits,
+            token_loss=token_loss,
+            labels=b["labels"],
+        )
     return out
 
 
@@ -92,10 +125,15 @@ def tables(results: list, dims, par) -> list:
     r0 = results[0]
     calls = r0["calls"]
     per_microbatch = len(calls) // dims.microbatches
-    first = [(c.phase, c.api, c.before, c.where) for c in calls[:per_microbatch]]
-    return [f"schedule: {r0['schedule']}",
-            f"每个 micro-batch 的报告（rank 0）: {[[round(x, 4) for x in r['lm loss'].tolist()] for r in r0['reports']]}",
-            f"train_step 会记下的 lm loss: {round(train_step_report(r0['reports']), 4)}",
-            f"collective 总数: {len(calls)}  每个 micro-batch 的序列相同: "
-            f"{all([(c.phase, c.api, c.before, c.where) for c in calls[i:i + per_microbatch]] == first for i in range(0, len(calls), per_microbatch))}",
-            annotate(calls[:per_microbatch], num_layers=dims.layers)]
+
+    def sequence(start):
+        return [(c.phase, c.api, c.before, c.where) for c in calls[start : start + per_microbatch]]
+
+    same = all(sequence(i) == sequence(0) for i in range(0, len(calls), per_microbatch))
+    return [
+        f"schedule: {r0['schedule']}",
+        f"每个 micro-batch 的报告（rank 0）: {[[round(x, 4) for x in r['lm loss'].tolist()] for r in r0['reports']]}",
+        f"train_step 会记下的 lm loss: {round(train_step_report(r0['reports']), 4)}",
+        f"collective 总数: {len(calls)}  每个 micro-batch 的序列相同: {same}",
+        annotate(calls[:per_microbatch], num_layers=dims.layers),
+    ]

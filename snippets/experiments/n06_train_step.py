@@ -12,21 +12,25 @@ the same step's communication at a real model's sizes.
 
 from __future__ import annotations
 
-from snippets.experiments.n14_ddp import build_model
 from snippets.experiments.n13_pipeline import microbatches
+from snippets.experiments.n14_ddp import build_model
 
 
 def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
     """On every rank: one training step; what the optimizer is, where the gradients live, the
     recorded communication and -- with ``keep_tensors`` -- the gradients and weights before and
     after (by global name, comparable across any DP size)."""
-    from snippets.record import recorder
-    from snippets.models.tiny_gpt import by_global_name, forward_step
     from megatron.core import parallel_state
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from snippets.models.tiny_gpt import by_global_name, forward_step
+    from snippets.record import recorder
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()
@@ -35,14 +39,19 @@ def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=clip_grad), [ddp])
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     n = dims.microbatches // dp
-    mine = microbatches(dims, dims.microbatches, device)[n * dp_rank:n * (dp_rank + 1)]
+    mine = microbatches(dims, dims.microbatches, device)[n * dp_rank : n * (dp_rank + 1)]
     before = by_global_name([ddp], "param") if keep_tensors else None
 
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
-    losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-                                         num_microbatches=n, seq_length=dims.seq,
-                                         micro_batch_size=dims.micro_batch_size)
+    losses = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(mine),
+        model=[ddp],
+        num_microbatches=n,
+        seq_length=dims.seq,
+        micro_batch_size=dims.micro_batch_size,
+    )
     local = by_global_name([ddp], "main_grad") if keep_tensors else None
     param = next(iter(ddp.parameters()))
     grad_none_before_step = param.grad is None
@@ -50,15 +59,25 @@ def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
         finalize_model_grads([ddp])
     with recorder.record() as in_step:
         update_successful, grad_norm, num_zeros = optimizer.step()
-    out = dict(loss=sum(l["lm loss"].item() for l in losses) / n, grad_norm=grad_norm,
-               update_successful=update_successful, finalize=in_finalize, step=in_step,
-               optimizer=type(optimizer).__name__, inner=[type(o).__name__ for o in optimizer.chained_optimizers],
-               grad_none_before_step=grad_none_before_step,
-               grad_is_main_grad_after_step=param.grad.data_ptr() == param.main_grad.data_ptr(),
-               main_grad_in_buffer=param.main_grad.data_ptr() >= ddp.buffers[0].grad_data.data_ptr())
+    out = dict(
+        loss=sum(report["lm loss"].item() for report in losses) / n,
+        grad_norm=grad_norm,
+        update_successful=update_successful,
+        finalize=in_finalize,
+        step=in_step,
+        optimizer=type(optimizer).__name__,
+        inner=[type(o).__name__ for o in optimizer.chained_optimizers],
+        grad_none_before_step=grad_none_before_step,
+        grad_is_main_grad_after_step=param.grad.data_ptr() == param.main_grad.data_ptr(),
+        main_grad_in_buffer=param.main_grad.data_ptr() >= ddp.buffers[0].grad_data.data_ptr(),
+    )
     if keep_tensors:
-        out.update(clipped=by_global_name([ddp], "main_grad"), local=local, before=before,
-                   params=by_global_name([ddp], "param"))
+        out.update(
+            clipped=by_global_name([ddp], "main_grad"),
+            local=local,
+            before=before,
+            params=by_global_name([ddp], "param"),
+        )
     return out
 
 
@@ -77,11 +96,15 @@ def tables(results: list, dims, par) -> list:
     from snippets.record.recorder import communication_table
 
     r0 = results[0]
-    return [f"optimizer: {r0['optimizer']} {r0['inner']}  update_successful: {r0['update_successful']}",
-            f"backward 之后 param.grad is None: {r0['grad_none_before_step']}  main_grad 在 DDP 的 grad buffer 里: "
-            f"{r0['main_grad_in_buffer']}  step 之后 param.grad 与 main_grad 同一块内存: {r0['grad_is_main_grad_after_step']}",
-            f"grad norm（每个 rank）: {[round(r['grad_norm'], 4) for r in results]}  "
-            f"loss 平均: {round(sum(r['loss'] for r in results) / len(results), 4)}",
-            "finalize_model_grads:", communication_table(r0["finalize"], MEANINGS),
-            f"optimizer.step(): {len([c for c in r0['step'] if len(c.ranks) > 1])} 条跨 rank 的集合通信；全部记录：",
-            communication_table(r0["step"])]
+    return [
+        f"optimizer: {r0['optimizer']} {r0['inner']}  update_successful: {r0['update_successful']}",
+        f"backward 之后 param.grad is None: {r0['grad_none_before_step']}  main_grad 在 DDP 的 grad buffer 里: "
+        f"{r0['main_grad_in_buffer']}  step 之后 param.grad 与 main_grad 同一块内存: "
+        f"{r0['grad_is_main_grad_after_step']}",
+        f"grad norm（每个 rank）: {[round(r['grad_norm'], 4) for r in results]}  "
+        f"loss 平均: {round(sum(r['loss'] for r in results) / len(results), 4)}",
+        "finalize_model_grads:",
+        communication_table(r0["finalize"], MEANINGS),
+        f"optimizer.step(): {len([c for c in r0['step'] if len(c.ranks) > 1])} 条跨 rank 的集合通信；全部记录：",
+        communication_table(r0["step"]),
+    ]

@@ -56,8 +56,9 @@ def checkpoint_dir(prefix: str, path: str | None = None):
     if path is not None:
         yield path
         return
-    made = [tempfile.mkdtemp(prefix=prefix, dir=os.environ.get(CKPT_ROOT_ENV))
-            if dist.get_rank() == 0 else None]
+    made = [
+        tempfile.mkdtemp(prefix=prefix, dir=os.environ.get(CKPT_ROOT_ENV)) if dist.get_rank() == 0 else None
+    ]
     dist.broadcast_object_list(made, src=0)
     try:
         yield made[0]
@@ -74,8 +75,13 @@ def build_gpt(dims, tp, seed, device="cpu"):
     config = pipeline_config(dims, pp=1, tp=tp, device=device)
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
     with torch.device(device):
-        return GPTModel(config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
-                        position_embedding_type="rope" if dims.rope else "learned_absolute")
+        return GPTModel(
+            config,
+            spec,
+            vocab_size=dims.vocab,
+            max_sequence_length=dims.seq,
+            position_embedding_type="rope" if dims.rope else "learned_absolute",
+        )
 
 
 def logits(model, dims, device="cpu"):
@@ -99,15 +105,20 @@ def load_at(dims, tp, ckpt_dir, device="cpu"):
     wants = [row for row in cv.sharded_rows(sharded_sd) if row[0] == LOCAL_QKV]
     state_dict = dist_checkpointing.load(sharded_sd, ckpt_dir)
     result = model.load_state_dict(state_dict)
-    return dict(before=before, after=logits(model, dims, device), wants=wants,
-                mismatches=cv.key_mismatches(result))
+    return dict(
+        before=before, after=logits(model, dims, device), wants=wants, mismatches=cv.key_mismatches(result)
+    )
 
 
 def load_row(save_tp, tp, reference, loaded):
     before, after = loaded["before"], loaded["after"]
-    return [f"TP={save_tp} → TP={tp}", torch.allclose(before, reference),
-            torch.allclose(after, reference, atol=1e-6), round((after - reference).abs().max().item(), 4),
-            *loaded["mismatches"]]
+    return [
+        f"TP={save_tp} → TP={tp}",
+        torch.allclose(before, reference),
+        torch.allclose(after, reference, atol=1e-6),
+        round((after - reference).abs().max().item(), 4),
+        *loaded["mismatches"],
+    ]
 
 
 def run(dims, par, ckpt_dir=None) -> dict:
@@ -120,24 +131,38 @@ def run(dims, par, ckpt_dir=None) -> dict:
             loaded = load_at(dims, tp, path, par.device)
             loads.append(dict(tp=tp, row=load_row(par.tp, tp, reference, loaded), wants=loaded["wants"]))
     kept = ckpt_dir is not None and dist.get_rank() == 0  # 调用方还要再读这个目录：带回对照用的 logits
-    return dict(rows=rows, logits_shape=tuple(reference.shape), saved=saved, loads=loads,
-                reference=reference.cpu() if kept else None)
+    return dict(
+        rows=rows,
+        logits_shape=tuple(reference.shape),
+        saved=saved,
+        loads=loads,
+        reference=reference.cpu() if kept else None,
+    )
 
 
 def inspect_checkpoint(ckpt_dir) -> dict:
     """What the directory holds, paths relative to it: files, ``metadata.json``, the global tensors
     of ``.metadata`` and the chunks each is stored in."""
     tensors = cv.stored_tensors(ckpt_dir)
-    return dict(files=cv.saved_files(ckpt_dir), metadata=cv.metadata_json(ckpt_dir), tensors=tensors,
-                chunks={key: cv.stored_chunks(ckpt_dir, key) for key in tensors})
+    return dict(
+        files=cv.saved_files(ckpt_dir),
+        metadata=cv.metadata_json(ckpt_dir),
+        tensors=tensors,
+        chunks={key: cv.stored_chunks(ckpt_dir, key) for key in tensors},
+    )
 
 
 # ----------------------------------------------------------------------------- note 07's tables
 
 LOCAL_QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
 QKV = "decoder.layers.self_attention.linear_qkv.weight"
-SHOWN = ("embedding", "decoder.layers.0", "decoder.layers.1.self_attention.linear_qkv.weight",
-         "decoder.final_layernorm.weight", "output_layer")
+SHOWN = (
+    "embedding",
+    "decoder.layers.0",
+    "decoder.layers.1.self_attention.linear_qkv.weight",
+    "decoder.final_layernorm.weight",
+    "output_layer",
+)
 """The entries note 07 lists: the embeddings, all of layer 0, layer 1's QKV, the final norm, the output."""
 
 
@@ -150,11 +175,33 @@ def entries_table(results: list) -> Table:
     rank0 = {row[0]: row for row in results[0]["rows"]}
     rank1 = {row[0]: row for row in results[1]["rows"]} if len(results) > 1 else {}
     shown = [k for k in rank0 if k.startswith(SHOWN)]
-    return Table(["本地 key", "全局 key", "类型", "global shape", "local shape", "offset r0", "offset r1",
-                  "replica_id r0", "replica_id r1"],
-                 [[k, rank0[k][1], rank0[k][2], rank0[k][3], rank0[k][4], rank0[k][5],
-                   rank1[k][5] if k in rank1 else "-", rank0[k][6], rank1[k][6] if k in rank1 else "-"]
-                  for k in shown])
+    return Table(
+        [
+            "本地 key",
+            "全局 key",
+            "类型",
+            "global shape",
+            "local shape",
+            "offset r0",
+            "offset r1",
+            "replica_id r0",
+            "replica_id r1",
+        ],
+        [
+            [
+                k,
+                rank0[k][1],
+                rank0[k][2],
+                rank0[k][3],
+                rank0[k][4],
+                rank0[k][5],
+                rank1[k][5] if k in rank1 else "-",
+                rank0[k][6],
+                rank1[k][6] if k in rank1 else "-",
+            ]
+            for k in shown
+        ],
+    )
 
 
 def written_table(results: list) -> Table:
@@ -163,8 +210,10 @@ def written_table(results: list) -> Table:
         main = sum(cv.is_main_replica(row[6]) for row in tensors)
         return [len(tensors), main, len(tensors) - main]
 
-    return Table(["rank", "ShardedTensor 数", "主副本（会写）", "副本（不写）"],
-                 [[r, *counts(res["rows"])] for r, res in enumerate(results)])
+    return Table(
+        ["rank", "ShardedTensor 数", "主副本（会写）", "副本（不写）"],
+        [[r, *counts(res["rows"])] for r, res in enumerate(results)],
+    )
 
 
 def stored_table(saved: dict) -> Table:
@@ -176,38 +225,67 @@ def chunks_table(saved: dict, key: str = QKV) -> Table:
 
 
 def load_table(rows: list) -> Table:
-    return Table(["加载", "加载前 logits 相同", "加载后 logits 相同 (atol 1e-6)", "max |Δ|", "missing keys",
-                  "unexpected keys"], rows)
+    return Table(
+        [
+            "加载",
+            "加载前 logits 相同",
+            "加载后 logits 相同 (atol 1e-6)",
+            "max |Δ|",
+            "missing keys",
+            "unexpected keys",
+        ],
+        rows,
+    )
 
 
 def source_chunks(offset, local_shape, chunks) -> list:
     """Offsets of the saved chunks that overlap the piece at ``offset`` of ``local_shape`` (the
     leading axes a layer index occupies count as size 1)."""
     sizes = (1,) * (len(offset) - len(local_shape)) + tuple(local_shape)
-    return [c_off for c_off, c_size in chunks
-            if all(o < co + cs and co < o + s for o, s, co, cs in zip(offset, sizes, c_off, c_size))]
+    return [
+        c_off
+        for c_off, c_size in chunks
+        if all(o < co + cs and co < o + s for o, s, co, cs in zip(offset, sizes, c_off, c_size))
+    ]
 
 
 def wants_rows(label: str, wants_per_rank: list, saved: dict) -> list:
     """Per loading rank: the piece of layer 0's ``linear_qkv`` weight it asks for, and the saved
     chunks it is read from."""
-    return [[label, rank, row[4], row[5], source_chunks(row[5], row[4], saved["chunks"][row[1]])]
-            for rank, wants in enumerate(wants_per_rank) for row in wants]
+    return [
+        [label, rank, row[4], row[5], source_chunks(row[5], row[4], saved["chunks"][row[1]])]
+        for rank, wants in enumerate(wants_per_rank)
+        for row in wants
+    ]
 
 
 def wants_table(rows: list) -> Table:
-    return Table(["加载", "rank", "local shape（第 0 层 linear_qkv）", "global_offset", "读自保存时的块（offsets）"],
-                 rows)
+    return Table(
+        ["加载", "rank", "local shape（第 0 层 linear_qkv）", "global_offset", "读自保存时的块（offsets）"],
+        rows,
+    )
 
 
 def tables(results: list, dims, par) -> list:
     saved = results[0]["saved"]
     loads = [load["tp"] for load in results[0]["loads"]]
-    return [entries_line(results), entries_table(results), written_table(results),
-            f"files: {saved['files']}", f"metadata.json: {saved['metadata']}",
-            stored_table(saved), chunks_table(saved),
-            f"加载：TP = {loads}，每次都用全部 {par.world} 个 rank（其余为 DP）",
-            load_table([load["row"] for load in results[0]["loads"]]),
-            wants_table([row for i, tp in enumerate(loads)
-                         for row in wants_rows(f"TP={par.tp} → TP={tp}",
-                                               [r["loads"][i]["wants"] for r in results], saved)])]
+    return [
+        entries_line(results),
+        entries_table(results),
+        written_table(results),
+        f"files: {saved['files']}",
+        f"metadata.json: {saved['metadata']}",
+        stored_table(saved),
+        chunks_table(saved),
+        f"加载：TP = {loads}，每次都用全部 {par.world} 个 rank（其余为 DP）",
+        load_table([load["row"] for load in results[0]["loads"]]),
+        wants_table(
+            [
+                row
+                for i, tp in enumerate(loads)
+                for row in wants_rows(
+                    f"TP={par.tp} → TP={tp}", [r["loads"][i]["wants"] for r in results], saved
+                )
+            ]
+        ),
+    ]

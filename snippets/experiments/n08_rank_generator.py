@@ -31,8 +31,12 @@ def init_with_experts(tp, pp, ep, etp, cp=1):
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
-        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+    )
     return describe_rank()
 
 
@@ -40,10 +44,12 @@ def run(dims, par) -> dict:
     from megatron.core import parallel_state as ps
 
     described = init_with_experts(par.tp, par.pp, par.ep, ETP, par.cp)
-    described["expert_coords"] = {"etp": ps.get_expert_tensor_parallel_rank(),
-                                  "ep": ps.get_expert_model_parallel_rank(),
-                                  "edp": ps.get_expert_data_parallel_rank(),
-                                  "pp": ps.get_pipeline_model_parallel_rank()}
+    described["expert_coords"] = {
+        "etp": ps.get_expert_tensor_parallel_rank(),
+        "ep": ps.get_expert_model_parallel_rank(),
+        "edp": ps.get_expert_data_parallel_rank(),
+        "pp": ps.get_pipeline_model_parallel_rank(),
+    }
     return described
 
 
@@ -64,8 +70,7 @@ def generators(par, etp: int = ETP):
 def checked_kinds(par) -> list[tuple[str, int, str]]:
     """``(group kind, grid: 0 decoder / 1 expert, RankGenerator token)`` for note 08's table."""
     decoder = ["tp", "dp", "pp", "tp-pp"] + (["cp", "dp-cp"] if par.cp > 1 else [])
-    return ([(kind, 0, kind) for kind in decoder]
-            + [("ep", 1, "ep"), ("etp", 1, "tp"), ("edp", 1, "dp")])
+    return [(kind, 0, kind) for kind in decoder] + [("ep", 1, "ep"), ("etp", 1, "tp"), ("edp", 1, "dp")]
 
 
 def comparison_table(real: list, par) -> Table:
@@ -85,13 +90,22 @@ def expert_coordinate_table(real: list, par) -> Table:
         c, e = d["coords"], d["expert_coords"]
         on_decoder = coordinates(d["rank"], decoder, ORDER)
         on_expert = coordinates(d["rank"], expert, ORDER)
-        same = ({k: c[k] for k in ("tp", "cp", "dp", "pp")} == {k: on_decoder[k] for k in ("tp", "cp", "dp", "pp")}
-                and e == {"etp": on_expert["tp"], "ep": on_expert["ep"], "edp": on_expert["dp"], "pp": on_expert["pp"]})
+        same = {k: c[k] for k in ("tp", "cp", "dp", "pp")} == {
+            k: on_decoder[k] for k in ("tp", "cp", "dp", "pp")
+        } and e == {
+            "etp": on_expert["tp"],
+            "ep": on_expert["ep"],
+            "edp": on_expert["dp"],
+            "pp": on_expert["pp"],
+        }
         rows.append([d["rank"], f"({e['etp']}, {e['ep']}, {e['edp']}, {e['pp']})", same])
     return Table(["rank", "expert 网格坐标 (etp, ep, edp, pp)", "两个网格的坐标 = coordinates()"], rows)
 
 
 def tables(results: list, dims, par) -> list:
     kinds = tuple(dict.fromkeys(kinds_for(par) + EXPERT_KINDS))
-    return [rank_table(results, kinds=kinds), expert_coordinate_table(results, par),
-            comparison_table(results, par)]
+    return [
+        rank_table(results, kinds=kinds),
+        expert_coordinate_table(results, par),
+        comparison_table(results, par),
+    ]

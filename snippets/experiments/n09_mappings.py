@@ -26,27 +26,36 @@ def mappings_by_name(m) -> dict:
     rank's input, ``tp`` the TP group. The gather along the sequence has a second variant whose
     backward only slices."""
     return {
-        "copy_to_tensor_model_parallel_region (f)":
-            lambda x, tp: m.copy_to_tensor_model_parallel_region(x, group=tp),
-        "reduce_from_tensor_model_parallel_region (g)":
-            lambda x, tp: m.reduce_from_tensor_model_parallel_region(x, group=tp),
-        "scatter_to_tensor_model_parallel_region":
-            lambda x, tp: m.scatter_to_tensor_model_parallel_region(x, group=tp),
-        "gather_from_tensor_model_parallel_region":
-            lambda x, tp: m.gather_from_tensor_model_parallel_region(x, group=tp),
-        "scatter_to_sequence_parallel_region":
-            lambda x, tp: m.scatter_to_sequence_parallel_region(x, group=tp),
-        "gather_from_sequence_parallel_region":
-            lambda x, tp: m.gather_from_sequence_parallel_region(x, group=tp),
-        "gather_from_sequence_parallel_region [output_grad=False]":
-            lambda x, tp: m.gather_from_sequence_parallel_region(
-                x, tensor_parallel_output_grad=False, group=tp),
-        "reduce_scatter_to_sequence_parallel_region":
-            lambda x, tp: m.reduce_scatter_to_sequence_parallel_region(x, group=tp),
-        "all_gather_last_dim_from_tensor_parallel_region":
-            lambda x, tp: m.all_gather_last_dim_from_tensor_parallel_region(x, group=tp),
-        "reduce_scatter_last_dim_to_tensor_parallel_region":
-            lambda x, tp: m.reduce_scatter_last_dim_to_tensor_parallel_region(x, group=tp),
+        "copy_to_tensor_model_parallel_region (f)": lambda x, tp: m.copy_to_tensor_model_parallel_region(
+            x, group=tp
+        ),
+        "reduce_from_tensor_model_parallel_region (g)": lambda x, tp: (
+            m.reduce_from_tensor_model_parallel_region(x, group=tp)
+        ),
+        "scatter_to_tensor_model_parallel_region": lambda x, tp: m.scatter_to_tensor_model_parallel_region(
+            x, group=tp
+        ),
+        "gather_from_tensor_model_parallel_region": lambda x, tp: m.gather_from_tensor_model_parallel_region(
+            x, group=tp
+        ),
+        "scatter_to_sequence_parallel_region": lambda x, tp: m.scatter_to_sequence_parallel_region(
+            x, group=tp
+        ),
+        "gather_from_sequence_parallel_region": lambda x, tp: m.gather_from_sequence_parallel_region(
+            x, group=tp
+        ),
+        "gather_from_sequence_parallel_region [output_grad=False]": lambda x, tp: (
+            m.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False, group=tp)
+        ),
+        "reduce_scatter_to_sequence_parallel_region": lambda x, tp: (
+            m.reduce_scatter_to_sequence_parallel_region(x, group=tp)
+        ),
+        "all_gather_last_dim_from_tensor_parallel_region": lambda x, tp: (
+            m.all_gather_last_dim_from_tensor_parallel_region(x, group=tp)
+        ),
+        "reduce_scatter_last_dim_to_tensor_parallel_region": lambda x, tp: (
+            m.reduce_scatter_last_dim_to_tensor_parallel_region(x, group=tp)
+        ),
         "all_to_all": lambda x, tp: m.all_to_all(tp, x),
         "all_to_all_sp2hp": lambda x, tp: m.all_to_all_sp2hp(x, group=tp),
         "all_to_all_hp2sp": lambda x, tp: m.all_to_all_hp2sp(x, group=tp),
@@ -82,10 +91,12 @@ def run_every_mapping(dims, tp_size, device="cpu", keep_tensors=True):
             dy = torch.arange(float(y.numel()), device=device).reshape(y.shape) * (rank + 1)
             dy_in = dy.clone()
             y.backward(dy)
-        runs[name] = dict(calls=calls, shapes=dict(x=list(x.shape), y=list(y.shape), dy=list(dy.shape),
-                                                   dx=list(x.grad.shape)),
-                          x_overwritten=not torch.equal(x.detach(), x_in),
-                          dy_overwritten=not torch.equal(dy, dy_in))
+        runs[name] = dict(
+            calls=calls,
+            shapes=dict(x=list(x.shape), y=list(y.shape), dy=list(dy.shape), dx=list(x.grad.shape)),
+            x_overwritten=not torch.equal(x.detach(), x_in),
+            dy_overwritten=not torch.equal(dy, dy_in),
+        )
         if keep_tensors:
             runs[name].update(x=x_in, y=y.detach().clone(), dy=dy_in, dx=x.grad.clone())
     return runs
@@ -112,8 +123,10 @@ IN_CONTEXT = {
 def phases(run):
     """``(phase, function-level input shape, output shape, this direction's collectives)``."""
     sh = run["shapes"]
-    return [("forward", sh["x"], sh["y"], [c for c in run["calls"] if c.phase == "forward"]),
-            ("backward", sh["dy"], sh["dx"], [c for c in run["calls"] if c.phase == "backward"])]
+    return [
+        ("forward", sh["x"], sh["y"], [c for c in run["calls"] if c.phase == "forward"]),
+        ("backward", sh["dy"], sh["dx"], [c for c in run["calls"] if c.phase == "backward"]),
+    ]
 
 
 def record_rows(rank_runs):
@@ -126,12 +139,16 @@ def record_rows(rank_runs):
                 rows.append([name, phase, "—", "—", "—", "—", tensor, f"不通信：{local}"])
             for c in calls:
                 meaning = IN_CONTEXT.get((name, phase), recorder.MEANINGS.get(c.where, ""))
-                rows.append([name, phase, c.api, f"{c.group} {list(c.ranks)}", c.before, c.after, tensor, meaning])
+                rows.append(
+                    [name, phase, c.api, f"{c.group} {list(c.ranks)}", c.before, c.after, tensor, meaning]
+                )
     return rows
 
 
 def record_table(rank_runs) -> Table:
-    return Table(["函数", "phase", "API", "group", "通信前", "通信后", "张量", "含义"], record_rows(rank_runs))
+    return Table(
+        ["函数", "phase", "API", "group", "通信前", "通信后", "张量", "含义"], record_rows(rank_runs)
+    )
 
 
 def issuer(calls):
@@ -139,39 +156,53 @@ def issuer(calls):
 
 
 def issuer_table(rank_runs) -> Table:
-    return Table(["函数", "正向", "反向"],
-                 [[name] + [issuer(calls) for *_, calls in phases(run)] for name, run in rank_runs.items()])
+    return Table(
+        ["函数", "正向", "反向"],
+        [[name] + [issuer(calls) for *_, calls in phases(run)] for name, run in rank_runs.items()],
+    )
 
 
 def change(before, after):
     """How a shape changes, read as ``[token, hidden]`` (all leading dims are tokens)."""
-    ratios = {"token": Fraction(prod(after[:-1]), prod(before[:-1])), "hidden": Fraction(after[-1], before[-1])}
+    ratios = {
+        "token": Fraction(prod(after[:-1]), prod(before[:-1])),
+        "hidden": Fraction(after[-1], before[-1]),
+    }
     parts = [f"{k} {'×' if v > 1 else '÷'}{max(v, 1 / v)}" for k, v in ratios.items() if v != 1]
     return "，".join(parts) or "形状不变"
 
 
 def phase_signature(run, phase):
-    (_, a, b, calls), = [p for p in phases(run) if p[0] == phase]
+    ((_, a, b, calls),) = [p for p in phases(run) if p[0] == phase]
     apis = " + ".join(c.api for c in calls) or "不通信"
     return f"{apis}；{change(a, b)}"
 
 
 def signatures(rank_runs) -> dict:
-    return {name: (phase_signature(run, "forward"), phase_signature(run, "backward"))
-            for name, run in rank_runs.items()}
+    return {
+        name: (phase_signature(run, "forward"), phase_signature(run, "backward"))
+        for name, run in rank_runs.items()
+    }
 
 
 def conjugate_pairs(sig) -> list:
     """A and B are conjugate when A's forward is B's backward and A's backward B's forward."""
-    return [(a, b) for i, a in enumerate(sig) for b in list(sig)[i:]
-            if sig[a][0] == sig[b][1] and sig[a][1] == sig[b][0]]
+    return [
+        (a, b)
+        for i, a in enumerate(sig)
+        for b in list(sig)[i:]
+        if sig[a][0] == sig[b][1] and sig[a][1] == sig[b][0]
+    ]
 
 
 def tables(results: list, dims, par) -> list:
     sig = signatures(results[0])
-    return [f"每个 rank 跑了 {len(results[0])} 个调用；记录到的 collective 条数（每个 rank）: "
-            f"{[sum(len(r['calls']) for r in rank_runs.values()) for rank_runs in results]}",
-            record_table(results[0]), issuer_table(results[0]),
-            f"每个 rank 的记录都和 rank 0 一样: {all(record_rows(r) == record_rows(results[0]) for r in results)}",
-            Table(["函数", "正向签名", "反向签名"], [[name, f, b] for name, (f, b) in sig.items()]),
-            Table(["A", "B（A 的共轭）"], conjugate_pairs(sig))]
+    return [
+        f"每个 rank 跑了 {len(results[0])} 个调用；记录到的 collective 条数（每个 rank）: "
+        f"{[sum(len(r['calls']) for r in rank_runs.values()) for rank_runs in results]}",
+        record_table(results[0]),
+        issuer_table(results[0]),
+        f"每个 rank 的记录都和 rank 0 一样: {all(record_rows(r) == record_rows(results[0]) for r in results)}",
+        Table(["函数", "正向签名", "反向签名"], [[name, f, b] for name, (f, b) in sig.items()]),
+        Table(["A", "B（A 的共轭）"], conjugate_pairs(sig)),
+    ]

@@ -43,29 +43,36 @@ def embedding_run(dims, tp, device="cpu", keep_tensors=True):
     import torch.distributed as dist
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import VocabParallelEmbedding
+
     from snippets.record import recorder
 
     _model_parallel(tp)
     V, H = dims.vocab, dims.hidden
     config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
-    tokens = torch.randint(0, V, (dims.micro_batch_size, dims.seq),
-                           generator=torch.Generator().manual_seed(1)).to(device)   # [b, s]
+    tokens = torch.randint(
+        0, V, (dims.micro_batch_size, dims.seq), generator=torch.Generator().manual_seed(1)
+    ).to(device)  # [b, s]
     out = {}
     for sp in (False, True):
         torch.manual_seed(0)
-        emb = VocabParallelEmbedding(V, H, init_method=torch.nn.init.normal_, config=config,
-                                     reduce_scatter_embeddings=sp).to(device)
+        emb = VocabParallelEmbedding(
+            V, H, init_method=torch.nn.init.normal_, config=config, reduce_scatter_embeddings=sp
+        ).to(device)
         with recorder.record() as calls:
             y = emb(tokens)
             y.pow(2).sum().backward()
-        out[sp] = dict(calls=calls, shape=list(emb.weight.shape), out_shape=list(y.shape),
-                       range=(emb.vocab_start_index, emb.vocab_end_index))
+        out[sp] = dict(
+            calls=calls,
+            shape=list(emb.weight.shape),
+            out_shape=list(y.shape),
+            range=(emb.vocab_start_index, emb.vocab_end_index),
+        )
         if keep_tensors:
             out[sp].update(y=y.detach(), grad=emb.weight.grad)
     if not keep_tensors:
         return out
     shards = [torch.empty(V // tp, H, device=device) for _ in range(tp)]
-    dist.all_gather(shards, emb.weight.detach())          # the whole table, for the reference (not recorded)
+    dist.all_gather(shards, emb.weight.detach())  # the whole table, for the reference (not recorded)
     return {"tokens": tokens, "full": torch.cat(shards), **out}
 
 
@@ -86,6 +93,7 @@ def cross_entropy_run(dims, tp, device="cpu", keep_tensors=True):
     from megatron.core import parallel_state
     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
     from snippets.record import recorder
 
     _model_parallel(tp)
@@ -100,14 +108,21 @@ def cross_entropy_run(dims, tp, device="cpu", keep_tensors=True):
             (loss * weight).sum().backward()
         out[alpha] = dict(calls=calls, local_shape=list(local.shape))
         if keep_tensors:
-            out[alpha].update(loss=loss.detach(), grad=local.grad, after_forward=after_forward,
-                              after_backward=local.detach().clone())
+            out[alpha].update(
+                loss=loss.detach(),
+                grad=local.grad,
+                after_forward=after_forward,
+                after_backward=local.detach().clone(),
+            )
     if device == "cpu":
         from torch._dynamo import config as dynamo
+
         dynamo.disable = True  # the fused version is torch.compile'd: on CPU run it eagerly, same math
     local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
     with recorder.record() as calls:
-        loss = fused_vocab_parallel_cross_entropy(local, target, parallel_state.get_tensor_model_parallel_group())
+        loss = fused_vocab_parallel_cross_entropy(
+            local, target, parallel_state.get_tensor_model_parallel_group()
+        )
         (loss * weight).sum().backward()
     out["fused"] = dict(calls=calls)
     if keep_tensors:
@@ -120,23 +135,31 @@ def run(dims, par) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
-    return dict(embedding=embedding_run(dims, par.tp, par.device, keep_tensors=False),
-                ce=cross_entropy_run(dims, par.tp, par.device, keep_tensors=False))
+    return dict(
+        embedding=embedding_run(dims, par.tp, par.device, keep_tensors=False),
+        ce=cross_entropy_run(dims, par.tp, par.device, keep_tensors=False),
+    )
 
 
 # ----------------------------------------------------------------------------- note 12's tables
 
 EMBEDDING_MEANINGS = {
     ("all_reduce", "tensor_parallel/mappings.py::_reduce"): "各卡的查表结果（不归本卡的 token 是 0）相加",
-    ("reduce_scatter_tensor", "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"):
-        "相加，并按 s 切给各卡（SP）",
-    ("all_gather_into_tensor", "tensor_parallel/mappings.py::_gather_along_first_dim"):
-        "reduce-scatter 的 backward：输出梯度拼回完整 s",
+    (
+        "reduce_scatter_tensor",
+        "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim",
+    ): "相加，并按 s 切给各卡（SP）",
+    (
+        "all_gather_into_tensor",
+        "tensor_parallel/mappings.py::_gather_along_first_dim",
+    ): "reduce-scatter 的 backward：输出梯度拼回完整 s",
 }
 
-CE_MEANINGS = ["MAX：每个 token 的 logit 最大值（数值稳定）",
-               "SUM：target 的 logit（只有拥有它的卡非 0）",
-               "SUM：Σ exp(logit − max)，完整词表上的归一化"]
+CE_MEANINGS = [
+    "MAX：每个 token 的 logit 最大值（数值稳定）",
+    "SUM：target 的 logit（只有拥有它的卡非 0）",
+    "SUM：Σ exp(logit − max)，完整词表上的归一化",
+]
 """The three all-reduces of ``vocab_parallel_cross_entropy``, in the order they are issued."""
 
 
@@ -156,9 +179,22 @@ def ce_comm_table(calls):
 def tables(results: list, dims, par) -> list:
     emb, ce = results[0]["embedding"], results[0]["ce"]
     ranges = [r["embedding"][False]["range"] for r in results]
-    return [Table(["V", "TP", "每卡 weight", "各卡词表段", "输出（不开 / 开 reduce-scatter）"],
-                  [[dims.vocab, par.tp, emb[False]["shape"], ranges if par.tp <= 2 else ranges[:2] + ["…"],
-                    f"{emb[False]['out_shape']} / {emb[True]['out_shape']}"]]),
-            f"embedding 的通信（TP={par.tp}，rank 0）:", embedding_comm_table(emb),
-            f"交叉熵的通信（每卡 logits {ce[0.0]['local_shape']}，rank 0）:", ce_comm_table(ce[0.0]["calls"]),
-            f"融合版的通信: {[(c.api, c.before) for c in ce['fused']['calls']]}"]
+    return [
+        Table(
+            ["V", "TP", "每卡 weight", "各卡词表段", "输出（不开 / 开 reduce-scatter）"],
+            [
+                [
+                    dims.vocab,
+                    par.tp,
+                    emb[False]["shape"],
+                    ranges if par.tp <= 2 else ranges[:2] + ["…"],
+                    f"{emb[False]['out_shape']} / {emb[True]['out_shape']}",
+                ]
+            ],
+        ),
+        f"embedding 的通信（TP={par.tp}，rank 0）:",
+        embedding_comm_table(emb),
+        f"交叉熵的通信（每卡 logits {ce[0.0]['local_shape']}，rank 0）:",
+        ce_comm_table(ce[0.0]["calls"]),
+        f"融合版的通信: {[(c.api, c.before) for c in ce['fused']['calls']]}",
+    ]

@@ -25,55 +25,94 @@ def microbatches(dims, num: int, device: str = "cpu", seed: int = 0) -> list[dic
     causal = torch.triu(torch.ones(s, s), diagonal=1).bool()[None, None]  # True = masked
     out = []
     for _ in range(num):
-        batch = dict(tokens=torch.randint(0, dims.vocab, (b, s), generator=gen),
-                     labels=torch.randint(0, dims.vocab, (b, s), generator=gen),
-                     position_ids=torch.arange(s).repeat(b, 1), attention_mask=causal)
+        batch = dict(
+            tokens=torch.randint(0, dims.vocab, (b, s), generator=gen),
+            labels=torch.randint(0, dims.vocab, (b, s), generator=gen),
+            position_ids=torch.arange(s).repeat(b, 1),
+            attention_mask=causal,
+        )
         out.append({k: v.to(device) for k, v in batch.items()})
     return out
 
 
-def pipeline_config(dims, pp: int, vp=None, tp: int = 1, sequence_parallel: bool = False,
-                    batch_p2p_comm: bool = True, device: str = "cpu"):
+def pipeline_config(
+    dims,
+    pp: int,
+    vp=None,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    batch_p2p_comm: bool = True,
+    device: str = "cpu",
+):
     from megatron.core.transformer import TransformerConfig
 
-    return TransformerConfig(**dims.transformer_config_kwargs(), tensor_model_parallel_size=tp,
-                             sequence_parallel=sequence_parallel, pipeline_model_parallel_size=pp,
-                             virtual_pipeline_model_parallel_size=vp, batch_p2p_comm=batch_p2p_comm,
-                             use_cpu_initialization=device == "cpu", hidden_dropout=0.0,
-                             attention_dropout=0.0, pipeline_dtype=torch.float32)
+    return TransformerConfig(
+        **dims.transformer_config_kwargs(),
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence_parallel,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vp,
+        batch_p2p_comm=batch_p2p_comm,
+        use_cpu_initialization=device == "cpu",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        pipeline_dtype=torch.float32,
+    )
 
 
-def pipeline_run(dims, pp: int, vp=None, microbatch_counts=(4,), batch_p2p_comm: bool = True,
-                 tp: int = 1, sequence_parallel: bool = False, device: str = "cpu",
-                 keep_grads: bool = True) -> dict:
+def pipeline_run(
+    dims,
+    pp: int,
+    vp=None,
+    microbatch_counts=(4,),
+    batch_p2p_comm: bool = True,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    device: str = "cpu",
+    keep_grads: bool = True,
+) -> dict:
     """On every rank: build this rank's stage(s), run the schedule once per micro-batch count.
 
     Returns the schedule function's name, each chunk's layers, and per ``m`` the recorded ops,
     the losses (last stage only), the code's own warm-up counts and -- with ``keep_grads`` -- every
     gradient by global name (note 13 compares them with one process; at real sizes leave it off).
     """
-    from snippets.models.tiny_gpt import by_global_name, forward_step, init_by_global_name
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
-                                             pipeline_model_parallel_size=pp,
-                                             virtual_pipeline_model_parallel_size=vp)
+    from snippets.models.tiny_gpt import by_global_name, forward_step, init_by_global_name
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vp,
+    )
     model_parallel_cuda_manual_seed(0)
     config = pipeline_config(dims, pp, vp, tp, sequence_parallel, batch_p2p_comm, device)
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
     chunks = []
-    for vp_stage in (range(vp) if vp else [None]):
+    for vp_stage in range(vp) if vp else [None]:
         with torch.device(device):
-            chunks.append(GPTModel(
-                config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
-                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                share_embeddings_and_output_weights=False, vp_stage=vp_stage,
-                position_embedding_type="rope" if dims.rope else "learned_absolute"))
+            chunks.append(
+                GPTModel(
+                    config,
+                    spec,
+                    vocab_size=dims.vocab,
+                    max_sequence_length=dims.seq,
+                    pre_process=parallel_state.is_pipeline_first_stage(
+                        ignore_virtual=False, vp_stage=vp_stage
+                    ),
+                    post_process=parallel_state.is_pipeline_last_stage(
+                        ignore_virtual=False, vp_stage=vp_stage
+                    ),
+                    share_embeddings_and_output_weights=False,
+                    vp_stage=vp_stage,
+                    position_embedding_type="rope" if dims.rope else "learned_absolute",
+                )
+            )
         init_by_global_name(chunks[-1])
     forward_backward_func = get_forward_backward_func()
     runs = {}
@@ -85,17 +124,35 @@ def pipeline_run(dims, pp: int, vp=None, microbatch_counts=(4,), batch_p2p_comm:
             losses = forward_backward_func(
                 forward_step_func=forward_step,
                 data_iterator=[iter(data) for _ in chunks] if vp else iter(data),
-                model=chunks, num_microbatches=m, seq_length=dims.seq,
-                micro_batch_size=dims.micro_batch_size)
+                model=chunks,
+                num_microbatches=m,
+                seq_length=dims.seq,
+                micro_batch_size=dims.micro_batch_size,
+            )
         warmup = schedules.get_pp_rank_microbatches(m, len(chunks), config.microbatch_group_size_per_vp_stage)
-        runs[m] = dict(ops=ops, losses=[x["lm loss"].cpu() for x in losses],
-                       grads=by_global_name(chunks) if keep_grads else None, code_counts=warmup)
-    stages = [dict(pre=c.pre_process, post=c.post_process,
-                   layers=[layer.layer_number for layer in c.decoder.layers]) for c in chunks]
-    return dict(func=forward_backward_func.__name__, stages=stages, runs=runs,
-                ranks=dict(pp=parallel_state.get_pipeline_model_parallel_rank(),
-                           tp=parallel_state.get_tensor_model_parallel_rank(),
-                           dp=parallel_state.get_data_parallel_rank(), world=torch.distributed.get_rank()))
+        runs[m] = dict(
+            ops=ops,
+            losses=[x["lm loss"].cpu() for x in losses],
+            grads=by_global_name(chunks) if keep_grads else None,
+            code_counts=warmup,
+        )
+    stages = [
+        dict(
+            pre=c.pre_process, post=c.post_process, layers=[layer.layer_number for layer in c.decoder.layers]
+        )
+        for c in chunks
+    ]
+    return dict(
+        func=forward_backward_func.__name__,
+        stages=stages,
+        runs=runs,
+        ranks=dict(
+            pp=parallel_state.get_pipeline_model_parallel_rank(),
+            tp=parallel_state.get_tensor_model_parallel_rank(),
+            dp=parallel_state.get_data_parallel_rank(),
+            world=torch.distributed.get_rank(),
+        ),
+    )
 
 
 def batch_p2p_comm_for(pp: int, vp) -> bool:
@@ -105,8 +162,17 @@ def batch_p2p_comm_for(pp: int, vp) -> bool:
 
 
 def run(dims, par) -> dict:
-    return pipeline_run(dims, par.pp, par.vp, (dims.microbatches,), batch_p2p_comm_for(par.pp, par.vp),
-                        par.tp, par.sp, par.device, keep_grads=False)
+    return pipeline_run(
+        dims,
+        par.pp,
+        par.vp,
+        (dims.microbatches,),
+        batch_p2p_comm_for(par.pp, par.vp),
+        par.tp,
+        par.sp,
+        par.device,
+        keep_grads=False,
+    )
 
 
 # ----------------------------------------------------------------------------- note 13's tables
@@ -122,8 +188,11 @@ def _rank(index: int, r: dict) -> int:
 
 
 def stage_rows(name: str, results: list) -> list:
-    return [[name, _rank(i, r), chunk, s["pre"], s["post"], s["layers"]]
-            for i, r in enumerate(results) for chunk, s in enumerate(r["stages"])]
+    return [
+        [name, _rank(i, r), chunk, s["pre"], s["post"], s["layers"]]
+        for i, r in enumerate(results)
+        for chunk, s in enumerate(r["stages"])
+    ]
 
 
 def phase_rows(name: str, results: list, m: int) -> list:
@@ -141,8 +210,16 @@ def bubble_row(name: str, results: list, m: int, p: int, v: int) -> list:
     per_rank = [r["runs"][m]["ops"] for r in results]
     t = timeline.logical_schedule(per_rank, chunks=v, forward=1, backward=2)
     formula = (p - 1) / (v * m + p - 1)
-    return [name, p, v, m, timeline.makespan(t), round(timeline.bubble_fraction(t), 4), round(formula, 4),
-            abs(timeline.bubble_fraction(t) - formula) < 1e-9]
+    return [
+        name,
+        p,
+        v,
+        m,
+        timeline.makespan(t),
+        round(timeline.bubble_fraction(t), 4),
+        round(formula, 4),
+        abs(timeline.bubble_fraction(t) - formula) < 1e-9,
+    ]
 
 
 def mean_loss(results: list, m: int) -> float:
@@ -159,6 +236,7 @@ def tables(results: list, dims, par) -> list:
     ranks = pipeline_of_rank0(results)
     m, v = dims.microbatches, par.vp or 1
     name = config_label(par.pp, par.vp, par.tp)
+
     def ops(r):
         return r["runs"][m]["ops"]
 
@@ -168,20 +246,34 @@ def tables(results: list, dims, par) -> list:
         Table(["配置", "rank", "chunk", "pre_process", "post_process", "全局层号"], stage_rows(name, ranks)),
         Table(["配置", "get_forward_backward_func() 返回"], [[name, ranks[0]["func"]]]),
         f"mean loss（最后一个 stage，{m} 个 micro-batch）: {round(mean_loss(ranks, m), 4)}",
-        Table(["配置", "m", "rank", "代码 (warm-up, steady, cool-down)", "记录", "相同"],
-              phase_rows(name, ranks, m)),
-        Table(["rank", "记录到的顺序"],
-              [[_rank(i, r), " ".join(timeline.label(op, v) for op in timeline.compute_ops(ops(r)))]
-               for i, r in enumerate(ranks)]),
+        Table(
+            ["配置", "m", "rank", "代码 (warm-up, steady, cool-down)", "记录", "相同"],
+            phase_rows(name, ranks, m),
+        ),
+        Table(
+            ["rank", "记录到的顺序"],
+            [
+                [_rank(i, r), " ".join(timeline.label(op, v) for op in timeline.compute_ops(ops(r)))]
+                for i, r in enumerate(ranks)
+            ],
+        ),
     ]
     if p2p:
-        out += [f"API: {sorted({row[3] for row in p2p})}  group: {sorted({row[4] for row in p2p})}",
-                Table(["rank", "在这步之后", "P2PCommunicator 方法", "ops（→发给、←收自）", "shape 前 = 后"],
-                      [[rank, after, method, peers, shapes]
-                       for rank, after, method, _, _, peers, shapes, _ in p2p]),
-                Table(["P2PCommunicator 方法", "语义"],
-                      [[method, timeline.P2P_MEANINGS[method]]
-                       for method in dict.fromkeys(row[2] for row in p2p)])]
-    out.append(Table(["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p−1)/(v·m+p−1)", "相等"],
-                     [bubble_row("interleaved" if par.vp else "1F1B", ranks, m, par.pp, v)]))
+        out += [
+            f"API: {sorted({row[3] for row in p2p})}  group: {sorted({row[4] for row in p2p})}",
+            Table(
+                ["rank", "在这步之后", "P2PCommunicator 方法", "ops（→发给、←收自）", "shape 前 = 后"],
+                [[rank, after, method, peers, shapes] for rank, after, method, _, _, peers, shapes, _ in p2p],
+            ),
+            Table(
+                ["P2PCommunicator 方法", "语义"],
+                [[method, timeline.P2P_MEANINGS[method]] for method in dict.fromkeys(row[2] for row in p2p)],
+            ),
+        ]
+    out.append(
+        Table(
+            ["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p−1)/(v·m+p−1)", "相等"],
+            [bubble_row("interleaved" if par.vp else "1F1B", ranks, m, par.pp, v)],
+        )
+    )
     return out

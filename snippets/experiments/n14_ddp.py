@@ -24,30 +24,39 @@ at real sizes Megatron's default applies (``None``: max(40M, 1M x DP) elements).
 
 def build_model(dims, device="cpu"):
     """The whole ``GPTModel`` at ``dims`` on this rank (local spec), weights by global name."""
-    from snippets.models.tiny_gpt import init_by_global_name
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    from snippets.models.tiny_gpt import init_by_global_name
+
     model_parallel_cuda_manual_seed(0)
     config = pipeline_config(dims, pp=1, device=device)
     with torch.device(device):
-        model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=dims.vocab,
-                         max_sequence_length=dims.seq,
-                         position_embedding_type="rope" if dims.rope else "learned_absolute")
+        model = GPTModel(
+            config,
+            get_gpt_layer_local_spec(),
+            vocab_size=dims.vocab,
+            max_sequence_length=dims.seq,
+            position_embedding_type="rope" if dims.rope else "learned_absolute",
+        )
     init_by_global_name(model)
     return model, config
 
 
 def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="cpu", keep_grads=True):
     """On every rank: ``iterations`` DDP steps (schedule, then ``finalize_model_grads``), recorded."""
-    from snippets.dp import grad_buffers, overlap_timeline
-    from snippets.record import recorder
-    from snippets.models.tiny_gpt import by_global_name, forward_step
     from megatron.core import parallel_state
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from snippets.dp import grad_buffers, overlap_timeline
+    from snippets.models.tiny_gpt import by_global_name, forward_step
+    from snippets.record import recorder
 
     def comm(calls):  # cross entropy all-reduces over TP, here a group of one: not communication
         return [c for c in calls if not isinstance(c, overlap_timeline.Marker) and len(c.ranks) > 1]
@@ -56,40 +65,62 @@ def ddp_run(dims, overlap_grad_reduce, bucket_size=None, iterations=1, device="c
         parallel_state.initialize_model_parallel()
     model, config = build_model(dims, device)
     ddp = DistributedDataParallel(
-        config, DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce, bucket_size=bucket_size),
-        model)
+        config,
+        DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce, bucket_size=bucket_size),
+        model,
+    )
     config.no_sync_func = ddp.no_sync
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     per_rank = dims.microbatches // dp
-    mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank:per_rank * (dp_rank + 1)]
+    mine = microbatches(dims, dims.microbatches, device)[per_rank * dp_rank : per_rank * (dp_rank + 1)]
     steps = []
     for _ in range(iterations):
         ddp.zero_grad_buffer()
         with recorder.record() as in_schedule, overlap_timeline.markers(ddp, in_schedule):
-            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(mine), model=[ddp],
-                                        num_microbatches=per_rank, seq_length=dims.seq,
-                                        micro_batch_size=dims.micro_batch_size)
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(mine),
+                model=[ddp],
+                num_microbatches=per_rank,
+                seq_length=dims.seq,
+                micro_batch_size=dims.micro_batch_size,
+            )
         local = by_global_name([ddp], "main_grad") if keep_grads else None
         with recorder.record() as in_finalize:
             finalize_model_grads([ddp])
-        steps.append(dict(schedule=comm(in_schedule), finalize=comm(in_finalize),  # the tables
-                          events=["schedule", *in_schedule, "finalize_model_grads", *in_finalize]))
-    return dict(steps=steps, local=local, reduced=by_global_name([ddp], "main_grad") if keep_grads else None,
-                buckets=grad_buffers.bucket_rows(ddp), params=grad_buffers.param_rows(ddp),
-                dtypes=grad_buffers.buffer_dtypes(ddp), param_buffer=ddp.buffers[0].param_data is not None,
-                bucket_size=ddp.ddp_config.bucket_size, views=grad_buffers.main_grads_are_views(ddp),
-                grad_is_none=all(p.grad is None for p in ddp.parameters()))
+        steps.append(
+            dict(
+                schedule=comm(in_schedule),
+                finalize=comm(in_finalize),  # the tables
+                events=["schedule", *in_schedule, "finalize_model_grads", *in_finalize],
+            )
+        )
+    return dict(
+        steps=steps,
+        local=local,
+        reduced=by_global_name([ddp], "main_grad") if keep_grads else None,
+        buckets=grad_buffers.bucket_rows(ddp),
+        params=grad_buffers.param_rows(ddp),
+        dtypes=grad_buffers.buffer_dtypes(ddp),
+        param_buffer=ddp.buffers[0].param_data is not None,
+        bucket_size=ddp.ddp_config.bucket_size,
+        views=grad_buffers.main_grads_are_views(ddp),
+        grad_is_none=all(p.grad is None for p in ddp.parameters()),
+    )
 
 
 def one_process_full_batch(dims, device="cpu"):
     """The reference: one process, all of the global batch's sequences in one forward + backward."""
-    from snippets.models.tiny_gpt import by_global_name, concat
     from megatron.core import parallel_state
+
+    from snippets.models.tiny_gpt import by_global_name, concat
 
     parallel_state.initialize_model_parallel()
     model, _ = build_model(dims, device)
     batch = concat(microbatches(dims, dims.microbatches, device))
-    loss = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]).mean()
+    loss = model(
+        batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]
+    ).mean()
     loss.backward()
     return by_global_name([model])
 
@@ -99,9 +130,12 @@ def run(dims, par) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel()
-    return dict(plain=ddp_run(dims, False, device=par.device, keep_grads=False),
-                overlapped=ddp_run(dims, True, BUCKET_SIZE.get(dims.name), iterations=2,
-                                   device=par.device, keep_grads=False))
+    return dict(
+        plain=ddp_run(dims, False, device=par.device, keep_grads=False),
+        overlapped=ddp_run(
+            dims, True, BUCKET_SIZE.get(dims.name), iterations=2, device=par.device, keep_grads=False
+        ),
+    )
 
 
 MEANINGS = {"distributed/param_and_grad_buffer.py::start_grad_sync": "DP 梯度求和（先乘了 1/DP，和即平均）"}
@@ -111,14 +145,19 @@ def tables(results: list, dims, par) -> list:
     from snippets.record.recorder import communication_table
 
     plain, overlapped = results[0]["plain"], results[0]["overlapped"]
-    return [f"overlap=False: bucket_size = {plain['bucket_size']} → {len(plain['buckets'])} 个 bucket，"
-            f"{plain['buckets'][0][2]} 个元素",
-            f"overlap=True, bucket_size={overlapped['bucket_size']}: buffer 的 (param / grad) dtype: "
-            f"{overlapped['dtypes']}",
-            Table(["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省略开头的 decoder.）"], overlapped["buckets"]),
-            f"不 overlap，schedule 期间: {len(plain['steps'][0]['schedule'])} 条;  finalize_model_grads 期间:",
-            communication_table(plain["steps"][0]["finalize"], MEANINGS),
-            f"overlap 第 1 步，schedule 期间: {len(overlapped['steps'][0]['schedule'])} 条;  finalize_model_grads 期间:",
-            communication_table(overlapped["steps"][0]["finalize"], MEANINGS),
-            f"overlap 第 2 步，finalize_model_grads 期间: {len(overlapped['steps'][1]['finalize'])} 条;  schedule 期间:",
-            communication_table(overlapped["steps"][1]["schedule"], MEANINGS)]
+    return [
+        f"overlap=False: bucket_size = {plain['bucket_size']} → {len(plain['buckets'])} 个 bucket，"
+        f"{plain['buckets'][0][2]} 个元素",
+        f"overlap=True, bucket_size={overlapped['bucket_size']}: buffer 的 (param / grad) dtype: "
+        f"{overlapped['dtypes']}",
+        Table(
+            ["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省略开头的 decoder.）"],
+            overlapped["buckets"],
+        ),
+        f"不 overlap，schedule 期间: {len(plain['steps'][0]['schedule'])} 条;  finalize_model_grads 期间:",
+        communication_table(plain["steps"][0]["finalize"], MEANINGS),
+        f"overlap 第 1 步，schedule 期间: {len(overlapped['steps'][0]['schedule'])} 条;  finalize_model_grads 期间:",
+        communication_table(overlapped["steps"][0]["finalize"], MEANINGS),
+        f"overlap 第 2 步，finalize_model_grads 期间: {len(overlapped['steps'][1]['finalize'])} 条;  schedule 期间:",
+        communication_table(overlapped["steps"][1]["schedule"], MEANINGS),
+    ]

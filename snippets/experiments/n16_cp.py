@@ -22,9 +22,13 @@ def make_batch(seq_len, first_token=100, micro_batch=1):
     """A GPT micro-batch's five fields for ``[b, s]`` tokens ``first_token, first_token + 1, ...``."""
     tokens = torch.arange(first_token, first_token + seq_len).expand(micro_batch, seq_len).clone()
     causal = torch.ones(seq_len, seq_len).tril().bool()
-    return dict(tokens=tokens, labels=tokens + 1, loss_mask=torch.ones(micro_batch, seq_len),
-                attention_mask=(~causal).expand(micro_batch, 1, seq_len, seq_len).clone(),
-                position_ids=torch.arange(seq_len).expand(micro_batch, seq_len).clone())
+    return dict(
+        tokens=tokens,
+        labels=tokens + 1,
+        loss_mask=torch.ones(micro_batch, seq_len),
+        attention_mask=(~causal).expand(micro_batch, 1, seq_len, seq_len).clone(),
+        position_ids=torch.arange(seq_len).expand(micro_batch, seq_len).clone(),
+    )
 
 
 def _context_parallel(cp):
@@ -49,8 +53,7 @@ def batch_on_cp_rank(dims, cp):
         shapes={k: list(v.shape) for k, v in local.items()},
         positions=positions.tolist(),
         tokens=local["tokens"][0].tolist(),
-        mask_rows_kept=torch.equal(local["attention_mask"],
-                                   full["attention_mask"][:, :, positions]),
+        mask_rows_kept=torch.equal(local["attention_mask"], full["attention_mask"][:, :, positions]),
     )
 
 
@@ -60,25 +63,28 @@ def ring_vs_full(dims, cp, device="cpu"):
 
     ``q, k, v`` are ``[s, b, heads, kv_channels]``, laid out as in Megatron's attention.
     """
-    from snippets.record.recorder import record
-    from snippets.cp.ring_attention import causal_attention, ring_attention
     from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from snippets.cp.ring_attention import causal_attention, ring_attention
+    from snippets.record.recorder import record
 
     _context_parallel(cp)
     positions = get_batch_on_this_cp_rank(make_batch(dims.seq))["position_ids"][0].to(device)
     torch.manual_seed(0)  # every rank draws the same full-sequence q, k, v and upstream gradient
-    q, k, v, dout = (torch.randn(dims.seq, dims.micro_batch_size, dims.heads, dims.kv_channels).to(device)
-                     for _ in range(4))
+    q, k, v, dout = (
+        torch.randn(dims.seq, dims.micro_batch_size, dims.heads, dims.kv_channels).to(device)
+        for _ in range(4)
+    )
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    causal_attention(*full).backward(dout)                 # reference: one process, whole sequence
+    causal_attention(*full).backward(dout)  # reference: one process, whole sequence
     local = [t[positions].clone().requires_grad_() for t in (q, k, v)]
     with record() as calls:
         out = ring_attention(*local, parallel_state.get_context_parallel_group())
         out.backward(dout[positions])
     reference_out = causal_attention(q, k, v)[positions]
     same = [torch.allclose(out, reference_out, atol=1e-6)]
-    same += [torch.allclose(l.grad, f.grad[positions], atol=1e-6) for l, f in zip(local, full)]
+    same += [torch.allclose(mine.grad, f.grad[positions], atol=1e-6) for mine, f in zip(local, full)]
     return same, calls
 
 
@@ -92,18 +98,36 @@ def run(dims, par) -> dict:
 
 # ----------------------------------------------------------------------------- note 16's tables
 
+
 def split_table(results, cp, seq_len):
     """Which chunks and positions each CP rank holds (``results``: every rank's ``batch_on_cp_rank``)."""
     chunk = seq_len // (2 * cp)
     rows = []
     for rank, r in enumerate(results):
         chunks = sorted({p // chunk for p in r["positions"]})
-        rows.append([f"{rank} / {r['cp_rank']}", chunks, r["positions"], r["shapes"]["tokens"],
-                     r["shapes"]["attention_mask"], r["mask_rows_kept"]])
+        rows.append(
+            [
+                f"{rank} / {r['cp_rank']}",
+                chunks,
+                r["positions"],
+                r["shapes"]["tokens"],
+                r["shapes"]["attention_mask"],
+                r["mask_rows_kept"],
+            ]
+        )
     same_dict = all(r["same_dict"] for r in results)
-    return Table(["rank / cp_rank", "持有的块", "position_ids", "tokens 等", "attention_mask",
-                  "mask 行 = 全序列这些行"], rows,
-                 title=f"CP={cp}（共 2·CP 块）；返回的是传入的同一个 dict：{same_dict}")
+    return Table(
+        [
+            "rank / cp_rank",
+            "持有的块",
+            "position_ids",
+            "tokens 等",
+            "attention_mask",
+            "mask 行 = 全序列这些行",
+        ],
+        rows,
+        title=f"CP={cp}（共 2·CP 块）；返回的是传入的同一个 dict：{same_dict}",
+    )
 
 
 def work_table(cp, seq_len):
@@ -141,15 +165,39 @@ def ring_table(calls):
     rows = []
     for i, c in enumerate(calls, 1):
         peers = dict(c.extra["ops"])
-        rows.append([i, c.phase, c.api, f"{c.group} {list(c.ranks)}", shapes(c),
-                     f"→ {peers['isend']} / ← {peers['irecv']}", ring_meaning(c)])
-    return Table(["#", "phase", "API", "group", "shape before（发出）→ after（收到）",
-                  "send_dst / recv_src", "meaning"], rows)
+        rows.append(
+            [
+                i,
+                c.phase,
+                c.api,
+                f"{c.group} {list(c.ranks)}",
+                shapes(c),
+                f"→ {peers['isend']} / ← {peers['irecv']}",
+                ring_meaning(c),
+            ]
+        )
+    return Table(
+        [
+            "#",
+            "phase",
+            "API",
+            "group",
+            "shape before（发出）→ after（收到）",
+            "send_dst / recv_src",
+            "meaning",
+        ],
+        rows,
+    )
 
 
 def tables(results: list, dims, par) -> list:
-    cp_group_of_rank0 = results[:par.cp]  # CP is the fastest-varying dimension after TP (here 1)
-    return [split_table([r["split"] for r in cp_group_of_rank0], par.cp, dims.seq),
-            Table(["CP", "rank", "输出相等", "dQ 相等", "dK 相等", "dV 相等"],
-                  [[par.cp, rank, *r["ring"][0]] for rank, r in enumerate(results)]),
-            f"rank {min(1, par.cp - 1)} 的通信:", ring_table(results[min(1, par.cp - 1)]["ring"][1])]
+    cp_group_of_rank0 = results[: par.cp]  # CP is the fastest-varying dimension after TP (here 1)
+    return [
+        split_table([r["split"] for r in cp_group_of_rank0], par.cp, dims.seq),
+        Table(
+            ["CP", "rank", "输出相等", "dQ 相等", "dK 相等", "dV 相等"],
+            [[par.cp, rank, *r["ring"][0]] for rank, r in enumerate(results)],
+        ),
+        f"rank {min(1, par.cp - 1)} 的通信:",
+        ring_table(results[min(1, par.cp - 1)]["ring"][1]),
+    ]

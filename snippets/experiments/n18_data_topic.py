@@ -47,10 +47,12 @@ def corpus_documents(dims) -> list[list[int]]:
 
 def command(prefix, dims, global_batch_size, tp) -> str:
     """Note 18's command line: split 6,2,2, four iterations, a validation every two."""
-    return (f"--data-path {prefix} --split 6,2,2 --seq-length {dims.seq} --micro-batch-size "
-            f"{dims.micro_batch_size} --global-batch-size {global_batch_size} --train-iters {RESUME_ITERATIONS} "
-            f"--eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size {dims.vocab - 1} "
-            f"--tensor-model-parallel-size {tp}")
+    return (
+        f"--data-path {prefix} --split 6,2,2 --seq-length {dims.seq} --micro-batch-size "
+        f"{dims.micro_batch_size} --global-batch-size {global_batch_size} --train-iters {RESUME_ITERATIONS} "
+        f"--eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size {dims.vocab - 1} "
+        f"--tensor-model-parallel-size {tp}"
+    )
 
 
 def read_iterations(command, tokenizer, consumed_train_samples, iterations):
@@ -63,13 +65,17 @@ def read_iterations(command, tokenizer, consumed_train_samples, iterations):
     args = parse_args(command, world_size=torch.distributed.get_world_size())
 
     def is_dataset_built_on_rank():  # pretrain_gpt.py, without MTP
-        return ((mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
-                and mpu.get_tensor_model_parallel_rank() == 0)
+        return (
+            mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()
+        ) and mpu.get_tensor_model_parallel_rank() == 0
 
     with recorder.record() as build_calls:  # every rank must enter build(): it holds world barriers
-        train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(args),
-                                                    is_dataset_built_on_rank,
-                                                    core_gpt_dataset_config_from_args(args, tokenizer)).build()
+        train, _, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset,
+            get_train_valid_test_num_samples(args),
+            is_dataset_built_on_rank,
+            core_gpt_dataset_config_from_args(args, tokenizer),
+        ).build()
     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     num_microbatches = args.global_batch_size // (args.micro_batch_size * dp)
     loader = build_pretraining_data_loader(train, consumed_train_samples, args.micro_batch_size, dp_rank, dp)
@@ -80,8 +86,13 @@ def read_iterations(command, tokenizer, consumed_train_samples, iterations):
             steps.append([next(batches) for _ in range(num_microbatches)])
         consumed_train_samples += samples_per_iteration(dp, args.micro_batch_size, num_microbatches)
         consumed.append(consumed_train_samples)  # what train() keeps in args after each step
-    return dict(dp=dp, dp_rank=dp_rank, consumed=consumed, build_calls=build_calls,
-                steps=None if batches is None else [[(idx, b["tokens"]) for idx, b in step] for step in steps])
+    return dict(
+        dp=dp,
+        dp_rank=dp_rank,
+        consumed=consumed,
+        build_calls=build_calls,
+        steps=None if batches is None else [[(idx, b["tokens"]) for idx, b in step] for step in steps],
+    )
 
 
 def run(dims, par) -> dict:
@@ -91,15 +102,20 @@ def run(dims, par) -> dict:
     global_batch_size = dims.micro_batch_size * dims.microbatches * par.dp
     with shared_corpus(corpus_documents(dims), tokenizer.eod) as prefix:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
-        uninterrupted = read_iterations(command(prefix, dims, global_batch_size, par.tp), tokenizer, 0,
-                                        RESUME_ITERATIONS)
+        uninterrupted = read_iterations(
+            command(prefix, dims, global_batch_size, par.tp), tokenizer, 0, RESUME_ITERATIONS
+        )
         saved = uninterrupted["consumed"][INTERRUPTED_AFTER - 1]  # what a checkpoint then holds in args
         resumed = {}
         for dp in resume_dp_sizes(dims, par):  # a restart: new layout, dataset and sampler; only `saved` kept
             parallel_state.destroy_model_parallel()
             parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.world // dp)
-            resumed[dp] = read_iterations(command(prefix, dims, global_batch_size, par.world // dp), tokenizer,
-                                          saved, RESUME_ITERATIONS - INTERRUPTED_AFTER)
+            resumed[dp] = read_iterations(
+                command(prefix, dims, global_batch_size, par.world // dp),
+                tokenizer,
+                saved,
+                RESUME_ITERATIONS - INTERRUPTED_AFTER,
+            )
     return dict(uninterrupted=uninterrupted, saved=saved, resumed=resumed)
 
 
@@ -119,6 +135,7 @@ def indices(per_rank, step):
 
 def shown_step(per_rank, step, limit=8):
     """``r0: [8] [10]；r1: [9] [11]``: each DP rank's micro-batches (more than ``limit``: ends and count)."""
+
     def shown(batches):
         if len(batches) <= limit:
             return " ".join(map(str, batches))
@@ -128,19 +145,35 @@ def shown_step(per_rank, step, limit=8):
 
 
 def consumed_line(results) -> str:
-    return (f"每步之后的 consumed_train_samples: {results[0]['uninterrupted']['consumed']}  "
-            f"在第 {INTERRUPTED_AFTER} 步后中断并保存: {results[0]['saved']}")
+    return (
+        f"每步之后的 consumed_train_samples: {results[0]['uninterrupted']['consumed']}  "
+        f"在第 {INTERRUPTED_AFTER} 步后中断并保存: {results[0]['saved']}"
+    )
 
 
 def resume_table(results) -> Table:
     base, saved = reading_ranks(results), results[0]["saved"]
     same, *others = results[0]["resumed"]
     columns = [reading_ranks(results, dp) for dp in (same, *others)]
-    return Table(["步", f"不中断 DP={base[0]['dp']}（每个 rank 的 micro-batch 下标）", f"从 consumed={saved} 恢复，DP={same}",
-                  *[f"恢复到 DP={dp}" for dp in others]],
-                 [[step + 1, shown_step(base, step),
-                   *[shown_step(column, step - INTERRUPTED_AFTER) if step >= INTERRUPTED_AFTER else "-"
-                     for column in columns]] for step in range(RESUME_ITERATIONS)])
+    return Table(
+        [
+            "步",
+            f"不中断 DP={base[0]['dp']}（每个 rank 的 micro-batch 下标）",
+            f"从 consumed={saved} 恢复，DP={same}",
+            *[f"恢复到 DP={dp}" for dp in others],
+        ],
+        [
+            [
+                step + 1,
+                shown_step(base, step),
+                *[
+                    shown_step(column, step - INTERRUPTED_AFTER) if step >= INTERRUPTED_AFTER else "-"
+                    for column in columns
+                ],
+            ]
+            for step in range(RESUME_ITERATIONS)
+        ],
+    )
 
 
 def global_batch(per_rank, step):
@@ -154,16 +187,24 @@ def checks(results) -> dict:
     resumed = reading_ranks(results, same)
     after = range(RESUME_ITERATIONS - INTERRUPTED_AFTER)
     return {
-        f"恢复后的第 {INTERRUPTED_AFTER + 1}、{RESUME_ITERATIONS} 步与不中断时逐 rank 相同（下标与 token）":
-            all(indices(resumed, s) == indices(base, s + INTERRUPTED_AFTER) and
-                all(torch.equal(a[1], b[1]) for r, u in zip(resumed, base)
-                    for a, b in zip(r["steps"][s], u["steps"][s + INTERRUPTED_AFTER])) for s in after),
-        "换 DP 大小恢复，每步的 global batch（样本集合与 token）不变":
-            all(global_batch(reading_ranks(results, dp), s) == global_batch(base, s + INTERRUPTED_AFTER)
-                for dp in others for s in after),
-        f"中断前 {INTERRUPTED_AFTER} 步与恢复后 {len(after)} 步的样本没有重叠":
-            not ({i for s in range(INTERRUPTED_AFTER) for i, _ in global_batch(base, s)}
-                 & {i for s in after for i, _ in global_batch(resumed, s)}),
+        f"恢复后的第 {INTERRUPTED_AFTER + 1}、{RESUME_ITERATIONS} 步与不中断时逐 rank 相同（下标与 token）": all(
+            indices(resumed, s) == indices(base, s + INTERRUPTED_AFTER)
+            and all(
+                torch.equal(a[1], b[1])
+                for r, u in zip(resumed, base)
+                for a, b in zip(r["steps"][s], u["steps"][s + INTERRUPTED_AFTER])
+            )
+            for s in after
+        ),
+        "换 DP 大小恢复，每步的 global batch（样本集合与 token）不变": all(
+            global_batch(reading_ranks(results, dp), s) == global_batch(base, s + INTERRUPTED_AFTER)
+            for dp in others
+            for s in after
+        ),
+        f"中断前 {INTERRUPTED_AFTER} 步与恢复后 {len(after)} 步的样本没有重叠": not (
+            {i for s in range(INTERRUPTED_AFTER) for i, _ in global_batch(base, s)}
+            & {i for s in after for i, _ in global_batch(resumed, s)}
+        ),
     }
 
 
@@ -176,11 +217,17 @@ def build_rank(results) -> int:
 
 def build_table(results) -> Table:
     same = next(iter(results[0]["resumed"]))
-    return communication_table(results[build_rank(results)]["resumed"][same]["build_calls"], meanings={
-        "barrier": "等 global rank 0 把这个 split 的索引写成缓存，之后本 rank 读缓存而不重算"})
+    return communication_table(
+        results[build_rank(results)]["resumed"][same]["build_calls"],
+        meanings={"barrier": "等 global rank 0 把这个 split 的索引写成缓存，之后本 rank 读缓存而不重算"},
+    )
 
 
 def tables(results: list, dims, par) -> list:
-    return [consumed_line(results), resume_table(results),
-            "\n".join(f"{name}: {value}" for name, value in checks(results).items()),
-            f"恢复到 DP={par.dp} 时 rank {build_rank(results)} 建数据集时的通信:", build_table(results)]
+    return [
+        consumed_line(results),
+        resume_table(results),
+        "\n".join(f"{name}: {value}" for name, value in checks(results).items()),
+        f"恢复到 DP={par.dp} 时 rank {build_rank(results)} 建数据集时的通信:",
+        build_table(results),
+    ]

@@ -24,8 +24,13 @@ EXPERTS = 2
 
 def base_config(dims, device: str = "cpu") -> dict:
     """The ``TransformerConfig`` fields every variant shares: ``dims``, no dropout, fp32."""
-    return dict(**dims.transformer_config_kwargs(), hidden_dropout=0.0, attention_dropout=0.0,
-                use_cpu_initialization=device != "cuda", pipeline_dtype=torch.float32)
+    return dict(
+        **dims.transformer_config_kwargs(),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=device != "cuda",
+        pipeline_dtype=torch.float32,
+    )
 
 
 def variants(dims) -> dict:
@@ -35,10 +40,14 @@ def variants(dims) -> dict:
     norm = "RMSNorm" if dims.rmsnorm else "LayerNorm"
     return {
         "local": (get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=norm), {}),
-        "MoE": (get_gpt_layer_local_spec(num_experts=EXPERTS, qk_layernorm=dims.qk_norm, normalization=norm),
-                dict(num_moe_experts=EXPERTS)),
-        "RMSNorm + QK norm": (get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
-                              dict(normalization="RMSNorm", qk_layernorm=True)),
+        "MoE": (
+            get_gpt_layer_local_spec(num_experts=EXPERTS, qk_layernorm=dims.qk_norm, normalization=norm),
+            dict(num_moe_experts=EXPERTS),
+        ),
+        "RMSNorm + QK norm": (
+            get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+            dict(normalization="RMSNorm", qk_layernorm=True),
+        ),
     }
 
 
@@ -52,13 +61,21 @@ def build_variants(dims, tp, device="cpu"):
     model_parallel_cuda_manual_seed(0)
     built = {}
     for label, (spec, overrides) in variants(dims).items():
-        config = TransformerConfig(**{**base_config(dims, device), **overrides}, tensor_model_parallel_size=tp)
+        config = TransformerConfig(
+            **{**base_config(dims, device), **overrides}, tensor_model_parallel_size=tp
+        )
         with torch.device(device):
-            model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=dims.vocab,
-                             max_sequence_length=dims.seq,
-                             position_embedding_type="rope" if dims.rope else "learned_absolute")
-        built[label] = dict(tree=spec_diff.module_tree(model, strip="decoder.layers.0."),
-                            layers=spec_diff.parallel_layers(model))
+            model = GPTModel(
+                config=config,
+                transformer_layer_spec=spec,
+                vocab_size=dims.vocab,
+                max_sequence_length=dims.seq,
+                position_embedding_type="rope" if dims.rope else "learned_absolute",
+            )
+        built[label] = dict(
+            tree=spec_diff.module_tree(model, strip="decoder.layers.0."),
+            layers=spec_diff.parallel_layers(model),
+        )
         del model  # one model alive at a time
     return built
 
@@ -80,24 +97,45 @@ def same_trees(results: list) -> bool:
 
 
 def count_table(built: dict) -> Table:
-    return Table(["spec", "模块数", "TP 层数", "其中 expert 的"],
-                 [[label, len(b["tree"]), len(b["layers"]), sum(row["is_expert"] for row in b["layers"])]
-                  for label, b in built.items()])
+    return Table(
+        ["spec", "模块数", "TP 层数", "其中 expert 的"],
+        [
+            [label, len(b["tree"]), len(b["layers"]), sum(row["is_expert"] for row in b["layers"])]
+            for label, b in built.items()
+        ],
+    )
 
 
 def diff_table(built: dict) -> Table:
-    return Table(["路径（省去 decoder.layers.0.）", *built],
-                 diff_trees({label: b["tree"] for label, b in built.items()}))
+    return Table(
+        ["路径（省去 decoder.layers.0.）", *built],
+        diff_trees({label: b["tree"] for label, b in built.items()}),
+    )
 
 
 def expert_table(built: dict) -> Table:
     """The first layer's expert linears in the MoE model (every layer has the same)."""
-    return Table(["层", "类", "群大小", "dim", "rank 0 weight", "explicit_expert_comm", "allreduce_dgrad"],
-                 [[short_path(r["path"]), r["cls"], r["tp"], r["partition_dim"], r["local_shape"],
-                   *flag_cells(r, ("explicit_expert_comm", "allreduce_dgrad"))]
-                  for r in built["MoE"]["layers"] if r["is_expert"] and ".layers.0." in r["path"]])
+    return Table(
+        ["层", "类", "群大小", "dim", "rank 0 weight", "explicit_expert_comm", "allreduce_dgrad"],
+        [
+            [
+                short_path(r["path"]),
+                r["cls"],
+                r["tp"],
+                r["partition_dim"],
+                r["local_shape"],
+                *flag_cells(r, ("explicit_expert_comm", "allreduce_dgrad")),
+            ]
+            for r in built["MoE"]["layers"]
+            if r["is_expert"] and ".layers.0." in r["path"]
+        ],
+    )
 
 
 def tables(results: list, dims, par) -> list:
-    return [f"{len(results)} 个 rank 建出的模块树相同: {same_trees(results)}",
-            count_table(results[0]), diff_table(results[0]), expert_table(results[0])]
+    return [
+        f"{len(results)} 个 rank 建出的模块树相同: {same_trees(results)}",
+        count_table(results[0]),
+        diff_table(results[0]),
+        expert_table(results[0]),
+    ]

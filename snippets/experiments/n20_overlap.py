@@ -22,15 +22,28 @@ from snippets.record.tables import Table
 def run(dims, par) -> dict:
     """On every rank (the runner): without overlap, then with; the weights compared here."""
     from megatron.core import parallel_state
+
     from snippets.models.tiny_gpt import max_abs_diff
 
     parallel_state.initialize_model_parallel()
     plain = overlap_run(dims, False, bucket_size=BUCKET_SIZE.get(dims.name), device=par.device)
     overlapped = overlap_run(dims, True, bucket_size=BUCKET_SIZE.get(dims.name), device=par.device)
-    return dict(plain=plain["steps"], overlapped=overlapped["steps"], buckets=overlapped["buckets"], diffs=[
-        ["overlap vs 不 overlap：强制同步参数之后", max_abs_diff(overlapped["synced"], plain["synced"])],
-        ["overlap vs 不 overlap：刚做完 optimizer.step()", max_abs_diff(overlapped["after_step"], plain["after_step"])],
-        ["overlap：step 之后 vs 强制同步之后", max_abs_diff(overlapped["after_step"], overlapped["synced"])]])
+    return dict(
+        plain=plain["steps"],
+        overlapped=overlapped["steps"],
+        buckets=overlapped["buckets"],
+        diffs=[
+            ["overlap vs 不 overlap：强制同步参数之后", max_abs_diff(overlapped["synced"], plain["synced"])],
+            [
+                "overlap vs 不 overlap：刚做完 optimizer.step()",
+                max_abs_diff(overlapped["after_step"], plain["after_step"]),
+            ],
+            [
+                "overlap：step 之后 vs 强制同步之后",
+                max_abs_diff(overlapped["after_step"], overlapped["synced"]),
+            ],
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- note 20's tables
@@ -44,18 +57,37 @@ def counts(events) -> list[str]:
     from snippets.dp import overlap_timeline
 
     found = overlap_timeline.where_counts(events)
-    return [" ".join(f"{SHORT.get(api, api)}×{apis.count(api)}" for api in dict.fromkeys(apis))
-            for apis in (found.get(key, []) for key in (("schedule", "forward"), ("schedule", "backward"),
-                                                          ("finalize_model_grads", "forward"),
-                                                          ("optimizer.step", "forward")))]
+    return [
+        " ".join(f"{SHORT.get(api, api)}×{apis.count(api)}" for api in dict.fromkeys(apis))
+        for apis in (
+            found.get(key, [])
+            for key in (
+                ("schedule", "forward"),
+                ("schedule", "backward"),
+                ("finalize_model_grads", "forward"),
+                ("optimizer.step", "forward"),
+            )
+        )
+    ]
 
 
 def counts_table(results: list) -> Table:
     r0 = results[0]
-    return Table(["overlap", "第几步", "schedule：forward 中", "schedule：backward 中", "finalize_model_grads",
-                  "optimizer.step"],
-                 [[name, i + 1, *counts(events)] for name, steps in (("否", r0["plain"]), ("是", r0["overlapped"]))
-                  for i, events in enumerate(steps)])
+    return Table(
+        [
+            "overlap",
+            "第几步",
+            "schedule：forward 中",
+            "schedule：backward 中",
+            "finalize_model_grads",
+            "optimizer.step",
+        ],
+        [
+            [name, i + 1, *counts(events)]
+            for name, steps in (("否", r0["plain"]), ("是", r0["overlapped"]))
+            for i, events in enumerate(steps)
+        ],
+    )
 
 
 def timeline_table(results: list) -> Table:
@@ -64,10 +96,16 @@ def timeline_table(results: list) -> Table:
 
     sizes = results[0]["buckets"]
     namer = overlap_timeline.bucket_namer(sizes) if len(set(sizes)) == len(sizes) else None
-    return Table(["#", "step 里的位置", "事件", "细节"], overlap_timeline.timeline(results[0]["overlapped"][-1], namer))
+    return Table(
+        ["#", "step 里的位置", "事件", "细节"], overlap_timeline.timeline(results[0]["overlapped"][-1], namer)
+    )
 
 
 def tables(results: list, dims, par) -> list:
-    return [f"bucket 大小（buffer 顺序，bucket 0 在输出层那端）: {results[0]['buckets']}", counts_table(results),
-            f"第 {len(results[0]['overlapped'])} 步（overlap）的完整时间线，rank 0：", timeline_table(results),
-            Table(["比较（rank 0，2 步之后）", "max |Δ|"], results[0]["diffs"])]
+    return [
+        f"bucket 大小（buffer 顺序，bucket 0 在输出层那端）: {results[0]['buckets']}",
+        counts_table(results),
+        f"第 {len(results[0]['overlapped'])} 步（overlap）的完整时间线，rank 0：",
+        timeline_table(results),
+        Table(["比较（rank 0，2 步之后）", "max |Δ|"], results[0]["diffs"]),
+    ]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from snippets.models.presets import Dims
 
-GiB = 1024 ** 3
+GiB = 1024**3
 FP32 = 4
 
 RUNTIME_BYTES = {"cpu": int(0.5 * GiB), "cuda": int(1.5 * GiB)}
@@ -68,7 +68,7 @@ def layer_weight_elements(d: Dims, tp: int = 1) -> int:
     h, kv, norm = d.hidden, d.kv_channels, (1 if d.rmsnorm else 2)
     qkv_out, fc1_out = (d.heads + 2 * d.query_groups) * kv, d.ffn * (2 if d.swiglu else 1)
     split = h * qkv_out + d.heads * kv * h + h * fc1_out + d.ffn * h
-    split += (qkv_out + fc1_out) if d.bias else 0            # column-parallel biases are split
+    split += (qkv_out + fc1_out) if d.bias else 0  # column-parallel biases are split
     whole = 2 * norm * h + (2 * norm * kv if d.qk_norm else 0) + (2 * h if d.bias else 0)
     return split // tp + whole
 
@@ -77,8 +77,11 @@ def largest_weight_elements(d: Dims, embedding: bool = True) -> int:
     """The biggest single full (TP=1) matrix: CPU initialization builds it whole on every rank
     before slicing (``_initialize_affine_weight_cpu``); with ``embedding``, the vocabulary's too."""
     fc1_out = d.ffn * (2 if d.swiglu else 1)
-    return max(d.hidden * fc1_out, d.hidden * (d.heads + 2 * d.query_groups) * d.kv_channels,
-               d.vocab * d.hidden if embedding else 0)
+    return max(
+        d.hidden * fc1_out,
+        d.hidden * (d.heads + 2 * d.query_groups) * d.kv_channels,
+        d.vocab * d.hidden if embedding else 0,
+    )
 
 
 def stage_weight_elements(d: Dims, tp: int = 1, pp: int = 1) -> int:
@@ -148,8 +151,9 @@ def available_bytes(cuda: bool, local_rank: int = 0, local_world_size: int = 1) 
     import psutil
 
     host = psutil.virtual_memory().available
-    return host // local_world_size, (f"{gib(host)} GiB available host RAM / "
-                                      f"{local_world_size} rank(s) on this host")
+    return host // local_world_size, (
+        f"{gib(host)} GiB available host RAM / {local_world_size} rank(s) on this host"
+    )
 
 
 def local_world() -> tuple[int, int]:
@@ -157,7 +161,18 @@ def local_world() -> tuple[int, int]:
     return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
 
-__all__ = ["Estimate", "GiB", "RUNTIME_BYTES", "attention_scores_elements", "available_bytes", "gib",
-           "in_flight_microbatches",
-           "largest_weight_elements", "layer_activation_elements", "layer_weight_elements",
-           "local_world", "logits_elements", "stage_weight_elements"]
+__all__ = [
+    "Estimate",
+    "GiB",
+    "RUNTIME_BYTES",
+    "attention_scores_elements",
+    "available_bytes",
+    "gib",
+    "in_flight_microbatches",
+    "largest_weight_elements",
+    "layer_activation_elements",
+    "layer_weight_elements",
+    "local_world",
+    "logits_elements",
+    "stage_weight_elements",
+]

@@ -48,21 +48,30 @@ class Dims:
     seq: int
     micro_batch_size: int
     microbatches: int
-    swiglu: bool = False      # gated_linear_unit=True with silu: linear_fc1 is 2 x ffn wide
-    rmsnorm: bool = False     # normalization="RMSNorm" (one weight) instead of LayerNorm (two)
-    qk_norm: bool = False     # qk_layernorm=True: a norm on every query and key head
-    bias: bool = True         # add_bias_linear
-    rope: bool = False        # position_embedding_type="rope" (else a learned position table)
+    swiglu: bool = False  # gated_linear_unit=True with silu: linear_fc1 is 2 x ffn wide
+    rmsnorm: bool = False  # normalization="RMSNorm" (one weight) instead of LayerNorm (two)
+    qk_norm: bool = False  # qk_layernorm=True: a norm on every query and key head
+    bias: bool = True  # add_bias_linear
+    rope: bool = False  # position_embedding_type="rope" (else a learned position table)
 
     def __post_init__(self):
-        for field in ("hidden", "heads", "query_groups", "kv_channels", "ffn", "vocab", "layers",
-                      "seq", "micro_batch_size", "microbatches"):
+        for field in (
+            "hidden",
+            "heads",
+            "query_groups",
+            "kv_channels",
+            "ffn",
+            "vocab",
+            "layers",
+            "seq",
+            "micro_batch_size",
+            "microbatches",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive int, got {value!r}")
         if self.heads % self.query_groups:
-            raise ValueError(f"heads {self.heads} is not a multiple of query_groups "
-                             f"{self.query_groups}")
+            raise ValueError(f"heads {self.heads} is not a multiple of query_groups {self.query_groups}")
 
     def replace(self, **changes) -> "Dims":
         """A copy with some sizes changed (the name says it was changed: ``tiny+seq``)."""
@@ -73,27 +82,47 @@ class Dims:
 
     def describe(self, unused: tuple[str, ...] = ()) -> str:
         """One line with the sizes (but the ``unused`` fields), for the runner's header and errors."""
-        arch = ", ".join(flag for flag, on in (("SwiGLU", self.swiglu), ("RMSNorm", self.rmsnorm),
-                                               ("QK norm", self.qk_norm), ("bias", self.bias),
-                                               ("RoPE", self.rope)) if on)
-        parts = [(("hidden",), f"hidden {self.hidden}"),
-                 (("heads", "query_groups", "kv_channels"),
-                  f"heads {self.heads} in {self.query_groups} query groups x {self.kv_channels}"),
-                 (("ffn",), f"ffn {self.ffn}"), (("vocab",), f"vocab {self.vocab}"),
-                 (("layers",), f"layers {self.layers}"), (("seq",), f"seq {self.seq}"),
-                 (("micro_batch_size",), f"micro-batch {self.micro_batch_size}"),
-                 (("microbatches",), f"{self.microbatches} micro-batches")]
+        arch = ", ".join(
+            flag
+            for flag, on in (
+                ("SwiGLU", self.swiglu),
+                ("RMSNorm", self.rmsnorm),
+                ("QK norm", self.qk_norm),
+                ("bias", self.bias),
+                ("RoPE", self.rope),
+            )
+            if on
+        )
+        parts = [
+            (("hidden",), f"hidden {self.hidden}"),
+            (
+                ("heads", "query_groups", "kv_channels"),
+                f"heads {self.heads} in {self.query_groups} query groups x {self.kv_channels}",
+            ),
+            (("ffn",), f"ffn {self.ffn}"),
+            (("vocab",), f"vocab {self.vocab}"),
+            (("layers",), f"layers {self.layers}"),
+            (("seq",), f"seq {self.seq}"),
+            (("micro_batch_size",), f"micro-batch {self.micro_batch_size}"),
+            (("microbatches",), f"{self.microbatches} micro-batches"),
+        ]
         text = ", ".join(t for fields, t in parts if not set(fields) <= set(unused))
         return (text or "no model") + (f"; {arch}" if arch and text else "")
 
     def transformer_config_kwargs(self) -> dict:
         """The ``TransformerConfig`` arguments these sizes fix (no parallel sizes, no dtype)."""
-        kwargs = dict(num_layers=self.layers, hidden_size=self.hidden,
-                      num_attention_heads=self.heads, num_query_groups=self.query_groups,
-                      kv_channels=self.kv_channels, ffn_hidden_size=self.ffn,
-                      add_bias_linear=self.bias, gated_linear_unit=self.swiglu,
-                      qk_layernorm=self.qk_norm,
-                      normalization="RMSNorm" if self.rmsnorm else "LayerNorm")
+        kwargs = dict(
+            num_layers=self.layers,
+            hidden_size=self.hidden,
+            num_attention_heads=self.heads,
+            num_query_groups=self.query_groups,
+            kv_channels=self.kv_channels,
+            ffn_hidden_size=self.ffn,
+            add_bias_linear=self.bias,
+            gated_linear_unit=self.swiglu,
+            qk_layernorm=self.qk_norm,
+            normalization="RMSNorm" if self.rmsnorm else "LayerNorm",
+        )
         if self.swiglu:
             import torch.nn.functional as F
 
@@ -105,20 +134,59 @@ _REAL_SHAPE = dict(seq=2048, micro_batch_size=1, microbatches=8)
 _LLAMA_STYLE = dict(swiglu=True, rmsnorm=True, qk_norm=False, bias=False, rope=True)
 
 PRESETS: dict[str, Dims] = {
-    "qwen3-8b": Dims("qwen3-8b", hidden=4096, heads=32, query_groups=8, kv_channels=128,
-                     ffn=12288, vocab=151936, layers=36, **_REAL_SHAPE,
-                     **{**_LLAMA_STYLE, "qk_norm": True}),
-    "dense-8b": Dims("dense-8b", hidden=4096, heads=32, query_groups=8, kv_channels=128,
-                     ffn=14336, vocab=128256, layers=32, **_REAL_SHAPE, **_LLAMA_STYLE),
-    "dense-70b": Dims("dense-70b", hidden=8192, heads=64, query_groups=8, kv_channels=128,
-                      ffn=28672, vocab=128256, layers=80, **_REAL_SHAPE, **_LLAMA_STYLE),
+    "qwen3-8b": Dims(
+        "qwen3-8b",
+        hidden=4096,
+        heads=32,
+        query_groups=8,
+        kv_channels=128,
+        ffn=12288,
+        vocab=151936,
+        layers=36,
+        **_REAL_SHAPE,
+        **{**_LLAMA_STYLE, "qk_norm": True},
+    ),
+    "dense-8b": Dims(
+        "dense-8b",
+        hidden=4096,
+        heads=32,
+        query_groups=8,
+        kv_channels=128,
+        ffn=14336,
+        vocab=128256,
+        layers=32,
+        **_REAL_SHAPE,
+        **_LLAMA_STYLE,
+    ),
+    "dense-70b": Dims(
+        "dense-70b",
+        hidden=8192,
+        heads=64,
+        query_groups=8,
+        kv_channels=128,
+        ffn=28672,
+        vocab=128256,
+        layers=80,
+        **_REAL_SHAPE,
+        **_LLAMA_STYLE,
+    ),
 }
 """Real models. ``tiny`` is per experiment (:attr:`snippets.experiments.Experiment.tiny`)."""
 
 NAMES = ("tiny", *PRESETS)
 
-OVERRIDES = ("hidden", "heads", "query_groups", "kv_channels", "ffn", "vocab", "layers", "seq",
-             "micro_batch_size", "microbatches")
+OVERRIDES = (
+    "hidden",
+    "heads",
+    "query_groups",
+    "kv_channels",
+    "ffn",
+    "vocab",
+    "layers",
+    "seq",
+    "micro_batch_size",
+    "microbatches",
+)
 """The sizes the command line may override, by their :class:`Dims` field names."""
 
 
@@ -156,10 +224,15 @@ def layer_parameter_count(m: Dims) -> int:
     h, d, norm = m.hidden, m.kv_channels, _norm(m)
     qkv_out = (m.heads + 2 * m.query_groups) * d
     fc1_out = m.ffn * (2 if m.swiglu else 1)
-    return (2 * norm * h
-            + h * qkv_out + m.heads * d * h + h * fc1_out + m.ffn * h
-            + (2 * norm * d if m.qk_norm else 0)
-            + ((qkv_out + h + fc1_out + h) if m.bias else 0))
+    return (
+        2 * norm * h
+        + h * qkv_out
+        + m.heads * d * h
+        + h * fc1_out
+        + m.ffn * h
+        + (2 * norm * d if m.qk_norm else 0)
+        + ((qkv_out + h + fc1_out + h) if m.bias else 0)
+    )
 
 
 def embedding_parameter_count(m: Dims) -> int:
@@ -172,5 +245,13 @@ def _norm(m: Dims) -> int:
     return 1 if m.rmsnorm else 2
 
 
-__all__ = ["Dims", "NAMES", "OVERRIDES", "PRESETS", "embedding_parameter_count",
-           "layer_parameter_count", "parameter_count", "resolve"]
+__all__ = [
+    "Dims",
+    "NAMES",
+    "OVERRIDES",
+    "PRESETS",
+    "embedding_parameter_count",
+    "layer_parameter_count",
+    "parameter_count",
+    "resolve",
+]

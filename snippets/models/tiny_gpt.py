@@ -20,9 +20,9 @@ from functools import partial
 
 import torch
 
-VOCAB = 32   # vocabulary size
-SEQ = 8      # sequence length
-MBS = 2      # micro-batch size (sequences per micro-batch)
+VOCAB = 32  # vocabulary size
+SEQ = 8  # sequence length
+MBS = 2  # micro-batch size (sequences per micro-batch)
 
 
 def tiny_config(**overrides):
@@ -35,9 +35,15 @@ def tiny_config(**overrides):
     from megatron.core.transformer import TransformerConfig
 
     kwargs = dict(
-        num_layers=4, hidden_size=16, ffn_hidden_size=32, num_attention_heads=2,
-        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
-        add_bias_linear=False, pipeline_dtype=torch.float32,
+        num_layers=4,
+        hidden_size=16,
+        ffn_hidden_size=32,
+        num_attention_heads=2,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        add_bias_linear=False,
+        pipeline_dtype=torch.float32,
     )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
@@ -49,7 +55,7 @@ def global_name(model, name: str) -> str:
     if "layers" in parts:
         i = parts.index("layers")
         owner = model
-        for part in parts[:i + 1]:
+        for part in parts[: i + 1]:
             owner = getattr(owner, part)
         # layer_number is 1-based and global: offset of this stage + local index + 1.
         parts[i + 1] = str(owner[int(parts[i + 1])].layer_number - 1)
@@ -85,8 +91,10 @@ def microbatches(num: int, micro_batch_size: int = MBS, seed: int = 0) -> list[d
 
 def concat(batches: list[dict]) -> dict:
     """One batch holding all sequences of ``batches`` (the single-process reference)."""
-    return {k: (batches[0][k] if k == "attention_mask" else torch.cat([b[k] for b in batches]))
-            for k in batches[0]}
+    return {
+        k: (batches[0][k] if k == "attention_mask" else torch.cat([b[k] for b in batches]))
+        for k in batches[0]
+    }
 
 
 def loss_func(output_tensor):
@@ -106,8 +114,7 @@ def forward_step(data_iterator, model):
     ``pre_process=False`` ignores the tokens (its input comes from the previous stage).
     """
     batch = next(data_iterator)
-    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"],
-                   labels=batch["labels"])
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
     return output, partial(loss_func)
 
 

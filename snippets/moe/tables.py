@@ -82,12 +82,31 @@ def dispatch_table(calls, meaning) -> Table:
         splits = "-"
         if "input_split_sizes" in c.extra:
             splits = f"{c.extra['input_split_sizes']} → {c.extra['output_split_sizes']}"
-        rows.append([i, c.phase, c.api, f"{c.group} {list(c.ranks)}", f"{c.before} → {c.after}",
-                     splits, meaning(i, c)])
+        rows.append(
+            [
+                i,
+                c.phase,
+                c.api,
+                f"{c.group} {list(c.ranks)}",
+                f"{c.before} → {c.after}",
+                splits,
+                meaning(i, c),
+            ]
+        )
     # before/after and the two split lists share a column each: the table stays narrow enough
     # for the site's note column, and "→" reads as "going in → coming out"
-    return Table(["#", "phase", "API", "group", "shape before → after",
-                  "input_split_sizes → output_split_sizes", "meaning"], rows)
+    return Table(
+        [
+            "#",
+            "phase",
+            "API",
+            "group",
+            "shape before → after",
+            "input_split_sizes → output_split_sizes",
+            "meaning",
+        ],
+        rows,
+    )
 
 
 __all__ = ["local_expert_state", "watch", "pop_aux_loss", "dispatch_table"]

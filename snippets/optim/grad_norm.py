@@ -33,7 +33,6 @@ import torch
 
 from snippets.models.tiny_gpt import global_name
 
-
 TIED = "embedding.word_embeddings.weight"
 
 
@@ -60,8 +59,9 @@ def init_full_by_global_name(model, tp_rank: int, tp_size: int, std: float = 0.2
             if full_name.endswith("layernorm.weight"):
                 values += 1.0
             if split:
-                values = shard(values, param.partition_dim, getattr(param, "partition_stride", 1),
-                               tp_rank, tp_size)
+                values = shard(
+                    values, param.partition_dim, getattr(param, "partition_stride", 1), tp_rank, tp_size
+                )
             param.copy_(values)
 
 
@@ -76,15 +76,17 @@ def norm_rows(model, grad: str = "main_grad") -> list[dict]:
         not_duplicate = param_is_not_tensor_parallel_duplicate(param)
         not_shared = param_is_not_shared(param)
         g = getattr(param, grad)
-        rows.append(dict(
-            name=global_name(model, name),
-            tensor_model_parallel=bool(getattr(param, "tensor_model_parallel", False)),
-            shared=bool(getattr(param, "shared", False)),
-            not_tp_duplicate=not_duplicate,
-            not_shared=not_shared,
-            counted=not_duplicate and not_shared,
-            sumsq=g.double().pow(2).sum().item(),
-        ))
+        rows.append(
+            dict(
+                name=global_name(model, name),
+                tensor_model_parallel=bool(getattr(param, "tensor_model_parallel", False)),
+                shared=bool(getattr(param, "shared", False)),
+                not_tp_duplicate=not_duplicate,
+                not_shared=not_shared,
+                counted=not_duplicate and not_shared,
+                sumsq=g.double().pow(2).sum().item(),
+            )
+        )
     return rows
 
 

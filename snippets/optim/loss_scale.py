@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class ScalerState:
-    scale: float             # the loss scale S
-    growth_tracker: int      # clean steps since the last overflow or growth
+    scale: float  # the loss scale S
+    growth_tracker: int  # clean steps since the last overflow or growth
     hysteresis_tracker: int  # overflows still tolerated before backing off
 
 
@@ -36,9 +36,16 @@ def start(initial_scale: float, hysteresis: int) -> ScalerState:
     return ScalerState(scale=initial_scale, growth_tracker=0, hysteresis_tracker=hysteresis)
 
 
-def update(state: ScalerState, found_inf: bool, *, growth_factor: float = 2.0,
-           backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2,
-           min_scale: float = 1.0) -> ScalerState:
+def update(
+    state: ScalerState,
+    found_inf: bool,
+    *,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 1000,
+    hysteresis: int = 2,
+    min_scale: float = 1.0,
+) -> ScalerState:
     """The state after one optimizer step that did (``found_inf``) or did not overflow."""
     if found_inf:
         state = replace(state, growth_tracker=0, hysteresis_tracker=state.hysteresis_tracker - 1)
@@ -47,8 +54,9 @@ def update(state: ScalerState, found_inf: bool, *, growth_factor: float = 2.0,
         return state
     state = replace(state, growth_tracker=state.growth_tracker + 1)
     if state.growth_tracker == growth_interval:
-        state = ScalerState(scale=state.scale * growth_factor, growth_tracker=0,
-                            hysteresis_tracker=hysteresis)
+        state = ScalerState(
+            scale=state.scale * growth_factor, growth_tracker=0, hysteresis_tracker=hysteresis
+        )
     return state
 
 
@@ -58,26 +66,40 @@ def trace(found_infs, initial_scale: float, **policy) -> list[list]:
     rows = []
     for step, found_inf in enumerate(found_infs):
         after = update(state, found_inf, **policy)
-        rows.append([step, found_inf, state.scale, after.scale, after.growth_tracker,
-                     after.hysteresis_tracker])
+        rows.append(
+            [step, found_inf, state.scale, after.scale, after.growth_tracker, after.hysteresis_tracker]
+        )
         state = after
     return rows
 
 
-def megatron_trace(found_infs, initial_scale: float, *, growth_factor: float = 2.0,
-                   backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2,
-                   min_scale: float = 1.0) -> list[list]:
+def megatron_trace(
+    found_infs,
+    initial_scale: float,
+    *,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 1000,
+    hysteresis: int = 2,
+    min_scale: float = 1.0,
+) -> list[list]:
     """The same rows from the real ``DynamicGradScaler`` (on CPU it needs the
     ``grad_scaler_device`` patch of :mod:`snippets.cpu.optimizer`)."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
-    scaler = DynamicGradScaler(initial_scale=initial_scale, min_scale=min_scale,
-                               growth_factor=growth_factor, backoff_factor=backoff_factor,
-                               growth_interval=growth_interval, hysteresis=hysteresis)
+    scaler = DynamicGradScaler(
+        initial_scale=initial_scale,
+        min_scale=min_scale,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+        hysteresis=hysteresis,
+    )
     rows = []
     for step, found_inf in enumerate(found_infs):
         before = scaler.scale.item()
         scaler.update(found_inf)
-        rows.append([step, found_inf, before, scaler.scale.item(), scaler._growth_tracker,
-                     scaler._hysteresis_tracker])
+        rows.append(
+            [step, found_inf, before, scaler.scale.item(), scaler._growth_tracker, scaler._hysteresis_tracker]
+        )
     return rows

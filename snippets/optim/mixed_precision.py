@@ -13,12 +13,13 @@ rank's slice (``param.main_param`` is then that slice, ``main_param_sharded`` is
 
 from __future__ import annotations
 
-
 from snippets.models.tiny_gpt import global_name
 
 
 def _same_storage(a, b) -> bool:
-    return a is not None and b is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return (
+        a is not None and b is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
 
 
 def param_rows(ddp) -> list[dict]:
@@ -26,17 +27,19 @@ def param_rows(ddp) -> list[dict]:
     rows = []
     for name, param in ddp.module.named_parameters():
         main = getattr(param, "main_param", None)
-        rows.append(dict(
-            name=global_name(ddp.module, name),
-            param=str(param.dtype).replace("torch.", ""),
-            main_grad=str(param.main_grad.dtype).replace("torch.", ""),
-            main_param=str(main.dtype).replace("torch.", "") if main is not None else "-",
-            numel=param.numel(),
-            main_numel=main.numel() if main is not None else 0,
-            main_is_copy=main is not None and not _same_storage(main, param),
-            sharded=bool(getattr(param, "main_param_sharded", False)),
-            main_grad_in_buffer=any(_same_storage(param.main_grad, b.grad_data) for b in ddp.buffers),
-        ))
+        rows.append(
+            dict(
+                name=global_name(ddp.module, name),
+                param=str(param.dtype).replace("torch.", ""),
+                main_grad=str(param.main_grad.dtype).replace("torch.", ""),
+                main_param=str(main.dtype).replace("torch.", "") if main is not None else "-",
+                numel=param.numel(),
+                main_numel=main.numel() if main is not None else 0,
+                main_is_copy=main is not None and not _same_storage(main, param),
+                sharded=bool(getattr(param, "main_param_sharded", False)),
+                main_grad_in_buffer=any(_same_storage(param.main_grad, b.grad_data) for b in ddp.buffers),
+            )
+        )
     return rows
 
 
@@ -55,7 +58,9 @@ def buffer_rows(ddp, optimizer) -> list[list]:
     rows = []
     for buffer in ddp.buffers:
         if buffer.param_data is not None:
-            rows.append(["DDP param buffer（模型权重）", str(buffer.param_data.dtype), buffer.param_data.numel()])
+            rows.append(
+                ["DDP param buffer（模型权重）", str(buffer.param_data.dtype), buffer.param_data.numel()]
+            )
         rows.append(["DDP grad buffer（main_grad）", str(buffer.grad_data.dtype), buffer.grad_data.numel()])
     inners = getattr(optimizer, "chained_optimizers", [optimizer])
     model_storages = {p.untyped_storage().data_ptr() for p in ddp.parameters()}
@@ -68,7 +73,9 @@ def buffer_rows(ddp, optimizer) -> list[list]:
     if copies:
         rows.append(["fp32 主参数（优化器自己的拷贝）", str(copies[0].dtype), sum(p.numel() for p in copies)])
     if views:
-        rows.append(["主参数 = 模型权重的视图（不另占内存）", str(views[0].dtype), sum(p.numel() for p in views)])
+        rows.append(
+            ["主参数 = 模型权重的视图（不另占内存）", str(views[0].dtype), sum(p.numel() for p in views)]
+        )
     if state:
         rows.append(["Adam 状态 exp_avg + exp_avg_sq", str(state[0].dtype), sum(t.numel() for t in state)])
     return [[what, dtype.replace("torch.", ""), n] for what, dtype, n in rows]

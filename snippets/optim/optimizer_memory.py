@@ -21,9 +21,9 @@ BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 def bytes_per_parameter(param: str, grad: str, dp: int, distributed: bool) -> float:
     """Bytes per parameter on one rank for Adam with ``param``/``grad`` dtypes at DP size ``dp``."""
     weight, gradient = BYTES[param], BYTES[grad]
-    main_weight = 4 if weight != 4 else 0      # fp32 master copy for 16-bit weights
+    main_weight = 4 if weight != 4 else 0  # fp32 master copy for 16-bit weights
     main_gradient = 4 if gradient != 4 else 0  # fp32 copy for 16-bit gradients
-    adam = 4 + 4                               # exp_avg, exp_avg_sq
+    adam = 4 + 4  # exp_avg, exp_avg_sq
     sharded = main_weight + main_gradient + adam
     return weight + gradient + (sharded / dp if distributed else sharded)
 
@@ -33,8 +33,12 @@ def measured_bytes(ddp, optimizer) -> dict:
     (its param buffer when the distributed optimizer remapped the weights, else the weights),
     DDP's grad buffer, the inner torch optimizer's state tensors, and fp32 main weights that are
     copies (not views of the model's weights)."""
-    weights = sum(b.param_data.numel() * b.param_data.element_size() if b.param_data is not None
-                  else sum(p.numel() * p.element_size() for p in b.params) for b in ddp.buffers)
+    weights = sum(
+        b.param_data.numel() * b.param_data.element_size()
+        if b.param_data is not None
+        else sum(p.numel() * p.element_size() for p in b.params)
+        for b in ddp.buffers
+    )
     grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in ddp.buffers)
     inners = getattr(optimizer, "chained_optimizers", [optimizer])
     state, main = 0, 0
@@ -47,5 +51,10 @@ def measured_bytes(ddp, optimizer) -> dict:
                 for value in inner.optimizer.state[p].values():
                     if torch.is_tensor(value) and value.dim() > 0:
                         state += value.numel() * value.element_size()
-    return dict(weights=weights, grads=grads, main_weights=main, adam_state=state,
-                total=weights + grads + main + state)
+    return dict(
+        weights=weights,
+        grads=grads,
+        main_weights=main,
+        adam_state=state,
+        total=weights + grads + main + state,
+    )

@@ -31,19 +31,32 @@ def launch(nproc: int, module: str, args: list[str], refused: int = 2) -> int:
     _quiet_agent_logs()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets: the ranks share the cores
     logs = tempfile.mkdtemp(prefix=f"{module}-")  # the agent's per-rank directories (error files)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          logs_specs=DefaultLogsSpecs(log_dir=logs))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+    )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", module, *args)
     except ChildFailedError as exc:
         if {failure.exitcode for failure in exc.failures.values()} == {refused}:
             return refused
         rank, failure = exc.get_first_failure()
-        why = (f"killed by {failure.signal_name()}" if failure.exitcode < 0
-               else f"exit status {failure.exitcode}")
-        print(f"{module}: rank {rank} of {nproc} failed ({why}); its error is above",
-              file=sys.stderr, flush=True)
+        why = (
+            f"killed by {failure.signal_name()}"
+            if failure.exitcode < 0
+            else f"exit status {failure.exitcode}"
+        )
+        print(
+            f"{module}: rank {rank} of {nproc} failed ({why}); its error is above",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     finally:
         shutil.rmtree(logs, ignore_errors=True)

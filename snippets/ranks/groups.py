@@ -79,8 +79,10 @@ def rank_table(described: list[dict], kinds=("tp", "dp", "pp")) -> Table:
     rows = []
     for d in described:
         c = d["coords"]
-        rows.append([d["rank"], f"({c['tp']}, {c['cp']}, {c['dp']}, {c['pp']})"]
-                    + [d["groups"].get(k, "-") for k in kinds])
+        rows.append(
+            [d["rank"], f"({c['tp']}, {c['cp']}, {c['dp']}, {c['pp']})"]
+            + [d["groups"].get(k, "-") for k in kinds]
+        )
     return Table(headers, rows)
 
 

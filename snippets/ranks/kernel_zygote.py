@@ -46,10 +46,20 @@ from snippets.ranks import launch
 KERNEL_NAME = "megatron-study"
 PROVISIONER = "megatron-study-zygote"
 
-PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", *launch._PRELOAD,
-           "snippets.ranks.launch", "snippets.record.tables", "snippets.record.recorder", "megatron.core.models.gpt",
-           "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.pipeline_parallel",
-           "megatron.core.distributed", "megatron.core.optimizer", "megatron.core.tensor_parallel")
+PRELOAD = (
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    *launch._PRELOAD,
+    "snippets.ranks.launch",
+    "snippets.record.tables",
+    "snippets.record.recorder",
+    "megatron.core.models.gpt",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.pipeline_parallel",
+    "megatron.core.distributed",
+    "megatron.core.optimizer",
+    "megatron.core.tensor_parallel",
+)
 """Imported once by the zygote (order matters: ``snippets`` sees ``ipykernel`` but not yet torch,
 so it pins torch to one thread; ``ipykernel.ipkernel`` brings debugpy, which each kernel would
 otherwise import as it starts). ``launch._PRELOAD`` (``snippets`` first, then torch and what every
@@ -61,6 +71,7 @@ START_TIMEOUT_S = 120.0
 
 
 # ----------------------------------------------------------------------------- the zygote process
+
 
 def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
     """Import ``preload`` (:data:`PRELOAD`), listen on ``socket_path``, fork a kernel per request;
@@ -113,11 +124,17 @@ def _reap(signum=None, frame=None) -> None:
         if pid == 0:
             return
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGTERM):
-            print(f"kernel_zygote: kernel {pid} died of signal {os.WTERMSIG(status)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"kernel_zygote: kernel {pid} died of signal {os.WTERMSIG(status)}",
+                file=sys.stderr,
+                flush=True,
+            )
         elif os.WIFEXITED(status) and os.WEXITSTATUS(status):
-            print(f"kernel_zygote: kernel {pid} exited with status {os.WEXITSTATUS(status)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"kernel_zygote: kernel {pid} exited with status {os.WEXITSTATUS(status)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _read_all(conn: socket.socket) -> bytes:
@@ -176,13 +193,15 @@ def zygote(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> 
     # Not `-m snippets.ranks.kernel_zygote`: that would import `snippets` before ipykernel, and
     # `snippets` decides at import whether it lives in a kernel (it then pins torch to one thread).
     boot = "import ipykernel.kernelapp, sys; from snippets.ranks.kernel_zygote import serve; serve(*sys.argv[1:])"
-    proc = subprocess.Popen([python, "-c", boot, path, str(os.getpid()), *preload],
-                            stdin=subprocess.DEVNULL, cwd=directory)
+    proc = subprocess.Popen(
+        [python, "-c", boot, path, str(os.getpid()), *preload], stdin=subprocess.DEVNULL, cwd=directory
+    )
     deadline = time.monotonic() + START_TIMEOUT_S
     while not os.path.exists(path):
         if proc.poll() is not None:
-            raise RuntimeError(f"the kernel zygote exited with status {proc.returncode} while importing "
-                               f"{', '.join(PRELOAD)}")
+            raise RuntimeError(
+                f"the kernel zygote exited with status {proc.returncode} while importing {', '.join(PRELOAD)}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"the kernel zygote did not listen within {START_TIMEOUT_S:.0f} s")
@@ -201,8 +220,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def fork_kernel(python: str, args: list[str], env: dict, cwd: str,
-                preload: tuple[str, ...] = PRELOAD) -> int:
+def fork_kernel(python: str, args: list[str], env: dict, cwd: str, preload: tuple[str, ...] = PRELOAD) -> int:
     """Ask the zygote for a kernel started with ``ipykernel_launcher`` ``args``; its pid."""
     path = zygote(python, preload)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -307,6 +325,7 @@ def __getattr__(name: str):
 
 
 # ----------------------------------------------------------------------------- the kernel spec
+
 
 def install(prefix: str = sys.prefix) -> Path:
     """Write the ``megatron-study`` kernel spec under ``prefix`` (the venv): this Python, the zygote

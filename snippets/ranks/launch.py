@@ -52,26 +52,31 @@ from snippets.ranks.parallel_dims import ParallelDims
 DEFAULT_TIMEOUT_S = 60.0
 """Upper bound for one launch, from fork to the last result."""
 
-_PRELOAD = ["snippets", "torch", "megatron.core", "snippets.ranks.rank_env",
-            # what ``rank_env.init_rank`` imports: the modules cpu_compat's patches edit, and the
-            # checkpoint writer's queue (tests/ranks/test_cpu_compat.py checks this list against them)
-            "megatron.core.tensor_parallel.random",
-            "megatron.core.rerun_state_machine",
-            "megatron.core.tensor_parallel",
-            "megatron.core.tensor_parallel.data",
-            "megatron.core.distributed.distributed_data_parallel",
-            "megatron.core.pipeline_parallel.schedules",
-            "megatron.core.resharding.copy_services.gloo_copy_service",
-            "megatron.core.transformer.torch_norm",
-            "megatron.core.optimizer.optimizer",
-            "megatron.core.optimizer.clip_grads",
-            "megatron.core.optimizer.distrib_optimizer",
-            "megatron.core.optimizer.grad_scaler",
-            "megatron.core.utils",
-            "megatron.core.transformer.moe.moe_utils",
-            "megatron.core.transformer.moe.token_dispatcher",
-            "megatron.core.models.common.language_module.language_module",
-            "megatron.core.dist_checkpointing.strategies.filesystem_async"]
+_PRELOAD = [
+    "snippets",
+    "torch",
+    "megatron.core",
+    "snippets.ranks.rank_env",
+    # what ``rank_env.init_rank`` imports: the modules cpu_compat's patches edit, and the
+    # checkpoint writer's queue (tests/ranks/test_cpu_compat.py checks this list against them)
+    "megatron.core.tensor_parallel.random",
+    "megatron.core.rerun_state_machine",
+    "megatron.core.tensor_parallel",
+    "megatron.core.tensor_parallel.data",
+    "megatron.core.distributed.distributed_data_parallel",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.resharding.copy_services.gloo_copy_service",
+    "megatron.core.transformer.torch_norm",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.utils",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.models.common.language_module.language_module",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+]
 """Modules the process that forks the ranks (the fork server, or a kernel or test process that
 forks its own) imports once, so ranks start with them already loaded instead of each importing
 them again (``snippets`` first: it installs the warning filters before Megatron warns). The
@@ -203,8 +208,7 @@ def run_ranks(
             proc = ctx.Process(
                 target=_rank_main,
                 name=f"rank{rank}",
-                args=(rank, world_size, store_dir, payload, args, kwargs, child_end,
-                      stack_file, timeout),
+                args=(rank, world_size, store_dir, payload, args, kwargs, child_end, stack_file, timeout),
                 # Not daemonic: dist_checkpointing's writers start processes of their own.
                 # The finally below kills every rank that is still alive.
                 daemon=False,
@@ -267,8 +271,7 @@ def _collect(procs, conns, store_dir, timeout):
                 first_error_at = time.monotonic()
 
     if errors:
-        report, first = _failure_report(errors, order, sorted(waiting.values()), sorted(results),
-                                        world_size)
+        report, first = _failure_report(errors, order, sorted(waiting.values()), sorted(results), world_size)
         raise RankError(report, first, _last_line(errors[first]))
     if waiting:
         unfinished = sorted(waiting.values())
@@ -287,8 +290,9 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 """What gloo says on a rank whose collective lost a peer: a consequence, not the cause."""
 
 
-def _failure_report(errors: dict[int, str], order: list[int], still_waiting: list[int],
-                    finished: list[int], world_size: int) -> tuple[str, int]:
+def _failure_report(
+    errors: dict[int, str], order: list[int], still_waiting: list[int], finished: list[int], world_size: int
+) -> tuple[str, int]:
     """Put the rank that caused the failure up front, in full; ranks that failed only because a
     peer went away (gloo's "connection closed/reset by peer") get one line each. Returns the
     report and the rank it blames."""
@@ -302,12 +306,15 @@ def _failure_report(errors: dict[int, str], order: list[int], still_waiting: lis
     lines = [head, f"--- rank {first} ---", errors[first].rstrip()]
     others = order[1:]
     if others:
-        lines.append(f"--- then {len(others)} more rank(s) failed, most likely because rank "
-                     f"{first} stopped ---")
+        lines.append(
+            f"--- then {len(others)} more rank(s) failed, most likely because rank {first} stopped ---"
+        )
         lines += [f"rank {r}: {_last_line(errors[r])}" for r in others]
     if finished and not causes:
-        lines.append(f"ranks {finished} had already returned, so a collective was left "
-                     f"without them: do all ranks issue the same collectives?")
+        lines.append(
+            f"ranks {finished} had already returned, so a collective was left "
+            f"without them: do all ranks issue the same collectives?"
+        )
     if still_waiting:
         lines.append(f"ranks {still_waiting} were still running; killed")
     return "\n".join(lines), first
@@ -341,8 +348,13 @@ def _dump_stacks(procs, ranks: Sequence[int], store_dir: str) -> dict[int, str]:
 
 def _trim_stack(text: str) -> str:
     """Keep the frames a reader can act on: drop the launcher's own frames."""
-    keep = [line for line in text.splitlines() if "multiprocessing" not in line
-            and "snippets/ranks/launch.py" not in line and 'File "<string>"' not in line]
+    keep = [
+        line
+        for line in text.splitlines()
+        if "multiprocessing" not in line
+        and "snippets/ranks/launch.py" not in line
+        and 'File "<string>"' not in line
+    ]
     return "\n".join(keep)
 
 

@@ -39,13 +39,13 @@ class ParallelDims:
     """
 
     world: int
-    tp: int = 1                    # tensor parallel
-    pp: int = 1                    # pipeline parallel
-    vp: int | None = None          # virtual pipeline size (None = not interleaved)
-    cp: int = 1                    # context parallel
-    ep: int = 1                    # expert parallel
-    etp: int | None = None         # expert tensor parallel (None = follows tp)
-    sp: bool = False               # sequence parallel
+    tp: int = 1  # tensor parallel
+    pp: int = 1  # pipeline parallel
+    vp: int | None = None  # virtual pipeline size (None = not interleaved)
+    cp: int = 1  # context parallel
+    ep: int = 1  # expert parallel
+    etp: int | None = None  # expert tensor parallel (None = follows tp)
+    sp: bool = False  # sequence parallel
     device: str = "cpu"
 
     WORLD: ClassVar[str] = "world size"
@@ -98,11 +98,15 @@ class ParallelDims:
         if out:
             pass  # the expert layout cuts the same ranks: no second sentence about the same sizes
         elif self.world % expert_model:
-            out.append(f"{world} is not divisible by {etp_name}*pp = {self.expert_tp}*{self.pp} = "
-                       f"{expert_model} (the expert layout)")
+            out.append(
+                f"{world} is not divisible by {etp_name}*pp = {self.expert_tp}*{self.pp} = "
+                f"{expert_model} (the expert layout)"
+            )
         elif (self.world // expert_model) % self.ep:
-            out.append(f"ep {self.ep} does not divide the {self.world // expert_model} ranks left for "
-                       f"experts ({world} / ({etp_name} {self.expert_tp} * pp {self.pp}))")
+            out.append(
+                f"ep {self.ep} does not divide the {self.world // expert_model} ranks left for "
+                f"experts ({world} / ({etp_name} {self.expert_tp} * pp {self.pp}))"
+            )
         if self.vp and self.pp < 2:
             out.append("--vp (interleaved 1F1B) needs --pp 2 or more")
         if self.sp and self.tp < 2:
@@ -119,10 +123,14 @@ class ParallelDims:
     def describe(self) -> str:
         """``8 ranks = tp 2 x pp 2 x cp 1 x dp 2, ep 2`` for the runner's header."""
         sizes = f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {self.dp}"
-        extra = "".join([f", vp {self.vp}" if self.vp else "",
-                         f", ep {self.ep}" if self.ep > 1 else "",
-                         f", etp {self.etp}" if self.etp is not None and self.ep > 1 else "",
-                         ", sequence parallel" if self.sp else ""])
+        extra = "".join(
+            [
+                f", vp {self.vp}" if self.vp else "",
+                f", ep {self.ep}" if self.ep > 1 else "",
+                f", etp {self.etp}" if self.etp is not None and self.ep > 1 else "",
+                ", sequence parallel" if self.sp else "",
+            ]
+        )
         return f"{self.world} ranks = {sizes}{extra}"
 
 

@@ -23,9 +23,9 @@ from snippets.record.tables import Table
 KINDS = ("tp", "dp", "pp")
 """The group kinds a panel draws, nearest the boxes first."""
 
-BW, BH, GAP = 52, 40, 8          # rank box width, height, gap between boxes
-LEVEL = 8                        # vertical distance between the buses of two kinds
-BAND = LEVEL * len(KINDS) + 8    # height of a bus band (above, between, below the rows)
+BW, BH, GAP = 52, 40, 8  # rank box width, height, gap between boxes
+LEVEL = 8  # vertical distance between the buses of two kinds
+BAND = LEVEL * len(KINDS) + 8  # height of a bus band (above, between, below the rows)
 PANEL_GAP = 36
 
 
@@ -70,8 +70,11 @@ def coord_text(c: dict) -> str:
 
 def panel_rows(panels: list[Panel]) -> list[list]:
     """The table the picture illustrates: order, rank, (tp dp pp) coordinates, its three groups."""
-    return [[p.order, r, coord_text(p.coords(r)), *(p.groups[r][k] for k in KINDS)]
-            for p in panels for r in p.groups]
+    return [
+        [p.order, r, coord_text(p.coords(r)), *(p.groups[r][k] for k in KINDS)]
+        for p in panels
+        for r in p.groups
+    ]
 
 
 def panel_table(panels: list[Panel]) -> Table:
@@ -82,30 +85,45 @@ def _bus_y(rows_of_members: set, kind: int, top: float, rows: int) -> tuple[floa
     """Where a group's bus runs and which way its ticks go: ``up`` = ticks rise from the bus."""
     lo, hi = min(rows_of_members), max(rows_of_members)
     row_y = lambda r: top + BAND + r * (BH + BAND)  # noqa: E731
-    if lo != hi:                                    # crosses machines: in the band below row lo
+    if lo != hi:  # crosses machines: in the band below row lo
         return row_y(lo) + BH + BAND / 2 + (kind - 1) * LEVEL, "both"
-    if lo == rows - 1 and rows > 1:                 # last row: below it
+    if lo == rows - 1 and rows > 1:  # last row: below it
         return row_y(lo) + BH + 6 + kind * LEVEL, "up"
-    return row_y(lo) - 6 - kind * LEVEL, "down"     # first (or only) row: above it
+    return row_y(lo) - 6 - kind * LEVEL, "down"  # first (or only) row: above it
 
 
 def _draw_panel(fig: Figure, p: Panel, x0: float, y0: float, per_row: int) -> None:
     rows = -(-p.world // per_row)
     fig.text(x0, y0, f"order = {p.order}", size=13, bold=True, mono=True)
     top = y0 + 12
-    centre = lambda r: (x0 + (r % per_row) * (BW + GAP) + BW / 2,  # noqa: E731
-                        top + BAND + (r // per_row) * (BH + BAND))
+
+    def centre(r):
+        return (x0 + (r % per_row) * (BW + GAP) + BW / 2, top + BAND + (r // per_row) * (BH + BAND))
+
     marked = set(p.groups)
     for r in range(p.world):
         cx, y = centre(r)
         kind = "accent" if r in marked else "light"
         with fig.group(f"rank {r}"):
-            fig.rect(cx - BW / 2, y, BW, BH, kind, outline=None if r in marked else "grid",
-                     tip=f"rank {r}: {coord_text(p.coords(r))}")
+            fig.rect(
+                cx - BW / 2,
+                y,
+                BW,
+                BH,
+                kind,
+                outline=None if r in marked else "grid",
+                tip=f"rank {r}: {coord_text(p.coords(r))}",
+            )
             ink = "on" if r in marked else "ink"
             fig.text(cx, y + 13, str(r), size=13, anchor="middle", bold=True, kind=ink)
-            fig.text(cx, y + 29, coord_text(p.coords(r)).replace(" ", ""), size=11, anchor="middle",
-                     kind=ink if r in marked else "muted")
+            fig.text(
+                cx,
+                y + 29,
+                coord_text(p.coords(r)).replace(" ", ""),
+                size=11,
+                anchor="middle",
+                kind=ink if r in marked else "muted",
+            )
     seen = set()
     for groups in p.groups.values():
         for i, k in enumerate(KINDS):
@@ -132,8 +150,10 @@ def draw_rank_grid(panels: list[Panel], *, title: str, per_row: int = 8) -> Figu
     n_lines = max(len(p.groups) for p in panels)
     width = 16 + len(panels) * pw + (len(panels) - 1) * PANEL_GAP + 16
     height = 20 + 12 + grid_h + 10 + 20 * n_lines + 34
-    desc = ("每个方框是一个 rank，按 rank 号每行 " + str(per_row) + " 个（一行 = 一台机器）；"
-            "红色方框是要看的 rank，彩色线把它的 tp、dp、pp 群连起来。跨机器的群画在两行之间。")
+    desc = (
+        "每个方框是一个 rank，按 rank 号每行 " + str(per_row) + " 个（一行 = 一台机器）；"
+        "红色方框是要看的 rank，彩色线把它的 tp、dp、pp 群连起来。跨机器的群画在两行之间。"
+    )
     fig = Figure(width, height, title=title, desc=desc)
     for i, p in enumerate(panels):
         x0 = 16 + i * (pw + PANEL_GAP)

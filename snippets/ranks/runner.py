@@ -74,31 +74,55 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m snippets.run",
         description="Run a note's experiment on N ranks (--nproc-per-node N, or under torchrun); "
-                    "rank 0 prints its tables.",
-        epilog="experiments: " + "; ".join(f"{e.name} (note {e.note[:2]})" for e in EXPERIMENTS.values())
-        + f". Several in one job: EXPERIMENT [options] {SEPARATOR} EXPERIMENT [options] ...")
+        "rank 0 prints its tables.",
+        epilog="experiments: "
+        + "; ".join(f"{e.name} (note {e.note[:2]})" for e in EXPERIMENTS.values())
+        + f". Several in one job: EXPERIMENT [options] {SEPARATOR} EXPERIMENT [options] ...",
+    )
     p.add_argument("experiment", nargs="?", help="which experiment (--list shows them)")
-    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N", dest="nproc",
-                   help="start N ranks on this host (torch's elastic launcher, as torchrun "
-                        "--standalone does); only before the first experiment")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        dest="nproc",
+        help="start N ranks on this host (torch's elastic launcher, as torchrun "
+        "--standalone does); only before the first experiment",
+    )
     p.add_argument("--list", action="store_true", help="list the experiments and presets, then exit")
-    p.add_argument("--dims", default="tiny", choices=presets.NAMES,
-                   help="model sizes: tiny = the note's own, or a real model's (default tiny)")
+    p.add_argument(
+        "--dims",
+        default="tiny",
+        choices=presets.NAMES,
+        help="model sizes: tiny = the note's own, or a real model's (default tiny)",
+    )
     sizes = p.add_argument_group("size overrides (applied on top of --dims)")
     for name in presets.OVERRIDES:
         sizes.add_argument("--" + name.replace("_", "-"), type=int, dest=name, metavar="N")
     par = p.add_argument_group("parallel sizes (world size: --nproc-per-node, or torchrun's)")
     for name in ("tp", "pp", "cp", "ep"):
         par.add_argument("--" + name, type=int, default=1, metavar="N")
-    par.add_argument("--vp", type=int, default=None, metavar="N",
-                     help="virtual pipeline size (interleaved 1F1B)")
-    par.add_argument("--dp", type=int, default=None, metavar="N",
-                     help="data parallel size; checked, since it follows from the others")
+    par.add_argument(
+        "--vp", type=int, default=None, metavar="N", help="virtual pipeline size (interleaved 1F1B)"
+    )
+    par.add_argument(
+        "--dp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data parallel size; checked, since it follows from the others",
+    )
     par.add_argument("--sequence-parallel", action="store_true", dest="sp")
-    p.add_argument("--estimate", action="store_true",
-                   help="print the memory estimate and the verdict, start nothing")
-    p.add_argument("--world-size", type=int, default=None, metavar="N",
-                   help="with --estimate: the world size to estimate for")
+    p.add_argument(
+        "--estimate", action="store_true", help="print the memory estimate and the verdict, start nothing"
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --estimate: the world size to estimate for",
+    )
     return p
 
 
@@ -108,8 +132,10 @@ def listing() -> str:
     for e in EXPERIMENTS.values():
         lines.append(f"  {e.name:<{width}} note {e.note}: {e.what}")
         reads = ", ".join(e.uses) or "none (every rank is data parallel)"
-        lines.append(f"  {'':<{width}} parallel sizes it reads: {reads}; "
-                     f"e.g. {f'{e.name} --dims tiny {e.example}'.rstrip()}")
+        lines.append(
+            f"  {'':<{width}} parallel sizes it reads: {reads}; "
+            f"e.g. {f'{e.name} --dims tiny {e.example}'.rstrip()}"
+        )
     lines.append("presets (--dims):")
     lines.append("  tiny      the note's own sizes (per experiment)")
     for name, d in presets.PRESETS.items():
@@ -120,27 +146,28 @@ def listing() -> str:
 def resolve(args, world: int):
     """``(experiment, dims, parallel)`` from the arguments, or :class:`Refused`."""
     if args.experiment not in EXPERIMENTS:
-        what = "no experiment given" if args.experiment is None else \
-            f"unknown experiment {args.experiment!r}"
-        raise Refused(f"{what}; known: " + ", ".join(
-            f"{e.name} (note {e.note})" for e in EXPERIMENTS.values()))
+        what = "no experiment given" if args.experiment is None else f"unknown experiment {args.experiment!r}"
+        raise Refused(
+            f"{what}; known: " + ", ".join(f"{e.name} (note {e.note})" for e in EXPERIMENTS.values())
+        )
     exp = EXPERIMENTS[args.experiment]
     try:
-        dims = presets.resolve(args.dims, exp.tiny,
-                               **{k: getattr(args, k) for k in presets.OVERRIDES})
+        dims = presets.resolve(args.dims, exp.tiny, **{k: getattr(args, k) for k in presets.OVERRIDES})
     except ValueError as exc:
         raise Refused(f"{exp.name} --dims {args.dims}: {exc}") from None
     if args.dp is not None and args.dp < 1:
         raise Refused(f"--dp must be a positive int, got {args.dp}")
     try:  # the world size was checked already: what ParallelDims refuses here is one of the flags
-        par = Parallel(world=world, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
-                       etp=exp.etp, sp=args.sp)
+        par = Parallel(
+            world=world, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep, etp=exp.etp, sp=args.sp
+        )
     except ValueError as exc:
         raise Refused(f"--{exc}") from None
     found = problems(exp, dims, par)
     if args.dp is not None and not found and args.dp != par.dp:
-        found.append(f"--dp {args.dp} does not match world size {world} / (tp*pp*cp = "
-                     f"{par.model_ranks}) = {par.dp}")
+        found.append(
+            f"--dp {args.dp} does not match world size {world} / (tp*pp*cp = {par.model_ranks}) = {par.dp}"
+        )
     if found and world == 1 and "WORLD_SIZE" not in os.environ:
         enough = ranks_needed(exp, dims, par)
         if enough:
@@ -162,14 +189,16 @@ def memory_verdict(exp, dims, par, local_rank: int, local_world: int) -> tuple[b
     """``(fits, one line)``: the estimate for one rank against what this rank may use."""
     need = exp.estimate(dims, par)
     have, source = mem.available_bytes(par.cuda, local_rank, local_world)
-    line = (f"memory per rank: needs {need.describe()}; has {mem.gib(have)} GiB ({source})")
+    line = f"memory per rank: needs {need.describe()}; has {mem.gib(have)} GiB ({source})"
     if need.total <= have:
         return True, line
-    return False, (f"refusing {exp.name} --dims {dims.name} ({dims.describe(exp.unused)}) "
-                   f"on {par.describe()}: one rank needs {need.describe()}, "
-                   f"but this rank has {mem.gib(have)} GiB "
-                   f"({source}). Use more ranks (--tp/--pp), a shorter --seq, fewer --layers, "
-                   f"or --dims tiny. Nothing was started.")
+    return False, (
+        f"refusing {exp.name} --dims {dims.name} ({dims.describe(exp.unused)}) "
+        f"on {par.describe()}: one rank needs {need.describe()}, "
+        f"but this rank has {mem.gib(have)} GiB "
+        f"({source}). Use more ranks (--tp/--pp), a shorter --seq, fewer --layers, "
+        f"or --dims tiny. Nothing was started."
+    )
 
 
 def join(par: Parallel, rank: int, world: int, local_rank: int, local_world: int) -> None:
@@ -192,8 +221,7 @@ def join(par: Parallel, rank: int, world: int, local_rank: int, local_world: int
         cpu_compat.apply()
     recorder.install()
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend=par.backend, init_method="env://", rank=rank,
-                                world_size=world)
+        dist.init_process_group(backend=par.backend, init_method="env://", rank=rank, world_size=world)
     else:  # plain `python -m snippets.run`: a world of one
         dist.init_process_group(backend=par.backend, store=dist.HashStore(), rank=0, world_size=1)
 
@@ -257,8 +285,7 @@ def _nproc(all_args) -> int | None:
     if not nprocs:
         return None
     if "WORLD_SIZE" in os.environ:
-        raise Refused("--nproc-per-node is for starting the ranks here; under torchrun, give it "
-                      "to torchrun")
+        raise Refused("--nproc-per-node is for starting the ranks here; under torchrun, give it to torchrun")
     if all_args[0].nproc is None or len(nprocs) > 1:
         raise Refused("--nproc-per-node goes once, before the first experiment")
     if nprocs[0] < 1:
@@ -286,8 +313,10 @@ def check(all_args, nproc: int | None) -> tuple[list, list[str]]:
     under_torchrun = "WORLD_SIZE" in os.environ
     asked = {args.world_size for args in all_args} - {None}
     if asked and (under_torchrun or nproc or not any(a.estimate for a in all_args) or len(asked) > 1):
-        raise Refused("--world-size is only for --estimate without a launcher (torchrun and "
-                      "--nproc-per-node set it), and one value for the whole command")
+        raise Refused(
+            "--world-size is only for --estimate without a launcher (torchrun and "
+            "--nproc-per-node set it), and one value for the whole command"
+        )
     world = nproc or int(os.environ.get("WORLD_SIZE", asked.pop() if asked else 1))
     jobs = [resolve(args, world) for args in all_args]  # every experiment before any starts
     gpus = 0
@@ -299,8 +328,11 @@ def check(all_args, nproc: int | None) -> tuple[list, list[str]]:
     if not under_torchrun:  # a world of `world` ranks on this host (or one per GPU)
         local_world = min(world, gpus or world)
     if device == "cuda" and (nproc or local_world) > gpus:
-        raise Refused(f"{nproc or local_world} ranks on this host but {gpus} GPU(s): "
-                      f"use --nproc-per-node {gpus} or fewer", everywhere=False)
+        raise Refused(
+            f"{nproc or local_world} ranks on this host but {gpus} GPU(s): "
+            f"use --nproc-per-node {gpus} or fewer",
+            everywhere=False,
+        )
     headers = []
     for i, (exp, dims, par) in enumerate(jobs):
         par = dataclasses.replace(par, device=device)
@@ -309,10 +341,13 @@ def check(all_args, nproc: int | None) -> tuple[list, list[str]]:
         if not fits:
             alone = local_rank != 0 and memory_verdict(exp, dims, par, 0, local_world)[0]
             raise Refused(verdict, everywhere=False, alone=alone)
-        headers.append(f"snippets.run {exp.name} (note {exp.note}) --dims {dims.name}: "
-                       f"{dims.describe(exp.unused)}\n"
-                       f"{par.describe()}; {par.backend} on {device}"
-                       + ("" if par.cuda else ", snippets.cpu applied") + f"\n{verdict}")
+        headers.append(
+            f"snippets.run {exp.name} (note {exp.note}) --dims {dims.name}: "
+            f"{dims.describe(exp.unused)}\n"
+            f"{par.describe()}; {par.backend} on {device}"
+            + ("" if par.cuda else ", snippets.cpu applied")
+            + f"\n{verdict}"
+        )
     return jobs, headers
 
 
@@ -340,8 +375,7 @@ def run_jobs(jobs, headers) -> int:
                 print(header + "\n\n" + render(tables(gathered, dims, par)) + "\n", flush=True)
             dist.barrier()
         except Exception:  # noqa: BLE001 - say which rank failed; torchrun then stops the others
-            print(f"rank {rank} failed in {exp.name}:\n{traceback.format_exc()}", file=sys.stderr,
-                  flush=True)
+            print(f"rank {rank} failed in {exp.name}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             return 1
         parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
@@ -375,8 +409,15 @@ def _refuse(exc: Refused) -> int:
         time.sleep(0.02)
     try:
         with open(error_file, "w") as f:
-            json.dump({"message": {"message": line, "extraInfo": {
-                "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+            json.dump(
+                {
+                    "message": {
+                        "message": line,
+                        "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))},
+                    }
+                },
+                f,
+            )
     except OSError:
         pass
     # stay until every rank of this host has refused too: none is left for the agent to stop

@@ -35,25 +35,25 @@ MIN_FONT = 11
 # kind -> (light, dark). The site stylesheet defines --ms-<kind> from the same table
 # (docs/stylesheets/extra.css, checked by a test); these are the in-SVG fallbacks.
 PALETTE: dict[str, tuple[str, str]] = {
-    "ink": ("#1f2328", "#e6edf3"),       # text
-    "muted": ("#8c959f", "#6e7681"),     # secondary text, neutral boxes
-    "grid": ("#d0d7de", "#30363d"),      # axes, grid lines, outlines
-    "paper": ("#ffffff", "#0d1117"),     # background
-    "tp": ("#4c78a8", "#6b9bd1"),        # tensor parallel
-    "pp": ("#f58518", "#f5a04d"),        # pipeline parallel
-    "dp": ("#54a24b", "#72c066"),        # data parallel
-    "cp": ("#b279a2", "#c996bb"),        # context parallel
-    "ep": ("#e45756", "#f07b7a"),        # expert parallel
-    "edp": ("#72b7b2", "#8fd0cb"),       # expert data parallel
-    "emb": ("#9d755d", "#bb937b"),       # embedding groups
-    "fwd": ("#4c78a8", "#6b9bd1"),       # forward compute
-    "fwd2": ("#9ecae9", "#a9d1ee"),      # forward, second model chunk
-    "bwd": ("#e45756", "#f07b7a"),       # backward compute
-    "bwd2": ("#ff9d98", "#ffb3ae"),      # backward, second model chunk
-    "comm": ("#eeca3b", "#e3c14a"),      # a collective or p2p
-    "mem": ("#bab0ac", "#8d8580"),       # stored bytes
-    "accent": ("#d62728", "#ff6b6b"),    # the thing to look at
-    "light": ("#eef2f6", "#1c2330"),     # faint fill behind groups
+    "ink": ("#1f2328", "#e6edf3"),  # text
+    "muted": ("#8c959f", "#6e7681"),  # secondary text, neutral boxes
+    "grid": ("#d0d7de", "#30363d"),  # axes, grid lines, outlines
+    "paper": ("#ffffff", "#0d1117"),  # background
+    "tp": ("#4c78a8", "#6b9bd1"),  # tensor parallel
+    "pp": ("#f58518", "#f5a04d"),  # pipeline parallel
+    "dp": ("#54a24b", "#72c066"),  # data parallel
+    "cp": ("#b279a2", "#c996bb"),  # context parallel
+    "ep": ("#e45756", "#f07b7a"),  # expert parallel
+    "edp": ("#72b7b2", "#8fd0cb"),  # expert data parallel
+    "emb": ("#9d755d", "#bb937b"),  # embedding groups
+    "fwd": ("#4c78a8", "#6b9bd1"),  # forward compute
+    "fwd2": ("#9ecae9", "#a9d1ee"),  # forward, second model chunk
+    "bwd": ("#e45756", "#f07b7a"),  # backward compute
+    "bwd2": ("#ff9d98", "#ffb3ae"),  # backward, second model chunk
+    "comm": ("#eeca3b", "#e3c14a"),  # a collective or p2p
+    "mem": ("#bab0ac", "#8d8580"),  # stored bytes
+    "accent": ("#d62728", "#ff6b6b"),  # the thing to look at
+    "light": ("#eef2f6", "#1c2330"),  # faint fill behind groups
 }
 
 # Text on a filled box: dark ink on the light kinds, white on the others.
@@ -85,8 +85,12 @@ class Label:
     text: str
 
     def overlaps(self, other: "Label") -> bool:
-        return (self.x < other.x + other.w and other.x < self.x + self.w
-                and self.y < other.y + other.h and other.y < self.y + self.h)
+        return (
+            self.x < other.x + other.w
+            and other.x < self.x + self.w
+            and self.y < other.y + other.h
+            and other.y < self.y + self.h
+        )
 
 
 class Figure:
@@ -113,8 +117,20 @@ class Figure:
     def _add(self, element: str) -> None:
         self._body.append("  " * (self._depth + 1) + element)
 
-    def rect(self, x, y, w, h, kind: str = "muted", *, rx: float = 3, outline: str | None = None,
-             faint: bool = False, dashed: bool = False, tip: str | None = None) -> None:
+    def rect(
+        self,
+        x,
+        y,
+        w,
+        h,
+        kind: str = "muted",
+        *,
+        rx: float = 3,
+        outline: str | None = None,
+        faint: bool = False,
+        dashed: bool = False,
+        tip: str | None = None,
+    ) -> None:
         """A box filled with ``kind``'s color; ``outline`` draws its border in another kind,
         ``faint`` fills it at low opacity (a background band), ``tip`` is a hover title."""
         cls = [f"f-{kind}"] + ([f"s-{outline}"] if outline else [])
@@ -122,15 +138,28 @@ class Figure:
             cls.append("faint")
         if dashed:
             cls.append("dashed")
-        attrs = (f'x="{_n(x)}" y="{_n(y)}" width="{_n(w)}" height="{_n(h)}"'
-                 + (f' rx="{_n(rx)}"' if rx else "") + f' class="{" ".join(cls)}"')
+        attrs = (
+            f'x="{_n(x)}" y="{_n(y)}" width="{_n(w)}" height="{_n(h)}"'
+            + (f' rx="{_n(rx)}"' if rx else "")
+            + f' class="{" ".join(cls)}"'
+        )
         if tip:
             self._add(f"<rect {attrs}><title>{html.escape(tip)}</title></rect>")
         else:
             self._add(f"<rect {attrs}/>")
 
-    def text(self, x, y, s, *, size: float = 12, anchor: str = "start", kind: str = "ink",
-             bold: bool = False, mono: bool = False) -> Label:
+    def text(
+        self,
+        x,
+        y,
+        s,
+        *,
+        size: float = 12,
+        anchor: str = "start",
+        kind: str = "ink",
+        bold: bool = False,
+        mono: bool = False,
+    ) -> Label:
         """Text whose vertical middle is at ``y`` (``anchor``: start / middle / end at ``x``)."""
         if size < MIN_FONT:
             raise ValueError(f"font size {size} px is under the site's minimum {MIN_FONT} px: {s!r}")
@@ -142,30 +171,64 @@ class Figure:
         cls = [f"t-{kind}"] + (["b"] if bold else []) + (["mono"] if mono else [])
         anchor_attr = "" if anchor == "start" else f' text-anchor="{anchor}"'
         size_attr = "" if size == 12 else f' font-size="{_n(size)}"'
-        self._add(f'<text x="{_n(x)}" y="{_n(y)}" dy="0.35em"{anchor_attr}{size_attr} '
-                  f'class="{" ".join(cls)}">{html.escape(s)}</text>')
+        self._add(
+            f'<text x="{_n(x)}" y="{_n(y)}" dy="0.35em"{anchor_attr}{size_attr} '
+            f'class="{" ".join(cls)}">{html.escape(s)}</text>'
+        )
         return label
 
-    def boxed(self, x, y, w, h, s, kind: str = "muted", *, size: float = 12, bold: bool = False,
-              tip: str | None = None, faint: bool = False) -> None:
+    def boxed(
+        self,
+        x,
+        y,
+        w,
+        h,
+        s,
+        kind: str = "muted",
+        *,
+        size: float = 12,
+        bold: bool = False,
+        tip: str | None = None,
+        faint: bool = False,
+    ) -> None:
         """A box with its label centered inside it, in ink that reads on that fill."""
         self.rect(x, y, w, h, kind, tip=tip, faint=faint)
         ink = "ink" if (kind in _LIGHT_FILLS or faint) else "on"
         self.text(x + w / 2, y + h / 2, s, size=size, anchor="middle", kind=ink, bold=bold)
 
-    def line(self, x1, y1, x2, y2, kind: str = "grid", *, width: float = 1, arrow: bool = False,
-             dashed: bool = False) -> None:
+    def line(
+        self,
+        x1,
+        y1,
+        x2,
+        y2,
+        kind: str = "grid",
+        *,
+        width: float = 1,
+        arrow: bool = False,
+        dashed: bool = False,
+    ) -> None:
         """A straight line; ``arrow`` puts an arrowhead at (x2, y2)."""
         cls = [f"s-{kind}"] + (["dashed"] if dashed else []) + ([f"a-{kind}"] if arrow else [])
         w = "" if width == 1 else f' stroke-width="{_n(width)}"'
         marker = f' marker-end="url(#{self._marker_id(kind)})"' if arrow else ""
         if arrow:
             self._arrows.add(kind)
-        self._add(f'<line x1="{_n(x1)}" y1="{_n(y1)}" x2="{_n(x2)}" y2="{_n(y2)}"{w}{marker} '
-                  f'class="{" ".join(cls)}"/>')
+        self._add(
+            f'<line x1="{_n(x1)}" y1="{_n(y1)}" x2="{_n(x2)}" y2="{_n(y2)}"{w}{marker} '
+            f'class="{" ".join(cls)}"/>'
+        )
 
-    def path(self, d: str, kind: str = "grid", *, fill: bool = False, width: float = 1,
-             arrow: bool = False, dashed: bool = False) -> None:
+    def path(
+        self,
+        d: str,
+        kind: str = "grid",
+        *,
+        fill: bool = False,
+        width: float = 1,
+        arrow: bool = False,
+        dashed: bool = False,
+    ) -> None:
         """A path from SVG path data (use :func:`_n` for its numbers); stroked unless ``fill``."""
         cls = [f"f-{kind}"] if fill else [f"s-{kind}", "nofill"]
         if dashed:
@@ -211,33 +274,44 @@ class Figure:
         for i, a in enumerate(labels):
             if a.x < -0.5 or a.y < -0.5 or a.x + a.w > self.width + 0.5 or a.y + a.h > self.height + 0.5:
                 raise ValueError(f"label {a.text!r} leaves the {self.width}x{self.height} picture")
-            for b in labels[i + 1:]:
+            for b in labels[i + 1 :]:
                 if a.overlaps(b):
                     raise ValueError(f"labels {a.text!r} and {b.text!r} overlap")
 
     def svg(self) -> str:
         """The picture as SVG text: the same bytes for the same drawing."""
-        used = set(re.findall(r'\b[fst]-([a-z0-9]+)\b', "\n".join(self._body))) | self._arrows
+        used = set(re.findall(r"\b[fst]-([a-z0-9]+)\b", "\n".join(self._body))) | self._arrows
         kinds = sorted(k for k in PALETTE if k in used)
         # Inline SVG styles are global in an HTML page: every selector is scoped to .ms-figure.
-        css = [".ms-figure text{font-family:system-ui,-apple-system,'Segoe UI','Noto Sans CJK SC',"
-               "sans-serif;font-size:12px}", ".ms-figure .b{font-weight:600}",
-               ".ms-figure .mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace}",
-               ".ms-figure .nofill{fill:none}", ".ms-figure .faint{fill-opacity:.18}",
-               ".ms-figure .dashed{stroke-dasharray:4 3}", ".ms-figure .t-on{fill:var(--ms-on,#ffffff)}"]
+        css = [
+            ".ms-figure text{font-family:system-ui,-apple-system,'Segoe UI','Noto Sans CJK SC',"
+            "sans-serif;font-size:12px}",
+            ".ms-figure .b{font-weight:600}",
+            ".ms-figure .mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace}",
+            ".ms-figure .nofill{fill:none}",
+            ".ms-figure .faint{fill-opacity:.18}",
+            ".ms-figure .dashed{stroke-dasharray:4 3}",
+            ".ms-figure .t-on{fill:var(--ms-on,#ffffff)}",
+        ]
         for k in kinds:
             light = PALETTE[k][0]
-            css.append(f".ms-figure .f-{k}{{fill:var(--ms-{k},{light})}}"
-                       f".ms-figure .s-{k}{{stroke:var(--ms-{k},{light})}}"
-                       f".ms-figure .t-{k}{{fill:var(--ms-{k},{light})}}")
+            css.append(
+                f".ms-figure .f-{k}{{fill:var(--ms-{k},{light})}}"
+                f".ms-figure .s-{k}{{stroke:var(--ms-{k},{light})}}"
+                f".ms-figure .t-{k}{{fill:var(--ms-{k},{light})}}"
+            )
         arrows = sorted(self._arrows)
         defs = "".join(
             f'<marker id="{self._marker_id(k)}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
             f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
-            f'class="f-{k}"/></marker>' for k in arrows)
-        head = (f'<svg xmlns="http://www.w3.org/2000/svg" class="ms-figure" width="{_n(self.width)}" '
-                f'height="{_n(self.height)}" viewBox="0 0 {_n(self.width)} {_n(self.height)}" '
-                f'role="img" aria-label="{html.escape(self.title)}">')
+            f'class="f-{k}"/></marker>'
+            for k in arrows
+        )
+        head = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="ms-figure" width="{_n(self.width)}" '
+            f'height="{_n(self.height)}" viewBox="0 0 {_n(self.width)} {_n(self.height)}" '
+            f'role="img" aria-label="{html.escape(self.title)}">'
+        )
         out = [head, f"  <title>{html.escape(self.title)}</title>"]
         if self.desc:
             out.append(f"  <desc>{html.escape(self.desc)}</desc>")

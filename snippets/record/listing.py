@@ -49,8 +49,10 @@ class Listing:
 
     def _repr_html_(self) -> str:
         code = highlight(self.source, PythonLexer(), HtmlFormatter(nowrap=True))
-        return (f'<details class="ms-listing"><summary>{html.escape(self.summary())}</summary>'
-                f'<div class="highlight"><pre><code>{code}</code></pre></div></details>')
+        return (
+            f'<details class="ms-listing"><summary>{html.escape(self.summary())}</summary>'
+            f'<div class="highlight"><pre><code>{code}</code></pre></div></details>'
+        )
 
 
 def listing(*objs, note: str = "") -> Listing:

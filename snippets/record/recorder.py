@@ -31,11 +31,27 @@ from snippets.ranks.groups import megatron_groups
 from snippets.record.tables import Table
 
 _APIS = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single",
-    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "reduce_scatter_single",
     "broadcast",
-    "all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv",
-    "batch_isend_irecv", "reduce", "gather", "scatter", "barrier",
+    "all_to_all_single",
+    "all_to_all",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
 )
 
 
@@ -44,12 +60,12 @@ class Collective:
     """One recorded call."""
 
     api: str
-    group: str           # "tp", "dp", "pp", "cp", "ep", ... or "world" / "ranks [..]"
-    ranks: tuple         # the group's global ranks
-    before: str          # shape(s) going in
-    after: str           # shape(s) coming out
-    phase: str           # "forward" or "backward"
-    where: str           # the Megatron function that issued it, "file.py::func"
+    group: str  # "tp", "dp", "pp", "cp", "ep", ... or "world" / "ranks [..]"
+    ranks: tuple  # the group's global ranks
+    before: str  # shape(s) going in
+    after: str  # shape(s) coming out
+    phase: str  # "forward" or "backward"
+    where: str  # the Megatron function that issued it, "file.py::func"
     extra: dict = field(default_factory=dict)  # peer rank, split sizes, reduce op, ...
 
 
@@ -210,11 +226,24 @@ def _make_record(name, args, kwargs, before) -> Collective:
 
 
 _GROUP_POSITION = {
-    "all_reduce": 2, "broadcast": 2, "reduce": 3, "all_gather": 2,
-    "all_gather_into_tensor": 2, "_all_gather_base": 2, "all_gather_single": 2,
-    "reduce_scatter": 3, "reduce_scatter_tensor": 3, "_reduce_scatter_base": 3,
-    "reduce_scatter_single": 3, "all_to_all_single": 4,
-    "all_to_all": 2, "send": 2, "recv": 2, "isend": 2, "irecv": 2, "barrier": 1,
+    "all_reduce": 2,
+    "broadcast": 2,
+    "reduce": 3,
+    "all_gather": 2,
+    "all_gather_into_tensor": 2,
+    "_all_gather_base": 2,
+    "all_gather_single": 2,
+    "reduce_scatter": 3,
+    "reduce_scatter_tensor": 3,
+    "_reduce_scatter_base": 3,
+    "reduce_scatter_single": 3,
+    "all_to_all_single": 4,
+    "all_to_all": 2,
+    "send": 2,
+    "recv": 2,
+    "isend": 2,
+    "irecv": 2,
+    "barrier": 1,
 }
 
 
@@ -258,12 +287,12 @@ MEANINGS = {
     "tensor_parallel/mappings.py::_reduce": "g：把各 TP rank 的部分和相加（all-reduce）",
     "tensor_parallel/mappings.py::_gather_along_last_dim": "沿最后一维拼回完整的输出",
     "tensor_parallel/mappings.py::_gather_along_first_dim": "沿第一维（sequence）拼回完整的激活",
-    "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim":
-        "部分和相加，并按 sequence 维切给各 TP rank",
+    "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim": "部分和相加，并按 sequence 维切给各 TP rank",
     # _AllToAll.forward is the only `forward` in mappings.py that calls torch.distributed itself
     # (its backward calls _AllToAll.apply, so backward records land here too).
-    "tensor_parallel/mappings.py::forward":
-        "all-to-all：第 j 块发给 rank j，收齐各 rank 发给自己的块（反向对调两张 split 表）",
+    "tensor_parallel/mappings.py::forward": (
+        "all-to-all：第 j 块发给 rank j，收齐各 rank 发给自己的块（反向对调两张 split 表）"
+    ),
 }
 
 

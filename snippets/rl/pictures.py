@@ -22,8 +22,9 @@ def _shade(value: int, biggest: int) -> str:
     return ["light", "fwd2", "tp", "tp", "tp"][min(4, int(4 * value / biggest))]
 
 
-def draw_traffic_matrix(matrix: list[list[int]], senders: list[str], receivers: list[str], *,
-                        title: str, desc: str) -> Figure:
+def draw_traffic_matrix(
+    matrix: list[list[int]], senders: list[str], receivers: list[str], *, title: str, desc: str
+) -> Figure:
     """``matrix[s][d]`` bytes from trainer rank ``s`` (named ``senders[s]``) to rollout rank ``d``."""
     n_src, n_dst = len(matrix), len(matrix[0])
     cell_w, cell_h = 92, 40
@@ -47,18 +48,35 @@ def draw_traffic_matrix(matrix: list[list[int]], senders: list[str], receivers: 
                 kind = _shade(value, biggest)
                 tip = f"{senders[s]} → {receivers[d]}：{value} 字节" + ("（本地拷贝）" if s == d else "")
                 if kind:
-                    fig.rect(x + 2, y + 2, cell_w - 4, cell_h - 4, kind, rx=2,
-                             outline="accent" if s == d else None, tip=tip)
+                    fig.rect(
+                        x + 2,
+                        y + 2,
+                        cell_w - 4,
+                        cell_h - 4,
+                        kind,
+                        rx=2,
+                        outline="accent" if s == d else None,
+                        tip=tip,
+                    )
                 else:
                     fig.rect(x + 2, y + 2, cell_w - 4, cell_h - 4, "grid", rx=2, faint=True, tip=tip)
                 ink = "on" if kind == "tp" else "ink"
-                fig.text(x + cell_w / 2, y + cell_h / 2, str(value) if value else "·", anchor="middle", kind=ink)
-        fig.text(left + cell_w * n_dst + cell_w / 2, y + cell_h / 2, str(sum(row)), anchor="middle", kind="muted")
+                fig.text(
+                    x + cell_w / 2, y + cell_h / 2, str(value) if value else "·", anchor="middle", kind=ink
+                )
+        fig.text(
+            left + cell_w * n_dst + cell_w / 2, y + cell_h / 2, str(sum(row)), anchor="middle", kind="muted"
+        )
     y = top + cell_h * n_src
     fig.text(left - 10, y + cell_h / 2, "收到合计", anchor="end", kind="muted")
     for d in range(n_dst):
-        fig.text(left + cell_w * d + cell_w / 2, y + cell_h / 2, str(sum(matrix[s][d] for s in range(n_src))),
-                 anchor="middle", kind="muted")
+        fig.text(
+            left + cell_w * d + cell_w / 2,
+            y + cell_h / 2,
+            str(sum(matrix[s][d] for s in range(n_src))),
+            anchor="middle",
+            kind="muted",
+        )
     fig.rect(10, height - 26, 14, 14, "light", outline="accent", rx=2)
     fig.text(30, height - 19, "对角线（红框）= 不出进程的本地拷贝；颜色越深字节越多", size=11, kind="muted")
     fig.check()
@@ -78,18 +96,29 @@ def draw_qkv_layout(labels: list[str], num_query_groups: int, tp_sizes: tuple[in
     tp_y = [rows_y["tp0"] + i * 26 for i in range(len(tp_sizes))]
     hf_y = tp_y[-1] + 26 + 90
     height = hf_y + block_h + 50
-    fig = Figure(width, height, title="linear_qkv 的行：按 query group 交错（Megatron） vs 分开的 Q、K、V（HF）",
-                 desc=f"{n} 个行块（每块 head_dim 行）、{num_query_groups} 个 query group：Megatron 每个 group "
-                      "连续存它的 q、k、v，TP 按行切正好切在 group 之间；HF 把全部 q、全部 k、全部 v 分开存，"
-                      "转换时要按 group 拆开重排。")
+    fig = Figure(
+        width,
+        height,
+        title="linear_qkv 的行：按 query group 交错（Megatron） vs 分开的 Q、K、V（HF）",
+        desc=f"{n} 个行块（每块 head_dim 行）、{num_query_groups} 个 query group：Megatron 每个 group "
+        "连续存它的 q、k、v，TP 按行切正好切在 group 之间；HF 把全部 q、全部 k、全部 v 分开存，"
+        "转换时要按 group 拆开重排。",
+    )
     fig.legend(10, 14, [("tp", "query head"), ("pp", "key head"), ("dp", "value head")])
     per_group = n // num_query_groups
     # Megatron's fused rows
     fig.text(10, rows_y["fused"] + block_h / 2, "linear_qkv", bold=True, mono=True)
     with fig.group("megatron"):
         for i, label in enumerate(labels):
-            fig.boxed(left + block_w * i, rows_y["fused"], block_w - 2, block_h, label, _KIND[label[0]],
-                      tip=f"第 {i} 个行块：{label}（query group {i // per_group}）")
+            fig.boxed(
+                left + block_w * i,
+                rows_y["fused"],
+                block_w - 2,
+                block_h,
+                label,
+                _KIND[label[0]],
+                tip=f"第 {i} 个行块：{label}（query group {i // per_group}）",
+            )
     for g in range(1, num_query_groups):
         x = left + block_w * g * per_group - 1
         fig.line(x, rows_y["fused"] - 4, x, rows_y["fused"] + block_h + 4, "ink", width=2)
@@ -114,8 +143,14 @@ def draw_qkv_layout(labels: list[str], num_query_groups: int, tp_sizes: tuple[in
             pos[label] = x
             fig.boxed(x, hf_y, block_w - 2, block_h, label, _KIND[label[0]], tip=f"{label} → 第 {i} 个行块")
     for name, members, x0 in (("q_proj", q, 0), ("k_proj", k, len(q)), ("v_proj", v, len(q) + len(k))):
-        fig.text(left + block_w * (x0 + len(members) / 2) - 1, hf_y + block_h + 14, name, size=11,
-                 anchor="middle", mono=True)
+        fig.text(
+            left + block_w * (x0 + len(members) / 2) - 1,
+            hf_y + block_h + 14,
+            name,
+            size=11,
+            anchor="middle",
+            mono=True,
+        )
     # where each block goes
     for i, label in enumerate(labels):
         x1 = left + block_w * i + block_w / 2 - 1

@@ -62,8 +62,10 @@ def split_qkv(fused: torch.Tensor, num_heads: int, num_query_groups: int):
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_query_groups: int) -> torch.Tensor:
     """The inverse of :func:`split_qkv`: three head-ordered tensors -> Megatron's grouped rows."""
     if k.shape != v.shape or k.shape[0] % num_query_groups or q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-                         f"do not fit {num_query_groups} query groups")
+        raise ValueError(
+            f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            f"do not fit {num_query_groups} query groups"
+        )
     rest = q.shape[1:]
     parts = [t.reshape(num_query_groups, -1, *rest) for t in (q, k, v)]
     return torch.cat(parts, dim=1).reshape(-1, *rest)
@@ -102,8 +104,11 @@ def megatron_to_hf(state: dict, num_heads: int, num_query_groups: int) -> dict:
         layer, module, kind = m.groups()
         target = LAYER_NAMES[module]
         if isinstance(target, tuple):
-            parts = (split_qkv(tensor, num_heads, num_query_groups) if len(target) == 3
-                     else torch.chunk(tensor, 2, dim=0))
+            parts = (
+                split_qkv(tensor, num_heads, num_query_groups)
+                if len(target) == 3
+                else torch.chunk(tensor, 2, dim=0)
+            )
             for name, part in zip(target, parts):
                 out[f"model.layers.{layer}.{name}.{kind}"] = part
         else:
@@ -126,7 +131,8 @@ def hf_to_megatron(state: dict, num_query_groups: int) -> dict:
             k = state[f"model.layers.{layer}.{k_name}.{kind}"]
             v = state[f"model.layers.{layer}.{v_name}.{kind}"]
             out[f"decoder.layers.{layer}.self_attention.linear_qkv.{kind}"] = fuse_qkv(
-                tensor, k, v, num_query_groups)
+                tensor, k, v, num_query_groups
+            )
         elif module == gate_name:
             up = state[f"model.layers.{layer}.{up_name}.{kind}"]
             out[f"decoder.layers.{layer}.mlp.linear_fc1.{kind}"] = torch.cat([tensor, up])
@@ -142,8 +148,19 @@ def hf_to_megatron(state: dict, num_query_groups: int) -> dict:
 # ----------------------------------------------------------------------------- attention
 
 
-def hf_attention(x: torch.Tensor, q_proj, k_proj, v_proj, o_proj, num_heads: int,
-                 num_kv_heads: int, q_bias=None, k_bias=None, v_bias=None, o_bias=None):
+def hf_attention(
+    x: torch.Tensor,
+    q_proj,
+    k_proj,
+    v_proj,
+    o_proj,
+    num_heads: int,
+    num_kv_heads: int,
+    q_bias=None,
+    k_bias=None,
+    v_bias=None,
+    o_bias=None,
+):
     """Causal grouped-query attention written the way Hugging Face's Llama computes it.
 
     ``x`` is ``[batch, seq, hidden]``; query head ``i`` reads key/value head

@@ -38,7 +38,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 class Link:
     name: str
     bytes_per_s: float  # one direction, per GPU
-    basis: str          # where the number comes from
+    basis: str  # where the number comes from
 
 
 LINKS = {
@@ -55,8 +55,9 @@ def model_bytes(params: float, dtype: str = "bf16") -> float:
     return params * DTYPE_BYTES[dtype]
 
 
-def bytes_per_gpu(params: float, strategy: str = "slice", *, gpus: int = 8, shards: int = 1,
-                  dtype: str = "bf16") -> float:
+def bytes_per_gpu(
+    params: float, strategy: str = "slice", *, gpus: int = 8, shards: int = 1, dtype: str = "bf16"
+) -> float:
     """Bytes one GPU receives in one refit under ``strategy`` (see the module docstring).
 
     ``gpus`` is the number of GPUs one rollout copy of the model is sliced over (``slice``);
@@ -80,9 +81,17 @@ def seconds(nbytes: float, link: str) -> float:
 def refit_rows(params: float, gpus: int = 8, dtype: str = "bf16") -> list[list]:
     """Seed 000's numbers for any model: total, per GPU (slice), NVLink and IB milliseconds."""
     per_gpu = bytes_per_gpu(params, "slice", gpus=gpus, dtype=dtype)
-    return [[f"{params / 1e9:g}B", dtype, round(model_bytes(params, dtype) / GB, 2), gpus,
-             round(per_gpu / GB, 3), round(seconds(per_gpu, "nvlink") * 1e3, 2),
-             round(seconds(per_gpu, "ib") * 1e3, 1)]]
+    return [
+        [
+            f"{params / 1e9:g}B",
+            dtype,
+            round(model_bytes(params, dtype) / GB, 2),
+            gpus,
+            round(per_gpu / GB, 3),
+            round(seconds(per_gpu, "nvlink") * 1e3, 2),
+            round(seconds(per_gpu, "ib") * 1e3, 1),
+        ]
+    ]
 
 
 REFIT_HEADERS = ["model", "dtype", "total (GB)", "GPUs", "per GPU (GB)", "NVLink (ms)", "IB (ms)"]
@@ -119,9 +128,17 @@ def plan_ops(plan, src_module, dst_module) -> list[dict]:
     for kind, ops, params in (("send", plan.send_ops, src), ("recv", plan.recv_ops, dst)):
         for op in ops:
             piece = params[op.param_name].data[op.my_slice]
-            records.append(dict(kind=kind, param=op.param_name, peer=op.peer_rank,
-                                slice=_slices(op.my_slice), shape=tuple(piece.shape),
-                                bytes=piece.numel() * piece.element_size(), task=op.task_id))
+            records.append(
+                dict(
+                    kind=kind,
+                    param=op.param_name,
+                    peer=op.peer_rank,
+                    slice=_slices(op.my_slice),
+                    shape=tuple(piece.shape),
+                    bytes=piece.numel() * piece.element_size(),
+                    task=op.task_id,
+                )
+            )
     return records
 
 

@@ -22,7 +22,6 @@ import contextlib
 
 import torch
 
-
 WALK = (
     # (submodule path,               what it is in the layer)
     ("input_layernorm", "归一化，attention 之前"),
@@ -49,24 +48,29 @@ def split_of(param) -> str:
     if not getattr(param, "tensor_model_parallel", False):
         return "复制"
     dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
-    kind = "列并行" if dim == 0 else "行并行"   # dim 0 = output rows, dim 1 = input columns
+    kind = "列并行" if dim == 0 else "行并行"  # dim 0 = output rows, dim 1 = input columns
     return f"{kind} dim {dim}" + (f" stride {stride}" if stride != 1 else "")
 
 
 def weight_rows(layer) -> list[dict]:
     """One dict per parameter of ``layer`` on this rank: owner class, shape, split, count."""
-    owners = {f"{name}.{p}" if name else p: type(mod).__name__
-              for name, mod in layer.named_modules() for p, _ in mod.named_parameters(recurse=False)}
+    owners = {
+        f"{name}.{p}" if name else p: type(mod).__name__
+        for name, mod in layer.named_modules()
+        for p, _ in mod.named_parameters(recurse=False)
+    }
     rows = []
     for name, param in layer.named_parameters():
-        rows.append(dict(
-            name=name,
-            owner=owners[name],
-            shape=list(param.shape),
-            split=split_of(param),
-            numel=param.numel(),
-            sharded=bool(getattr(param, "tensor_model_parallel", False)),
-        ))
+        rows.append(
+            dict(
+                name=name,
+                owner=owners[name],
+                shape=list(param.shape),
+                split=split_of(param),
+                numel=param.numel(),
+                sharded=bool(getattr(param, "tensor_model_parallel", False)),
+            )
+        )
     return rows
 
 
@@ -81,7 +85,7 @@ def param_counts(config, tp: int = 1) -> dict[str, int]:
     ffn = config.ffn_hidden_size
     fc1_out = ffn * (2 if config.gated_linear_unit else 1)
     qkv_out = (heads + 2 * groups) * d
-    norm = h * (1 if config.normalization == "RMSNorm" else 2)       # LayerNorm has a bias too
+    norm = h * (1 if config.normalization == "RMSNorm" else 2)  # LayerNorm has a bias too
     qk_norm = d * (1 if config.normalization == "RMSNorm" else 2) if config.qk_layernorm else 0
     bias = config.add_bias_linear
     qkv_bias = bias or config.add_qkv_bias
@@ -150,7 +154,7 @@ def collectives_by_submodule(layer, calls: list, names):
 
     Yields a dict ``name -> {"forward": [...], "backward": [...]}`` filled when the block ends.
     """
-    spans: dict[tuple[str, str], list[int]] = {}   # (name, phase) -> [start, end] in calls
+    spans: dict[tuple[str, str], list[int]] = {}  # (name, phase) -> [start, end] in calls
     handles = []
 
     def mark(name, phase, which):
@@ -188,7 +192,7 @@ def owner_of(by_submodule: dict) -> dict[int, str]:
     """``id(call) -> submodule`` for every attributed call, the innermost traced submodule when
     traced names nest (to label a communication table)."""
     owner = {}
-    for name in sorted(by_submodule, key=lambda n: n.count(".")):   # outer first, inner overrides
+    for name in sorted(by_submodule, key=lambda n: n.count(".")):  # outer first, inner overrides
         for calls in by_submodule[name].values():
             owner.update({id(c): name for c in calls})
     return owner
@@ -206,8 +210,11 @@ def unattributed(calls: list, by_submodule: dict) -> list:
     return [c for c in calls if id(c) not in seen]
 
 
-SHORT_API = {"all_reduce": "all-reduce", "all_gather_into_tensor": "all-gather",
-             "reduce_scatter_tensor": "reduce-scatter"}
+SHORT_API = {
+    "all_reduce": "all-reduce",
+    "all_gather_into_tensor": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+}
 """The collective's usual name, for narrow table cells (the full API name is in the records)."""
 
 
@@ -216,8 +223,7 @@ def apis(calls) -> str:
     if not calls:
         return "—"
     names = [SHORT_API.get(c.api, c.api) for c in calls]
-    return ", ".join(f"{a} ×{names.count(a)}" if names.count(a) > 1 else a
-                     for a in dict.fromkeys(names))
+    return ", ".join(f"{a} ×{names.count(a)}" if names.count(a) > 1 else a for a in dict.fromkeys(names))
 
 
 def short(name: str) -> str:
@@ -238,13 +244,21 @@ def record_table(calls, meaning=None, owner=None):
             return meaning(c)
         return (meaning or {}).get((c.api, c.where), "")
 
-    headers = ["phase"] + (["子模块"] if owner is not None else []) + [
-        "API", "group", "shape before → after", "issued by", "meaning"]
+    headers = (
+        ["phase"]
+        + (["子模块"] if owner is not None else [])
+        + ["API", "group", "shape before → after", "issued by", "meaning"]
+    )
     rows = []
     for c in calls:
         row = [c.phase] + ([short(owner.get(id(c), "?"))] if owner is not None else [])
-        row += [c.api, f"{c.group} {list(c.ranks)}", f"{c.before} → {c.after}",
-                c.where.replace("tensor_parallel/", ""), what(c)]
+        row += [
+            c.api,
+            f"{c.group} {list(c.ranks)}",
+            f"{c.before} → {c.after}",
+            c.where.replace("tensor_parallel/", ""),
+            what(c),
+        ]
         rows.append(row)
     return Table(headers, rows)
 
@@ -252,8 +266,7 @@ def record_table(calls, meaning=None, owner=None):
 # ------------------------------------------------------------------ fused QKV layout
 
 
-def qkv_rows(num_heads: int, num_groups: int, head_dim: int, tp: int, rank: int,
-             local: bool = False) -> dict:
+def qkv_rows(num_heads: int, num_groups: int, head_dim: int, tp: int, rank: int, local: bool = False) -> dict:
     """Which rows of the *full* (TP=1) ``linear_qkv`` weight this rank's Q, K, V heads use.
 
     Megatron stores the rows group by group: for each query group, its ``num_heads/num_groups``
@@ -265,8 +278,8 @@ def qkv_rows(num_heads: int, num_groups: int, head_dim: int, tp: int, rank: int,
     """
     per_group = num_heads // num_groups
     groups_here = num_groups // tp
-    block = (per_group + 2) * head_dim                    # rows of one group
-    first = 0 if local else rank * groups_here * block    # this rank's first row
+    block = (per_group + 2) * head_dim  # rows of one group
+    first = 0 if local else rank * groups_here * block  # this rank's first row
     out = {"q": [], "k": [], "v": []}
     for g in range(groups_here):
         start = first + g * block
@@ -286,8 +299,7 @@ def layout(rows: dict, first_q: int = 0, first_kv: int = 0) -> str:
     query / key-value head); a value head closes a query group.
     """
     start = {"q": first_q, "k": first_kv, "v": first_kv}
-    heads = sorted((r[0], f"{kind}{start[kind] + i}") for kind in "qkv"
-                   for i, r in enumerate(rows[kind]))
+    heads = sorted((r[0], f"{kind}{start[kind] + i}") for kind in "qkv" for i, r in enumerate(rows[kind]))
     groups, current = [], []
     for _, label in heads:
         current.append(label)
@@ -315,7 +327,21 @@ def tp_shard(full: torch.Tensor, param, rank: int, tp: int) -> torch.Tensor:
 
 
 __all__ = [
-    "WALK", "apis", "collectives_by_submodule", "counts_by_submodule", "kind_of", "layout",
-    "millions", "only_in", "owner_of", "param_counts", "qkv_rows", "record_table",
-    "short", "split_of", "tp_shard", "unattributed", "weight_rows",
+    "WALK",
+    "apis",
+    "collectives_by_submodule",
+    "counts_by_submodule",
+    "kind_of",
+    "layout",
+    "millions",
+    "only_in",
+    "owner_of",
+    "param_counts",
+    "qkv_rows",
+    "record_table",
+    "short",
+    "split_of",
+    "tp_shard",
+    "unattributed",
+    "weight_rows",
 ]

@@ -156,8 +156,18 @@ class ColumnParallelLinear(torch.nn.Module):
     ``master_weight`` (``[out, in]``) and ``master_bias`` (``[out]``), when given, are the full
     tensors this rank takes its slice of."""
 
-    def __init__(self, input_size, output_size, *, tp_group, bias=True, gather_output=False,
-                 sequence_parallel=False, master_weight=None, master_bias=None):
+    def __init__(
+        self,
+        input_size,
+        output_size,
+        *,
+        tp_group,
+        bias=True,
+        gather_output=False,
+        sequence_parallel=False,
+        master_weight=None,
+        master_bias=None,
+    ):
         super().__init__()
         self.tp_group = tp_group
         self.gather_output = gather_output
@@ -167,21 +177,21 @@ class ColumnParallelLinear(torch.nn.Module):
         rows = slice(rank * self.output_size_per_partition, (rank + 1) * self.output_size_per_partition)
         if master_weight is None:
             master_weight = torch.zeros(output_size, input_size)
-        self.weight = torch.nn.Parameter(master_weight[rows].clone())           # [out/tp, in]
+        self.weight = torch.nn.Parameter(master_weight[rows].clone())  # [out/tp, in]
         if bias:
             master_bias = torch.zeros(output_size) if master_bias is None else master_bias
-            self.bias = torch.nn.Parameter(master_bias[rows].clone())           # [out/tp]
+            self.bias = torch.nn.Parameter(master_bias[rows].clone())  # [out/tp]
         else:
             self.bias = None
 
     def forward(self, x):
         if self.sequence_parallel:  # x: [s/tp, b, in] -> [s, b, in]
             x = GatherFromSequenceParallelRegion.apply(x, self.tp_group)
-        else:                       # x: [s, b, in], the same on every rank
+        else:  # x: [s, b, in], the same on every rank
             x = CopyToModelParallelRegion.apply(x, self.tp_group)
-        y = F.linear(x, self.weight, self.bias)                                 # [s, b, out/tp]
+        y = F.linear(x, self.weight, self.bias)  # [s, b, out/tp]
         if self.gather_output:
-            y = GatherFromModelParallelRegion.apply(y, self.tp_group)           # [s, b, out]
+            y = GatherFromModelParallelRegion.apply(y, self.tp_group)  # [s, b, out]
         return y
 
 
@@ -190,8 +200,18 @@ class RowParallelLinear(torch.nn.Module):
 
     The bias is not split: it is added once, after the partial products are summed."""
 
-    def __init__(self, input_size, output_size, *, tp_group, bias=True, input_is_parallel=True,
-                 sequence_parallel=False, master_weight=None, master_bias=None):
+    def __init__(
+        self,
+        input_size,
+        output_size,
+        *,
+        tp_group,
+        bias=True,
+        input_is_parallel=True,
+        sequence_parallel=False,
+        master_weight=None,
+        master_bias=None,
+    ):
         super().__init__()
         if sequence_parallel and not input_is_parallel:
             raise ValueError("sequence_parallel needs input_is_parallel=True")
@@ -203,26 +223,31 @@ class RowParallelLinear(torch.nn.Module):
         cols = slice(rank * self.input_size_per_partition, (rank + 1) * self.input_size_per_partition)
         if master_weight is None:
             master_weight = torch.zeros(output_size, input_size)
-        self.weight = torch.nn.Parameter(master_weight[:, cols].clone())        # [out, in/tp]
+        self.weight = torch.nn.Parameter(master_weight[:, cols].clone())  # [out, in/tp]
         if bias:
             master_bias = torch.zeros(output_size) if master_bias is None else master_bias
-            self.bias = torch.nn.Parameter(master_bias.clone())                  # [out], whole
+            self.bias = torch.nn.Parameter(master_bias.clone())  # [out], whole
         else:
             self.bias = None
 
     def forward(self, x):
         if not self.input_is_parallel:  # x: [s, b, in] -> this rank's [s, b, in/tp]
             x = ScatterToModelParallelRegion.apply(x, self.tp_group)
-        partial = F.linear(x, self.weight)                                      # [s, b, out], partial sum
+        partial = F.linear(x, self.weight)  # [s, b, out], partial sum
         if self.sequence_parallel:
             y = ReduceScatterToSequenceParallelRegion.apply(partial, self.tp_group)  # [s/tp, b, out]
         else:
-            y = ReduceFromModelParallelRegion.apply(partial, self.tp_group)          # [s, b, out]
+            y = ReduceFromModelParallelRegion.apply(partial, self.tp_group)  # [s, b, out]
         return y + self.bias if self.bias is not None else y
 
 
 __all__ = [
-    "CopyToModelParallelRegion", "ReduceFromModelParallelRegion", "GatherFromModelParallelRegion",
-    "ScatterToModelParallelRegion", "GatherFromSequenceParallelRegion",
-    "ReduceScatterToSequenceParallelRegion", "ColumnParallelLinear", "RowParallelLinear",
+    "CopyToModelParallelRegion",
+    "ReduceFromModelParallelRegion",
+    "GatherFromModelParallelRegion",
+    "ScatterToModelParallelRegion",
+    "GatherFromSequenceParallelRegion",
+    "ReduceScatterToSequenceParallelRegion",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
 ]

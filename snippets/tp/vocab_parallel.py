@@ -26,12 +26,13 @@ def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float) -> t
     return -(q * log_p).sum(-1)
 
 
-def smoothed_loss_on_rank(logits: torch.Tensor, target: torch.Tensor, alpha: float,
-                          tp: int, rank: int) -> torch.Tensor:
+def smoothed_loss_on_rank(
+    logits: torch.Tensor, target: torch.Tensor, alpha: float, tp: int, rank: int
+) -> torch.Tensor:
     """The loss rank ``rank`` of ``tp`` returns: the smoothing weight and the mean log-probability
     are taken over this rank's contiguous vocabulary shard, as if the shard were the vocabulary."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)           # the softmax itself is global
-    nll = -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)   # so is the plain cross entropy
+    log_p = torch.log_softmax(logits.float(), dim=-1)  # the softmax itself is global
+    nll = -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # so is the plain cross entropy
     shard = log_p.chunk(tp, dim=-1)[rank]
     k_local = shard.shape[-1]
     smoothing = alpha * k_local / (k_local - 1)

@@ -31,7 +31,6 @@ import torch
 from snippets.dp import grad_buffers
 from snippets.models.tiny_gpt import global_name
 
-
 # ------------------------------------------------------------------ weights: dense, then a TP slice
 
 
@@ -67,10 +66,16 @@ def init_full_then_shard(model, std: float = 0.2, keep: tuple[str, ...] = ()) ->
             assert param.dim() == 2, gname
             # stride 2 (SwiGLU's linear_fc1): this rank keeps one chunk of gate and one of up
             _initialize_affine_weight_cpu(
-                param, full.shape[0], full.shape[1], param.shape[param.partition_dim],
-                param.partition_dim, lambda master, full=full: master.copy_(full),
+                param,
+                full.shape[0],
+                full.shape[1],
+                param.shape[param.partition_dim],
+                param.partition_dim,
+                lambda master, full=full: master.copy_(full),
                 stride=getattr(param, "partition_stride", 1),
-                return_master_weight=True, skip_set_tensor_parallel_attributes=True)
+                return_master_weight=True,
+                skip_set_tensor_parallel_attributes=True,
+            )
         else:
             with torch.no_grad():
                 param.copy_(full)
@@ -125,7 +130,7 @@ def dense_rows_of(flat: tuple[int, int], local_shape, ranges: list[tuple[int, in
     cols = 1
     for n in local_shape[1:]:
         cols *= n
-    first, end = a // cols, -(-b // cols)                   # local rows touched
+    first, end = a // cols, -(-b // cols)  # local rows touched
     pieces, offset = [], 0
     for lo, hi in ranges:
         start, stop = max(first, offset), min(end, offset + hi - lo)
@@ -164,9 +169,12 @@ class Taps:
     """
 
     def __init__(self, model, parts=("", "mlp.linear_fc1", "mlp.linear_fc2"), layer_numbers=None):
-        self.targets = {(layer.layer_number, part): layer.get_submodule(part) if part else layer
-                        for layer in model.decoder.layers for part in parts
-                        if layer_numbers is None or layer.layer_number in layer_numbers}
+        self.targets = {
+            (layer.layer_number, part): layer.get_submodule(part) if part else layer
+            for layer in model.decoder.layers
+            for part in parts
+            if layer_numbers is None or layer.layer_number in layer_numbers
+        }
         self.seen = {key: [] for key in self.targets}
         self.handles = []
 
@@ -174,8 +182,8 @@ class Taps:
         for key, module in self.targets.items():
 
             def hook(mod, args, kwargs, out, key=key):
-                x = args[0] if args else kwargs["hidden_states"]   # a layer is called by keyword
-                y = out[0] if isinstance(out, tuple) else out        # (output, bias) / (output, context)
+                x = args[0] if args else kwargs["hidden_states"]  # a layer is called by keyword
+                y = out[0] if isinstance(out, tuple) else out  # (output, bias) / (output, context)
                 self.seen[key].append((x.detach().clone(), y.detach().clone()))
 
             self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
@@ -217,7 +225,7 @@ class SavedActivations:
         self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
         self.exclude |= {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.layers = [m for m in model.modules() if type(m).__name__ == "TransformerLayer"]
-        self.live: dict[int, list[int]] = {}   # storage ptr -> [handles alive, bytes]
+        self.live: dict[int, list[int]] = {}  # storage ptr -> [handles alive, bytes]
         self.now = 0
         self.peak = 0
         self.saved_by_label: dict[str, int] = {}
@@ -254,10 +262,12 @@ class SavedActivations:
 
     def __enter__(self):
         for layer in self.layers:
-            self._handles.append(layer.register_forward_pre_hook(
-                lambda mod, args: self._labels.append("layers")))
-            self._handles.append(layer.register_forward_hook(
-                lambda mod, args, out: self._labels.pop() and None))
+            self._handles.append(
+                layer.register_forward_pre_hook(lambda mod, args: self._labels.append("layers"))
+            )
+            self._handles.append(
+                layer.register_forward_hook(lambda mod, args, out: self._labels.pop() and None)
+            )
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -281,15 +291,19 @@ def _sizes(config):
 def _check_supported(config):
     # The activation count below is for what this site's tiny GPT uses; other choices save other
     # tensors (SwiGLU keeps both halves, RMSNorm one statistic, dropout its masks, ...).
-    bad = [name for name, wrong in (
-        ("gated_linear_unit", config.gated_linear_unit),
-        ("add_bias_linear", config.add_bias_linear),
-        ("normalization != LayerNorm", config.normalization != "LayerNorm"),
-        ("hidden_dropout > 0", config.hidden_dropout > 0),
-        ("attention_dropout > 0", config.attention_dropout > 0),
-        ("recompute", config.recompute_granularity is not None),
-        ("params not fp32", config.params_dtype != torch.float32),
-    ) if wrong]
+    bad = [
+        name
+        for name, wrong in (
+            ("gated_linear_unit", config.gated_linear_unit),
+            ("add_bias_linear", config.add_bias_linear),
+            ("normalization != LayerNorm", config.normalization != "LayerNorm"),
+            ("hidden_dropout > 0", config.hidden_dropout > 0),
+            ("attention_dropout > 0", config.attention_dropout > 0),
+            ("recompute", config.recompute_granularity is not None),
+            ("params not fp32", config.params_dtype != torch.float32),
+        )
+        if wrong
+    ]
     if bad:
         raise ValueError(f"activation formula not derived for: {', '.join(bad)}")
 
@@ -323,8 +337,9 @@ def layer_activation_bytes(config, seq: int, mbs: int) -> dict[str, int]:
     }
 
 
-def stage_activation_bytes(config, seq: int, mbs: int, vocab: int, pre_process: bool,
-                           post_process: bool) -> dict[str, int]:
+def stage_activation_bytes(
+    config, seq: int, mbs: int, vocab: int, pre_process: bool, post_process: bool
+) -> dict[str, int]:
     """Bytes one pipeline stage saves for one micro-batch: its layers, plus what the embedding
     (first stage) and the final norm, output layer and vocab-parallel cross entropy (last stage)
     keep."""
@@ -370,8 +385,9 @@ def stage_param_sizes(config, vocab: int, seq: int, pre_process: bool, post_proc
     return sizes
 
 
-def memory_formula(config, vocab: int, seq: int, mbs: int, microbatches: int, dp: int,
-                   pp_rank: int, dp_rank: int) -> dict[str, int]:
+def memory_formula(
+    config, vocab: int, seq: int, mbs: int, microbatches: int, dp: int, pp_rank: int, dp_rank: int
+) -> dict[str, int]:
     """Bytes one rank holds in one step with DDP + the distributed optimizer (fp32, Adam):
 
     * weights, grads: DDP's param and grad buffers, padded as the distributed optimizer asks
@@ -385,12 +401,17 @@ def memory_formula(config, vocab: int, seq: int, mbs: int, microbatches: int, dp
     sizes = stage_param_sizes(config, vocab, seq, pre, post)
     lay = grad_buffers.layout(sizes, None, dp, distributed_optimizer=True)
     owned = 0
-    for (b0, b1) in (shards[dp_rank] for shards in lay.shards(dp)):
+    for b0, b1 in (shards[dp_rank] for shards in lay.shards(dp)):
         owned += sum(max(0, min(end, b1) - max(start, b0)) for start, end, _ in lay.param_ranges)
     acts = sum(stage_activation_bytes(config, seq, mbs, vocab, pre, post).values())
     weights = 4 * lay.numel
-    out = dict(weights=weights, grads=4 * lay.numel, main_params=0, adam_state=8 * owned,
-               activations=in_flight(pp, pp_rank, microbatches) * acts)
+    out = dict(
+        weights=weights,
+        grads=4 * lay.numel,
+        main_params=0,
+        adam_state=8 * owned,
+        activations=in_flight(pp, pp_rank, microbatches) * acts,
+    )
     out["total"] = sum(out.values())
     return out
 
@@ -400,15 +421,33 @@ def measured_memory(ddp, optimizer, activations: SavedActivations) -> dict[str, 
     from snippets.optim.optimizer_memory import measured_bytes
 
     m = measured_bytes(ddp, optimizer)
-    out = dict(weights=m["weights"], grads=m["grads"], main_params=m["main_weights"],
-               adam_state=m["adam_state"], activations=activations.peak)
+    out = dict(
+        weights=m["weights"],
+        grads=m["grads"],
+        main_params=m["main_weights"],
+        adam_state=m["adam_state"],
+        activations=activations.peak,
+    )
     out["total"] = sum(out.values())
     return out
 
 
 __all__ = [
-    "SavedActivations", "Taps", "dense_ranges", "dense_rows", "dense_rows_of", "full_shape", "in_flight",
-    "init_full_then_shard", "layer_activation_bytes", "measured_memory", "memory_formula",
-    "named_by_global_name", "ranges_text", "slice_along", "stage_activation_bytes", "stage_param_sizes",
+    "SavedActivations",
+    "Taps",
+    "dense_ranges",
+    "dense_rows",
+    "dense_rows_of",
+    "full_shape",
+    "in_flight",
+    "init_full_then_shard",
+    "layer_activation_bytes",
+    "measured_memory",
+    "memory_formula",
+    "named_by_global_name",
+    "ranges_text",
+    "slice_along",
+    "stage_activation_bytes",
+    "stage_param_sizes",
     "take",
 ]

@@ -56,8 +56,9 @@ def train_step_report(losses_reduced: list[dict], key: str = "lm loss") -> float
     return float(torch.cat(values).mean())
 
 
-def microbatches(num: int, micro_batch_size: int, seq_length: int, vocab_size: int,
-                 tokens_kept: list[int], seed: int = 0) -> list[dict]:
+def microbatches(
+    num: int, micro_batch_size: int, seq_length: int, vocab_size: int, tokens_kept: list[int], seed: int = 0
+) -> list[dict]:
     """``num`` micro-batches with the five GPT fields; micro-batch ``i`` keeps ``tokens_kept[i]``
     positions in its loss mask (so micro-batches can count different numbers of tokens)."""
     gen = torch.Generator().manual_seed(seed)
@@ -65,14 +66,16 @@ def microbatches(num: int, micro_batch_size: int, seq_length: int, vocab_size: i
     batches = []
     for i in range(num):
         loss_mask = torch.zeros(micro_batch_size * seq_length)
-        loss_mask[:tokens_kept[i]] = 1.0
-        batches.append(dict(
-            tokens=torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=gen),
-            labels=torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=gen),
-            loss_mask=loss_mask.view(micro_batch_size, seq_length),
-            attention_mask=causal.expand(micro_batch_size, 1, seq_length, seq_length),
-            position_ids=torch.arange(seq_length).repeat(micro_batch_size, 1),
-        ))
+        loss_mask[: tokens_kept[i]] = 1.0
+        batches.append(
+            dict(
+                tokens=torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=gen),
+                labels=torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=gen),
+                loss_mask=loss_mask.view(micro_batch_size, seq_length),
+                attention_mask=causal.expand(micro_batch_size, 1, seq_length, seq_length),
+                position_ids=torch.arange(seq_length).repeat(micro_batch_size, 1),
+            )
+        )
     return batches
 
 
@@ -82,19 +85,28 @@ def gpt_tp_collectives(num_layers: int) -> list[tuple[str, str, str]]:
     embedding, then per layer ``linear_proj`` and ``linear_fc2`` (row parallel: sum the partial
     outputs), the vocab-parallel cross entropy; backward runs from the output layer down through
     ``linear_fc1`` and ``linear_qkv`` (column parallel: sum the input gradients)."""
-    reduce, ce, col_bwd = ("tensor_parallel/mappings.py::_reduce", "tensor_parallel/cross_entropy.py::forward",
-                           "tensor_parallel/layers.py::backward")
+    reduce, ce, col_bwd = (
+        "tensor_parallel/mappings.py::_reduce",
+        "tensor_parallel/cross_entropy.py::forward",
+        "tensor_parallel/layers.py::backward",
+    )
     forward = [("forward", reduce, "词嵌入：各 rank 只查得到本段词表，查不到填 0，相加得完整嵌入")]
     for i in range(num_layers):
-        forward += [("forward", reduce, f"第 {i} 层 linear_proj（行并行）的部分和相加"),
-                    ("forward", reduce, f"第 {i} 层 linear_fc2（行并行）的部分和相加")]
-    forward += [("forward", ce, "交叉熵 MAX：每个 token 在全词表上的最大 logit（数值稳定）"),
-                ("forward", ce, "交叉熵 SUM：目标词的 logit（只有持有该词的 rank 非零）"),
-                ("forward", ce, "交叉熵 SUM：Σ exp(logit − max)，softmax 的分母")]
+        forward += [
+            ("forward", reduce, f"第 {i} 层 linear_proj（行并行）的部分和相加"),
+            ("forward", reduce, f"第 {i} 层 linear_fc2（行并行）的部分和相加"),
+        ]
+    forward += [
+        ("forward", ce, "交叉熵 MAX：每个 token 在全词表上的最大 logit（数值稳定）"),
+        ("forward", ce, "交叉熵 SUM：目标词的 logit（只有持有该词的 rank 非零）"),
+        ("forward", ce, "交叉熵 SUM：Σ exp(logit − max)，softmax 的分母"),
+    ]
     backward = [("backward", col_bwd, "output_layer（列并行）输入梯度相加：f 的反向")]
     for i in reversed(range(num_layers)):
-        backward += [("backward", col_bwd, f"第 {i} 层 linear_fc1 输入梯度相加"),
-                     ("backward", col_bwd, f"第 {i} 层 linear_qkv 输入梯度相加")]
+        backward += [
+            ("backward", col_bwd, f"第 {i} 层 linear_fc1 输入梯度相加"),
+            ("backward", col_bwd, f"第 {i} 层 linear_qkv 输入梯度相加"),
+        ]
     return forward + backward
 
 

@@ -15,15 +15,29 @@ from __future__ import annotations
 
 import re
 
-from snippets.record.draw import Figure, text_width
+from snippets.record.draw import Figure
 
 _RANGE = re.compile(r"(行|token|列) \[(\d+), (\d+)\)")
-_SHORT_FORMS = [("收到的 stage 激活", "收到的激活"), ("fc1 的输入拼成整段", "fc1 输入（整段）"),
-                ("fc1 的输出", "fc1 输出"), ("fc2 输出切回序列分片", "fc2 输出（切回）"),
-                ("fc2 输出", "fc2 输出"), ("main_grad", "main_grad"), ("Adam 状态分片", "Adam 状态"),
-                ("更新后的 weight", "更新后 weight"), ("稠密 weight", "稠密 weight"), ("TP 分片", "TP 分片")]
-_API = {"batch_isend_irecv": "p2p", "all_gather_into_tensor": "AG", "reduce_scatter_tensor": "RS",
-        "all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS"}
+_SHORT_FORMS = [
+    ("收到的 stage 激活", "收到的激活"),
+    ("fc1 的输入拼成整段", "fc1 输入（整段）"),
+    ("fc1 的输出", "fc1 输出"),
+    ("fc2 输出切回序列分片", "fc2 输出（切回）"),
+    ("fc2 输出", "fc2 输出"),
+    ("main_grad", "main_grad"),
+    ("Adam 状态分片", "Adam 状态"),
+    ("更新后的 weight", "更新后 weight"),
+    ("稠密 weight", "稠密 weight"),
+    ("TP 分片", "TP 分片"),
+]
+_API = {
+    "batch_isend_irecv": "p2p",
+    "all_gather_into_tensor": "AG",
+    "reduce_scatter_tensor": "RS",
+    "all_reduce": "AR",
+    "all_gather": "AG",
+    "reduce_scatter": "RS",
+}
 
 
 def journey_stations(rows: list[list]) -> list[dict]:
@@ -42,23 +56,41 @@ def journey_stations(rows: list[list]) -> list[dict]:
             api, group = comm.split(" · ")[:2]
             said = f"{_API.get(api, api)} · {group.split(' ')[0]}"
         short = next((s for prefix, s in _SHORT_FORMS if form.startswith(prefix)), form.split("（")[0])
-        out.append(dict(station=station, form=form, short=short, axis=axis, start=start, end=end,
-                        cols=cols[0] if cols else None, shape=str(shape), comm=said, comm_text=comm))
+        out.append(
+            dict(
+                station=station,
+                form=form,
+                short=short,
+                axis=axis,
+                start=start,
+                end=end,
+                cols=cols[0] if cols else None,
+                shape=str(shape),
+                comm=said,
+                comm_text=comm,
+            )
+        )
     return out
 
 
 def draw_journey_strip(rows: list[list], *, rank: int, title: str | None = None) -> Figure:
     """Note 23: the journey table (of rank ``rank``) as one strip, station by station."""
     stations = journey_stations(rows)
-    extent = {"行": max(s["end"] for s in stations if s["axis"] == "行"),
-              "token": max(s["end"] for s in stations if s["axis"] == "token")}
+    extent = {
+        "行": max(s["end"] for s in stations if s["axis"] == "行"),
+        "token": max(s["end"] for s in stations if s["axis"] == "token"),
+    }
     col_w, gap, left = 110, 8, 10
     box_top, box_h = 62, 120
     width = left + len(stations) * (col_w + gap) - gap + 10
     height = box_top + box_h + 74
-    fig = Figure(width, height, title=title or f"一个 weight 的旅程，rank {rank} 在每一站持有什么",
-                 desc="从左到右是数据真实经过的顺序：高的方框是全长（weight 的行，或序列的 token），"
-                      "填色是本 rank 持有的那段，下面是本地 shape 和产生这一形态的那次通信。")
+    fig = Figure(
+        width,
+        height,
+        title=title or f"一个 weight 的旅程，rank {rank} 在每一站持有什么",
+        desc="从左到右是数据真实经过的顺序：高的方框是全长（weight 的行，或序列的 token），"
+        "填色是本 rank 持有的那段，下面是本地 shape 和产生这一形态的那次通信。",
+    )
     fig.legend(left, 12, [("tp", "weight 的行"), ("fwd2", "激活的 token"), ("comm", "产生它的通信")], size=11)
     for i, s in enumerate(stations):
         x = left + i * (col_w + gap)
@@ -70,18 +102,33 @@ def draw_journey_strip(rows: list[list], *, rank: int, title: str | None = None)
             fig.rect(x + 20, box_top, col_w - 40, box_h, "grid", faint=True, outline="grid")
             y0 = box_top + box_h * s["start"] / n
             y1 = box_top + box_h * s["end"] / n
-            fig.rect(x + 20, y0, col_w - 40, y1 - y0, kind, rx=0,
-                     tip=f"{s['axis']} [{s['start']}, {s['end']})")
+            fig.rect(
+                x + 20, y0, col_w - 40, y1 - y0, kind, rx=0, tip=f"{s['axis']} [{s['start']}, {s['end']})"
+            )
             label = f"[{s['start']}, {s['end']})"
             ink = "on" if kind == "tp" else "ink"
             fig.text(x + col_w / 2, (y0 + y1) / 2, label, size=11, anchor="middle", kind=ink)
             if s["cols"]:
-                fig.text(x + col_w / 2, (y0 + y1) / 2 + 16, f"列 [{s['cols'][0]}, {s['cols'][1]})", size=11,
-                         anchor="middle", kind=ink)
+                fig.text(
+                    x + col_w / 2,
+                    (y0 + y1) / 2 + 16,
+                    f"列 [{s['cols'][0]}, {s['cols'][1]})",
+                    size=11,
+                    anchor="middle",
+                    kind=ink,
+                )
             fig.text(x + col_w / 2, box_top + box_h + 14, s["shape"], size=11, anchor="middle", mono=True)
             if s["comm"]:
-                fig.boxed(x + 8, box_top + box_h + 30, col_w - 16, 22, s["comm"], "comm", size=11,
-                          tip=s["comm_text"])
+                fig.boxed(
+                    x + 8,
+                    box_top + box_h + 30,
+                    col_w - 16,
+                    22,
+                    s["comm"],
+                    "comm",
+                    size=11,
+                    tip=s["comm_text"],
+                )
             else:
                 fig.text(x + col_w / 2, box_top + box_h + 41, "本地", size=11, anchor="middle", kind="muted")
         if i:
@@ -107,25 +154,46 @@ def loss_division_lanes(rows: list[list], tokens: list[int]) -> list[dict]:
             schedule, finalize = f"÷ token 数（{each}），再 ÷ {n}", "不除"
         else:
             schedule, finalize = f"原地 ÷ {n}（micro-batch 数）", "不除"
-        target = "全局 token 平均" if global_mean and not mean_of_means else (
-            "micro-batch 平均的平均" if mean_of_means and not global_mean else "两者相同")
+        target = (
+            "全局 token 平均"
+            if global_mean and not mean_of_means
+            else ("micro-batch 平均的平均" if mean_of_means and not global_mean else "两者相同")
+        )
         shared = not three and ("clone" not in label)
-        lanes.append(dict(label=label, returns=returns, schedule=schedule, finalize=finalize,
-                          target=target, report=report, report_divided=shared))
+        lanes.append(
+            dict(
+                label=label,
+                returns=returns,
+                schedule=schedule,
+                finalize=finalize,
+                target=target,
+                report=report,
+                report_divided=shared,
+            )
+        )
     return lanes
 
 
 def draw_loss_division(rows: list[list], tokens: list[int]) -> Figure:
     """Note 05: who divides the loss, and by what, for each ``loss_func`` the note ran."""
     lanes = loss_division_lanes(rows, tokens)
-    cols = [("loss_func 返回", 210, "returns"), ("schedule（forward_step 之后）", 240, "schedule"),
-            ("finalize_model_grads", 180, "finalize"), ("梯度优化的是", 170, "target"), ("日志 lm loss", 150, "report")]
+    cols = [
+        ("loss_func 返回", 210, "returns"),
+        ("schedule（forward_step 之后）", 240, "schedule"),
+        ("finalize_model_grads", 180, "finalize"),
+        ("梯度优化的是", 170, "target"),
+        ("日志 lm loss", 150, "report"),
+    ]
     gap, lane_h, top = 22, 62, 44
     width = 10 + sum(w for _, w, _ in cols) + gap * (len(cols) - 1) + 10
     height = top + lane_h * len(lanes) + 6
-    fig = Figure(width, height, title="loss 被谁除以什么：五种 loss_func 写法",
-                 desc=f"两个 micro-batch 各保留 {' 和 '.join(map(str, tokens))} 个 token；每一行从左到右是 loss 经过的除法，"
-                      "最后两格是梯度真正优化的目标和 train_step 记下的值。")
+    fig = Figure(
+        width,
+        height,
+        title="loss 被谁除以什么：五种 loss_func 写法",
+        desc=f"两个 micro-batch 各保留 {' 和 '.join(map(str, tokens))} 个 token；每一行从左到右是 loss 经过的除法，"
+        "最后两格是梯度真正优化的目标和 train_step 记下的值。",
+    )
     x = 10
     for name, w, _ in cols:
         fig.text(x + w / 2, 14, name, size=11, anchor="middle", bold=True)
@@ -157,20 +225,33 @@ def draw_loss_division(rows: list[list], tokens: list[int]) -> Figure:
 def grad_path_steps(result: dict) -> list[dict]:
     """Note 06's one step (rank 0's ``train_step`` result) as the stations a gradient passes:
     each with what the run checked there and the collectives recorded there."""
+
     def calls(records):
         return [f"{_API.get(c.api, c.api)} · {c.group} {list(c.ranks)} · {c.before}" for c in records]
 
     return [
         dict(name="autograd：param.grad", facts=["backward 算出每个参数的梯度"], calls=[]),
-        dict(name="DDP hook → main_grad", facts=["hook 把 grad 加进 main_grad",
-                                                 f"之后 param.grad is None: {result['grad_none_before_step']}"],
-             calls=[]),
-        dict(name="grad buffer（bucket）", facts=[f"main_grad 在 buffer 里: {result['main_grad_in_buffer']}",
-                                               "finalize：×1/DP 再求和"],
-             calls=calls(result["finalize"])),
-        dict(name="optimizer.step()", facts=[f"param.grad 即 main_grad: {result['grad_is_main_grad_after_step']}",
-                                             f"grad norm {round(result['grad_norm'], 4)}，Adam 更新"],
-             calls=calls(result["step"])),
+        dict(
+            name="DDP hook → main_grad",
+            facts=[
+                "hook 把 grad 加进 main_grad",
+                f"之后 param.grad is None: {result['grad_none_before_step']}",
+            ],
+            calls=[],
+        ),
+        dict(
+            name="grad buffer（bucket）",
+            facts=[f"main_grad 在 buffer 里: {result['main_grad_in_buffer']}", "finalize：×1/DP 再求和"],
+            calls=calls(result["finalize"]),
+        ),
+        dict(
+            name="optimizer.step()",
+            facts=[
+                f"param.grad 即 main_grad: {result['grad_is_main_grad_after_step']}",
+                f"grad norm {round(result['grad_norm'], 4)}，Adam 更新",
+            ],
+            calls=calls(result["step"]),
+        ),
     ]
 
 
@@ -181,9 +262,13 @@ def draw_grad_path(result: dict) -> Figure:
     width = 10 + len(steps) * (box_w + gap) - gap + 10
     most = max(len(s["facts"]) + len(s["calls"]) for s in steps)
     height = top + 36 + 10 + most * 26 + 10
-    fig = Figure(width, height, title=f"一个梯度从 backward 到 optimizer（{result['optimizer']}，rank 0）",
-                 desc="autograd 的 .grad 被 DDP 的 hook 加进 main_grad（grad buffer 的一段视图），buffer 在 "
-                      "finalize_model_grads 里跨 DP 求和，optimizer.step() 把 main_grad 当作 .grad 来更新参数。")
+    fig = Figure(
+        width,
+        height,
+        title=f"一个梯度从 backward 到 optimizer（{result['optimizer']}，rank 0）",
+        desc="autograd 的 .grad 被 DDP 的 hook 加进 main_grad（grad buffer 的一段视图），buffer 在 "
+        "finalize_model_grads 里跨 DP 求和，optimizer.step() 把 main_grad 当作 .grad 来更新参数。",
+    )
     fig.legend(10, 12, [("fwd2", "梯度所在的地方"), ("comm", "录到的 collective")], size=11)
     for i, step in enumerate(steps):
         x = 10 + i * (box_w + gap)
@@ -208,13 +293,20 @@ def draw_loop_runs(published: list[list], fixed: list[list]) -> Figure:
     ‖main_grad‖, grad all None]``): ``main_grad`` piles up and the weights never move in the first,
     both behave in the second."""
     panels = [("‖main_grad‖（每步开始前没清零就会越堆越大）", 3), ("权重相对初值的最大变化", 2)]
-    runs = [("原样（torch.optim.Adam）", published, "accent"), ("改后（get_megatron_optimizer）", fixed, "dp")]
+    runs = [
+        ("原样（torch.optim.Adam）", published, "accent"),
+        ("改后（get_megatron_optimizer）", fixed, "dp"),
+    ]
     panel_w, gap, top, plot_h = 500, 40, 56, 150
     width = 10 + 2 * panel_w + gap + 10
     height = top + plot_h + 50
-    fig = Figure(width, height, title="simple loop 跑 5 步：原样 vs 用 Megatron 的优化器",
-                 desc="原样运行时 main_grad 的范数每步线性增长、权重一步也没动；换成 get_megatron_optimizer 并每步 "
-                      "zero_grad_buffer 之后，范数每步重新累积、权重每步移动约 lr。")
+    fig = Figure(
+        width,
+        height,
+        title="simple loop 跑 5 步：原样 vs 用 Megatron 的优化器",
+        desc="原样运行时 main_grad 的范数每步线性增长、权重一步也没动；换成 get_megatron_optimizer 并每步 "
+        "zero_grad_buffer 之后，范数每步重新累积、权重每步移动约 lr。",
+    )
     fig.legend(10, 12, [(kind, name) for name, _, kind in runs], size=11)
     n = len(published)
     for p, (name, col) in enumerate(panels):
@@ -232,9 +324,21 @@ def draw_loop_runs(published: list[list], fixed: list[list]) -> Figure:
                     h = max(plot_h * value / biggest, 1)
                     x = x0 + 10 + i * slot + 8 + j * bar
                     fig.rect(x, base - h, bar - 2, h, kind, rx=1, tip=f"{run} 第 {rows[i][0]} 步：{value}")
-                    fig.text(x + bar / 2 - 1, base - h - 9 if h < plot_h - 12 else base - h + 9, f"{value:.3g}",
-                             size=11, anchor="middle", kind="ink" if h < plot_h - 12 else "on")
-                fig.text(x0 + 10 + i * slot + slot / 2, base + 14, f"第 {published[i][0]} 步", size=11,
-                         anchor="middle", kind="muted")
+                    fig.text(
+                        x + bar / 2 - 1,
+                        base - h - 9 if h < plot_h - 12 else base - h + 9,
+                        f"{value:.3g}",
+                        size=11,
+                        anchor="middle",
+                        kind="ink" if h < plot_h - 12 else "on",
+                    )
+                fig.text(
+                    x0 + 10 + i * slot + slot / 2,
+                    base + 14,
+                    f"第 {published[i][0]} 步",
+                    size=11,
+                    anchor="middle",
+                    kind="muted",
+                )
     fig.check()
     return fig

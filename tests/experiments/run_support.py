@@ -30,9 +30,14 @@ def torchrun(nproc: int, *args: str):
     session."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:  # its log dirs go there, and go
-        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc),
-                               "-m", "snippets.run", *args], env={**os.environ, "TMPDIR": tmp},
-                              cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        proc = subprocess.run(
+            [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "snippets.run", *args],
+            env={**os.environ, "TMPDIR": tmp},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+        )
     proc.seconds = time.monotonic() - start
     return proc
 
@@ -101,7 +106,7 @@ def assert_in_note(table: str, note: str, whole: bool = True) -> None:
     header, rows = rows_of(table)
     for candidate in stored:
         head, stored_rows = rows_of(candidate)
-        if head == header and any(stored_rows[i:i + len(rows)] == rows for i in range(len(stored_rows))):
+        if head == header and any(stored_rows[i : i + len(rows)] == rows for i in range(len(stored_rows))):
             return
     raise AssertionError(f"rows not found under the same header in {note}:\n{table}")
 
@@ -109,9 +114,14 @@ def assert_in_note(table: str, note: str, whole: bool = True) -> None:
 def plain(*args: str, env: dict | None = None, timeout: float = 120):
     """``python -m snippets.run *args`` as a user types it."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "snippets.run", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "snippets.run", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     proc.seconds = time.monotonic() - start
     return proc
 
@@ -141,5 +151,7 @@ def runner_tables(name: str, world: int, **parallel) -> list[str]:
     exp = EXPERIMENTS[name]
     run, make_tables = exp.functions()
     par = Parallel(world=world, etp=exp.etp, **parallel)
-    results = run_ranks(run, world, exp.tiny, par, grid={k: v for k, v in parallel.items() if k in ("tp", "pp", "cp")})
+    results = run_ranks(
+        run, world, exp.tiny, par, grid={k: v for k, v in parallel.items() if k in ("tp", "pp", "cp")}
+    )
     return [tables(t.markdown())[0] for t in make_tables(results, exp.tiny, par) if isinstance(t, Table)]

@@ -24,8 +24,9 @@ SUBSET = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
-                    reason="needs git and a git checkout")
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and a git checkout"
+)
 def test_a_fast_subset_passes_from_a_long_path_with_a_space(tmp_path):
     parent = tmp_path / "a clone whose path is long and has spaces"
     parent = parent / ("x" * max(1, 120 - len(str(parent)) - len("/megatron-study")))
@@ -33,9 +34,21 @@ def test_a_fast_subset_passes_from_a_long_path_with_a_space(tmp_path):
     assert len(str(clone)) >= 120 and " " in str(clone)
     subprocess.run(["git", "clone", "--quiet", "--local", str(ROOT), str(clone)], check=True, timeout=120)
     env = {**os.environ, "PYTHONPATH": str(clone)}
-    where = subprocess.run([sys.executable, "-c", "import snippets; print(snippets.__file__)"], cwd=clone,
-                           env=env, capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import snippets; print(snippets.__file__)"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert where.stdout.startswith(str(clone)), where.stdout
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", *SUBSET], cwd=clone,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *SUBSET],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -12,11 +12,36 @@ from snippets.models import presets
 from snippets.models.presets import Dims
 from snippets.ranks.launch import run_ranks, warm_up
 
-QWEN3_LIKE = Dims("a", hidden=64, heads=8, query_groups=4, kv_channels=16, ffn=192, vocab=1,
-                  layers=1, seq=64, micro_batch_size=2, microbatches=1, swiglu=True, rmsnorm=True,
-                  qk_norm=True, bias=False)
-GPT_LIKE = Dims("b", hidden=64, heads=4, query_groups=4, kv_channels=16, ffn=128, vocab=1,
-                layers=1, seq=32, micro_batch_size=1, microbatches=1)
+QWEN3_LIKE = Dims(
+    "a",
+    hidden=64,
+    heads=8,
+    query_groups=4,
+    kv_channels=16,
+    ffn=192,
+    vocab=1,
+    layers=1,
+    seq=64,
+    micro_batch_size=2,
+    microbatches=1,
+    swiglu=True,
+    rmsnorm=True,
+    qk_norm=True,
+    bias=False,
+)
+GPT_LIKE = Dims(
+    "b",
+    hidden=64,
+    heads=4,
+    query_groups=4,
+    kv_channels=16,
+    ffn=128,
+    vocab=1,
+    layers=1,
+    seq=32,
+    micro_batch_size=1,
+    microbatches=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +107,9 @@ class _FakeP2P:
         self.pp_group = type("G", (), {"size": lambda _: pp, "rank": lambda _: 0})()
 
 
-@pytest.mark.parametrize("pp, vp, m", [(2, None, 4), (4, None, 2), (4, None, 8), (2, 2, 4),
-                                       (4, 2, 4), (4, 2, 8), (8, 3, 16)])
+@pytest.mark.parametrize(
+    "pp, vp, m", [(2, None, 4), (4, None, 2), (4, None, 8), (2, 2, 4), (4, 2, 4), (4, 2, 8), (8, 3, 16)]
+)
 def test_in_flight_microbatches_follow_megatrons_warmup(pp, vp, m):
     """Stage 0 holds its warm-up forwards plus the first steady one (all of them if m is small)."""
     from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches

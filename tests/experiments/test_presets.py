@@ -25,14 +25,23 @@ def test_qwen3_8b_is_what_seed_000_walks_through():
     assert (q.heads + 2 * q.query_groups) * d // 2 == 3072
     assert (q.heads // 2, q.query_groups // 2) == (16, 4)
     assert 2 * q.ffn == 24576 and [q.ffn // 2, q.hidden][::-1] == [4096, 6144]
-    assert (q.hidden, q.vocab, q.layers, q.swiglu, q.rmsnorm, q.qk_norm, q.bias) == \
-        (4096, 151936, 36, True, True, True, False)
+    assert (q.hidden, q.vocab, q.layers, q.swiglu, q.rmsnorm, q.qk_norm, q.bias) == (
+        4096,
+        151936,
+        36,
+        True,
+        True,
+        True,
+        False,
+    )
 
 
 def test_seed_000_rl_transfer_figures():
-    """"8B 的 bf16 weight 是 16 GB ... 70B 就是 140 GB": the dense presets in bf16."""
-    gb = {name: refit_cost.model_bytes(presets.parameter_count(presets.PRESETS[name]), "bf16") / refit_cost.GB
-          for name in ("dense-8b", "dense-70b")}
+    """ "8B 的 bf16 weight 是 16 GB ... 70B 就是 140 GB": the dense presets in bf16."""
+    gb = {
+        name: refit_cost.model_bytes(presets.parameter_count(presets.PRESETS[name]), "bf16") / refit_cost.GB
+        for name in ("dense-8b", "dense-70b")
+    }
     assert round(gb["dense-8b"]) == 16
     assert abs(gb["dense-70b"] / 140 - 1) < 0.01
     assert round(presets.parameter_count(presets.PRESETS["qwen3-8b"]) / 1e9, 2) == 8.19  # note 22
@@ -52,9 +61,14 @@ def _meta_gpt_parameters(dims_list):
         config = TransformerConfig(**dims.transformer_config_kwargs(), use_cpu_initialization=True)
         spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
         with torch.device("meta"):
-            model = GPTModel(config, spec, vocab_size=dims.vocab, max_sequence_length=dims.seq,
-                             share_embeddings_and_output_weights=False,
-                             position_embedding_type="rope" if dims.rope else "learned_absolute")
+            model = GPTModel(
+                config,
+                spec,
+                vocab_size=dims.vocab,
+                max_sequence_length=dims.seq,
+                share_embeddings_and_output_weights=False,
+                position_embedding_type="rope" if dims.rope else "learned_absolute",
+            )
         counts.append(sum(p.numel() for p in model.parameters()))
     return counts
 

@@ -15,9 +15,13 @@ from snippets.experiments import EXPERIMENTS, Parallel, problems
 from snippets.ranks.launch import Grid
 from snippets.ranks.parallel_dims import ParallelDims
 
-REGISTRY = ["snippets/experiments/__init__.py", "snippets/experiments/registry.py",
-            "snippets/experiments/checks.py", "snippets/experiments/needs.py",
-            "snippets/ranks/parallel_dims.py"]
+REGISTRY = [
+    "snippets/experiments/__init__.py",
+    "snippets/experiments/registry.py",
+    "snippets/experiments/checks.py",
+    "snippets/experiments/needs.py",
+    "snippets/ranks/parallel_dims.py",
+]
 
 
 def test_every_entry_is_in_the_registry_module_in_note_order():
@@ -47,11 +51,14 @@ def test_registry_modules_are_small_import_nothing_private_and_no_importlib_cycl
 
 
 def test_registry_imports_without_torch():
-    code = ("import sys; from snippets.experiments import EXPERIMENTS, Parallel, problems; "
-            "from snippets.ranks.launch import Grid; "
-            "print(len(EXPERIMENTS), 'torch' in sys.modules, 'megatron' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, check=True)
+    code = (
+        "import sys; from snippets.experiments import EXPERIMENTS, Parallel, problems; "
+        "from snippets.ranks.launch import Grid; "
+        "print(len(EXPERIMENTS), 'torch' in sys.modules, 'megatron' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.split() == ["24", "False", "False"]
 
 
@@ -62,16 +69,23 @@ def test_parallel_is_parallel_dims_and_grid_is_one():
     assert Grid(16, tp=2, pp=2).dp == 4 and Grid(16).world_size == 16
 
 
-@pytest.mark.parametrize("sizes, message", [
-    (dict(world=6, tp=4), "world size 6 is not divisible by tp*pp*cp = 4*1*1 = 4"),
-    (dict(world=8, tp=2, pp=2, ep=3), "ep 3 does not divide the 2 ranks left for experts "
-                                      "(world size 8 / (tp 2 * pp 2))"),
-    (dict(world=8, tp=2, pp=2, ep=3, etp=1), "ep 3 does not divide the 4 ranks left for experts "
-                                             "(world size 8 / (etp 1 * pp 2))"),
-    (dict(world=8, tp=2, etp=3), "world size 8 is not divisible by etp*pp = 3*1 = 3 (the expert layout)"),
-    (dict(world=2, vp=2), "--vp (interleaved 1F1B) needs --pp 2 or more"),
-    (dict(world=2, sp=True), "--sequence-parallel needs --tp 2 or more"),
-])
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        (dict(world=6, tp=4), "world size 6 is not divisible by tp*pp*cp = 4*1*1 = 4"),
+        (
+            dict(world=8, tp=2, pp=2, ep=3),
+            "ep 3 does not divide the 2 ranks left for experts (world size 8 / (tp 2 * pp 2))",
+        ),
+        (
+            dict(world=8, tp=2, pp=2, ep=3, etp=1),
+            "ep 3 does not divide the 4 ranks left for experts (world size 8 / (etp 1 * pp 2))",
+        ),
+        (dict(world=8, tp=2, etp=3), "world size 8 is not divisible by etp*pp = 3*1 = 3 (the expert layout)"),
+        (dict(world=2, vp=2), "--vp (interleaved 1F1B) needs --pp 2 or more"),
+        (dict(world=2, sp=True), "--sequence-parallel needs --tp 2 or more"),
+    ],
+)
 def test_sizes_that_do_not_fit_are_named_once(sizes, message):
     par = Parallel(**sizes)
     assert par.problems() == [message]
@@ -79,12 +93,15 @@ def test_sizes_that_do_not_fit_are_named_once(sizes, message):
         par.check()
 
 
-@pytest.mark.parametrize("sizes, message", [
-    (dict(world=0), "world size must be a positive int, got 0"),
-    (dict(world=2, tp=0), "tp must be a positive int, got 0"),
-    (dict(world=2, vp=0), "vp must be a positive int, got 0"),
-    (dict(world=2, pp=True), "pp must be a positive int, got True"),
-])
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        (dict(world=0), "world size must be a positive int, got 0"),
+        (dict(world=2, tp=0), "tp must be a positive int, got 0"),
+        (dict(world=2, vp=0), "vp must be a positive int, got 0"),
+        (dict(world=2, pp=True), "pp must be a positive int, got True"),
+    ],
+)
 def test_sizes_no_run_can_have_are_refused_at_construction(sizes, message):
     with pytest.raises(ValueError, match=message):
         Parallel(**sizes)
@@ -101,12 +118,17 @@ def test_grid_says_world_size_like_run_ranks_argument():
 def test_registry_reports_parallel_sizes_then_unused_flags_then_model_sizes():
     groups, pipeline, ddp = EXPERIMENTS["groups"], EXPERIMENTS["pipeline"], EXPERIMENTS["ddp"]
     assert problems(groups, groups.tiny, Parallel(world=4, tp=3)) == [
-        "world size 4 is not divisible by tp*pp*cp = 3*1*1 = 3"]
+        "world size 4 is not divisible by tp*pp*cp = 3*1*1 = 3"
+    ]
     assert problems(ddp, ddp.tiny, Parallel(world=2, sp=True)) == [
-        "ddp does not use --sequence-parallel (it reads: no parallel sizes)"]
+        "ddp does not use --sequence-parallel (it reads: no parallel sizes)"
+    ]
     assert problems(pipeline, pipeline.tiny.replace(layers=3), Parallel(world=1, vp=2)) == [
-        "--vp (interleaved 1F1B) needs --pp 2 or more", "layers 3 is not divisible by pp * vp 2"]
+        "--vp (interleaved 1F1B) needs --pp 2 or more",
+        "layers 3 is not divisible by pp * vp 2",
+    ]
     rank_generator = EXPERIMENTS["rank-generator"]  # fixes expert tp 1
     assert problems(rank_generator, rank_generator.tiny, Parallel(world=8, tp=2, pp=2, ep=4)) == []
     assert problems(groups, groups.tiny, Parallel(world=8, tp=2, pp=2, ep=4)) == [
-        "ep 4 does not divide the 2 ranks left for experts (world size 8 / (tp 2 * pp 2))"]
+        "ep 4 does not divide the 2 ranks left for experts (world size 8 / (tp 2 * pp 2))"
+    ]

@@ -42,12 +42,54 @@ from run_support import (
 
 from snippets.models import presets
 
-TWO_RANKS = ("tp-layer", "--dims", "tiny", "--tp", "2", "+", "pipeline", "--dims", "tiny", "--pp", "2",
-             "+", "refit", "--dims", "tiny", "--pp", "2")
-FOUR_RANKS = ("groups", "--tp", "2", "--pp", "2",
-              "+", "tp-layer", "--dims", "tiny", "--tp", "4", "--query-groups", "2",
-              "+", "pipeline", "--dims", "tiny", "--pp", "4",
-              "+", "refit", "--dims", "tiny", "--tp", "2", "--pp", "2")
+TWO_RANKS = (
+    "tp-layer",
+    "--dims",
+    "tiny",
+    "--tp",
+    "2",
+    "+",
+    "pipeline",
+    "--dims",
+    "tiny",
+    "--pp",
+    "2",
+    "+",
+    "refit",
+    "--dims",
+    "tiny",
+    "--pp",
+    "2",
+)
+FOUR_RANKS = (
+    "groups",
+    "--tp",
+    "2",
+    "--pp",
+    "2",
+    "+",
+    "tp-layer",
+    "--dims",
+    "tiny",
+    "--tp",
+    "4",
+    "--query-groups",
+    "2",
+    "+",
+    "pipeline",
+    "--dims",
+    "tiny",
+    "--pp",
+    "4",
+    "+",
+    "refit",
+    "--dims",
+    "tiny",
+    "--tp",
+    "2",
+    "--pp",
+    "2",
+)
 """One job per world size runs the experiments one after the other (``+``): the ranks start once.
 The 2-rank job is started the one-command way (``python -m snippets.run --nproc-per-node 2``), the
 4-rank one under a raw ``torchrun``: both launchers print the notes' tables."""
@@ -104,8 +146,12 @@ def test_pipeline_2_ranks_prints_note_13_tables():
     assert "API: ['batch_isend_irecv']  group: ['pp']" in note_text("13_pipeline_schedules")
     assert "API: ['batch_isend_irecv']  group: ['pp']" in out
     loss = out.split("个 micro-batch）: ")[1].split()[0]
-    assert_in_note(f"| 配置 | mean loss | loss 相同 | 梯度个数 | 梯度逐元素相等 |\n|---|---|---|---|---|\n"
-                   f"| PP=2 | {loss} | True | 69 | True |", "13_pipeline_schedules", whole=False)
+    assert_in_note(
+        f"| 配置 | mean loss | loss 相同 | 梯度个数 | 梯度逐元素相等 |\n|---|---|---|---|---|\n"
+        f"| PP=2 | {loss} | True | 69 | True |",
+        "13_pipeline_schedules",
+        whole=False,
+    )
     # PP=2 has no rows in the note's phase table: the code's counts must equal the recorded ones.
     assert all(row.endswith("| True |") for row in rows_of(phases)[1])
     assert order.splitlines()[2:] == ["| 0 | F0 F1 B0 F2 B1 F3 B2 B3 |", "| 1 | F0 B0 F1 B1 F2 B2 F3 B3 |"]
@@ -170,19 +216,34 @@ def too_big(world: int) -> str:
 
     exp, dims = EXPERIMENTS["pipeline"], presets.PRESETS["dense-70b"]
     par = Parallel(world=world, pp=2)
-    return re.escape(f"snippets.run: refusing pipeline --dims dense-70b ({dims.describe(exp.unused)}) on "
-                     f"{par.describe()}: one rank needs {exp.estimate(dims, par).describe()}, but this "
-                     f"rank has ") + (r"\d+\.\d\d GiB \(\d+\.\d\d GiB available host RAM / "
-                                      rf"{world} rank\(s\) on this host\)") + re.escape(
-        ". Use more ranks (--tp/--pp), a shorter --seq, fewer --layers, or --dims tiny. Nothing was started.")
+    return (
+        re.escape(
+            f"snippets.run: refusing pipeline --dims dense-70b ({dims.describe(exp.unused)}) on "
+            f"{par.describe()}: one rank needs {exp.estimate(dims, par).describe()}, but this "
+            f"rank has "
+        )
+        + (
+            r"\d+\.\d\d GiB \(\d+\.\d\d GiB available host RAM / "
+            rf"{world} rank\(s\) on this host\)"
+        )
+        + re.escape(
+            ". Use more ranks (--tp/--pp), a shorter --seq, fewer --layers, or --dims tiny. Nothing was started."
+        )
+    )
 
 
 REFUSALS = [  # (ranks, arguments, the line on stderr: exact, or a regex for the memory one)
-    (2, ("groups", "--bogus"),
-     "snippets.run: unrecognized arguments: --bogus (python -m snippets.run --help lists the flags)"),
+    (
+        2,
+        ("groups", "--bogus"),
+        "snippets.run: unrecognized arguments: --bogus (python -m snippets.run --help lists the flags)",
+    ),
     (2, ("no-such-experiment",), f"snippets.run: unknown experiment 'no-such-experiment'; known: {KNOWN}"),
-    (4, ("groups", "--tp", "3"),
-     "snippets.run: groups on 4 rank(s): world size 4 is not divisible by tp*pp*cp = 3*1*1 = 3"),
+    (
+        4,
+        ("groups", "--tp", "3"),
+        "snippets.run: groups on 4 rank(s): world size 4 is not divisible by tp*pp*cp = 3*1*1 = 3",
+    ),
     (2, ("pipeline", "--dims", "dense-70b", "--pp", "2"), None),
 ]
 IDS = ["bad flag", "unknown experiment", "world size", "memory"]
@@ -214,7 +275,7 @@ def test_raw_torchrun_refusal_rank_0_says_it_and_every_rank_exits_2(nproc, args,
     assert len(lines) == 1 and says(lines[0], nproc, expected), proc.stderr
     assert proc.stdout == "" and proc.returncode == 1 and proc.seconds < 60
     assert proc.stderr.count("exitcode  : 2 ") == nproc and "SIGTERM)" not in proc.stderr, proc.stderr
-    assert proc.stderr.count("Traceback") == 1, proc.stderr              # torchrun's, not a rank's
+    assert proc.stderr.count("Traceback") == 1, proc.stderr  # torchrun's, not a rank's
     frames = [line for line in proc.stderr.splitlines() if line.startswith('  File "')]
     assert frames and not any("snippets" in frame for frame in frames), frames
     root = proc.stderr.split("Root Cause (first observed failure):")[1]
@@ -225,39 +286,60 @@ def test_raw_torchrun_refusal_rank_0_says_it_and_every_rank_exits_2(nproc, args,
 def test_world_of_one_says_how_to_start_more_ranks():
     proc = plain("groups", "--tp", "2", "--pp", "2")
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == ("snippets.run: groups on 1 rank(s): world size 1 is not divisible by "
-                           "tp*pp*cp = 2*2*1 = 4; use --nproc-per-node 4 to start 4 ranks\n")
+    assert proc.stderr == (
+        "snippets.run: groups on 1 rank(s): world size 1 is not divisible by "
+        "tp*pp*cp = 2*2*1 = 4; use --nproc-per-node 4 to start 4 ranks\n"
+    )
 
 
-@pytest.mark.parametrize("args, says", [
-    (["tp-layer", "--tp", "4"], "world size 2 is not divisible by tp*pp*cp = 4*1*1 = 4"),
-    (["tp-layer", "--tp", "2", "--heads", "9", "--query-groups", "3"], "heads 9 is not divisible by tp 2"),
-    (["tp-layer", "--pp", "2"], "tp-layer does not use --pp"),
-    (["ddp", "--sequence-parallel"], "ddp does not use --sequence-parallel"),
-    (["pipeline", "--pp", "2", "--dp", "2"], "--dp 2 does not match world size 2"),
-    (["pipeline", "--pp", "2", "--layers", "7"], "layers 7 is not divisible by pp * vp 2"),
-    (["pipeline", "--vp", "2"], "--vp (interleaved 1F1B) needs --pp 2 or more"),
-    (["moe", "--ep", "4"], "ep 4 does not divide the 2 ranks left for experts (world size 2 / (tp 1 * pp 1))"),
-    (["groups", "--tp", "0"], "--tp must be a positive int, got 0"),
-    (["--nproc-per-node", "2", "groups"], "--nproc-per-node is for starting the ranks here"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["tp-layer", "--tp", "4"], "world size 2 is not divisible by tp*pp*cp = 4*1*1 = 4"),
+        (
+            ["tp-layer", "--tp", "2", "--heads", "9", "--query-groups", "3"],
+            "heads 9 is not divisible by tp 2",
+        ),
+        (["tp-layer", "--pp", "2"], "tp-layer does not use --pp"),
+        (["ddp", "--sequence-parallel"], "ddp does not use --sequence-parallel"),
+        (["pipeline", "--pp", "2", "--dp", "2"], "--dp 2 does not match world size 2"),
+        (["pipeline", "--pp", "2", "--layers", "7"], "layers 7 is not divisible by pp * vp 2"),
+        (["pipeline", "--vp", "2"], "--vp (interleaved 1F1B) needs --pp 2 or more"),
+        (
+            ["moe", "--ep", "4"],
+            "ep 4 does not divide the 2 ranks left for experts (world size 2 / (tp 1 * pp 1))",
+        ),
+        (["groups", "--tp", "0"], "--tp must be a positive int, got 0"),
+        (["--nproc-per-node", "2", "groups"], "--nproc-per-node is for starting the ranks here"),
+    ],
+)
 def test_impossible_sizes_are_refused_in_one_line(args, says):
     proc = plain(*args, env=AS_RANK_0_OF_2)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert says in one_line(proc.stderr)
 
 
-@pytest.mark.skipif(__import__("snippets.ranks.runner").ranks.runner.nvidia_device_nodes(),
-                    reason="this host has NVIDIA device files: the verdict needs torch.cuda")
+@pytest.mark.skipif(
+    __import__("snippets.ranks.runner").ranks.runner.nvidia_device_nodes(),
+    reason="this host has NVIDIA device files: the verdict needs torch.cuda",
+)
 def test_without_a_gpu_the_verdict_needs_no_torch():
     """No NVIDIA device file, so no CUDA: a too-big job is refused without importing torch (each
     rank of a refused job ends in well under a second), and an estimate says it runs on gloo."""
-    code = ("import sys\nfrom snippets.ranks import runner\nrc = runner.main(sys.argv[1:])\n"
-            "print('exit', rc, 'torch imported:', 'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom snippets.ranks import runner\nrc = runner.main(sys.argv[1:])\n"
+        "print('exit', rc, 'torch imported:', 'torch' in sys.modules)"
+    )
 
     def main_in_rank_0_of_2(*args):
-        return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=60, env={**os.environ, **AS_RANK_0_OF_2})
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **AS_RANK_0_OF_2},
+        )
 
     refused = main_in_rank_0_of_2("pipeline", "--dims", "qwen3-8b", "--pp", "2")
     assert refused.stdout.strip() == "exit 2 torch imported: False", refused.stderr
@@ -268,13 +350,13 @@ def test_without_a_gpu_the_verdict_needs_no_torch():
 
 
 def test_estimate_and_list_start_nothing():
-    proc = plain("refit", "--dims", "dense-8b", "--world-size", "8", "--tp", "2", "--pp", "4",
-                 "--estimate")
+    proc = plain("refit", "--dims", "dense-8b", "--world-size", "8", "--tp", "2", "--pp", "4", "--estimate")
     assert proc.returncode in (0, 2)  # depends on this machine's memory; either way nothing ran
     assert "one rank needs ~" in proc.stderr or "memory per rank: needs ~" in proc.stdout
     estimate = plain("--nproc-per-node", "8", "groups", "--tp", "2", "--pp", "4", "--estimate")
     assert estimate.returncode == 0 and estimate.stdout.splitlines()[1].startswith(
-        "8 ranks = tp 2 x pp 4 x cp 1 x dp 1; gloo on cpu"), estimate.stderr
+        "8 ranks = tp 2 x pp 4 x cp 1 x dp 1; gloo on cpu"
+    ), estimate.stderr
     listing = plain("--list")
     assert listing.returncode == 0
     for name, exp in EXPERIMENTS.items():
@@ -293,29 +375,31 @@ def test_one_command_job_is_quiet_and_leaves_nothing_in_tmp():
 
 # ----------------------------------------------------------------------------- notes call the same code
 
-LISTED = {"01_training_run_overview": "snippets.experiments.n01_overview",
-          "02_distributed_initialization": "snippets.experiments.n02_groups",
-          "03_data_and_batch_flow": "snippets.experiments.n03_batch_flow",
-          "04_model_provider_and_gpt_model": "snippets.experiments.n04_gpt_model",
-          "05_forward_loss_backward": "snippets.experiments.n05_loss",
-          "06_gradient_sync_and_optimizer": "snippets.experiments.n06_train_step",
-          "07_checkpointing": "snippets.experiments.n07_checkpoint",
-          "08_parallel_state_and_rank_generator": "snippets.experiments.n08_rank_generator",
-          "09_tp_mappings": "snippets.experiments.n09_mappings",
-          "10_column_row_parallel_linear": "snippets.experiments.n10_linear",
-          "11_transformer_layer": "snippets.experiments.n11_tp_layer",
-          "12_vocab_parallel": "snippets.experiments.n12_vocab",
-          "13_pipeline_schedules": "snippets.experiments.n13_pipeline",
-          "14_data_parallel_ddp": "snippets.experiments.n14_ddp",
-          "15_distributed_optimizer": "snippets.experiments.n15_dist_optimizer",
-          "16_context_parallel": "snippets.experiments.n16_cp",
-          "17_moe_expert_parallel": "snippets.experiments.n17_moe",
-          "18_data_topic": "snippets.experiments.n18_data_topic",
-          "19_model_topic": "snippets.experiments.n19_model_topic",
-          "20_optimizer_topic": "snippets.experiments.n20_optimizer_topic",  # and overlap's run
-          "21_checkpoint_topic": "snippets.experiments.n21_ckpt_topic",
-          "22_refit_and_resharding": "snippets.experiments.n22_refit",
-          "23_tensor_journey": "snippets.experiments.n23_journey"}
+LISTED = {
+    "01_training_run_overview": "snippets.experiments.n01_overview",
+    "02_distributed_initialization": "snippets.experiments.n02_groups",
+    "03_data_and_batch_flow": "snippets.experiments.n03_batch_flow",
+    "04_model_provider_and_gpt_model": "snippets.experiments.n04_gpt_model",
+    "05_forward_loss_backward": "snippets.experiments.n05_loss",
+    "06_gradient_sync_and_optimizer": "snippets.experiments.n06_train_step",
+    "07_checkpointing": "snippets.experiments.n07_checkpoint",
+    "08_parallel_state_and_rank_generator": "snippets.experiments.n08_rank_generator",
+    "09_tp_mappings": "snippets.experiments.n09_mappings",
+    "10_column_row_parallel_linear": "snippets.experiments.n10_linear",
+    "11_transformer_layer": "snippets.experiments.n11_tp_layer",
+    "12_vocab_parallel": "snippets.experiments.n12_vocab",
+    "13_pipeline_schedules": "snippets.experiments.n13_pipeline",
+    "14_data_parallel_ddp": "snippets.experiments.n14_ddp",
+    "15_distributed_optimizer": "snippets.experiments.n15_dist_optimizer",
+    "16_context_parallel": "snippets.experiments.n16_cp",
+    "17_moe_expert_parallel": "snippets.experiments.n17_moe",
+    "18_data_topic": "snippets.experiments.n18_data_topic",
+    "19_model_topic": "snippets.experiments.n19_model_topic",
+    "20_optimizer_topic": "snippets.experiments.n20_optimizer_topic",  # and overlap's run
+    "21_checkpoint_topic": "snippets.experiments.n21_ckpt_topic",
+    "22_refit_and_resharding": "snippets.experiments.n22_refit",
+    "23_tensor_journey": "snippets.experiments.n23_journey",
+}
 """Each note's cells call an experiment module and list its functions' source in markdown."""
 
 
@@ -343,8 +427,12 @@ def check_listing(note: str, module: str) -> None:
 
     mod = importlib.import_module(module)
     nb = json.loads((ROOT / "notes" / f"{note}.ipynb").read_text(encoding="utf-8"))
-    blocks = [block for cell in nb["cells"] if cell["cell_type"] == "markdown"
-              for block in re.findall(r"```python\n(.*?)```", "".join(cell["source"]), re.S)]
+    blocks = [
+        block
+        for cell in nb["cells"]
+        if cell["cell_type"] == "markdown"
+        for block in re.findall(r"```python\n(.*?)```", "".join(cell["source"]), re.S)
+    ]
     code_cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     calls = [cell for cell in code_cells if re.search(r"^listing\(", cell, re.M)]
     assert blocks or calls, f"{note} lists no code"
@@ -354,12 +442,22 @@ def check_listing(note: str, module: str) -> None:
         assert block.rstrip("\n") == expected, f"{note}: the listing of {names} differs from {module}"
     path = module.replace(".", "/") + ".py"
     for cell in calls:
-        shown = [out for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]) == cell
-                 for out in c.get("outputs", []) if "text/html" in out.get("data", {})]
+        shown = [
+            out
+            for c in nb["cells"]
+            if c["cell_type"] == "code" and "".join(c["source"]) == cell
+            for out in c.get("outputs", [])
+            if "text/html" in out.get("data", {})
+        ]
         assert shown, f"{note}: a listing(...) cell has no stored output"
     if calls and not blocks:
-        html = "".join("".join(out["data"]["text/html"]) for c in nb["cells"] if c["cell_type"] == "code"
-                       for out in c.get("outputs", []) if "text/html" in out.get("data", {}))
+        html = "".join(
+            "".join(out["data"]["text/html"])
+            for c in nb["cells"]
+            if c["cell_type"] == "code"
+            for out in c.get("outputs", [])
+            if "text/html" in out.get("data", {})
+        )
         assert path in html, f"{note}: no listing shows {path}"
     source = "".join(code_cells)
     assert f"from {module} import" in source
@@ -428,7 +526,6 @@ def test_loss_runner_path_prints_note_05_table():
 def test_train_step_runner_path_prints_note_06_tables():
     for table in runner_tables("train-step", 2):
         assert_in_note(table, "06_gradient_sync_and_optimizer")
-
 
 
 def test_readme_lists_every_experiment_with_its_note():

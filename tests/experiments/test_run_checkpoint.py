@@ -41,13 +41,16 @@ def test_ckpt_topic_runner_path_prints_note_21_tables():
         assert_in_note(table, "21_checkpoint_topic")
 
 
-@pytest.mark.parametrize("name, par, says", [
-    # 8 ranks: checkpoint also loads at TP = world size = 8, and note 07's model has 4 heads
-    ("checkpoint", Parallel(world=8, tp=2), "heads 4 is not divisible by tp (load) 8"),
-    ("ckpt-topic", Parallel(world=8, tp=2, pp=4), "layers 2 is not divisible by pp 4"),
-    ("overview", Parallel(world=8, tp=8), "heads 4 is not divisible by tp 8"),
-    ("ckpt-topic", Parallel(world=4, cp=2), "ckpt-topic does not use --cp"),
-])
+@pytest.mark.parametrize(
+    "name, par, says",
+    [
+        # 8 ranks: checkpoint also loads at TP = world size = 8, and note 07's model has 4 heads
+        ("checkpoint", Parallel(world=8, tp=2), "heads 4 is not divisible by tp (load) 8"),
+        ("ckpt-topic", Parallel(world=8, tp=2, pp=4), "layers 2 is not divisible by pp 4"),
+        ("overview", Parallel(world=8, tp=8), "heads 4 is not divisible by tp 8"),
+        ("ckpt-topic", Parallel(world=4, cp=2), "ckpt-topic does not use --cp"),
+    ],
+)
 def test_impossible_sizes_say_why(name, par, says):
     exp = EXPERIMENTS[name]
     assert any(says in sentence for sentence in problems(exp, exp.tiny, par)), problems(exp, exp.tiny, par)
@@ -59,8 +62,10 @@ def test_overview_too_many_samples_is_refused_and_its_constants_match_the_checks
 
     assert (overview.STEPS, overview.SAMPLES) == (checks.SIMPLE_LOOP_STEPS, checks.MOCK_SAMPLES)
     exp = EXPERIMENTS["overview"]
-    assert any("more than the mock dataset's 1000" in p
-               for p in problems(exp, exp.tiny.replace(microbatches=100), Parallel(world=2, tp=2)))
+    assert any(
+        "more than the mock dataset's 1000" in p
+        for p in problems(exp, exp.tiny.replace(microbatches=100), Parallel(world=2, tp=2))
+    )
 
 
 def test_load_tps_rule():
@@ -73,6 +78,8 @@ def test_load_tps_rule():
 
 
 def test_registry_is_torch_free():
-    code = ("import sys; import snippets.experiments.registry; "
-            "assert 'torch' not in sys.modules and 'megatron' not in sys.modules")
+    code = (
+        "import sys; import snippets.experiments.registry; "
+        "assert 'torch' not in sys.modules and 'megatron' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

@@ -20,14 +20,17 @@ NOTE_03, NOTE_18 = "03_data_and_batch_flow", "18_data_topic"
 def test_batch_flow_corpus_is_note_03_corpus_a():
     from snippets.experiments.n03_batch_flow import corpus_documents
 
-    assert corpus_documents(EXPERIMENTS["batch-flow"].tiny) == [[1, 2, 3, 4, 5], [6, 7, 8],
-                                                                [9, 10, 11, 12, 13, 14, 15]]
+    assert corpus_documents(EXPERIMENTS["batch-flow"].tiny) == [
+        [1, 2, 3, 4, 5],
+        [6, 7, 8],
+        [9, 10, 11, 12, 13, 14, 15],
+    ]
 
 
 def test_data_topic_corpus_is_note_18_corpus_a():
     from snippets.experiments.n18_data_topic import corpus_documents
 
-    lengths = [2 + i % 4 for i in range(10)]          # note 18's first cells, verbatim
+    lengths = [2 + i % 4 for i in range(10)]  # note 18's first cells, verbatim
     starts = numpy.cumsum([0] + lengths[:-1])
     note = [[int(s + j) % 30 for j in range(n)] for s, n in zip(starts, lengths)]
     assert corpus_documents(EXPERIMENTS["data-topic"].tiny) == note
@@ -59,13 +62,24 @@ def test_data_topic_resumes_at_every_dp_size_the_ranks_can_form():
     assert resume_dp_sizes(tiny.replace(microbatches=1), Parallel(world=4, tp=2)) == [2, 1]
 
 
-@pytest.mark.parametrize("name, dims, par, says", [
-    ("batch-flow", dict(seq=6), Parallel(world=4, tp=2, cp=2),
-     "seq 6 is not divisible by 2 * cp = 4 (get_batch_on_this_cp_rank cuts it into 2 * cp chunks)"),
-    ("data-topic", dict(vocab=2), Parallel(world=2),
-     "vocab 2 leaves no token id below the EOD (vocab - 1): use 3 or more"),
-    ("data-topic", dict(), Parallel(world=4, pp=2), "data-topic does not use --pp"),
-])
+@pytest.mark.parametrize(
+    "name, dims, par, says",
+    [
+        (
+            "batch-flow",
+            dict(seq=6),
+            Parallel(world=4, tp=2, cp=2),
+            "seq 6 is not divisible by 2 * cp = 4 (get_batch_on_this_cp_rank cuts it into 2 * cp chunks)",
+        ),
+        (
+            "data-topic",
+            dict(vocab=2),
+            Parallel(world=2),
+            "vocab 2 leaves no token id below the EOD (vocab - 1): use 3 or more",
+        ),
+        ("data-topic", dict(), Parallel(world=4, pp=2), "data-topic does not use --pp"),
+    ],
+)
 def test_impossible_sizes_are_refused(name, dims, par, says):
     exp = EXPERIMENTS[name]
     assert says in "; ".join(problems(exp, exp.tiny.replace(**dims), par))

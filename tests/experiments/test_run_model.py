@@ -49,12 +49,20 @@ def test_model_topic_runner_path_prints_note_19_tables():
         assert_in_note(table, "19_model_topic")
 
 
-@pytest.mark.parametrize("name, dims, par, says", [
-    ("gpt-model", {"heads": 6, "query_groups": 6}, dict(world=4, tp=4), "heads 6 is not divisible by tp 4"),
-    ("gpt-model", {"vocab": 33}, dict(world=2, tp=2), "vocab 33 is not divisible by tp 2"),
-    ("rank-generator", {}, dict(world=8, tp=2, pp=2, ep=3), "ep 3 does not divide the 4 ranks left"),
-    ("model-topic", {"bias": True}, dict(world=2, tp=2), "the MoE variant with linear bias needs tp 1"),
-])
+@pytest.mark.parametrize(
+    "name, dims, par, says",
+    [
+        (
+            "gpt-model",
+            {"heads": 6, "query_groups": 6},
+            dict(world=4, tp=4),
+            "heads 6 is not divisible by tp 4",
+        ),
+        ("gpt-model", {"vocab": 33}, dict(world=2, tp=2), "vocab 33 is not divisible by tp 2"),
+        ("rank-generator", {}, dict(world=8, tp=2, pp=2, ep=3), "ep 3 does not divide the 4 ranks left"),
+        ("model-topic", {"bias": True}, dict(world=2, tp=2), "the MoE variant with linear bias needs tp 1"),
+    ],
+)
 def test_impossible_sizes_are_named(name, dims, par, says):
     import dataclasses
 

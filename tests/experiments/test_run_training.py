@@ -46,24 +46,44 @@ def test_journey_runner_path_prints_note_23_tables():
     assert len(rows_of(memory)[1]) == 8
 
 
-@pytest.mark.parametrize("name, dims, par, says", [
-    ("journey", {"layers": 3}, Parallel(world=8, tp=2, pp=2, sp=True), "layers 3 is not divisible by pp 2"),
-    ("journey", {}, Parallel(world=2, pp=2, sp=True), "--sequence-parallel needs --tp 2 or more"),
-    ("journey", {"microbatches": 3}, Parallel(world=8, tp=2, pp=2), "micro-batches 3 is not divisible by dp 2"),
-    ("optimizer-topic", {}, Parallel(world=8), "micro-batches 4 is not divisible by dp (= world size) 8"),
-    ("optimizer-topic", {}, Parallel(world=2, tp=2), "optimizer-topic does not use --tp"),
-    ("overlap", {"microbatches": 3}, Parallel(world=2), "micro-batches 3 is not divisible by dp (= world size) 2"),
-])
+@pytest.mark.parametrize(
+    "name, dims, par, says",
+    [
+        (
+            "journey",
+            {"layers": 3},
+            Parallel(world=8, tp=2, pp=2, sp=True),
+            "layers 3 is not divisible by pp 2",
+        ),
+        ("journey", {}, Parallel(world=2, pp=2, sp=True), "--sequence-parallel needs --tp 2 or more"),
+        (
+            "journey",
+            {"microbatches": 3},
+            Parallel(world=8, tp=2, pp=2),
+            "micro-batches 3 is not divisible by dp 2",
+        ),
+        ("optimizer-topic", {}, Parallel(world=8), "micro-batches 4 is not divisible by dp (= world size) 8"),
+        ("optimizer-topic", {}, Parallel(world=2, tp=2), "optimizer-topic does not use --tp"),
+        (
+            "overlap",
+            {"microbatches": 3},
+            Parallel(world=2),
+            "micro-batches 3 is not divisible by dp (= world size) 2",
+        ),
+    ],
+)
 def test_impossible_sizes_are_refused(name, dims, par, says):
     exp = EXPERIMENTS[name]
     assert says in "; ".join(problems(exp, exp.tiny.replace(**dims), par))
 
 
 def test_registry_is_torch_free_and_estimates_real_sizes():
-    code = ("import sys; from snippets.models import presets; from snippets.experiments import Parallel; "
-            "from snippets.experiments.registry import EXPERIMENTS as e; "
-            "d = presets.PRESETS['qwen3-8b'].replace(layers=2); "
-            "print(e['journey'].estimate(d, Parallel(world=8, tp=2, pp=2, sp=True, device='cuda')).total > 0, "
-            "e['optimizer-topic'].estimate(d, Parallel(world=8, device='cuda')).total > 0, 'torch' in sys.modules)")
+    code = (
+        "import sys; from snippets.models import presets; from snippets.experiments import Parallel; "
+        "from snippets.experiments.registry import EXPERIMENTS as e; "
+        "d = presets.PRESETS['qwen3-8b'].replace(layers=2); "
+        "print(e['journey'].estimate(d, Parallel(world=8, tp=2, pp=2, sp=True, device='cuda')).total > 0, "
+        "e['optimizer-topic'].estimate(d, Parallel(world=8, device='cuda')).total > 0, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "False"]

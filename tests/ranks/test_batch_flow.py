@@ -19,10 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from snippets.data import batch_flow
-from snippets.data.batch_flow import (BatchArgs, BroadcastMismatch, PairedBroadcast, TPView,
-                                 get_batch_on_this_tp_rank, paired_views)
 from snippets.cpu import ModuleProxy
+from snippets.data import batch_flow
+from snippets.data.batch_flow import (
+    BatchArgs,
+    BroadcastMismatch,
+    PairedBroadcast,
+    TPView,
+    get_batch_on_this_tp_rank,
+    paired_views,
+)
 from snippets.ranks.launch import run_ranks, warm_up
 
 MBS, SEQ = 1, 8
@@ -56,10 +62,12 @@ class _OnHost:
 
 def sample(packed: bool = False, with_mask: bool = True, with_max_seqlen: bool = True) -> dict:
     gen = torch.Generator().manual_seed(0)
-    data = dict(tokens=torch.randint(0, 30, (MBS, SEQ), generator=gen),
-                labels=torch.randint(0, 30, (MBS, SEQ), generator=gen),
-                loss_mask=torch.ones(MBS, SEQ),
-                position_ids=torch.arange(SEQ).repeat(MBS, 1))
+    data = dict(
+        tokens=torch.randint(0, 30, (MBS, SEQ), generator=gen),
+        labels=torch.randint(0, 30, (MBS, SEQ), generator=gen),
+        loss_mask=torch.ones(MBS, SEQ),
+        position_ids=torch.arange(SEQ).repeat(MBS, 1),
+    )
     if with_mask:
         data["attention_mask"] = torch.ones(MBS, 1, SEQ, SEQ).tril() < 0.5
     if packed:
@@ -82,10 +90,17 @@ def real_tp_function(src: Path, args: BatchArgs, view: TPView):
         is_pipeline_first_stage=lambda *a, **k: view.is_first_stage,
         is_pipeline_last_stage=lambda *a, **k: view.is_last_stage,
     )
-    fake_torch = ModuleProxy(torch, distributed=ModuleProxy(torch.distributed, broadcast=view.broadcast),
-                             cuda=ModuleProxy(torch.cuda, current_device=lambda: "cpu"))
-    return load_function(src, "megatron/training/utils.py", "get_batch_on_this_tp_rank",
-                         dict(torch=fake_torch, mpu=mpu, get_args=lambda: _megatron_args(args)))
+    fake_torch = ModuleProxy(
+        torch,
+        distributed=ModuleProxy(torch.distributed, broadcast=view.broadcast),
+        cuda=ModuleProxy(torch.cuda, current_device=lambda: "cpu"),
+    )
+    return load_function(
+        src,
+        "megatron/training/utils.py",
+        "get_batch_on_this_tp_rank",
+        dict(torch=fake_torch, mpu=mpu, get_args=lambda: _megatron_args(args)),
+    )
 
 
 def _exchange(run_sender, run_receiver, paired: PairedBroadcast):
@@ -126,7 +141,8 @@ def test_same_broadcasts_and_batches_as_megatron(stage, pp, kind, request):
         sender, receiver, paired = paired_views(stage)
         if impl == "megatron":
             send = lambda: real_tp_function(src, args, sender)(  # noqa: E731
-                iter([{k: _OnHost(v) for k, v in data.items()}]))
+                iter([{k: _OnHost(v) for k, v in data.items()}])
+            )
             recv = lambda: real_tp_function(src, args, receiver)(None)  # noqa: E731
         else:
             send = lambda: get_batch_on_this_tp_rank(iter([data]), args, view=sender)  # noqa: E731
@@ -160,7 +176,7 @@ def test_receivers_end_with_what_rank_0_read(stage, pp):
             assert torch.equal(got[name], data[name]), name
         else:
             assert got[name] is None, name
-    assert [f for f, _, _ in log][:len(needed)] == list(needed)
+    assert [f for f, _, _ in log][: len(needed)] == list(needed)
     assert got["cu_seqlens"] is None and got["max_seqlen"] is None
 
 
@@ -191,12 +207,21 @@ def _both_get_batches(src_path):
     real_args = _megatron_args(args)
     view = TPView.from_parallel_state()
     tp_fn = real_tp_function(Path(src_path), args, view)
-    real_get_batch = load_function(Path(src_path), "pretrain_gpt.py", "get_batch", dict(
-        get_args=lambda: real_args, core_transformer_config_from_args=lambda a: None,
-        is_first_or_last_pipeline_stage=lambda vp: True, mtp_on_this_rank=lambda *a, **k: False,
-        get_batch_on_this_tp_rank=tp_fn, get_batch_on_this_cp_rank=core_utils.get_batch_on_this_cp_rank,
-        get_thd_batch_on_this_cp_rank=core_utils.get_thd_batch_on_this_cp_rank,
-        get_batch_on_this_hybrid_cp_rank=core_utils.get_batch_on_this_hybrid_cp_rank))
+    real_get_batch = load_function(
+        Path(src_path),
+        "pretrain_gpt.py",
+        "get_batch",
+        dict(
+            get_args=lambda: real_args,
+            core_transformer_config_from_args=lambda a: None,
+            is_first_or_last_pipeline_stage=lambda vp: True,
+            mtp_on_this_rank=lambda *a, **k: False,
+            get_batch_on_this_tp_rank=tp_fn,
+            get_batch_on_this_cp_rank=core_utils.get_batch_on_this_cp_rank,
+            get_thd_batch_on_this_cp_rank=core_utils.get_thd_batch_on_this_cp_rank,
+            get_batch_on_this_hybrid_cp_rank=core_utils.get_batch_on_this_hybrid_cp_rank,
+        ),
+    )
     real = real_get_batch(iter([{k: _OnHost(v) for k, v in data.items()}]) if tp0 else None)
     return ours, real
 

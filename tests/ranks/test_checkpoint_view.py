@@ -1,6 +1,5 @@
 """snippets.ckpt.checkpoint_view against a real dist_checkpointing save of a TP=2-split tensor."""
 
-
 import torch
 
 from snippets.ckpt import checkpoint_view as cv
@@ -14,9 +13,11 @@ def _save_split(ckpt_dir):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     rank = parallel_state.get_tensor_model_parallel_rank()
     full = torch.arange(24.0).reshape(6, 4)
-    local = full[rank * 3:(rank + 1) * 3].clone()
-    sd = {"w": ShardedTensor.from_rank_offsets("w", local, (0, rank, 2), replica_id=0),
-          "b": ShardedTensor.from_rank_offsets("b", torch.ones(4), replica_id=rank)}
+    local = full[rank * 3 : (rank + 1) * 3].clone()
+    sd = {
+        "w": ShardedTensor.from_rank_offsets("w", local, (0, rank, 2), replica_id=0),
+        "b": ShardedTensor.from_rank_offsets("b", torch.ones(4), replica_id=rank),
+    }
     dist_checkpointing.save(sd, ckpt_dir)
     return cv.sharded_rows(sd)
 
@@ -30,7 +31,7 @@ def test_rows_files_and_chunks_match_what_was_saved(tmp_path):
     assert not cv.is_main_replica(b1[6]) and cv.is_main_replica((0, 0, 0))
     assert cv.stored_tensors(ckpt_dir) == {"b": (4,), "w": (6, 4)}
     assert cv.stored_chunks(ckpt_dir, "w") == [((0, 0), (3, 4)), ((3, 0), (3, 4))]
-    assert cv.stored_chunks(ckpt_dir, "b") == [((0,), (4,))]   # the replica on rank 1 is not written
+    assert cv.stored_chunks(ckpt_dir, "b") == [((0,), (4,))]  # the replica on rank 1 is not written
     files = cv.saved_files(ckpt_dir)
     assert ".metadata" in files and "metadata.json" in files and all(not f.startswith("/") for f in files)
     assert cv.metadata_json(ckpt_dir)["sharded_backend"] == "torch_dist"

@@ -25,9 +25,15 @@ def _built(bucket_size, distributed_optimizer):
     ps.initialize_model_parallel()
     config = tiny_config(num_layers=2)
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
-        overlap_grad_reduce=bucket_size is not None, bucket_size=bucket_size,
-        use_distributed_optimizer=distributed_optimizer), model)
+    ddp = DistributedDataParallel(
+        config,
+        DistributedDataParallelConfig(
+            overlap_grad_reduce=bucket_size is not None,
+            bucket_size=bucket_size,
+            use_distributed_optimizer=distributed_optimizer,
+        ),
+        model,
+    )
     buffer = ddp.buffers[0]
     out = dict(
         sizes=[p.numel() for p in buffer.params],
@@ -43,8 +49,10 @@ def _built(bucket_size, distributed_optimizer):
     return out
 
 
-@pytest.mark.parametrize("bucket_size, distributed_optimizer, dp",
-                         [(None, False, 2), (700, False, 2), (700, True, 2), (None, True, 2)])
+@pytest.mark.parametrize(
+    "bucket_size, distributed_optimizer, dp",
+    [(None, False, 2), (700, False, 2), (700, True, 2), (None, True, 2)],
+)
 def test_layout_matches_megatrons_buffer(bucket_size, distributed_optimizer, dp):
     results = run_ranks(_built, dp, bucket_size, distributed_optimizer)
     built = results[0]

@@ -10,8 +10,12 @@ from snippets.ranks.groups import coordinates, describe_rank, groups_along, rank
 from snippets.ranks.launch import run_ranks, warm_up
 
 ORDERS = ["tp-cp-ep-dp-pp", "tp-dp-pp", "tp-pp-dp", "tp-cp-dp-pp", "dp-tp-pp"]
-SIZES = [dict(tp=2, cp=1, ep=1, dp=4, pp=2), dict(tp=2, cp=2, ep=1, dp=2, pp=2),
-         dict(tp=4, cp=1, ep=1, dp=1, pp=2), dict(tp=1, cp=1, ep=1, dp=8, pp=1)]
+SIZES = [
+    dict(tp=2, cp=1, ep=1, dp=4, pp=2),
+    dict(tp=2, cp=2, ep=1, dp=2, pp=2),
+    dict(tp=4, cp=1, ep=1, dp=1, pp=2),
+    dict(tp=1, cp=1, ep=1, dp=8, pp=1),
+]
 TOKENS = ["tp", "dp", "pp", "cp", "tp-pp", "dp-cp", "tp-dp-cp", "tp-cp"]
 
 
@@ -38,8 +42,8 @@ def _init_and_describe(tp, pp, cp):
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        context_parallel_size=cp)
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+    )
     return describe_rank()
 
 
@@ -48,8 +52,14 @@ def test_real_initialize_model_parallel_matches_rank_generator(world, tp, pp, cp
     warm_up()
     described = run_ranks(_init_and_describe, world, tp, pp, cp, grid=dict(tp=tp, pp=pp, cp=cp))
     sizes = dict(tp=tp, cp=cp, ep=1, dp=world // (tp * pp * cp), pp=pp)
-    for kind, token in [("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
-                        ("dp-cp", "dp-cp"), ("tp-pp", "tp-pp")]:
+    for kind, token in [
+        ("tp", "tp"),
+        ("pp", "pp"),
+        ("dp", "dp"),
+        ("cp", "cp"),
+        ("dp-cp", "dp-cp"),
+        ("tp-pp", "tp-pp"),
+    ]:
         assert unique_groups(described, kind) == groups_along(token, sizes, "tp-cp-ep-dp-pp"), kind
     for d in described:
         c = coordinates(d["rank"], sizes, "tp-cp-ep-dp-pp")

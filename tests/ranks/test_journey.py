@@ -6,8 +6,8 @@ across TP, SP, PP, DP and attention shapes."""
 import pytest
 import torch
 
-from snippets.train import journey
 from snippets.ranks.launch import run_ranks, warm_up
+from snippets.train import journey
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,15 +28,24 @@ def _init(tp):
 
     ps.initialize_model_parallel(tensor_model_parallel_size=tp)
     model_parallel_cuda_manual_seed(0)
-    model = GPTModel(tiny_config(num_layers=2, tensor_model_parallel_size=tp), get_gpt_layer_local_spec(),
-                     vocab_size=VOCAB, max_sequence_length=SEQ)
+    model = GPTModel(
+        tiny_config(num_layers=2, tensor_model_parallel_size=tp),
+        get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+    )
     if tp == 1:
         init_by_global_name(model)
         dense = {}
     else:
         dense = journey.init_full_then_shard(model, keep=("decoder.layers.1.mlp.linear_fc1.weight",))
-    params = {name: (p.detach().clone(), getattr(p, "partition_dim", -1) if getattr(p, "tensor_model_parallel", False)
-                     else -1) for name, p in journey.named_by_global_name(model)}
+    params = {
+        name: (
+            p.detach().clone(),
+            getattr(p, "partition_dim", -1) if getattr(p, "tensor_model_parallel", False) else -1,
+        )
+        for name, p in journey.named_by_global_name(model)
+    }
     return params, dense
 
 
@@ -49,8 +58,10 @@ def test_tp_slices_concatenate_to_the_unsplit_init():
         got = pa if dim < 0 else torch.cat([pa, pb], dim=dim)
         assert torch.equal(got, full), name
         if dim >= 0:
-            assert not torch.equal(pa, pb), name   # two different slices, not a copy
-    assert torch.equal(dense["decoder.layers.1.mlp.linear_fc1.weight"], ref["decoder.layers.1.mlp.linear_fc1.weight"][0])
+            assert not torch.equal(pa, pb), name  # two different slices, not a copy
+    assert torch.equal(
+        dense["decoder.layers.1.mlp.linear_fc1.weight"], ref["decoder.layers.1.mlp.linear_fc1.weight"][0]
+    )
 
 
 def test_dense_rows():
@@ -68,7 +79,9 @@ def test_dense_ranges_follow_the_stride_of_swiglu_fc1():
     assert journey.dense_ranges(param, 0, 2) == [(0, 6), (12, 18)]
     assert journey.dense_ranges(param, 1, 2) == [(6, 12), (18, 24)]
     dense = torch.arange(24 * 4).reshape(24, 4)
-    assert torch.equal(journey.take(dense, journey.dense_ranges(param, 1, 2)), torch.cat([dense[6:12], dense[18:24]]))
+    assert torch.equal(
+        journey.take(dense, journey.dense_ranges(param, 1, 2)), torch.cat([dense[6:12], dense[18:24]])
+    )
     # an optimizer range over local rows 4-7 crosses from gate into up; one that cuts a row says so
     assert journey.dense_rows_of((16, 32), (12, 4), [(0, 6), (12, 18)]) == "行 [4, 6) + [12, 14)"
     assert journey.dense_rows_of((18, 32), (12, 4), [(0, 6), (12, 18)]).endswith("（首尾行只有一部分）")
@@ -81,14 +94,14 @@ def test_saved_activations_counts_each_storage_once_and_frees_after_backward():
     linear = torch.nn.Linear(8, 8, bias=False)
     x = torch.randn(4, 8)
     with journey.SavedActivations(linear, exclude=[x]) as acts:
-        h = linear(x)                 # saves x (excluded: the batch) and the weight (a parameter)
+        h = linear(x)  # saves x (excluded: the batch) and the weight (a parameter)
         assert acts.now == 0
-        y = h * h                     # saves h twice: one storage
+        y = h * h  # saves h twice: one storage
         assert acts.now == h.numel() * 4
-        z = y.exp()                   # saves its result
+        z = y.exp()  # saves its result
         assert acts.now == (h.numel() + z.numel()) * 4
         z.sum().backward()
-        assert acts.now == 0          # autograd dropped what it saved
+        assert acts.now == 0  # autograd dropped what it saved
     assert acts.peak == (h.numel() + z.numel()) * 4
     assert acts.saved_by_label == {"other": acts.peak}
 
@@ -98,7 +111,11 @@ def test_saved_activations_counts_each_storage_once_and_frees_after_backward():
 
 def _step(overrides, tp, pp, global_microbatches, mbs):
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -110,25 +127,45 @@ def _step(overrides, tp, pp, global_microbatches, mbs):
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     model_parallel_cuda_manual_seed(0)
     config = tiny_config(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **overrides)
-    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=False)
+    model = GPTModel(
+        config,
+        get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=False,
+    )
     journey.init_full_then_shard(model)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
-    opt = get_megatron_optimizer(OptimizerConfig(lr=1e-2, clip_grad=0.0, use_distributed_optimizer=True), [ddp])
+    ddp = DistributedDataParallel(
+        config, DistributedDataParallelConfig(use_distributed_optimizer=True), model
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(lr=1e-2, clip_grad=0.0, use_distributed_optimizer=True), [ddp]
+    )
     config.no_sync_func = ddp.no_sync
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     m = global_microbatches // dp
-    data = microbatches(global_microbatches, micro_batch_size=mbs)[m * dp_rank:m * (dp_rank + 1)]
+    data = microbatches(global_microbatches, micro_batch_size=mbs)[m * dp_rank : m * (dp_rank + 1)]
     with journey.SavedActivations(ddp, exclude=[t for b in data for t in b.values()]) as acts:
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
-                                    num_microbatches=m, seq_length=SEQ, micro_batch_size=mbs)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(data),
+            model=[ddp],
+            num_microbatches=m,
+            seq_length=SEQ,
+            micro_batch_size=mbs,
+        )
     finalize_model_grads([ddp])
     opt.step()
     pp_rank = ps.get_pipeline_model_parallel_rank()
     per_layer = sum(journey.layer_activation_bytes(config, SEQ, mbs).values())
-    return (journey.measured_memory(ddp, opt, acts), journey.memory_formula(config, VOCAB, SEQ, mbs, m, dp, pp_rank, dp_rank),
-            acts.saved_by_label.get("layers", 0), per_layer * config.num_layers // pp * m)
+    return (
+        journey.measured_memory(ddp, opt, acts),
+        journey.memory_formula(config, VOCAB, SEQ, mbs, m, dp, pp_rank, dp_rank),
+        acts.saved_by_label.get("layers", 0),
+        per_layer * config.num_layers // pp * m,
+    )
 
 
 CASES = {
@@ -136,8 +173,21 @@ CASES = {
     "one rank": (1, 1, 1, dict(num_layers=2), 2, 2),
     "TP2 SP": (2, 2, 1, dict(num_layers=2, sequence_parallel=True), 2, 2),
     "TP2 no SP": (2, 2, 1, dict(num_layers=2), 2, 2),
-    "TP2 SP, GQA, a*d != h, ffn 48, mbs 3": (2, 2, 1, dict(num_layers=1, sequence_parallel=True, num_attention_heads=4,
-                                                        num_query_groups=2, kv_channels=8, ffn_hidden_size=48), 2, 3),
+    "TP2 SP, GQA, a*d != h, ffn 48, mbs 3": (
+        2,
+        2,
+        1,
+        dict(
+            num_layers=1,
+            sequence_parallel=True,
+            num_attention_heads=4,
+            num_query_groups=2,
+            kv_channels=8,
+            ffn_hidden_size=48,
+        ),
+        2,
+        3,
+    ),
     "PP2, m=3": (2, 1, 2, dict(num_layers=4), 3, 2),
     "TP2 DP2 SP": (4, 2, 1, dict(num_layers=2, sequence_parallel=True), 4, 2),
     "TP2 PP2 DP2 SP (note 23)": (8, 2, 2, dict(num_layers=2, sequence_parallel=True), 4, 2),

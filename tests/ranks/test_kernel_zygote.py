@@ -24,7 +24,8 @@ from snippets.ranks import kernel_zygote
 
 pytestmark = pytest.mark.skipif(
     kernel_zygote.KERNEL_NAME not in KernelSpecManager().find_kernel_specs(),
-    reason="kernel spec not installed: run scripts/setup.sh")
+    reason="kernel spec not installed: run scripts/setup.sh",
+)
 
 
 def run(kc, code: str, timeout: float = 60) -> str:
@@ -43,8 +44,11 @@ def run(kc, code: str, timeout: float = 60) -> str:
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("kernel-cwd")
-    km, kc = start_new_kernel(kernel_name=kernel_zygote.KERNEL_NAME, cwd=str(cwd),
-                              env={**os.environ, "ZYGOTE_TEST_VAR": "from-the-launch"})
+    km, kc = start_new_kernel(
+        kernel_name=kernel_zygote.KERNEL_NAME,
+        cwd=str(cwd),
+        env={**os.environ, "ZYGOTE_TEST_VAR": "from-the-launch"},
+    )
     yield km, kc, cwd
     km.shutdown_kernel(now=True)
 
@@ -54,13 +58,26 @@ def test_kernel_is_forked_with_torch_imported_and_runs_ranks(kernel):
     assert km.provisioner.__class__.__name__ == "ZygoteProvisioner"
     # Before this cell imports anything: torch and megatron.core are there, one thread, and
     # snippets knows it lives in a kernel (so it forks ranks from it).
-    assert run(kc, "import sys, torch, snippets\n"
-                   "print('megatron.core' in sys.modules, torch.get_num_threads(), snippets.KERNEL_FORKS_RANKS)"
-               ) == "True 1 True"
-    assert run(kc, "import os; print(os.getcwd(), os.environ['ZYGOTE_TEST_VAR'], sys.path[0])") == \
-        f"{cwd} from-the-launch {cwd}"
-    assert run(kc, "from snippets.ranks.launch import run_ranks\nimport torch.distributed as dist\n"
-                   "print(run_ranks(lambda: dist.get_rank() * 10, 2))") == "[0, 10]"
+    assert (
+        run(
+            kc,
+            "import sys, torch, snippets\n"
+            "print('megatron.core' in sys.modules, torch.get_num_threads(), snippets.KERNEL_FORKS_RANKS)",
+        )
+        == "True 1 True"
+    )
+    assert (
+        run(kc, "import os; print(os.getcwd(), os.environ['ZYGOTE_TEST_VAR'], sys.path[0])")
+        == f"{cwd} from-the-launch {cwd}"
+    )
+    assert (
+        run(
+            kc,
+            "from snippets.ranks.launch import run_ranks\nimport torch.distributed as dist\n"
+            "print(run_ranks(lambda: dist.get_rank() * 10, 2))",
+        )
+        == "[0, 10]"
+    )
     # Its own session and process group (so an interrupt or kill reaches the ranks it forks too).
     assert os.getpgid(km.provisioner.pid) == km.provisioner.pid
     # Unix sockets in a private directory, not TCP ports another process could take first.
@@ -114,8 +131,9 @@ CLIENT = textwrap.dedent("""
 def test_a_killed_client_takes_its_zygote_and_kernels_with_it(tmp_path):
     """SIGKILL the process that started the zygote (as when a pytest worker is killed): the zygote
     notices within a second, and its kernels follow it (ipykernel's parent poller)."""
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(tmp_path / "kernel.json")],
-                              stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(tmp_path / "kernel.json")], stdout=subprocess.PIPE, text=True
+    )
     try:
         zygote, kernel, socket_path = client.stdout.readline().split()
         zygote, kernel = int(zygote), int(kernel)

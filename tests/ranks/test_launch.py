@@ -205,8 +205,10 @@ def _elastic(module: str, *args: str):
     import subprocess
     import sys
 
-    code = ("import sys; from snippets.ranks.elastic import launch; "
-            f"sys.exit(launch(2, {module!r}, {list(args)!r}))")
+    code = (
+        "import sys; from snippets.ranks.elastic import launch; "
+        f"sys.exit(launch(2, {module!r}, {list(args)!r}))"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
@@ -219,8 +221,11 @@ def test_elastic_launch_names_the_failed_rank_in_one_line():
     assert proc.returncode == 1, proc.stderr
     assert "No module named no_such_module_for_this_test" in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"no_such_module_for_this_test: rank [01] of 2 failed \(exit status 1\); "
-                        r"its error is above", last), proc.stderr
+    assert re.fullmatch(
+        r"no_such_module_for_this_test: rank [01] of 2 failed \(exit status 1\); "
+        r"its error is above",
+        last,
+    ), proc.stderr
     assert "torch/distributed/elastic" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 

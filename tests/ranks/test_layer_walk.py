@@ -15,11 +15,21 @@ def server():
 
 CONFIGS = [
     # Qwen3-like: RMSNorm, SwiGLU, GQA, QK norm, no bias
-    dict(normalization="RMSNorm", gated_linear_unit=True, qk_layernorm=True, add_bias_linear=False,
-         num_query_groups=2),
+    dict(
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        qk_layernorm=True,
+        add_bias_linear=False,
+        num_query_groups=2,
+    ),
     # GPT-2-like: LayerNorm (weight and bias), GELU, biases everywhere, MHA
-    dict(normalization="LayerNorm", gated_linear_unit=False, qk_layernorm=False, add_bias_linear=True,
-         num_query_groups=4),
+    dict(
+        normalization="LayerNorm",
+        gated_linear_unit=False,
+        qk_layernorm=False,
+        add_bias_linear=True,
+        num_query_groups=4,
+    ),
 ]
 
 
@@ -28,10 +38,19 @@ def _config(tp, sp=False, **kw):
     from megatron.core.transformer import TransformerConfig
 
     glu = kw.get("gated_linear_unit", True)
-    base = dict(num_layers=1, hidden_size=16, num_attention_heads=4, kv_channels=4,
-                ffn_hidden_size=24, activation_func=F.silu if glu else F.gelu,
-                attention_dropout=0.0, hidden_dropout=0.0, tensor_model_parallel_size=tp,
-                sequence_parallel=sp, use_cpu_initialization=True)
+    base = dict(
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=4,
+        kv_channels=4,
+        ffn_hidden_size=24,
+        activation_func=F.silu if glu else F.gelu,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+        use_cpu_initialization=True,
+    )
     return TransformerConfig(**{**base, **kw})
 
 
@@ -39,8 +58,7 @@ def _layer(config):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.spec_utils import build_module
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm,
-                                    normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     return build_module(spec, config=config, layer_number=1)
 
 
@@ -82,7 +100,7 @@ def _shards_and_qkv(tp):
     with torch.no_grad():
         attn.linear_qkv.weight.zero_()
         attn.linear_qkv.weight[:, 0] = torch.arange(rows) + ps.get_tensor_model_parallel_rank() * rows
-    attn.q_layernorm = attn.k_layernorm = None   # keep the raw indices
+    attn.q_layernorm = attn.k_layernorm = None  # keep the raw indices
     x = torch.zeros(1, 1, 16)
     x[..., 0] = 1
     q, k, v = attn.get_query_key_value_tensors(x)
@@ -117,14 +135,20 @@ def _attributed(sp, tp=2):
     s = 3 if sp else 6
     x = torch.randn(s, 2, 16, requires_grad=True)
     mask = torch.triu(torch.ones(1, 1, 6, 6, dtype=torch.bool), diagonal=1)
-    names = ["input_layernorm", "self_attention", "self_attention.linear_qkv",
-             "self_attention.core_attention", "self_attention.linear_proj", "pre_mlp_layernorm",
-             "mlp.linear_fc1", "mlp.linear_fc2"]
+    names = [
+        "input_layernorm",
+        "self_attention",
+        "self_attention.linear_qkv",
+        "self_attention.core_attention",
+        "self_attention.linear_proj",
+        "pre_mlp_layernorm",
+        "mlp.linear_fc1",
+        "mlp.linear_fc2",
+    ]
     with recorder.record() as calls, collectives_by_submodule(layer, calls, names) as spans:
         y, _ = layer(x, attention_mask=mask)
         y.sum().backward()
-    table = {n: (apis(only_in(spans, n, "forward")), apis(only_in(spans, n, "backward")))
-             for n in names}
+    table = {n: (apis(only_in(spans, n, "forward")), apis(only_in(spans, n, "backward"))) for n in names}
     return table, len(unattributed(calls, spans)), len(calls)
 
 
@@ -136,7 +160,7 @@ def test_collectives_land_on_the_linears_that_issue_them():
     assert table["mlp.linear_fc1"] == ("—", "all-reduce")
     assert table["mlp.linear_fc2"] == ("all-reduce", "—")
     assert table["input_layernorm"] == table["self_attention.core_attention"] == ("—", "—")
-    assert table["self_attention"] == ("—", "—")   # its calls all belong to its linears
+    assert table["self_attention"] == ("—", "—")  # its calls all belong to its linears
     table, missing, total = run_ranks(_attributed, 2, True)[0]
     assert (missing, total) == (0, 10)
     assert table["self_attention.linear_qkv"] == ("all-gather", "all-gather, reduce-scatter")

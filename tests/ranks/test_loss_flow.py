@@ -22,24 +22,34 @@ def server():
 
 
 def _contracts():
-    from snippets.train import loss_flow  # noqa: F401 - param_table first: quiet imports
-    from snippets.config import param_table
-
     from megatron.core import parallel_state as mpu
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
+    from snippets.train import loss_flow  # noqa: F401 - param_table first: quiet imports
+
     mpu.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)  # attention forks the model-parallel RNG stream
-    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, use_cpu_initialization=True,
-                               pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0)
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
-                     max_sequence_length=8)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    model = GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32, max_sequence_length=8
+    )
     batches = loss_flow.microbatches(2, 2, 8, 32, [16, 6])
 
     def flat(grads):
@@ -67,17 +77,27 @@ def _contracts():
     def run(module, loss_fn):
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
-            output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+            output = model(
+                batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]
+            )
             return output, partial(loss_fn, batch["loss_mask"])
 
-        return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches),
-                                           model=module, num_microbatches=2, seq_length=8, micro_batch_size=2)
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=module,
+            num_microbatches=2,
+            seq_length=8,
+            micro_batch_size=2,
+        )
 
     out = {}
-    for label, fn in [("three", loss_flow.masked_token_sum),
-                      ("same", partial(loss_flow.masked_mean, report="same")),
-                      ("detach", partial(loss_flow.masked_mean, report="detach")),
-                      ("clone", partial(loss_flow.masked_mean, report="clone"))]:
+    for label, fn in [
+        ("three", loss_flow.masked_token_sum),
+        ("same", partial(loss_flow.masked_mean, report="same")),
+        ("detach", partial(loss_flow.masked_mean, report="detach")),
+        ("clone", partial(loss_flow.masked_mean, report="clone")),
+    ]:
         model.zero_grad()
         reports = run(model, fn)
         out[label] = (loss_flow.train_step_report(reports), flat(p.grad for p in model.parameters()))
@@ -115,10 +135,6 @@ def test_train_step_report_formulas():
 
 
 def _recorded_step(num_layers):
-    from snippets.train import loss_flow  # noqa: F401 - param_table first: quiet imports
-    from snippets.config import param_table
-    from snippets.record import recorder
-
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -126,23 +142,44 @@ def _recorded_step(num_layers):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
+    from snippets.record import recorder
+    from snippets.train import loss_flow  # noqa: F401 - param_table first: quiet imports
+
     mpu.initialize_model_parallel(tensor_model_parallel_size=2)
     model_parallel_cuda_manual_seed(1234)
-    config = TransformerConfig(num_layers=num_layers, hidden_size=16, num_attention_heads=4,
-                               tensor_model_parallel_size=2, use_cpu_initialization=True,
-                               pipeline_dtype=torch.float32)
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
-                     max_sequence_length=8, share_embeddings_and_output_weights=True)
+    config = TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=16,
+        num_attention_heads=4,
+        tensor_model_parallel_size=2,
+        use_cpu_initialization=True,
+        pipeline_dtype=torch.float32,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=32,
+        max_sequence_length=8,
+        share_embeddings_and_output_weights=True,
+    )
     batches = loss_flow.microbatches(1, 2, 8, 32, [16])
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+        output = model(
+            batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]
+        )
         return output, partial(loss_flow.masked_token_sum, batch["loss_mask"])
 
     with recorder.record() as calls:
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
-                                    num_microbatches=1, seq_length=8, micro_batch_size=2)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=model,
+            num_microbatches=1,
+            seq_length=8,
+            micro_batch_size=2,
+        )
     return calls
 
 

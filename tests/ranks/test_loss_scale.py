@@ -14,8 +14,10 @@ def server():
 
 
 def _both(sequences, policies):
-    return [(loss_scale.megatron_trace(seq, **policy), loss_scale.trace(seq, **policy))
-            for seq, policy in zip(sequences, policies)]
+    return [
+        (loss_scale.megatron_trace(seq, **policy), loss_scale.trace(seq, **policy))
+        for seq, policy in zip(sequences, policies)
+    ]
 
 
 def test_trace_equals_megatrons_dynamic_grad_scaler_step_by_step():
@@ -23,8 +25,14 @@ def test_trace_equals_megatrons_dynamic_grad_scaler_step_by_step():
     sequences, policies = [], []
     for _ in range(40):
         sequences.append([rng.random() < 0.3 for _ in range(30)])
-        policies.append(dict(initial_scale=2.0 ** rng.randint(3, 16), growth_interval=rng.randint(1, 5),
-                             hysteresis=rng.randint(1, 3), min_scale=2.0 ** rng.randint(0, 3)))
+        policies.append(
+            dict(
+                initial_scale=2.0 ** rng.randint(3, 16),
+                growth_interval=rng.randint(1, 5),
+                hysteresis=rng.randint(1, 3),
+                min_scale=2.0 ** rng.randint(0, 3),
+            )
+        )
     for real, ours in run_ranks(_both, 1, sequences, policies)[0]:
         assert real == ours
 

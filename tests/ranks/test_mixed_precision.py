@@ -36,26 +36,36 @@ def _bf16(use_distributed_optimizer):
     module = Net().bfloat16()
     ddp = DistributedDataParallel(
         TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True),
-        DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer,
-                                      grad_reduce_in_fp32=True), module)
-    opt = get_megatron_optimizer(OptimizerConfig(lr=0.1, bf16=True,
-                                                 use_distributed_optimizer=use_distributed_optimizer), [ddp])
+        DistributedDataParallelConfig(
+            use_distributed_optimizer=use_distributed_optimizer, grad_reduce_in_fp32=True
+        ),
+        module,
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(lr=0.1, bf16=True, use_distributed_optimizer=use_distributed_optimizer), [ddp]
+    )
     ddp(torch.ones(2, 64, dtype=torch.bfloat16)).float().sum().backward()
     ddp.finish_grad_sync()
     opt.step()
-    return (mixed_precision.param_rows(ddp), mixed_precision.buffer_rows(ddp, opt),
-            mixed_precision.main_matches_param(ddp))
+    return (
+        mixed_precision.param_rows(ddp),
+        mixed_precision.buffer_rows(ddp, opt),
+        mixed_precision.main_matches_param(ddp),
+    )
 
 
 def test_float16_optimizer_keeps_a_whole_fp32_copy_of_every_weight():
     ((rows, buffers, matches),) = run_ranks(_bf16, 1, False)
-    assert [(r["param"], r["main_grad"], r["main_param"], r["main_is_copy"], r["sharded"])
-            for r in rows] == [("bfloat16", "float32", "float32", True, False)] * 2
+    assert [(r["param"], r["main_grad"], r["main_param"], r["main_is_copy"], r["sharded"]) for r in rows] == [
+        ("bfloat16", "float32", "float32", True, False)
+    ] * 2
     assert all(r["main_numel"] == r["numel"] and r["main_grad_in_buffer"] for r in rows)
     n = 64 * 64 + 32 * 64
-    assert buffers == [["DDP grad buffer（main_grad）", "float32", n],
-                       ["fp32 主参数（优化器自己的拷贝）", "float32", n],
-                       ["Adam 状态 exp_avg + exp_avg_sq", "float32", 2 * n]]
+    assert buffers == [
+        ["DDP grad buffer（main_grad）", "float32", n],
+        ["fp32 主参数（优化器自己的拷贝）", "float32", n],
+        ["Adam 状态 exp_avg + exp_avg_sq", "float32", 2 * n],
+    ]
     assert matches
 
 

@@ -5,8 +5,8 @@ computation); the aux loss read back from Megatron's tracker is Switch Transform
 import pytest
 import torch
 
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.moe.tables import dispatch_table, local_expert_state
+from snippets.ranks.launch import run_ranks, warm_up
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,14 +40,23 @@ def _moe(ep, state):
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
-    from snippets.record import recorder
     from snippets.moe.tables import local_expert_state, pop_aux_loss, watch
+    from snippets.record import recorder
 
     ps.initialize_model_parallel(expert_model_parallel_size=ep)
-    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, add_bias_linear=False,
-                               num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16,
-                               moe_aux_loss_coeff=0.01, expert_model_parallel_size=ep,
-                               moe_token_dispatcher_type="alltoall", use_cpu_initialization=True)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=2,
+        add_bias_linear=False,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=16,
+        moe_aux_loss_coeff=0.01,
+        expert_model_parallel_size=ep,
+        moe_token_dispatcher_type="alltoall",
+        use_cpu_initialization=True,
+    )
     torch.manual_seed(0)
     layer = MoELayer(config, get_gpt_layer_local_spec(num_experts=4).submodules.mlp.submodules)
     layer.set_layer_number(1)

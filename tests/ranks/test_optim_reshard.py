@@ -24,14 +24,15 @@ def test_assemble_places_pieces_by_offset_and_flat_range_and_leaves_gaps_nan():
     pieces = []
     for layer in range(2):
         for half, rows in enumerate(((0, 2), (2, 3))):
-            local = full[layer, rows[0]:rows[1]].reshape(-1)
+            local = full[layer, rows[0] : rows[1]].reshape(-1)
             where = ((layer, layer + 1), rows, (0, 4))
             pieces.append(("exp_avg", "w", (2, 3, 4), where, 0, local.numel(), local))
     whole = orr.assemble([pieces[:2], pieces[2:]])["exp_avg"]["w"]
     assert torch.equal(whole, full)
     # a DP-like owner of only part of a flattened local weight: the rest stays NaN
-    part = orr.assemble([[("exp_avg", "w", (2, 3, 4), ((0, 1), (0, 3), (0, 4)), 5, 9,
-                           full[0].reshape(-1)[5:9])]])["exp_avg"]["w"]
+    part = orr.assemble(
+        [[("exp_avg", "w", (2, 3, 4), ((0, 1), (0, 3), (0, 4)), 5, 9, full[0].reshape(-1)[5:9])]]
+    )["exp_avg"]["w"]
     assert torch.equal(part[0].reshape(-1)[5:9], full[0].reshape(-1)[5:9])
     assert int(torch.isnan(part).sum()) == 24 - 4
 
@@ -49,8 +50,10 @@ def test_error_line_reads_the_rank_error_inside_torch_dcp_wrapper():
     from torch.distributed.checkpoint.api import CheckpointException
 
     inner = ValueError("Global shape mismatch\nsecond line")
-    assert orr.error_line(CheckpointException("ranks", {0: (inner, None)})) == \
-        "ValueError: Global shape mismatch"
+    assert (
+        orr.error_line(CheckpointException("ranks", {0: (inner, None)}))
+        == "ValueError: Global shape mismatch"
+    )
     assert orr.error_line(AssertionError()) == "AssertionError:"
 
 
@@ -107,7 +110,8 @@ def test_tp2_to_tp1_only_fully_reshardable_restores_the_state():
     assert by_type["fully_reshardable"]["adam_step"] == orr.SAVED_STEPS
     assert by_type["dp_reshardable"]["error"].startswith("CheckpointingException: Global shape mismatch")
     assert by_type["dp_zero_gather_scatter"]["error"].startswith(
-        "AssertionError: Number of unpadded elements must be same")
+        "AssertionError: Number of unpadded elements must be same"
+    )
     assert [r["loaded"] for r in results] == [False, True, False, False]
 
 
@@ -123,7 +127,8 @@ def _fp32_dp_reshardable_load(ckpt_dir, no_grad):
     # Megatron at this tag: with fp32 params the distributed optimizer's main params are views of
     # the model params (requires_grad), and load_parameter_state_from_dp_reshardable copies into
     # them without torch.no_grad (the fully_reshardable loader has it).
-    from megatron.core import dist_checkpointing, parallel_state as ps
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer import TransformerConfig
@@ -132,10 +137,12 @@ def _fp32_dp_reshardable_load(ckpt_dir, no_grad):
     ps.initialize_model_parallel()
     module = torch.nn.Linear(4, 3, bias=False)
     config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True),
-                                  module)
+    ddp = DistributedDataParallel(
+        config, DistributedDataParallelConfig(use_distributed_optimizer=True), module
+    )
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(lr=0.05, clip_grad=0.0, use_distributed_optimizer=True), [ddp])
+        OptimizerConfig(lr=0.05, clip_grad=0.0, use_distributed_optimizer=True), [ddp]
+    )
     optimizer.chained_optimizers[0]._init_optimizer_states_with_dummy_values()
     model_sd = {"weight": make_sharded_tensor_for_checkpoint(module.weight, "weight")}
     metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
@@ -143,7 +150,8 @@ def _fp32_dp_reshardable_load(ckpt_dir, no_grad):
     saved = {"optimizer": optimizer.sharded_state_dict(model_sd, metadata=metadata)}
     dist_checkpointing.save(saved, ckpt_dir)
     loaded = dist_checkpointing.load(
-        {"optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=metadata)}, ckpt_dir)
+        {"optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=metadata)}, ckpt_dir
+    )
     try:
         if no_grad:
             with torch.no_grad():
@@ -158,5 +166,6 @@ def _fp32_dp_reshardable_load(ckpt_dir, no_grad):
 def test_fp32_dp_reshardable_load_needs_no_grad():
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         assert run_ranks(_fp32_dp_reshardable_load, 1, a, False)[0].startswith(
-            "RuntimeError: a view of a leaf Variable that requires grad")
+            "RuntimeError: a view of a leaf Variable that requires grad"
+        )
         assert run_ranks(_fp32_dp_reshardable_load, 1, b, True)[0] is None

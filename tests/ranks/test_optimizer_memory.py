@@ -3,8 +3,8 @@ real optimizers finds exactly the state the formula predicts."""
 
 import pytest
 
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.optim.optimizer_memory import bytes_per_parameter
+from snippets.ranks.launch import run_ranks, warm_up
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -15,19 +15,22 @@ def server():
 @pytest.mark.parametrize("d", [1, 2, 8, 64])
 def test_formula_is_megatrons_table(d):
     # docs/user-guide/features/dist_optimizer.md at core_v0.16.1
-    table = {("fp16", "fp16"): (20, 4 + 16 / d), ("bf16", "fp32"): (18, 6 + 12 / d),
-             ("fp32", "fp32"): (16, 8 + 8 / d)}
+    table = {
+        ("fp16", "fp16"): (20, 4 + 16 / d),
+        ("bf16", "fp32"): (18, 6 + 12 / d),
+        ("fp32", "fp32"): (16, 8 + 8 / d),
+    }
     for (param, grad), (plain, distributed) in table.items():
         assert bytes_per_parameter(param, grad, d, distributed=False) == plain
         assert bytes_per_parameter(param, grad, d, distributed=True) == pytest.approx(distributed)
 
 
 def _measure(distributed_optimizer):
+    import torch
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer import TransformerConfig
-    import torch
 
     from snippets.optim.optimizer_memory import measured_bytes
 
@@ -35,9 +38,12 @@ def _measure(distributed_optimizer):
     module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64, bias=False))
     ddp = DistributedDataParallel(
         TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1),
-        DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer), module)
-    opt = get_megatron_optimizer(OptimizerConfig(lr=0.1, clip_grad=0.0,
-                                                 use_distributed_optimizer=distributed_optimizer), [ddp])
+        DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer),
+        module,
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(lr=0.1, clip_grad=0.0, use_distributed_optimizer=distributed_optimizer), [ddp]
+    )
     ddp(torch.ones(2, 64)).sum().backward()
     ddp.finish_grad_sync()
     opt.step()  # Adam creates its moments on the first step

@@ -4,8 +4,8 @@ bucket's reduce-scatter is issued right after the last gradient of that bucket i
 
 import pytest
 
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.dp.overlap_timeline import Marker, timeline
+from snippets.ranks.launch import run_ranks, warm_up
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -17,8 +17,15 @@ def test_timeline_folds_runs_of_markers_and_keeps_sections():
     class C:  # a stand-in for a recorded collective
         api, phase, before, after, ranks = "all_gather_into_tensor", "forward", "[4]", "[8]", (0, 1)
 
-    events = ["schedule", Marker("forward", "decoder.layers.0.mlp"), Marker("forward", "output_layer"), C(),
-              Marker("grad", "output_layer.weight"), "optimizer.step", C()]
+    events = [
+        "schedule",
+        Marker("forward", "decoder.layers.0.mlp"),
+        Marker("forward", "output_layer"),
+        C(),
+        Marker("grad", "output_layer.weight"),
+        "optimizer.step",
+        C(),
+    ]
     assert timeline(events) == [
         [1, "schedule", "forward 计算（2 个模块）", "layers.0.mlp … output_layer"],
         [2, "schedule", "**all_gather_into_tensor**（forward）", "[4] → [8]"],
@@ -29,7 +36,11 @@ def test_timeline_folds_runs_of_markers_and_keeps_sections():
 
 def _overlapped_steps():
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -37,16 +48,23 @@ def _overlapped_steps():
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from snippets.dp import overlap_timeline
-    from snippets.record import recorder
     from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, forward_step, global_name, microbatches, tiny_config
+    from snippets.record import recorder
 
     ps.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
     config = tiny_config(num_layers=2)
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
-        use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True,
-        bucket_size=2000), model)
+    ddp = DistributedDataParallel(
+        config,
+        DistributedDataParallelConfig(
+            use_distributed_optimizer=True,
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            bucket_size=2000,
+        ),
+        model,
+    )
     opt = get_megatron_optimizer(OptimizerConfig(lr=0.01, use_distributed_optimizer=True), [ddp])
     config.no_sync_func = ddp.no_sync
     steps = []
@@ -54,13 +72,23 @@ def _overlapped_steps():
         with recorder.record() as calls, overlap_timeline.markers(ddp, calls):
             ddp.zero_grad_buffer()
             opt.zero_grad()
-            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(microbatches(2)),
-                                        model=[ddp], num_microbatches=2, seq_length=SEQ, micro_batch_size=MBS)
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(microbatches(2)),
+                model=[ddp],
+                num_microbatches=2,
+                seq_length=SEQ,
+                micro_batch_size=MBS,
+            )
             calls.append("finalize")
             finalize_model_grads([ddp])
             opt.step()
-        steps.append([e if isinstance(e, (str, overlap_timeline.Marker)) else (e.api, e.before, len(e.ranks))
-                      for e in calls])
+        steps.append(
+            [
+                e if isinstance(e, (str, overlap_timeline.Marker)) else (e.api, e.before, len(e.ranks))
+                for e in calls
+            ]
+        )
     names = {id(p): global_name(model, n) for n, p in model.named_parameters()}
     buckets = [(f"[{b.grad_data.numel()}]", {names[id(p)] for p in b.params}) for b in ddp.buffers[0].buckets]
     return steps, buckets
@@ -82,8 +110,8 @@ def test_each_reduce_scatter_follows_the_last_gradient_of_its_bucket():
         api, before, _ = event
         if api == "reduce_scatter_tensor":
             params = next(p for size, p in buckets if size == before)
-            assert params <= grads_so_far                      # every grad of the bucket is ready
-            assert second[i - 1].name in params                # and the last one just arrived
+            assert params <= grads_so_far  # every grad of the bucket is ready
+            assert second[i - 1].name in params  # and the last one just arrived
             assert not params <= (grads_so_far - {second[i - 1].name})
             seen.append(before)
     # the first step cannot overlap: DDP learns how often each grad is ready, then issues in finalize

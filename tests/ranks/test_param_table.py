@@ -5,8 +5,8 @@ of exactly that model), and SwiGLU's linear_fc1, where ignoring the stride gives
 import pytest
 import torch
 
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.config.param_table import gather, global_shape, param_rows
+from snippets.ranks.launch import run_ranks, warm_up
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -16,20 +16,28 @@ def server():
 
 def _build(tp):
     import torch.nn.functional as F
-
-    from snippets.models import tiny_gpt  # noqa: F401 - silences the known import warnings
-
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
+    from snippets.models import tiny_gpt  # noqa: F401 - silences the known import warnings
+
     mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
-    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
-                               gated_linear_unit=True, activation_func=F.silu, use_cpu_initialization=True,
-                               tensor_model_parallel_size=tp, pipeline_dtype=torch.float32)
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
-                     max_sequence_length=8)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=4,
+        ffn_hidden_size=32,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        use_cpu_initialization=True,
+        tensor_model_parallel_size=tp,
+        pipeline_dtype=torch.float32,
+    )
+    model = GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32, max_sequence_length=8
+    )
     return param_rows(model), {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -53,7 +61,7 @@ def test_tp2_shards_gather_to_the_tp1_model():
 
 
 def test_gather_inverts_the_strided_split():
-    full = torch.arange(24.).view(12, 2)
+    full = torch.arange(24.0).view(12, 2)
     tp, stride = 3, 2
     chunks = full.chunk(tp * stride)
     shards = [torch.cat(chunks[r::tp]) for r in range(tp)]  # what rank r keeps

@@ -98,9 +98,15 @@ def test_tp1_loader_reads_the_two_tp_blocks_of_its_layer(qkv_rows):
     from snippets.ckpt.pictures import draw_replica_grid
 
     svg = draw_replica_grid(qkv_rows, title="t").svg()
-    reads = re.findall(r"<title>TP=1 pp (\d) 的 rank 读 层 (\d) 行 \[(\d+), (\d+)\) 自 rank (\d+)</title>", svg)
-    assert [tuple(map(int, r)) for r in reads] == [(0, 0, 0, 24, 0), (0, 0, 24, 48, 1), (1, 1, 0, 24, 4),
-                                                    (1, 1, 24, 48, 5)]
+    reads = re.findall(
+        r"<title>TP=1 pp (\d) 的 rank 读 层 (\d) 行 \[(\d+), (\d+)\) 自 rank (\d+)</title>", svg
+    )
+    assert [tuple(map(int, r)) for r in reads] == [
+        (0, 0, 0, 24, 0),
+        (0, 0, 24, 48, 1),
+        (1, 1, 0, 24, 4),
+        (1, 1, 24, 48, 5),
+    ]
     a, b = draw_replica_grid(qkv_rows, title="t"), draw_replica_grid(qkv_rows, title="t")
     assert a.svg() == b.svg()
     a.check()

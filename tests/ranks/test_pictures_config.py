@@ -39,7 +39,9 @@ def trees():
 def drawn_chunks(svg: str) -> dict[str, dict[int, int]]:
     """Per weight, how many rows (dim 0) or columns (dim 1) each rank's chunks cover in the SVG."""
     out: dict[str, dict[int, int]] = {}
-    for name, rank, _, start, end in re.findall(r"<title>(\S+) rank (\d+) dim (\d) \[(\d+), (\d+)\)</title>", svg):
+    for name, rank, _, start, end in re.findall(
+        r"<title>(\S+) rank (\d+) dim (\d) \[(\d+), (\d+)\)</title>", svg
+    ):
         out.setdefault(name, {}).setdefault(int(rank), 0)
         out[name][int(rank)] += int(end) - int(start)
     return out
@@ -70,7 +72,10 @@ def test_spec_picture_highlights_exactly_the_diff_rows(trees):
 
 
 def test_two_renders_are_byte_identical(param_rows, trees):
-    for draw in (lambda: draw_param_shards(param_rows, PAR.tp, title="t"), lambda: draw_spec_trees(trees, title="t")):
+    for draw in (
+        lambda: draw_param_shards(param_rows, PAR.tp, title="t"),
+        lambda: draw_spec_trees(trees, title="t"),
+    ):
         a, b = draw(), draw()
         assert a.svg() == b.svg()
         a.check()

@@ -20,8 +20,9 @@ def ddp_results():
 
     tiny = EXPERIMENTS["ddp"].tiny
     plain = run_ranks(ddp_run, 2, tiny, overlap_grad_reduce=False, keep_grads=False)[0]
-    overlapped = run_ranks(ddp_run, 2, tiny, overlap_grad_reduce=True, bucket_size=1000, iterations=2,
-                           keep_grads=False)[0]
+    overlapped = run_ranks(
+        ddp_run, 2, tiny, overlap_grad_reduce=True, bucket_size=1000, iterations=2, keep_grads=False
+    )[0]
     return plain, overlapped
 
 
@@ -42,8 +43,9 @@ def test_note_14_picture_is_the_communication_tables(ddp_results):
     # the note's three communication tables: (part of the step, API, phase) of each row, in order
     tables = [plain["steps"][0], overlapped["steps"][0], overlapped["steps"][1]]
     for (_, rows), step in zip(lanes, tables):
-        expected = ([("schedule", c.api, c.phase) for c in step["schedule"]]
-                    + [("finalize_model_grads", c.api, c.phase) for c in step["finalize"]])
+        expected = [("schedule", c.api, c.phase) for c in step["schedule"]] + [
+            ("finalize_model_grads", c.api, c.phase) for c in step["finalize"]
+        ]
         assert _comm(pictures.lane_events(rows)) == expected
     # overlap's step 2: bucket i's all-reduce comes right after gradients, in buffer order
     step2 = pictures.lane_events(lanes[2][1])
@@ -84,6 +86,8 @@ def test_note_20_picture_is_the_timeline_table(overlap_result):
 def test_lane_events_refuse_rows_they_cannot_draw():
     with pytest.raises(ValueError, match="not a timeline event"):
         pictures.lane_events([[1, "schedule", "something else", ""]])
-    rows = [[1, "schedule", "forward 计算（3 个模块）", "a … b"],
-            [2, "schedule", "**reduce_scatter_tensor**（backward）", "bucket 1: [8] → [4]"]]
+    rows = [
+        [1, "schedule", "forward 计算（3 个模块）", "a … b"],
+        [2, "schedule", "**reduce_scatter_tensor**（backward）", "bucket 1: [8] → [4]"],
+    ]
     assert [e["label"] for e in pictures.lane_events(rows)] == ["F×3", "RS b1"]

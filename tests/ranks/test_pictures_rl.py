@@ -24,8 +24,13 @@ def ranks():
 
 
 def _draw(matrix):
-    return pictures.draw_traffic_matrix(matrix, [f"r{s}（训练 tp{s % 2}·pp{s // 2}）" for s in range(4)],
-                                        [f"r{d}（tp{d}）" for d in range(4)], title="t", desc="d")
+    return pictures.draw_traffic_matrix(
+        matrix,
+        [f"r{s}（训练 tp{s % 2}·pp{s // 2}）" for s in range(4)],
+        [f"r{d}（tp{d}）" for d in range(4)],
+        title="t",
+        desc="d",
+    )
 
 
 def test_traffic_matrix_is_the_plan_table(ranks):
@@ -39,8 +44,10 @@ def test_traffic_matrix_is_the_plan_table(ranks):
     fig.check()
     svg = fig.svg()
     assert svg == _draw(matrix).svg()
-    drawn = [[int(b) for b in re.findall(r"：(\d+) 字节", svg.split(f'data-name="r{s}（')[1].split("</g>")[0])]
-             for s in range(4)]
+    drawn = [
+        [int(b) for b in re.findall(r"：(\d+) 字节", svg.split(f'data-name="r{s}（')[1].split("</g>")[0])]
+        for s in range(4)
+    ]
     assert drawn == matrix
     labels = [label.text for label in fig.labels()]
     for s, row in enumerate(table.rows):

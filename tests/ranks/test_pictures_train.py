@@ -25,8 +25,10 @@ def test_grad_path_is_the_recorded_step():
     svg = fig.svg()
     assert svg == pictures.draw_grad_path(r0).svg()
     drawn = re.findall(r">((?:AR|AG|RS|p2p|\w+) · [^<]*)</text>", svg)
-    assert drawn == [f"{pictures._API.get(c.api, c.api)} · {c.group} {list(c.ranks)} · {c.before}"
-                     for c in r0["finalize"] + r0["step"]]
+    assert drawn == [
+        f"{pictures._API.get(c.api, c.api)} · {c.group} {list(c.ranks)} · {c.before}"
+        for c in r0["finalize"] + r0["step"]
+    ]
     assert drawn[0].startswith("AR · dp-cp [0, 1]")  # the DP all-reduce of the whole buffer
     labels = [label.text for label in fig.labels()]
     assert f"之后 param.grad is None: {r0['grad_none_before_step']}" in labels

@@ -4,16 +4,31 @@ Megatron SelfAttention and by exact round trips."""
 import pytest
 import torch
 
-from snippets.rl import qkv_layout
 from snippets.ranks.launch import run_ranks, warm_up
+from snippets.rl import qkv_layout
 
 
 def test_row_labels_follow_query_groups():
     assert qkv_layout.fused_row_labels(8, 4) == [
-        "q0", "q1", "k0", "v0", "q2", "q3", "k1", "v1",
-        "q4", "q5", "k2", "v2", "q6", "q7", "k3", "v3"]
+        "q0",
+        "q1",
+        "k0",
+        "v0",
+        "q2",
+        "q3",
+        "k1",
+        "v1",
+        "q4",
+        "q5",
+        "k2",
+        "v2",
+        "q6",
+        "q7",
+        "k3",
+        "v3",
+    ]
     assert qkv_layout.fused_row_labels(2, 2) == ["q0", "k0", "v0", "q1", "k1", "v1"]  # MHA
-    assert qkv_layout.fused_row_labels(3, 1) == ["q0", "q1", "q2", "k0", "v0"]          # MQA
+    assert qkv_layout.fused_row_labels(3, 1) == ["q0", "q1", "q2", "k0", "v0"]  # MQA
 
 
 @pytest.mark.parametrize("heads,groups", [(8, 4), (4, 4), (6, 1), (8, 2)])
@@ -22,8 +37,9 @@ def test_split_puts_every_head_where_the_labels_say(heads, groups):
     labels = qkv_layout.fused_row_labels(heads, groups)
     code = {"q": 0, "k": 1000, "v": 2000}
     # every row of a head block carries that head's identity
-    fused = torch.tensor([code[l[0]] + int(l[1:]) for l in labels for _ in range(head_dim)],
-                         dtype=torch.float32)
+    fused = torch.tensor(
+        [code[l[0]] + int(l[1:]) for l in labels for _ in range(head_dim)], dtype=torch.float32
+    )
     q, k, v = qkv_layout.split_qkv(fused, heads, groups)
     assert q.tolist() == [float(h) for h in range(heads) for _ in range(head_dim)]
     assert k.tolist() == [1000.0 + g for g in range(groups) for _ in range(head_dim)]
@@ -76,16 +92,26 @@ def test_state_dict_names_round_trip_and_unknown_keys_fail():
         "decoder.layers.3.mlp.linear_fc2.weight": torch.randn(8, 16),
     }
     hf = qkv_layout.megatron_to_hf(state, num_heads=4, num_query_groups=2)
-    assert sorted(hf) == sorted([
-        "model.layers.3.input_layernorm.weight", "model.layers.3.self_attn.q_proj.weight",
-        "model.layers.3.self_attn.k_proj.weight", "model.layers.3.self_attn.v_proj.weight",
-        "model.layers.3.self_attn.q_proj.bias", "model.layers.3.self_attn.k_proj.bias",
-        "model.layers.3.self_attn.v_proj.bias", "model.layers.3.self_attn.o_proj.weight",
-        "model.layers.3.post_attention_layernorm.weight", "model.layers.3.mlp.gate_proj.weight",
-        "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.down_proj.weight"])
+    assert sorted(hf) == sorted(
+        [
+            "model.layers.3.input_layernorm.weight",
+            "model.layers.3.self_attn.q_proj.weight",
+            "model.layers.3.self_attn.k_proj.weight",
+            "model.layers.3.self_attn.v_proj.weight",
+            "model.layers.3.self_attn.q_proj.bias",
+            "model.layers.3.self_attn.k_proj.bias",
+            "model.layers.3.self_attn.v_proj.bias",
+            "model.layers.3.self_attn.o_proj.weight",
+            "model.layers.3.post_attention_layernorm.weight",
+            "model.layers.3.mlp.gate_proj.weight",
+            "model.layers.3.mlp.up_proj.weight",
+            "model.layers.3.mlp.down_proj.weight",
+        ]
+    )
     assert hf["model.layers.3.self_attn.q_proj.weight"].shape == (8, 8)
-    assert torch.equal(hf["model.layers.3.mlp.gate_proj.weight"],
-                       state["decoder.layers.3.mlp.linear_fc1.weight"][:16])
+    assert torch.equal(
+        hf["model.layers.3.mlp.gate_proj.weight"], state["decoder.layers.3.mlp.linear_fc1.weight"][:16]
+    )
     back = qkv_layout.hf_to_megatron(hf, num_query_groups=2)
     assert sorted(back) == sorted(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
@@ -105,9 +131,15 @@ def _megatron_attention_vs_hf():
 
     ps.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
-    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=8,
-                               num_query_groups=2, use_cpu_initialization=True,
-                               attention_dropout=0.0, hidden_dropout=0.0)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=8,
+        num_query_groups=2,
+        use_cpu_initialization=True,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+    )
     spec = get_gpt_layer_local_spec().submodules.self_attention
     attn = SelfAttention(config, spec.submodules, layer_number=1, attn_mask_type=AttnMaskType.causal)
     with torch.no_grad():  # non-zero biases, so the bias reorder is checked too
@@ -118,22 +150,43 @@ def _megatron_attention_vs_hf():
     with torch.no_grad():
         out, bias = attn(x, mask)
         ref = out + bias
-        state = {f"decoder.layers.0.self_attention.{k}": v for k, v in attn.state_dict().items()
-                 if not k.endswith("_extra_state")}
+        state = {
+            f"decoder.layers.0.self_attention.{k}": v
+            for k, v in attn.state_dict().items()
+            if not k.endswith("_extra_state")
+        }
         hf = qkv_layout.megatron_to_hf(state, num_heads=8, num_query_groups=2)
         p = "model.layers.0.self_attn."
         got = qkv_layout.hf_attention(
-            x.transpose(0, 1), hf[p + "q_proj.weight"], hf[p + "k_proj.weight"],
-            hf[p + "v_proj.weight"], hf[p + "o_proj.weight"], num_heads=8, num_kv_heads=2,
-            q_bias=hf[p + "q_proj.bias"], k_bias=hf[p + "k_proj.bias"],
-            v_bias=hf[p + "v_proj.bias"], o_bias=hf[p + "o_proj.bias"]).transpose(0, 1)
+            x.transpose(0, 1),
+            hf[p + "q_proj.weight"],
+            hf[p + "k_proj.weight"],
+            hf[p + "v_proj.weight"],
+            hf[p + "o_proj.weight"],
+            num_heads=8,
+            num_kv_heads=2,
+            q_bias=hf[p + "q_proj.bias"],
+            k_bias=hf[p + "k_proj.bias"],
+            v_bias=hf[p + "v_proj.bias"],
+            o_bias=hf[p + "o_proj.bias"],
+        ).transpose(0, 1)
         # the same weights left in Megatron's order give a different answer: the reorder matters
         w = attn.linear_qkv.weight
         naive = qkv_layout.hf_attention(
-            x.transpose(0, 1), w[:32], w[32:40], w[40:48], attn.linear_proj.weight, 8, 2,
-            o_bias=attn.linear_proj.bias).transpose(0, 1)
-    return (torch.allclose(got, ref, atol=1e-6), float((got - ref).abs().max()),
-            torch.allclose(naive, ref, atol=1e-3))
+            x.transpose(0, 1),
+            w[:32],
+            w[32:40],
+            w[40:48],
+            attn.linear_proj.weight,
+            8,
+            2,
+            o_bias=attn.linear_proj.bias,
+        ).transpose(0, 1)
+    return (
+        torch.allclose(got, ref, atol=1e-6),
+        float((got - ref).abs().max()),
+        torch.allclose(naive, ref, atol=1e-3),
+    )
 
 
 def test_megatron_self_attention_equals_hf_attention_with_converted_weights():

@@ -22,9 +22,9 @@ def _f_and_g():
     ps.initialize_model_parallel(tensor_model_parallel_size=2)
     x = torch.randn(3, 4, requires_grad=True)
     with recorder.record() as calls:
-        y = mappings.copy_to_tensor_model_parallel_region(x)          # f
+        y = mappings.copy_to_tensor_model_parallel_region(x)  # f
         z = mappings.reduce_from_tensor_model_parallel_region(y * 2)  # g
-        s = mappings.gather_from_sequence_parallel_region(z)          # all-gather, dim 0
+        s = mappings.gather_from_sequence_parallel_region(z)  # all-gather, dim 0
         s.sum().backward()
     copied = mappings.dist_all_gather_func is recorder._wrappers["all_gather_into_tensor"]
     return calls, copied
@@ -37,10 +37,22 @@ def test_records_f_g_and_sequence_gather_with_phases_and_groups():
     rows = [(c.phase, c.api, c.group, c.before, c.after, c.where) for c in calls0]
     assert rows == [
         ("forward", "all_reduce", "tp", "[3, 4]", "[3, 4]", "tensor_parallel/mappings.py::_reduce"),
-        ("forward", "all_gather_into_tensor", "tp", "[3, 4]", "[6, 4]",
-         "tensor_parallel/mappings.py::_gather_along_first_dim"),
-        ("backward", "reduce_scatter_tensor", "tp", "[6, 4]", "[3, 4]",
-         "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim"),
+        (
+            "forward",
+            "all_gather_into_tensor",
+            "tp",
+            "[3, 4]",
+            "[6, 4]",
+            "tensor_parallel/mappings.py::_gather_along_first_dim",
+        ),
+        (
+            "backward",
+            "reduce_scatter_tensor",
+            "tp",
+            "[6, 4]",
+            "[3, 4]",
+            "tensor_parallel/mappings.py::_reduce_scatter_along_first_dim",
+        ),
         ("backward", "all_reduce", "tp", "[3, 4]", "[3, 4]", "tensor_parallel/mappings.py::_reduce"),
     ]
     assert [c.ranks for c in calls0] == [(0, 1)] * 4

@@ -3,8 +3,8 @@ traffic of a real Megatron reshard plan."""
 
 import pytest
 
-from snippets.rl import refit_cost
 from snippets.ranks.launch import run_ranks, warm_up
+from snippets.rl import refit_cost
 
 
 def test_seed_000_figures():
@@ -34,17 +34,20 @@ def test_strategies_per_gpu():
         refit_cost.bytes_per_gpu(8e9, "teleport")
 
 
-@pytest.mark.parametrize("name,params", [
-    ("Qwen/Qwen2.5-7B-Instruct", 7e9),
-    ("meta-llama/Llama-3.1-70B", 70e9),
-    ("~/models/deepseek-llm-7b-chat", 7e9),
-    ("Qwen/Qwen2.5-0.5B-Instruct", 0.5e9),
-    ("/ckpt/Qwen2.5-1.5B-Instruct/", 1.5e9),
-    ("Qwen/Qwen3-30B-A3B", 30e9),
-    ("mistralai/Mixtral-8x7B-v0.1", None),
-    ("gpt2", None),
-    ("/ckpt/my-policy", None),
-])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", 7e9),
+        ("meta-llama/Llama-3.1-70B", 70e9),
+        ("~/models/deepseek-llm-7b-chat", 7e9),
+        ("Qwen/Qwen2.5-0.5B-Instruct", 0.5e9),
+        ("/ckpt/Qwen2.5-1.5B-Instruct/", 1.5e9),
+        ("Qwen/Qwen3-30B-A3B", 30e9),
+        ("mistralai/Mixtral-8x7B-v0.1", None),
+        ("gpt2", None),
+        ("/ckpt/my-policy", None),
+    ],
+)
 def test_params_from_name(name, params):
     assert refit_cost.params_from_name(name) == params
 
@@ -60,15 +63,23 @@ def _real_plan_tp2_to_tp1():
     from megatron.core.transformer import TransformerConfig
 
     ps.initialize_model_parallel(tensor_model_parallel_size=2)
-    config = TransformerConfig(num_layers=1, hidden_size=6, num_attention_heads=1,
-                               use_cpu_initialization=True)
+    config = TransformerConfig(
+        num_layers=1, hidden_size=6, num_attention_heads=1, use_cpu_initialization=True
+    )
     own, _ = dist.new_subgroups_by_enumeration([[0], [1]])
 
     def holder(tp, dp):
         m = torch.nn.Module()
         m.pg_collection = ProcessGroupCollection(tp=tp, dp=dp, pp=own)
-        m.linear = ColumnParallelLinear(6, 8, config=config, init_method=torch.nn.init.normal_,
-                                        bias=True, gather_output=False, tp_group=tp)
+        m.linear = ColumnParallelLinear(
+            6,
+            8,
+            config=config,
+            init_method=torch.nn.init.normal_,
+            bias=True,
+            gather_output=False,
+            tp_group=tp,
+        )
         return m
 
     src = holder(ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group())
@@ -88,8 +99,12 @@ def test_plan_traffic_of_a_real_plan():
     for dst, (rank_ops, dst_bytes) in enumerate(results):
         assert sum(matrix[src][dst] for src in range(2)) == dst_bytes == 224
         recv = sorted((o["param"], o["peer"], o["slice"]) for o in rank_ops if o["kind"] == "recv")
-        assert recv == [("linear.bias", 0, "[0:4]"), ("linear.bias", 1, "[4:8]"),
-                        ("linear.weight", 0, "[0:4, :]"), ("linear.weight", 1, "[4:8, :]")]
+        assert recv == [
+            ("linear.bias", 0, "[0:4]"),
+            ("linear.bias", 1, "[4:8]"),
+            ("linear.weight", 0, "[0:4, :]"),
+            ("linear.weight", 1, "[4:8, :]"),
+        ]
         sends = [o for o in rank_ops if o["kind"] == "send"]
         assert sorted(o["peer"] for o in sends) == [0, 0, 1, 1]
         # every send is this rank's whole local shard (4 of the 8 rows), once to each rank

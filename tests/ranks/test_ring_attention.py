@@ -5,8 +5,8 @@ every hop is recorded with its peers."""
 import pytest
 import torch
 
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.cp.ring_attention import causal_attention, causal_pairs, chunk_positions
+from snippets.ranks.launch import run_ranks, warm_up
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -18,8 +18,8 @@ def _ring_vs_full(cp, seq_len, micro_batch, heads, head_dim, dtype):
     from megatron.core import parallel_state as ps
     from megatron.core.utils import get_batch_on_this_cp_rank
 
-    from snippets.record import recorder
     from snippets.cp.ring_attention import ring_attention
+    from snippets.record import recorder
 
     ps.initialize_model_parallel(context_parallel_size=cp)
     batch = {"position_ids": torch.arange(seq_len).expand(micro_batch, seq_len).clone()}
@@ -80,8 +80,9 @@ def test_a_wrong_mask_would_be_caught():
     # The equality above is not vacuous: attention without the causal mask differs.
     torch.manual_seed(0)
     q, k, v = (torch.randn(8, 1, 1, 4) for _ in range(3))
-    unmasked = torch.einsum("bnqk,kbnd->qbnd",
-                            torch.softmax(torch.einsum("qbnd,kbnd->bnqk", q, k) / 2, dim=-1), v)
+    unmasked = torch.einsum(
+        "bnqk,kbnd->qbnd", torch.softmax(torch.einsum("qbnd,kbnd->bnqk", q, k) / 2, dim=-1), v
+    )
     assert not torch.allclose(unmasked, causal_attention(q, k, v), atol=1e-3)
 
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from snippets.ranks.launch import run_ranks, warm_up
 from snippets.data.thd_attention import ThdCoreAttention, varlen_causal_attention
+from snippets.ranks.launch import run_ranks, warm_up
 
 CU = torch.tensor([0, 3, 4, 9], dtype=torch.int32)
 T, HEADS, DIM = 9, 2, 4
@@ -22,8 +22,11 @@ def setup_module():
 
 def _qkv(kv_heads=HEADS, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(T, HEADS, DIM, generator=gen), torch.randn(T, kv_heads, DIM, generator=gen),
-            torch.randn(T, kv_heads, DIM, generator=gen))
+    return (
+        torch.randn(T, HEADS, DIM, generator=gen),
+        torch.randn(T, kv_heads, DIM, generator=gen),
+        torch.randn(T, kv_heads, DIM, generator=gen),
+    )
 
 
 @pytest.mark.parametrize("kv_heads", [HEADS, 1])
@@ -34,7 +37,8 @@ def test_equals_torch_attention_on_each_segment(kv_heads):
     k, v = k.repeat_interleave(HEADS // kv_heads, 1), v.repeat_interleave(HEADS // kv_heads, 1)
     for start, end in zip(CU[:-1].tolist(), CU[1:].tolist()):
         ref = torch.nn.functional.scaled_dot_product_attention(
-            *(x[start:end].transpose(0, 1) for x in (q, k, v)), is_causal=True)
+            *(x[start:end].transpose(0, 1) for x in (q, k, v)), is_causal=True
+        )
         assert torch.allclose(out[start:end], ref.transpose(0, 1).reshape(end - start, -1), atol=1e-6)
 
 
@@ -54,17 +58,23 @@ def test_a_too_small_max_seqlen_is_refused():
 
 def _megatron_block_diagonal(q, k, v, cu):
     from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.dot_product_attention import DotProductAttention
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.enums import AttnMaskType
 
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)  # attention dropout forks the model-parallel RNG stream
-    config = TransformerConfig(num_layers=1, hidden_size=HEADS * DIM, num_attention_heads=HEADS,
-                               use_cpu_initialization=True, attention_dropout=0.0)
-    attention = DotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
-                                    attention_type="self")
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=HEADS * DIM,
+        num_attention_heads=HEADS,
+        use_cpu_initialization=True,
+        attention_dropout=0.0,
+    )
+    attention = DotProductAttention(
+        config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+    )
     allowed = torch.zeros(T, T, dtype=torch.bool)
     for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
         allowed[start:end, start:end] = torch.ones(end - start, end - start).tril().bool()

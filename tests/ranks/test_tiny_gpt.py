@@ -19,17 +19,24 @@ def _weights(pp, vp=None):
 
     from snippets.models.tiny_gpt import SEQ, VOCAB, by_global_name, init_by_global_name, tiny_config
 
-    ps.initialize_model_parallel(pipeline_model_parallel_size=pp,
-                                 virtual_pipeline_model_parallel_size=vp)
-    config = tiny_config(num_layers=4, pipeline_model_parallel_size=pp,
-                         virtual_pipeline_model_parallel_size=vp)
+    ps.initialize_model_parallel(pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vp)
+    config = tiny_config(
+        num_layers=4, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vp
+    )
     chunks = []
-    for stage in (range(vp) if vp else [None]):
-        chunks.append(GPTModel(
-            config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
-            share_embeddings_and_output_weights=False, vp_stage=stage))
+    for stage in range(vp) if vp else [None]:
+        chunks.append(
+            GPTModel(
+                config,
+                get_gpt_layer_local_spec(),
+                vocab_size=VOCAB,
+                max_sequence_length=SEQ,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+                share_embeddings_and_output_weights=False,
+                vp_stage=stage,
+            )
+        )
         init_by_global_name(chunks[-1])
     return by_global_name(chunks, "param")
 
@@ -66,14 +73,12 @@ def _forward_step_equals_model_call():
 
     ps.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
-    model = GPTModel(tiny_config(), get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                     max_sequence_length=SEQ)
+    model = GPTModel(tiny_config(), get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
     batches = microbatches(2)
     output, loss_fn = forward_step(iter(batches), model)
     loss, _ = loss_fn(output)
     whole = concat(batches)
-    per_token = model(whole["tokens"], whole["position_ids"], whole["attention_mask"],
-                      labels=whole["labels"])
+    per_token = model(whole["tokens"], whole["position_ids"], whole["attention_mask"], labels=whole["labels"])
     return tuple(output.shape), loss.item(), per_token[:2].mean().item(), tuple(per_token.shape)
 
 

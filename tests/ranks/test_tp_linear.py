@@ -42,8 +42,9 @@ def _check_layers(tp, cases):
     group, r = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
     report = {}
     for kind, flag, sp in cases:
-        config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
-                                     sequence_parallel=sp)
+        config = ModelParallelConfig(
+            tensor_model_parallel_size=tp, use_cpu_initialization=True, sequence_parallel=sp
+        )
         torch.manual_seed(0)  # the same full weight, input and upstream grad on every rank
         size_in, size_out = (HIDDEN, FFN) if kind == "column" else (FFN, HIDDEN)
         full_bias = torch.randn(size_out)
@@ -51,23 +52,47 @@ def _check_layers(tp, cases):
         grad = torch.randn(S, B, size_out)
         if kind == "column":
             real = megatron_layers.ColumnParallelLinear(
-                size_in, size_out, config=config, init_method=init_method_normal(0.5),
-                bias=True, gather_output=flag, keep_master_weight_for_test=True)
+                size_in,
+                size_out,
+                config=config,
+                init_method=init_method_normal(0.5),
+                bias=True,
+                gather_output=flag,
+                keep_master_weight_for_test=True,
+            )
             with torch.no_grad():
                 real.bias.copy_(full_bias.chunk(tp)[r])
             ours = tp_linear.ColumnParallelLinear(
-                size_in, size_out, tp_group=group, gather_output=flag, sequence_parallel=sp,
-                master_weight=real.master_weight, master_bias=full_bias)
+                size_in,
+                size_out,
+                tp_group=group,
+                gather_output=flag,
+                sequence_parallel=sp,
+                master_weight=real.master_weight,
+                master_bias=full_bias,
+            )
         else:
             real = megatron_layers.RowParallelLinear(
-                size_in, size_out, config=config, init_method=init_method_normal(0.5),
-                bias=True, input_is_parallel=flag, skip_bias_add=False,
-                keep_master_weight_for_test=True)
+                size_in,
+                size_out,
+                config=config,
+                init_method=init_method_normal(0.5),
+                bias=True,
+                input_is_parallel=flag,
+                skip_bias_add=False,
+                keep_master_weight_for_test=True,
+            )
             with torch.no_grad():
                 real.bias.copy_(full_bias)
             ours = tp_linear.RowParallelLinear(
-                size_in, size_out, tp_group=group, input_is_parallel=flag, sequence_parallel=sp,
-                master_weight=real.master_weight, master_bias=full_bias)
+                size_in,
+                size_out,
+                tp_group=group,
+                input_is_parallel=flag,
+                sequence_parallel=sp,
+                master_weight=real.master_weight,
+                master_bias=full_bias,
+            )
 
         dense = torch.nn.Linear(size_in, size_out)
         with torch.no_grad():
@@ -103,12 +128,19 @@ def _check_layers(tp, cases):
                 dist.all_reduce(bias_grad, group=group)
             got[name] = dict(y=y.detach(), dx=xi.grad, dw=layer.weight.grad, db=bias_grad)
 
-        expected = dict(y=local(y_dense.detach(), y_dim), dx=local(x_dense.grad, x_dim),
-                        dw=local(dense.weight.grad, w_dim), db=local(dense.bias.grad, b_dim))
+        expected = dict(
+            y=local(y_dense.detach(), y_dim),
+            dx=local(x_dense.grad, x_dim),
+            dw=local(dense.weight.grad, w_dim),
+            db=local(dense.bias.grad, b_dim),
+        )
         report[(kind, flag, sp)] = {
-            f"{who} {key}": (tuple(got[who][key].shape) == tuple(expected[key].shape)
-                             and torch.allclose(got[who][key], expected[key], atol=1e-5))
-            for who in got for key in expected
+            f"{who} {key}": (
+                tuple(got[who][key].shape) == tuple(expected[key].shape)
+                and torch.allclose(got[who][key], expected[key], atol=1e-5)
+            )
+            for who in got
+            for key in expected
         } | {
             f"ours == real {key}": torch.allclose(got["ours"][key], got["real"][key], atol=1e-6)
             for key in expected
@@ -139,8 +171,10 @@ def _mappings_agree():
         (tp_linear.GatherFromModelParallelRegion, mappings.gather_from_tensor_model_parallel_region),
         (tp_linear.ScatterToModelParallelRegion, mappings.scatter_to_tensor_model_parallel_region),
         (tp_linear.GatherFromSequenceParallelRegion, mappings.gather_from_sequence_parallel_region),
-        (tp_linear.ReduceScatterToSequenceParallelRegion,
-         mappings.reduce_scatter_to_sequence_parallel_region),
+        (
+            tp_linear.ReduceScatterToSequenceParallelRegion,
+            mappings.reduce_scatter_to_sequence_parallel_region,
+        ),
     ]
     ok = []
     for ours, theirs in pairs:

@@ -58,12 +58,17 @@ def test_smoothing_at_tp1_is_the_stated_target_and_torch_with_a_rescaled_alpha()
     ((loss, grad),) = run_ranks(_cross_entropy, 1, 1, 0.1)
     assert torch.allclose(loss, smoothed_loss(logits, target, 0.1), atol=1e-5)
     assert torch.allclose(grad, _grad(lambda x: smoothed_loss(x, target, 0.1), logits), atol=1e-6)
-    torch_loss = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), reduction="none",
-                                 label_smoothing=0.1 * V / (V - 1)).view(S, B)
+    torch_loss = F.cross_entropy(
+        logits.reshape(-1, V), target.reshape(-1), reduction="none", label_smoothing=0.1 * V / (V - 1)
+    ).view(S, B)
     assert torch.allclose(loss, torch_loss, atol=1e-5)
-    assert not torch.allclose(loss, F.cross_entropy(logits.reshape(-1, V), target.reshape(-1),
-                                                    reduction="none", label_smoothing=0.1).view(S, B),
-                              atol=1e-3)
+    assert not torch.allclose(
+        loss,
+        F.cross_entropy(
+            logits.reshape(-1, V), target.reshape(-1), reduction="none", label_smoothing=0.1
+        ).view(S, B),
+        atol=1e-3,
+    )
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -86,11 +91,13 @@ def _embedding(tp, sequence_parallel):
     from megatron.core.tensor_parallel import VocabParallelEmbedding
 
     ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
-                                 sequence_parallel=sequence_parallel)
+    config = ModelParallelConfig(
+        tensor_model_parallel_size=tp, use_cpu_initialization=True, sequence_parallel=sequence_parallel
+    )
     torch.manual_seed(0)
-    emb = VocabParallelEmbedding(V, 6, init_method=torch.nn.init.normal_, config=config,
-                                 reduce_scatter_embeddings=sequence_parallel)
+    emb = VocabParallelEmbedding(
+        V, 6, init_method=torch.nn.init.normal_, config=config, reduce_scatter_embeddings=sequence_parallel
+    )
     tokens = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(1))
     out = emb(tokens)
     out.pow(2).sum().backward()
@@ -104,7 +111,7 @@ def test_vocab_parallel_embedding_equals_dense(tp, sp):
     results = run_ranks(_embedding, tp, tp, sp)
     tokens, full = results[0][0], results[0][1].clone().requires_grad_()
     dense = F.embedding(tokens, full)
-    dense = dense.transpose(0, 1) if sp else dense          # SP: [s, b, h], split along s
+    dense = dense.transpose(0, 1) if sp else dense  # SP: [s, b, h], split along s
     dense.pow(2).sum().backward()
     out = torch.cat([r[2] for r in results]) if sp else results[0][2]
     assert torch.allclose(out, dense.detach(), atol=1e-6)

@@ -11,8 +11,11 @@ def _rows(rank, replicated_replica):
     layers = []
     for layer in range(2):  # a (layer, rows, cols) tensor: one layer axis, rows split over 2 "TP" ranks
         local = torch.zeros(3, 4)
-        layers.append(ShardedTensor.from_rank_offsets("w", local, (0, layer, 2), (1, rank, 2),
-                                                      replica_id=(0, 0, 0), prepend_axis_num=1))
+        layers.append(
+            ShardedTensor.from_rank_offsets(
+                "w", local, (0, layer, 2), (1, rank, 2), replica_id=(0, 0, 0), prepend_axis_num=1
+            )
+        )
     norm = ShardedTensor.from_rank_offsets("norm", torch.zeros(4), replica_id=replicated_replica)
     return ckpt_coords.coordinate_rows({"w0": layers[0], "w1": layers[1], "norm": norm})
 

@@ -54,7 +54,9 @@ def test_no_string_in_the_layer_runs_to_a_paragraph():
         with tokenize.open(path) as source:
             for token in tokenize.generate_tokens(source.readline):
                 if token.type == tokenize.STRING and not token.string.startswith('"""'):
-                    assert len(token.string) <= 120, f"{path.name}:{token.start[0]} is {len(token.string)} long"
+                    assert len(token.string) <= 120, (
+                        f"{path.name}:{token.start[0]} is {len(token.string)} long"
+                    )
 
 
 def _megatron_modules_imported_in_functions(module) -> set[str]:

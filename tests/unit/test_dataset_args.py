@@ -109,8 +109,9 @@ def real_parser(request):
     saved = {k: sys.modules.get(k) for k in ("megatron.training", "megatron.training.utils")}
     sys.modules.update({"megatron.training": package, "megatron.training.utils": stub_utils})
     try:
-        spec = importlib.util.spec_from_file_location("_megatron_arguments",
-                                                      src / "megatron/training/arguments.py")
+        spec = importlib.util.spec_from_file_location(
+            "_megatron_arguments", src / "megatron/training/arguments.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         parser = module.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
@@ -133,16 +134,26 @@ def test_flags_have_megatrons_names_and_defaults(real_parser):
             continue
         theirs = real[action.dest]
         assert action.option_strings == theirs.option_strings, action.dest
-        assert (action.default, action.type, action.nargs, type(action)) == \
-            (theirs.default, theirs.type, theirs.nargs, type(theirs)), action.dest
+        assert (action.default, action.type, action.nargs, type(action)) == (
+            theirs.default,
+            theirs.type,
+            theirs.nargs,
+            type(theirs),
+        ), action.dest
 
 
 def _real_dict_literal(src: Path) -> list[tuple[str, str]]:
     text = (src / "pretrain_gpt.py").read_text()
-    fn = next(n for n in ast.parse(text).body
-              if isinstance(n, ast.FunctionDef) and n.name == "core_gpt_dataset_config_from_args")
-    literal = next(n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "data_args")
+    fn = next(
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.FunctionDef) and n.name == "core_gpt_dataset_config_from_args"
+    )
+    literal = next(
+        n.value
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "data_args"
+    )
     return [(k.value, ast.unparse(v)) for k, v in zip(literal.keys, literal.values)]
 
 
@@ -161,11 +172,24 @@ def _real_functions(src: Path):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 
-    blend = _load_function(src, "megatron/training/utils.py", "get_blend_and_blend_per_split",
-                           dict(get_blend_from_list=get_blend_from_list, open_file=open, json=json))
-    config = _load_function(src, "pretrain_gpt.py", "core_gpt_dataset_config_from_args", dict(
-        get_blend_and_blend_per_split=blend, build_tokenizer=lambda args: TOKENIZER,
-        get_tokenizer=lambda: TOKENIZER, GPTDatasetConfig=GPTDatasetConfig, json=json))
+    blend = _load_function(
+        src,
+        "megatron/training/utils.py",
+        "get_blend_and_blend_per_split",
+        dict(get_blend_from_list=get_blend_from_list, open_file=open, json=json),
+    )
+    config = _load_function(
+        src,
+        "pretrain_gpt.py",
+        "core_gpt_dataset_config_from_args",
+        dict(
+            get_blend_and_blend_per_split=blend,
+            build_tokenizer=lambda args: TOKENIZER,
+            get_tokenizer=lambda: TOKENIZER,
+            GPTDatasetConfig=GPTDatasetConfig,
+            json=json,
+        ),
+    )
     return blend, config
 
 
@@ -178,8 +202,12 @@ def test_same_config_and_sizes_as_megatron(command, real_parser, request):
     real_args.data_parallel_size = ours.data_parallel_size  # validate_args' job
     assert real_blend(real_args) == dataset_args.get_blend_and_blend_per_split(ours)
     assert real_config(real_args) == dataset_args.core_gpt_dataset_config_from_args(ours, TOKENIZER)
-    real_sizes = _load_function(src, "megatron/training/training.py", "get_train_valid_test_num_samples",
-                                dict(get_args=lambda: real_args))
+    real_sizes = _load_function(
+        src,
+        "megatron/training/training.py",
+        "get_train_valid_test_num_samples",
+        dict(get_args=lambda: real_args),
+    )
     assert _outcome(real_sizes) == _outcome(dataset_args.get_train_valid_test_num_samples, ours)
 
 

@@ -35,14 +35,18 @@ def test_exclusion_list_is_megatrons(request):
 
 def test_every_field_gets_the_flags_megatron_generates(request):
     src = _src(request)
-    spec = importlib.util.spec_from_file_location("argument_utils", src / "megatron/training/argument_utils.py")
+    spec = importlib.util.spec_from_file_location(
+        "argument_utils", src / "megatron/training/argument_utils.py"
+    )
     argument_utils = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(argument_utils)  # standard library only
 
     from megatron.core.transformer import TransformerConfig
 
     parser = argparse.ArgumentParser()
-    argument_utils.ArgumentGroupFactory(TransformerConfig, exclude=sorted(model_args.EXCLUDED)).build_group(parser)
+    argument_utils.ArgumentGroupFactory(TransformerConfig, exclude=sorted(model_args.EXCLUDED)).build_group(
+        parser
+    )
     real = {a.dest: list(a.option_strings) for a in parser._actions if a.option_strings and a.dest != "help"}
     ours = {name: model_args.cli_flags(f) for name, f in model_args.transformer_config_fields().items()}
     assert {k: v for k, v in ours.items() if v} == real

@@ -14,11 +14,15 @@ def test_te_spec_slots_and_the_name_is_restored():
     with transformer_engine_spec_without_te():
         te = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     assert "TESpecProvider" not in vars(gpt_layer_specs)
-    rows = {row[0]: row[1:] for row in spec_table({"local": gpt_layer_specs.get_gpt_layer_local_spec(),
-                                                   "te": te})}
+    rows = {
+        row[0]: row[1:] for row in spec_table({"local": gpt_layer_specs.get_gpt_layer_local_spec(), "te": te})
+    }
     assert rows["input_layernorm"] == ["WrappedTorchNorm", "IdentityOp"]
     assert rows["pre_mlp_layernorm"] == ["WrappedTorchNorm", "IdentityOp"]
-    assert rows["self_attention.linear_qkv"] == ["ColumnParallelLinear", "TELayerNormColumnParallelLinear (TE)"]
+    assert rows["self_attention.linear_qkv"] == [
+        "ColumnParallelLinear",
+        "TELayerNormColumnParallelLinear (TE)",
+    ]
     assert rows["mlp.linear_fc1"] == ["ColumnParallelLinear", "TELayerNormColumnParallelLinear (TE)"]
     assert rows["self_attention.core_attention"] == ["DotProductAttention", "TEDotProductAttention (TE)"]
     assert rows["mlp.linear_fc2"] == ["RowParallelLinear", "TERowParallelLinear (TE)"]

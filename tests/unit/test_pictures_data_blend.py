@@ -28,17 +28,29 @@ def train_blend(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("corpus"))
     lengths = [2 + i % 4 for i in range(10)]
     starts = numpy.cumsum([0] + lengths[:-1])
-    a = write_corpus(d, "a", [[int(s + j) % 30 for j in range(n)] for s, n in zip(starts, lengths)], tokenizer.eod)
+    a = write_corpus(
+        d, "a", [[int(s + j) % 30 for j in range(n)] for s, n in zip(starts, lengths)], tokenizer.eod
+    )
     b = write_corpus(d, "b", [[20 + i % 5] * (3 + i % 3) for i in range(8)], tokenizer.eod)
-    args = parse_args(f"--data-path 0.7 {a} 0.3 {b} --split 6,2,2 --seq-length 4 --micro-batch-size 1 "
-                      "--global-batch-size 4 --train-iters 4 --eval-interval 2 --eval-iters 1 "
-                      "--tokenizer-type NullTokenizer --vocab-size 31", world_size=2)
-    return BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(args), lambda: True,
-                                         core_gpt_dataset_config_from_args(args, tokenizer)).build()[0]
+    args = parse_args(
+        f"--data-path 0.7 {a} 0.3 {b} --split 6,2,2 --seq-length 4 --micro-batch-size 1 "
+        "--global-batch-size 4 --train-iters 4 --eval-interval 2 --eval-iters 1 "
+        "--tokenizer-type NullTokenizer --vocab-size 31",
+        world_size=2,
+    )
+    return BlendedMegatronDatasetBuilder(
+        GPTDataset,
+        get_train_valid_test_num_samples(args),
+        lambda: True,
+        core_gpt_dataset_config_from_args(args, tokenizer),
+    ).build()[0]
 
 
 def drawn(svg: str) -> list[list]:
-    return [[int(i), name, int(k)] for i, name, k in re.findall(r"<title>样本 (\d+): (\w) 的第 (\d+) 个</title>", svg)]
+    return [
+        [int(i), name, int(k)]
+        for i, name, k in re.findall(r"<title>样本 (\d+): (\w) 的第 (\d+) 个</title>", svg)
+    ]
 
 
 def test_picture_is_the_table_dataset_index(train_blend):

@@ -20,15 +20,21 @@ ORDERS = ("tp-cp-ep-dp-pp", "dp-tp-pp")
 def seed_panels(orders=ORDERS):
     from megatron.core.parallel_state import RankGenerator
 
-    return [panel_from_generator(RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order=o), (5, 13), order=o)
-            for o in orders]
+    return [
+        panel_from_generator(RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order=o), (5, 13), order=o)
+        for o in orders
+    ]
 
 
 def drawn(svg: str) -> tuple[set, set]:
     """What the SVG shows: the groups drawn as buses ``(kind, members)``, and the filled ranks."""
-    buses = {(k, tuple(int(m) for m in members.split(", ")))
-             for k, members in re.findall(r'data-name="(tp|dp|pp) \[([0-9, ]+)\]"', svg)}
-    marked = set(int(r) for r in re.findall(r'<g data-name="rank (\d+)">\n\s*<rect [^>]*class="f-accent', svg))
+    buses = {
+        (k, tuple(int(m) for m in members.split(", ")))
+        for k, members in re.findall(r'data-name="(tp|dp|pp) \[([0-9, ]+)\]"', svg)
+    }
+    marked = set(
+        int(r) for r in re.findall(r'<g data-name="rank (\d+)">\n\s*<rect [^>]*class="f-accent', svg)
+    )
     return buses, marked
 
 
@@ -50,8 +56,12 @@ def test_picture_draws_the_table_groups():
     assert len(parts) == len(panels)
     for part, panel in zip(parts, panels):
         buses, marked = drawn(part)
-        expected = {(k, tuple(r[3 + i])) for r in rows if r[0] == panel.order
-                    for i, k in enumerate(("tp", "dp", "pp"))}
+        expected = {
+            (k, tuple(r[3 + i]))
+            for r in rows
+            if r[0] == panel.order
+            for i, k in enumerate(("tp", "dp", "pp"))
+        }
         assert buses == expected
         assert marked == {5, 13}
 
@@ -71,8 +81,10 @@ def test_panel_from_a_run_equals_the_generator():
     from megatron.core.parallel_state import RankGenerator
 
     gen = RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order="tp-cp-ep-pp-dp")
-    described = [{"rank": r, "groups": {k: next(g for g in gen.get_ranks(k) if r in g)
-                                        for k in ("tp", "dp", "pp")}} for r in range(16)]
+    described = [
+        {"rank": r, "groups": {k: next(g for g in gen.get_ranks(k) if r in g) for k in ("tp", "dp", "pp")}}
+        for r in range(16)
+    ]
     sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2)
     assert panel_from_described(described, gen.order, sizes) == panel_from_generator(gen)
 

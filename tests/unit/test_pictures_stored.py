@@ -14,8 +14,11 @@ NOTES = Path(__file__).resolve().parents[2] / "notes"
 
 
 def _cells(note: str) -> list[dict]:
-    return [c for c in json.loads((NOTES / f"{note}.ipynb").read_text(encoding="utf-8"))["cells"]
-            if c["cell_type"] == "code"]
+    return [
+        c
+        for c in json.loads((NOTES / f"{note}.ipynb").read_text(encoding="utf-8"))["cells"]
+        if c["cell_type"] == "code"
+    ]
 
 
 def _table(note: str, source: str) -> list[list[str]]:
@@ -32,8 +35,11 @@ def _table(note: str, source: str) -> list[list[str]]:
 def _stored_svg(note: str, source: str) -> str:
     for cell in _cells(note):
         if "".join(cell["source"]).strip().startswith(source):
-            return next("".join(o["data"]["image/svg+xml"]) for o in cell["outputs"]
-                        if "image/svg+xml" in o.get("data", {}))
+            return next(
+                "".join(o["data"]["image/svg+xml"])
+                for o in cell["outputs"]
+                if "image/svg+xml" in o.get("data", {})
+            )
     raise AssertionError(f"{note}: no stored picture for {source!r}")
 
 
@@ -63,12 +69,14 @@ def test_note_23_strip_is_the_journey_table():
     assert [s["station"] for s in stations] == [r[0] for r in rows]
     assert [s["shape"] for s in stations] == [r[3] for r in rows]
     # each held range is the table's, and each producing collective is named as the table does
-    assert [f"{s['axis']} [{s['start']}, {s['end']})" for s in stations] == [r[2].split(" × ")[0] for r in rows]
+    assert [f"{s['axis']} [{s['start']}, {s['end']})" for s in stations] == [
+        r[2].split(" × ")[0] for r in rows
+    ]
     assert [s["comm"] is None for s in stations] == [" · " not in r[4] for r in rows]
 
 
 def test_note_05_picture_is_the_who_divides_table():
-    rows = _typed(_table("05_forward_loss_backward", "\"梯度 = 全局 token 平均\"], divides)"))
+    rows = _typed(_table("05_forward_loss_backward", '"梯度 = 全局 token 平均"], divides)'))
     fig = pictures.draw_loss_division(rows, tokens=[16, 6])
     fig.check()
     assert fig.svg() == _stored_svg("05_forward_loss_backward", "pictures.draw_loss_division")
@@ -82,15 +90,24 @@ def test_note_05_picture_is_the_who_divides_table():
 
 
 def test_note_01_picture_is_the_two_log_tables():
-    tables = [_typed(_table("01_training_run_overview", f"log_table({name})")) for name in ("as_published", "fixed")]
+    tables = [
+        _typed(_table("01_training_run_overview", f"log_table({name})")) for name in ("as_published", "fixed")
+    ]
     fig = pictures.draw_loop_runs(*tables)
     fig.check()
     svg = fig.svg()
     assert svg == _stored_svg("01_training_run_overview", "pictures.draw_loop_runs")
     tips = re.findall(r"<title>([^<]*第 \d+ 步：[^<]*)</title>", svg)
-    expected = [f"{run} 第 {row[0]} 步：{row[col]}" for col in (3, 2) for i in range(len(tables[0]))
-                for run, rows in (("原样（torch.optim.Adam）", tables[0]), ("改后（get_megatron_optimizer）", tables[1]))
-                for row in [rows[i]]]
+    expected = [
+        f"{run} 第 {row[0]} 步：{row[col]}"
+        for col in (3, 2)
+        for i in range(len(tables[0]))
+        for run, rows in (
+            ("原样（torch.optim.Adam）", tables[0]),
+            ("改后（get_megatron_optimizer）", tables[1]),
+        )
+        for row in [rows[i]]
+    ]
     assert tips == expected
 
 

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from snippets.data.pretraining_sampler import (MegatronPretrainingSampler, build_pretraining_data_loader,
-                                          samples_per_iteration)
+from snippets.data.pretraining_sampler import (
+    MegatronPretrainingSampler,
+    build_pretraining_data_loader,
+    samples_per_iteration,
+)
 
-GRID = [dict(total=t, consumed=c, mbs=m, dp=d, drop_last=dl)
-        for t, c, m, d, dl in product((16, 19), (0, 4, 7), (1, 2, 3), (1, 2, 4), (True, False))]
+GRID = [
+    dict(total=t, consumed=c, mbs=m, dp=d, drop_last=dl)
+    for t, c, m, d, dl in product((16, 19), (0, 4, 7), (1, 2, 3), (1, 2, 4), (True, False))
+]
 
 
 def _batches(cls, total, consumed, mbs, dp, drop_last):
@@ -41,7 +46,7 @@ def test_resuming_from_consumed_samples_continues_the_same_sequence():
     whole = _batches(MegatronPretrainingSampler, 16, 0, mbs, dp, True)
     for k in range(1, 4):
         resumed = _batches(MegatronPretrainingSampler, 16, k * step, mbs, dp, True)
-        assert [r[k * microbatches:] for r in whole] == resumed
+        assert [r[k * microbatches :] for r in whole] == resumed
 
 
 def test_nothing_left_to_consume_is_an_error():
@@ -67,8 +72,11 @@ def _src(request) -> Path:
 def _real_sampler(src: Path):
     path = "megatron/training/datasets/data_samplers.py"
     text = (src / path).read_text()
-    node = next(n for n in ast.parse(text).body
-                if isinstance(n, ast.ClassDef) and n.name == "MegatronPretrainingSampler")
+    node = next(
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.ClassDef) and n.name == "MegatronPretrainingSampler"
+    )
     scope = {}
     exec(compile(ast.get_source_segment(text, node), path, "exec"), scope)
     return scope["MegatronPretrainingSampler"]
@@ -78,8 +86,10 @@ def test_same_batches_as_megatron(request):
     real = _real_sampler(_src(request))
     for case in GRID:
         assert _batches(real, **case) == _batches(MegatronPretrainingSampler, **case), case
-        sampler, ours = real(case["total"], case["consumed"], 1, 0, 1), \
-            MegatronPretrainingSampler(case["total"], case["consumed"], 1, 0, 1)
+        sampler, ours = (
+            real(case["total"], case["consumed"], 1, 0, 1),
+            MegatronPretrainingSampler(case["total"], case["consumed"], 1, 0, 1),
+        )
         assert len(sampler) == len(ours)
     with pytest.raises(AssertionError, match="no samples left"):
         real(16, 16, 1, 0, 1)
