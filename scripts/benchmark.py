@@ -116,7 +116,7 @@ def page_loads(repeats: int = 3) -> tuple[float, list[list]]:
                     context = browser.new_context(viewport={"width": 1400, "height": 900})
                     page = context.new_page()
                     got = []
-                    page.on("requestfinished", got.append)
+                    page.on("requestfinished", lambda r, got=got: got.append(r))
                     page.goto(url, wait_until="load")
                     times.append(page.evaluate(
                         "() => performance.getEntriesByType('navigation')[0].loadEventStart"))
