@@ -3,7 +3,7 @@
 * :func:`draw_journey_strip` (note 23): one weight's journey as one strip, a column per station
   of the journey table -- the full extent (the weight's rows, or the sequence's tokens) as a tall
   box, the part the rank holds filled, its local shape under it, and the collective that produced
-  it. Built from the rows :func:`snippets.experiments.n23_journey.journey_table` prints.
+  it. Built from the rows :func:`snippets.train.journey_tables.journey_table` prints.
 * :func:`draw_loss_division` (note 05): who divides the loss, and by what, from the note's table of
   recorded scalings.
 * :func:`draw_grad_path` (note 06): a gradient's path, ``.grad`` → ``main_grad`` → bucket →
