@@ -100,25 +100,26 @@ def out_links(content: str, page_url: str, known: set[str]) -> Counter:
 
 @dataclass
 class Node:
-    url: str      # page.url
-    title: str    # full title
-    label: str    # short label for the SVG
-    group: str    # column: a round title, or SITE_GROUP
+    url: str  # page.url
+    title: str  # full title
+    label: str  # short label for the SVG
+    group: str  # column: a round title, or SITE_GROUP
     is_note: bool
     hub: bool = False  # links to every note by construction (HUB_SOURCES): left out of the graphs
 
 
 @dataclass
 class LinkGraph:
-    nodes: dict[str, Node]                    # url -> node, in column order
-    links: dict[str, Counter]                 # source url -> target url -> number of <a>
+    nodes: dict[str, Node]  # url -> node, in column order
+    links: dict[str, Counter]  # source url -> target url -> number of <a>
     groups: list[str] = field(default_factory=list)  # column titles, in order
 
     def edges(self) -> list[tuple[str, str, int]]:
         order = {u: i for i, u in enumerate(self.nodes)}
-        return sorted(((s, t, n) for s, ts in self.links.items() for t, n in ts.items()
-                       if s in order and t in order),
-                      key=lambda e: (order[e[0]], order[e[1]]))
+        return sorted(
+            ((s, t, n) for s, ts in self.links.items() for t, n in ts.items() if s in order and t in order),
+            key=lambda e: (order[e[0]], order[e[1]]),
+        )
 
     def backlinks(self, url: str) -> list[str]:
         return [s for s, t, _ in self.edges() if t == url]
@@ -142,12 +143,18 @@ def build_graph(pages: list, links: dict[str, Counter]) -> LinkGraph:
     groups = [SITE_GROUP] + [t for t, _ in notes_site.ROUNDS] + [OTHER_GROUP]
     nodes: list[Node] = []
     for page in pages:
-        note = notes_site.is_note(page) and bool(notes_site.NOTE_NAME.match(
-            Path(page.file.src_uri).name))
+        note = notes_site.is_note(page) and bool(notes_site.NOTE_NAME.match(Path(page.file.src_uri).name))
         title = str(page.title or page.url or "首页")
-        nodes.append(Node(page.url, title, short_label(title, note),
-                          note_group(page.file.src_uri) if note else SITE_GROUP, note,
-                          page.file.src_uri in HUB_SOURCES))
+        nodes.append(
+            Node(
+                page.url,
+                title,
+                short_label(title, note),
+                note_group(page.file.src_uri) if note else SITE_GROUP,
+                note,
+                page.file.src_uri in HUB_SOURCES,
+            )
+        )
     nodes.sort(key=lambda n: groups.index(n.group))  # stable: keeps nav order inside a column
     used = [g for g in groups if any(n.group == g for n in nodes)]
     return LinkGraph({n.url: n for n in nodes}, links, used)
@@ -183,9 +190,9 @@ class Box:
     key: str
     label: str
     title: str
-    href: str | None      # None: not a link (this page, in its own neighbourhood)
-    kind: str             # css class: lg-note, lg-page (not a note), lg-self
-    url: str = ""         # page.url, for data-page
+    href: str | None  # None: not a link (this page, in its own neighbourhood)
+    kind: str  # css class: lg-note, lg-page (not a note), lg-self
+    url: str = ""  # page.url, for data-page
     x: float = 0.0
     y: float = 0.0
     w: float = 0.0
@@ -203,13 +210,22 @@ def _curve(s: Box, t: Box) -> str:
     down = s.y < t.y
     side = s.x + s.w if down else s.x
     k = min(40.0, 12 + abs(ty - sy) * 0.12) * (1 if down else -1)
-    return (f"M{side:.1f},{sy:.1f} C{side + k:.1f},{sy:.1f} {side + k:.1f},{ty:.1f} "
-            f"{side:.1f},{ty:.1f}")
+    return f"M{side:.1f},{sy:.1f} C{side + k:.1f},{sy:.1f} {side + k:.1f},{ty:.1f} {side:.1f},{ty:.1f}"
 
 
-def draw(columns: list[list[tuple[str, list[Box]]]], edges: list[tuple[str, str, str]], *,
-         uid: str, title: str, desc: str, col_w: float, gap: float, hover: bool = False,
-         extra_height: float = 0, after=None) -> str:
+def draw(
+    columns: list[list[tuple[str, list[Box]]]],
+    edges: list[tuple[str, str, str]],
+    *,
+    uid: str,
+    title: str,
+    desc: str,
+    col_w: float,
+    gap: float,
+    hover: bool = False,
+    extra_height: float = 0,
+    after=None,
+) -> str:
     """Columns of titled groups of boxes; edges (source key, target key, tooltip) between them.
     ``after(fig, y)`` may draw more below the columns (``extra_height`` px are reserved)."""
     heights = [sum(HEAD + len(boxes) * ROW for _, boxes in col) for col in columns]
@@ -236,10 +252,23 @@ def draw(columns: list[list[tuple[str, list[Box]]]], edges: list[tuple[str, str,
     for key, box in boxes.items():
         fill = "tp" if box.kind == "lg-self" else "light"
         with fig.group(f"node:{index[key]}", tip=box.title):
-            fig.rect(box.x, box.y, box.w, NODE_H, fill, outline=None if fill == "tp" else
-                     ("tp" if box.kind == "lg-note" else "grid"), rx=4, dashed=box.kind == "lg-page")
-            fig.text(box.x + 8, box.y + NODE_H / 2, fit(box.label, box.w - 14),
-                     kind="on" if fill == "tp" else "ink", bold=box.kind == "lg-self")
+            fig.rect(
+                box.x,
+                box.y,
+                box.w,
+                NODE_H,
+                fill,
+                outline=None if fill == "tp" else ("tp" if box.kind == "lg-note" else "grid"),
+                rx=4,
+                dashed=box.kind == "lg-page",
+            )
+            fig.text(
+                box.x + 8,
+                box.y + NODE_H / 2,
+                fit(box.label, box.w - 14),
+                kind="on" if fill == "tp" else "ink",
+                bold=box.kind == "lg-self",
+            )
     if after is not None:
         after(fig, PAD + max(heights + [ROW]))
     fig.check()
@@ -253,21 +282,27 @@ def draw(columns: list[list[tuple[str, list[Box]]]], edges: list[tuple[str, str,
         page = html.escape(box.url)
         if box.href is None:
             return f'<g class="{cls}" data-page="{page}">{m.group(2)}</g>'
-        return (f'<a class="{cls}" href="{html.escape(box.href)}" data-page="{page}" '
-                f'aria-label="{html.escape(box.title)}">{m.group(2)}</a>')
+        return (
+            f'<a class="{cls}" href="{html.escape(box.href)}" data-page="{page}" '
+            f'aria-label="{html.escape(box.title)}">{m.group(2)}</a>'
+        )
 
     def edge(m: re.Match) -> str:
         s, t = boxes[keys[int(m.group(1))]], boxes[keys[int(m.group(2))]]
-        return (f'<g class="lg-edge s{m.group(1)} t{m.group(2)}" data-source="{html.escape(s.url)}" '
-                f'data-target="{html.escape(t.url)}">')
+        return (
+            f'<g class="lg-edge s{m.group(1)} t{m.group(2)}" data-source="{html.escape(s.url)}" '
+            f'data-target="{html.escape(t.url)}">'
+        )
 
     out = re.sub(r'<g data-name="node:(\d+)">(.*?)</g>', node, out, flags=re.S)
     out = re.sub(r'<g data-name="edge:(\d+):(\d+)">', edge, out)
     if hover:  # hovering (or tabbing to) a page lights up its own links
-        rules = ",\n".join(f"#{uid}:has(.n{i}:hover, .n{i}:focus-visible) :is(.s{i}, .t{i}) path"
-                           for i in range(len(boxes)))
-        out = out.replace("</style>", rules + "{stroke:var(--md-accent-fg-color);opacity:1;"
-                          "stroke-width:2}</style>", 1)
+        rules = ",\n".join(
+            f"#{uid}:has(.n{i}:hover, .n{i}:focus-visible) :is(.s{i}, .t{i}) path" for i in range(len(boxes))
+        )
+        out = out.replace(
+            "</style>", rules + "{stroke:var(--md-accent-fg-color);opacity:1;stroke-width:2}</style>", 1
+        )
     return out
 
 
@@ -281,8 +316,9 @@ def page_href(target_url: str, from_url: str) -> str:
 
 def _box(graph: LinkGraph, url: str, from_url: str, key: str | None = None) -> Box:
     n = graph.nodes[url]
-    return Box(key or url, n.label, n.title, page_href(url, from_url),
-               "lg-note" if n.is_note else "lg-page", url)
+    return Box(
+        key or url, n.label, n.title, page_href(url, from_url), "lg-note" if n.is_note else "lg-page", url
+    )
 
 
 def _packed(groups: list[tuple[str, list]]) -> list[list[tuple[str, list]]]:
@@ -304,15 +340,27 @@ def drawn_pages(graph: LinkGraph) -> list[str]:
 
 def full_graph_svg(graph: LinkGraph, from_url: str) -> str:
     shown = set(drawn_pages(graph))
-    groups = [(g, [_box(graph, u, from_url) for u, n in graph.nodes.items()
-                   if n.group == g and u in shown]) for g in graph.groups]
+    groups = [
+        (g, [_box(graph, u, from_url) for u, n in graph.nodes.items() if n.group == g and u in shown])
+        for g in graph.groups
+    ]
     groups = [(g, b) for g, b in groups if b]
-    edges = [(s, t, f"{graph.nodes[s].title} → {graph.nodes[t].title}（{n} 处链接）")
-             for s, t, n in graph.edges() if s in shown and t in shown]
-    return draw(_packed(groups), edges, uid="lg-site", col_w=250, gap=100, hover=True,
-                title="全站关系图谱",
-                desc="页面按轮次分列，箭头从写下链接的页面指向被链接的页面；首页、自测题库和 30 秒英文回答"
-                     "链接每一篇笔记，不画在图里。")
+    edges = [
+        (s, t, f"{graph.nodes[s].title} → {graph.nodes[t].title}（{n} 处链接）")
+        for s, t, n in graph.edges()
+        if s in shown and t in shown
+    ]
+    return draw(
+        _packed(groups),
+        edges,
+        uid="lg-site",
+        col_w=250,
+        gap=100,
+        hover=True,
+        title="全站关系图谱",
+        desc="页面按轮次分列，箭头从写下链接的页面指向被链接的页面；首页、自测题库和 30 秒英文回答"
+        "链接每一篇笔记，不画在图里。",
+    )
 
 
 def neighbours(graph: LinkGraph, url: str) -> tuple[list[str], list[str], list[str]]:
@@ -325,8 +373,11 @@ def neighbours(graph: LinkGraph, url: str) -> tuple[list[str], list[str], list[s
     after = sorted((u for u in linked if order[u] > order[url]), key=order.get)
     same = []
     if me.is_note:
-        peers = [u for u, n in graph.nodes.items()
-                 if n.is_note and n.group == me.group and u != url and u not in linked]
+        peers = [
+            u
+            for u, n in graph.nodes.items()
+            if n.is_note and n.group == me.group and u != url and u not in linked
+        ]
         same = sorted(sorted(peers, key=lambda u: abs(order[u] - order[url]))[:4], key=order.get)
     return before, after, same
 
@@ -360,32 +411,50 @@ def neighbourhood_svg(graph: LinkGraph, url: str) -> str:
                 fig.rect(box.x, box.y, col_w, NODE_H, "light", outline="grid", rx=4)
                 fig.text(box.x + 8, box.y + NODE_H / 2, fit(box.label, col_w - 14))
 
-    svg = draw([[("前置：本页用到的", left)], [("本页", [center])], [("后续：用到本页的", right)]],
-               edges, uid="lg-local", col_w=col_w, gap=gap, extra_height=(HEAD + rows * ROW) if peers else 0,
-               after=same_topic, title=f"{me.label} 的关系图谱",
-               desc="左列是本页之前、与本页有链接的页面，右列是本页之后、与本页有链接的页面，"
-                    "下面是同一轮里没有互相链接的笔记。")
+    svg = draw(
+        [[("前置：本页用到的", left)], [("本页", [center])], [("后续：用到本页的", right)]],
+        edges,
+        uid="lg-local",
+        col_w=col_w,
+        gap=gap,
+        extra_height=(HEAD + rows * ROW) if peers else 0,
+        after=same_topic,
+        title=f"{me.label} 的关系图谱",
+        desc="左列是本页之前、与本页有链接的页面，右列是本页之后、与本页有链接的页面，"
+        "下面是同一轮里没有互相链接的笔记。",
+    )
 
     def peer(m: re.Match) -> str:
         box = peers[int(m.group(1))]
-        return (f'<a class="lg-node {box.kind} lg-peer" href="{html.escape(box.href)}" '
-                f'data-page="{html.escape(box.url)}" aria-label="{html.escape(box.title)}">'
-                f"{m.group(2)}</a>")
+        return (
+            f'<a class="lg-node {box.kind} lg-peer" href="{html.escape(box.href)}" '
+            f'data-page="{html.escape(box.url)}" aria-label="{html.escape(box.title)}">'
+            f"{m.group(2)}</a>"
+        )
 
     return re.sub(r'<g data-name="peer:(\d+)">(.*?)</g>', peer, svg, flags=re.S)
 
 
 def _link_list(graph: LinkGraph, urls: list[str], from_url: str) -> str:
-    return "、".join(f'<a href="{html.escape(page_href(u, from_url))}" data-page="{html.escape(u)}">'
-                    f"{html.escape(graph.nodes[u].label)}</a>" for u in urls) or "—"
+    return (
+        "、".join(
+            f'<a href="{html.escape(page_href(u, from_url))}" data-page="{html.escape(u)}">'
+            f"{html.escape(graph.nodes[u].label)}</a>"
+            for u in urls
+        )
+        or "—"
+    )
 
 
 def neighbourhood_list(graph: LinkGraph, url: str) -> str:
     """The same three lists in words: what a phone shows instead of the picture."""
     before, after, same = neighbours(graph, url)
     rows = [("前置", before), ("后续", after)] + ([("同主题", same)] if same else [])
-    return ('<dl class="lg-list lg-local-list">' + "".join(
-        f"<dt>{k}</dt><dd>{_link_list(graph, v, url)}</dd>" for k, v in rows) + "</dl>")
+    return (
+        '<dl class="lg-list lg-local-list">'
+        + "".join(f"<dt>{k}</dt><dd>{_link_list(graph, v, url)}</dd>" for k, v in rows)
+        + "</dl>"
+    )
 
 
 def edge_table(graph: LinkGraph, from_url: str) -> str:
@@ -403,14 +472,17 @@ def edge_table(graph: LinkGraph, from_url: str) -> str:
             f'<dt data-source="{html.escape(url)}"><a href="{html.escape(page_href(url, from_url))}" '
             f'data-page="{html.escape(url)}">{html.escape(node.title)}</a> '
             f'<span class="lg-group">{html.escape(node.group)} · 出链 {len(targets)}</span></dt>'
-            f"<dd>{body}</dd>")
+            f"<dd>{body}</dd>"
+        )
     return '<dl class="lg-list lg-site-list">' + "".join(items) + "</dl>"
 
 
 def summary(graph: LinkGraph) -> str:
     notes = sum(n.is_note for n in graph.nodes.values())
-    return (f"<p>{len(graph.nodes)} 个页面（其中 {notes} 篇笔记），"
-            f"{len(graph.edges())} 条链接（同一对页面之间的多处链接算一条）。</p>")
+    return (
+        f"<p>{len(graph.nodes)} 个页面（其中 {notes} 篇笔记），"
+        f"{len(graph.edges())} 条链接（同一对页面之间的多处链接算一条）。</p>"
+    )
 
 
 # ---------------------------------------------------------------------------- sections
@@ -423,12 +495,14 @@ def _heading(text: str, taken: set[str]) -> tuple[str, str]:
         n += 1
         ident = f"{base}_{n}"
     taken.add(ident)
-    return ident, (f'<h2 id="{ident}">{text}<a class="headerlink" href="#{ident}" '
-                   f'title="Permanent link">¶</a></h2>')
+    return ident, (
+        f'<h2 id="{ident}">{text}<a class="headerlink" href="#{ident}" title="Permanent link">¶</a></h2>'
+    )
 
 
-def sections(graph: LinkGraph, url: str, graph_url: str | None, taken: set[str]
-             ) -> tuple[str, list[AnchorLink]]:
+def sections(
+    graph: LinkGraph, url: str, graph_url: str | None, taken: set[str]
+) -> tuple[str, list[AnchorLink]]:
     """The 关系图谱 and 反向链接 sections of page ``url``, and their TOC entries."""
     graph_id, graph_h = _heading("关系图谱", taken)
     back_id, back_h = _heading("反向链接", taken)
@@ -440,7 +514,8 @@ def sections(graph: LinkGraph, url: str, graph_url: str | None, taken: set[str]
         items = "".join(
             f'<li><a href="{html.escape(page_href(u, url))}">{html.escape(graph.nodes[u].title)}'
             f'</a> <span class="lg-group">{html.escape(graph.nodes[u].group)}</span></li>'
-            for u in back)
+            for u in back
+        )
         back_html = f"<p>{len(back)} 个页面链接到本页：</p><ul>{items}</ul>"
     else:
         back_html = "<p>还没有其他页面链接到本页。</p>"
@@ -450,7 +525,8 @@ def sections(graph: LinkGraph, url: str, graph_url: str | None, taken: set[str]
         f"首页和题库这类链接每一篇笔记的页面不算在内。{see_all}</p>"
         f'<div class="lg-figure">{neighbourhood_svg(graph, url)}</div>'
         f"{neighbourhood_list(graph, url)}</section>"
-        f'<section class="lg-section backlinks">{back_h}{back_html}</section>')
+        f'<section class="lg-section backlinks">{back_h}{back_html}</section>'
+    )
     return content, [AnchorLink("关系图谱", graph_id, 2), AnchorLink("反向链接", back_id, 2)]
 
 
@@ -508,8 +584,9 @@ def on_nav(nav, config, files):
     _graph_url = graph_file.page.url if graph_file is not None and graph_file.page else None
     _known.clear()
     # page.url, not file.url: the home page's file.url is "./", its page.url ""
-    _known.update(f.page.url for f in files.documentation_pages()
-                  if f.page is not None and f.page.url != _graph_url)
+    _known.update(
+        f.page.url for f in files.documentation_pages() if f.page is not None and f.page.url != _graph_url
+    )
     _nav_order.clear()
     _nav_order.update((p.url, i) for i, p in enumerate(nav.pages))
     return nav
@@ -523,8 +600,7 @@ def on_page_content(content, page, config, files):
 
 def on_env(env, config, files):
     global _graph
-    pages = [f.page for f in files.documentation_pages()
-             if f.page is not None and f.page.url in _known]
+    pages = [f.page for f in files.documentation_pages() if f.page is not None and f.page.url in _known]
     pages.sort(key=lambda p: _nav_order.get(p.url, len(_nav_order)))  # pages left out: last
     _graph = build_graph(pages, _links)
     return env
@@ -536,8 +612,8 @@ def fill_graph_page(page) -> None:
         if mark not in content:
             log.warning("%s: marker %s missing, the graph is not shown", GRAPH_PAGE, mark)
     page.content = content.replace(
-        SVG_MARK, summary(_graph) + f'<div class="lg-figure">{full_graph_svg(_graph, page.url)}</div>').replace(
-        TABLE_MARK, edge_table(_graph, page.url))
+        SVG_MARK, summary(_graph) + f'<div class="lg-figure">{full_graph_svg(_graph, page.url)}</div>'
+    ).replace(TABLE_MARK, edge_table(_graph, page.url))
 
 
 # After the search plugin's on_page_context: the generated sections, the graph and its table

@@ -69,14 +69,29 @@ ROUNDS: list[tuple[str, set[int]]] = [
 # Every note the roadmap plans (../shared/ROADMAP.md), for the home page's map. A note that
 # exists in notes/ shows its own H1 title and a link; the others show the plan and 计划中.
 PLAN: dict[int, str] = {
-    1: "训练全流程总览", 2: "分布式初始化", 3: "数据与 batch 流", 4: "model provider 与 GPTModel",
-    5: "forward、loss、backward", 6: "梯度同步与优化器", 7: "checkpoint",
-    8: "parallel_state 与 RankGenerator", 9: "TP mappings：f 与 g",
-    10: "ColumnParallelLinear 与 RowParallelLinear", 11: "走读一层 TransformerLayer",
-    12: "vocab-parallel embedding 与 cross entropy", 13: "pipeline schedules",
-    14: "数据并行 DDP", 15: "分布式优化器（ZeRO-1）", 16: "context parallel",
-    17: "MoE 与 expert parallel", 18: "数据专题", 19: "模型专题", 20: "优化器专题",
-    21: "checkpoint 专题", 22: "refit 与 resharding", 23: "一个 tensor 的旅程",
+    1: "训练全流程总览",
+    2: "分布式初始化",
+    3: "数据与 batch 流",
+    4: "model provider 与 GPTModel",
+    5: "forward、loss、backward",
+    6: "梯度同步与优化器",
+    7: "checkpoint",
+    8: "parallel_state 与 RankGenerator",
+    9: "TP mappings：f 与 g",
+    10: "ColumnParallelLinear 与 RowParallelLinear",
+    11: "走读一层 TransformerLayer",
+    12: "vocab-parallel embedding 与 cross entropy",
+    13: "pipeline schedules",
+    14: "数据并行 DDP",
+    15: "分布式优化器（ZeRO-1）",
+    16: "context parallel",
+    17: "MoE 与 expert parallel",
+    18: "数据专题",
+    19: "模型专题",
+    20: "优化器专题",
+    21: "checkpoint 专题",
+    22: "refit 与 resharding",
+    23: "一个 tensor 的旅程",
 }
 NOTE_MAP_MARK = "<!-- note-map -->"
 
@@ -84,9 +99,19 @@ NOTE_MAP_MARK = "<!-- note-map -->"
 # English names (Pipeline schedule, DDP), and a reader types 流水线并行. Added to the note's title
 # in the search index only (each stays one word: hooks/jieba_userdict.txt lists them too).
 SEARCH_TERMS: dict[int, str] = {
-    5: "梯度累积", 6: "梯度同步", 8: "进程组", 9: "张量并行", 10: "张量并行",
-    11: "张量并行 序列并行", 12: "词表并行", 13: "流水线并行 气泡", 14: "数据并行 梯度同步",
-    15: "分布式优化器", 16: "上下文并行", 17: "专家并行", 20: "分布式优化器 混合精度",
+    5: "梯度累积",
+    6: "梯度同步",
+    8: "进程组",
+    9: "张量并行",
+    10: "张量并行",
+    11: "张量并行 序列并行",
+    12: "词表并行",
+    13: "流水线并行 气泡",
+    14: "数据并行 梯度同步",
+    15: "分布式优化器",
+    16: "上下文并行",
+    17: "专家并行",
+    20: "分布式优化器 混合精度",
     22: "重切 权重同步",
 }
 
@@ -118,8 +143,7 @@ def note_sections(docs_dir: Path) -> list[dict]:
         number = int(m.group(1))
         round_title = next((t for t, numbers in ROUNDS if number in numbers), None)
         if round_title is None:
-            log.warning("notes/%s: note %02d has no round in hooks/notes_site.py ROUNDS",
-                        nb.name, number)
+            log.warning("notes/%s: note %02d has no round in hooks/notes_site.py ROUNDS", nb.name, number)
             continue
         title = _first_h1(nb) or nb.stem
         found[round_title].append({title: f"{NOTES_DIR}/{nb.name}"})
@@ -158,8 +182,10 @@ def note_map(docs_dir: Path) -> str:
         for n in sorted(numbers | {k for k in present if k in numbers}):
             if n in present:
                 title = re.sub(r"^\d\d\s+", "", _note_title(present[n]))
-                lines.append(f"| {n:02d} | [{title}]({NOTES_DIR}/{present[n].name}) "
-                             f"| {what_it_runs(present[n])} | 可运行 |")
+                lines.append(
+                    f"| {n:02d} | [{title}]({NOTES_DIR}/{present[n].name}) "
+                    f"| {what_it_runs(present[n])} | 可运行 |"
+                )
             else:
                 lines.append(f"| {n:02d} | {PLAN.get(n, '')} | | 计划中 |")
         lines.append("")
@@ -220,12 +246,18 @@ def _root_links(markdown: str) -> str:
 
 def _section(cells: list[dict], heading: str) -> list[dict]:
     """The cells from the markdown cell holding ``heading`` up to the next ``## `` heading."""
-    start = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
-                  and re.search(rf"^{re.escape(heading)}\s*$", _source(c), re.M)), None)
+    start = next(
+        (
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "markdown" and re.search(rf"^{re.escape(heading)}\s*$", _source(c), re.M)
+        ),
+        None,
+    )
     if start is None:
         return []
     section = [cells[start]]
-    for cell in cells[start + 1:]:
+    for cell in cells[start + 1 :]:
         if cell["cell_type"] == "markdown" and re.search(r"^## ", _source(cell), re.M):
             break
         section.append(cell)
@@ -242,14 +274,19 @@ def self_test(nb_path: Path) -> list[dict]:
             continue
         text = _source(cell)
         for q in QUESTION.finditer(text):
-            rest = text[q.end():]
+            rest = text[q.end() :]
             nxt = QUESTION.search(rest)
-            answer = DETAILS.search(rest[:nxt.start()] if nxt else rest)
-            code = next((c for c in section[i + 1:] if c["cell_type"] == "code"), None)
-            questions.append(dict(number=int(q.group(1)), question=" ".join(q.group(2).split()),
-                                  answer=answer.group(1).strip() if answer else "",
-                                  cell_id=code.get("id") if code else None,
-                                  output=_output_markdown(code) if code else ""))
+            answer = DETAILS.search(rest[: nxt.start()] if nxt else rest)
+            code = next((c for c in section[i + 1 :] if c["cell_type"] == "code"), None)
+            questions.append(
+                dict(
+                    number=int(q.group(1)),
+                    question=" ".join(q.group(2).split()),
+                    answer=answer.group(1).strip() if answer else "",
+                    cell_id=code.get("id") if code else None,
+                    output=_output_markdown(code) if code else "",
+                )
+            )
     return questions
 
 
@@ -291,15 +328,21 @@ def _details(summary: str, body: str) -> list[str]:
 
 def self_test_bank(docs_dir: Path) -> str:
     present = _notes_present(docs_dir)
-    lines = ["## 种子里的五道题", "",
-             "阅读路线的代码地图（seed 000）末尾有五道自测题；每道题链接到计算它答案的那个单元格，下面折叠的是该单元格存下的运行结果。", ""]
+    lines = [
+        "## 种子里的五道题",
+        "",
+        "阅读路线的代码地图（seed 000）末尾有五道自测题；每道题链接到计算它答案的那个单元格，"
+        "下面折叠的是该单元格存下的运行结果。",
+        "",
+    ]
     for k, (question, number, needle) in enumerate(SEED_QUESTIONS, 1):
         nb = present.get(number)
         cell = find_cell(nb, needle) if nb else None
         if cell is None:
             # a note that is not written yet is expected; a written note that lost the cell is not
             (log.warning if nb else log.info)(
-                "self-test bank: seed question %d: no cell with %r in note %02d", k, needle, number)
+                "self-test bank: seed question %d: no cell with %r in note %02d", k, needle, number
+            )
             lines += [f"**{k}. {question}**（笔记 {number:02d} 还没有对应的单元格）", ""]
             continue
         link = f"{NOTES_DIR}/{nb.name}#cell-id={cell['id']}"
@@ -310,7 +353,11 @@ def self_test_bank(docs_dir: Path) -> str:
         for nb in notes:
             lines += [f"### [{_note_title(nb)}]({NOTES_DIR}/{nb.name}#自测)", ""]
             for q in self_test(nb):
-                cell = f" · [计算答案的单元格]({NOTES_DIR}/{nb.name}#cell-id={q['cell_id']})" if q["cell_id"] else ""
+                cell = (
+                    f" · [计算答案的单元格]({NOTES_DIR}/{nb.name}#cell-id={q['cell_id']})"
+                    if q["cell_id"]
+                    else ""
+                )
                 lines += [f"**{q['number']}. {_root_links(q['question'])}**{cell}", ""]
                 output = f"\n\n计算它的单元格存下的输出：\n\n{q['output']}" if q["output"] else ""
                 lines += _details("答案", _root_links(q["answer"]) + output)
@@ -323,8 +370,12 @@ def answers_page(docs_dir: Path) -> str:
     for round_title, notes in _notes_by_round(present):
         lines += [f"## {round_title}", ""]
         for nb in notes:
-            lines += [f"### [{_note_title(nb)}]({NOTES_DIR}/{nb.name}#30-second-answer)", "",
-                      _root_links(thirty_second_answer(nb)), ""]
+            lines += [
+                f"### [{_note_title(nb)}]({NOTES_DIR}/{nb.name}#30-second-answer)",
+                "",
+                _root_links(thirty_second_answer(nb)),
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -339,8 +390,12 @@ def note_template(docs_dir: Path) -> str:
     return "\n".join(rows)
 
 
-GENERATED = {NOTE_MAP_MARK: lambda d: note_map(d), SELF_TEST_MARK: self_test_bank,
-             ANSWERS_MARK: answers_page, NOTE_TEMPLATE_MARK: note_template}
+GENERATED = {
+    NOTE_MAP_MARK: lambda d: note_map(d),
+    SELF_TEST_MARK: self_test_bank,
+    ANSWERS_MARK: answers_page,
+    NOTE_TEMPLATE_MARK: note_template,
+}
 
 
 # ---------------------------------------------------------------------------- note numbers
@@ -349,15 +404,22 @@ GENERATED = {NOTE_MAP_MARK: lambda d: note_map(d), SELF_TEST_MARK: self_test_ban
 # note, so these pages link where they point (and show up in the graph). Code, existing links
 # and headings are left alone.
 
-NOTE_REF = re.compile(r"(?<![A-Za-z0-9_/#.])(笔记|[Nn]otes?)(\s?)(\d\d(?:\s?[/、,，–-]\s?\d\d)*)(?![0-9A-Za-z_%])")
+NOTE_REF = re.compile(
+    r"(?<![A-Za-z0-9_/#.])(笔记|[Nn]otes?)(\s?)(\d\d(?:\s?[/、,，–-]\s?\d\d)*)(?![0-9A-Za-z_%])"
+)
 TWO_DIGITS = re.compile(r"(?<!\d)\d\d(?!\d)")
 PROTECTED = re.compile(r"```.*?```|`[^`\n]*`|\[[^\]\n]*\]\([^)\n]*\)|<[^>\n]+>|^#[^\n]*$", re.S | re.M)
 
 
 def _link_numbers(text: str, present: dict[int, Path], prefix: str) -> str:
     return TWO_DIGITS.sub(
-        lambda d: (f"[{d.group(0)}]({prefix}{NOTES_DIR}/{present[int(d.group(0))].name})"
-                   if int(d.group(0)) in present else d.group(0)), text)
+        lambda d: (
+            f"[{d.group(0)}]({prefix}{NOTES_DIR}/{present[int(d.group(0))].name})"
+            if int(d.group(0)) in present
+            else d.group(0)
+        ),
+        text,
+    )
 
 
 def link_note_numbers(markdown: str, present: dict[int, Path], prefix: str = "") -> str:
@@ -365,11 +427,12 @@ def link_note_numbers(markdown: str, present: dict[int, Path], prefix: str = "")
     out, pos = [], 0
 
     def plain(text: str) -> str:
-        return NOTE_REF.sub(lambda m: m.group(1) + m.group(2)
-                            + _link_numbers(m.group(3), present, prefix), text)
+        return NOTE_REF.sub(
+            lambda m: m.group(1) + m.group(2) + _link_numbers(m.group(3), present, prefix), text
+        )
 
     for m in PROTECTED.finditer(markdown):
-        out += [plain(markdown[pos:m.start()]), m.group(0)]
+        out += [plain(markdown[pos : m.start()]), m.group(0)]
         pos = m.end()
     out.append(plain(markdown[pos:]))
     return _link_note_columns("".join(out), present, prefix)
@@ -432,8 +495,11 @@ class FocusableMarkup:
     asks for more fails the build instead of being half served.
     """
 
-    OPENING = re.compile(r"""<(img|div)\b((?:\s+[^\s=/>]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'=<>`]+))?)*)"""
-                         r"""\s*/?>""", re.I)
+    OPENING = re.compile(
+        r"""<(img|div)\b((?:\s+[^\s=/>]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'=<>`]+))?)*)"""
+        r"""\s*/?>""",
+        re.I,
+    )
     OPAQUE = re.compile(r"<script\b.*?</script\s*>|<style\b.*?</style\s*>|<!--.*?-->", re.S | re.I)
     CLASS = re.compile(r"""\sclass\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.I)
     ALT = re.compile(r"\salt(?:\s*=|\s|$)", re.I)
@@ -452,13 +518,16 @@ class FocusableMarkup:
         self.markup = markup
         self.found: list[FocusableMarkup.Element] = []
         opaque = [m.span() for m in self.OPAQUE.finditer(markup)]
-        self.tags = [m for m in self.OPENING.finditer(markup)
-                     if not any(a <= m.start() < b for a, b in opaque)]
+        self.tags = [
+            m for m in self.OPENING.finditer(markup) if not any(a <= m.start() < b for a, b in opaque)
+        ]
 
     def select(self, selector: str) -> list[Element]:
         if selector not in self.SELECTORS:
-            raise NotImplementedError(f"nbconvert asked for {selector!r}: hooks/notes_site.py "
-                                      "FocusableMarkup only knows nbconvert 7's three selectors")
+            raise NotImplementedError(
+                f"nbconvert asked for {selector!r}: hooks/notes_site.py "
+                "FocusableMarkup only knows nbconvert 7's three selectors"
+            )
         name, cls = self.SELECTORS[selector]
         hits = []
         for m in self.tags:
@@ -479,7 +548,7 @@ class FocusableMarkup:
     def __str__(self) -> str:
         out, at = [], 0
         for element in sorted(self.found, key=lambda e: e.end):
-            out.append(self.markup[at:element.end])
+            out.append(self.markup[at : element.end])
             out += [f' {k}="{html.escape(v)}"' for k, v in element.attrs.items()]
             at = element.end
         out.append(self.markup[at:])
@@ -551,8 +620,11 @@ TAG = re.compile(r"<[^>]+>")
 CDN_SCRIPTS = [
     # MathJax loader (src is the CDN, or "" when mkdocs-jupyter's custom_mathjax_url is unset)
     re.compile(r"<!-- Load mathjax -->\s*<script\s+src=\"[^\"]*\">\s*</script>", re.S),
-    re.compile(r"<!-- MathJax configuration -->\s*<script type=\"text/x-mathjax-config\">"
-               r".*?</script>\s*<!-- End of mathjax configuration -->", re.S),
+    re.compile(
+        r"<!-- MathJax configuration -->\s*<script type=\"text/x-mathjax-config\">"
+        r".*?</script>\s*<!-- End of mathjax configuration -->",
+        re.S,
+    ),
     # mermaid: imported from cdnjs when a .jp-Mermaid block is on the page
     re.compile(r"<script type=\"module\">(?:(?!</script>).)*?jp-Mermaid.*?</script>", re.S),
 ]
@@ -591,8 +663,8 @@ def fix_headings(content: str) -> tuple[str, list[dict]]:
         attrs = ID_ATTR.sub("", attrs)
         # nbconvert's "¶" becomes a material permalink (styled, and skipped by search)
         inner = ANCHOR_LINK.sub(
-            lambda a: f'<a class="headerlink" href="#{ident}" title="Permanent link">'
-                      f"{a.group(1)}</a>", inner)
+            lambda a: f'<a class="headerlink" href="#{ident}" title="Permanent link">{a.group(1)}</a>', inner
+        )
         tokens.append({"level": level, "id": ident, "name": html.escape(text, quote=False)})
         return f'<h{level} id="{ident}"{attrs}>{inner}</h{level}>'
 
@@ -615,11 +687,13 @@ def download_button(nb_name: str) -> str:
 
         icon = Path(material.__file__).parent / "templates/.icons/material/download.svg"
         _DOWNLOAD_ICON = icon.read_text(encoding="utf-8") if icon.exists() else "⤓"
-    return (f'<a href="{nb_name}" download class="md-content__button md-button nb-download" '
-            f'data-search-exclude '
-            f'title="下载 Notebook（{nb_name}），放进 notes/ 就能在 Jupyter 里重跑">'
-            f'<span class="nb-download__icon" aria-hidden="true">{_DOWNLOAD_ICON}</span>'
-            f"下载 .ipynb</a>")
+    return (
+        f'<a href="{nb_name}" download class="md-content__button md-button nb-download" '
+        f"data-search-exclude "
+        f'title="下载 Notebook（{nb_name}），放进 notes/ 就能在 Jupyter 里重跑">'
+        f'<span class="nb-download__icon" aria-hidden="true">{_DOWNLOAD_ICON}</span>'
+        f"下载 .ipynb</a>"
+    )
 
 
 STYLE = re.compile(r"<style[^>]*>.*?</style>", re.S | re.I)
@@ -672,8 +746,10 @@ def fix_query_segmenter(site_dir: Path) -> bool:
                 code = code.replace(old, new, 1)
             worker.write_text(code, encoding="utf-8")
             return True
-    log.warning("search worker: material's query segmenter was not found; Chinese queries keep "
-                "losing their last word (hooks/notes_site.py SEGMENT_FIX)")
+    log.warning(
+        "search worker: material's query segmenter was not found; Chinese queries keep "
+        "losing their last word (hooks/notes_site.py SEGMENT_FIX)"
+    )
     return False
 
 
@@ -704,7 +780,7 @@ def _css_blocks(css: str):
                 k = css.find(c, k + 1)  # skip a string (content: "{")
                 k = n if k < 0 else k
             k += 1
-        yield prelude.strip(), css[j + 1:k - 1]
+        yield prelude.strip(), css[j + 1 : k - 1]
         i = k
 
 
@@ -725,8 +801,12 @@ def purge_css(css: str, used: set[str]) -> str:
             # are not class names
             # ... and ".jupyter-wrapper :root" (mkdocs-jupyter's scoping of JupyterLab's :root
             # variables, ~80 KB of icons) can match nothing: :root has no ancestor
-            keep = [sel for sel in prelude.split(",") if not re.search(r"\S\s*:root", sel) and all(
-                c in used for c in CSS_CLASS.findall(re.sub(r":not\([^)]*\)|\[[^\]]*\]", "", sel)))]
+            keep = [
+                sel
+                for sel in prelude.split(",")
+                if not re.search(r"\S\s*:root", sel)
+                and all(c in used for c in CSS_CLASS.findall(re.sub(r":not\([^)]*\)|\[[^\]]*\]", "", sel)))
+            ]
             if keep:
                 out.append(f"{','.join(keep)}{{{body}}}")
     # a rule repeated word for word: only its last copy decides anything
@@ -735,8 +815,15 @@ def purge_css(css: str, used: set[str]) -> str:
 
 
 # material's page frame around the content (the notebook CSS has a few rules under these)
-FRAME_CLASSES = {"jupyter-wrapper", "md-typeset", "md-content", "md-content__inner", "md-main",
-                 "md-grid", "md-container"}
+FRAME_CLASSES = {
+    "jupyter-wrapper",
+    "md-typeset",
+    "md-content",
+    "md-content__inner",
+    "md-main",
+    "md-grid",
+    "md-container",
+}
 _used_classes: set[str] = set()  # every class of every note page's content, filled on_page_content
 
 
@@ -817,7 +904,7 @@ def drop_plain_copies(text: str) -> str:
     for m in PRE_BLOCK.finditer(text):
         if m.start() < pos:
             continue
-        out.append(text[pos:m.end()])
+        out.append(text[pos : m.end()])
         pos = _end_of_copy(text, m.end(), m.group(1))
     out.append(text[pos:])
     return PROMPT.sub("", "".join(out))
@@ -841,12 +928,17 @@ TD_CODE = re.compile(r"(<td>(?:(?!</td>).)*?<code>)([^<]{16,})(</code>)", re.S)
 BREAK_AFTER = re.compile(r"(::|[_./](?=[A-Za-z0-9]))")
 SHAPE_CELL = re.compile(r"<td>((?:<code>)?[\[(][\d, ]{0,40}[\])](?:</code>)?)</td>")
 # the copy button's icon, ~800 bytes in every code cell: drawn once per page, used by reference
-COPY_ICON = re.compile(r'<svg (?:data-search-exclude )?aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" '
-                       r'version="1\.1"\s+data-view-component="true" class="clipboard-copy-icon">(.*?)</svg>', re.S)
+COPY_ICON = re.compile(
+    r'<svg (?:data-search-exclude )?aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" '
+    r'version="1\.1"\s+data-view-component="true" class="clipboard-copy-icon">(.*?)</svg>',
+    re.S,
+)
 SVG_IMG = re.compile(r'<img\s+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\s]+)"[^>]*>')
-CHECKED_LINE = ('<p class="ms-checked" data-search-exclude>'
-                '这一页怎样检查：CI 用 nbval 重新执行整本 notebook，逐个单元格比对'
-                '存下的输出；页面上的表格和图都是这次运行打印、画出来的，不是手写的。</p>')
+CHECKED_LINE = (
+    '<p class="ms-checked" data-search-exclude>'
+    "这一页怎样检查：CI 用 nbval 重新执行整本 notebook，逐个单元格比对"
+    "存下的输出；页面上的表格和图都是这次运行打印、画出来的，不是手写的。</p>"
+)
 
 
 def _div_end(content: str, start: int) -> int:
@@ -873,13 +965,13 @@ def fold_cells(content: str) -> str:
         if m.start() < pos:
             continue
         end = _div_end(content, m.start())
-        cell = content[m.start():end]
-        head, inner = cell[:m.end() - m.start()], cell[m.end() - m.start():-len("</div>")]
+        cell = content[m.start() : end]
+        head, inner = cell[: m.end() - m.start()], cell[m.end() - m.start() : -len("</div>")]
         classes = m.group(0)
         # mkdocs-jupyter prints a cell's tags above its code ("hide-input"): machinery, not text
         t = inner.find(TOOLBAR)
         if t >= 0:
-            inner = inner[:t] + inner[_div_end(inner, t):]
+            inner = inner[:t] + inner[_div_end(inner, t) :]
         i = inner.find(INPUT_WRAPPER)
         if i >= 0:
             j = i + (_div_end(inner, i) - i)
@@ -888,30 +980,40 @@ def fold_cells(content: str) -> str:
             # copy button's plain-text copy
             n = _code_lines(inner[i:j])
             wrapper = re.sub(r"<pre>", "<pre data-search-exclude>", inner[i:j])
-            wrapper = wrapper.replace('class="clipboard-copy-txt"',
-                                      'class="clipboard-copy-txt" data-search-exclude')
+            wrapper = wrapper.replace(
+                'class="clipboard-copy-txt"', 'class="clipboard-copy-txt" data-search-exclude'
+            )
             if "celltag_hide-input" in classes and "celltag_answer" not in classes:
-                wrapper = (f'<details class="ms-fold ms-fold-input"><summary data-search-exclude>显示代码'
-                           f'<span class="ms-fold__n">（{n} 行）</span></summary>{wrapper}</details>')
+                wrapper = (
+                    f'<details class="ms-fold ms-fold-input"><summary data-search-exclude>显示代码'
+                    f'<span class="ms-fold__n">（{n} 行）</span></summary>{wrapper}</details>'
+                )
             inner = inner[:i] + wrapper + _unsearched(inner[j:])
         if "celltag_answer" in classes:
-            inner = ('<details class="ms-fold ms-fold-answer"><summary data-search-exclude>答案的运行结果'
-                     '<span class="ms-fold__n">（计算它的代码和输出）</span></summary>'
-                     f"{inner}</details>")
-        out += [content[pos:m.start()], head, inner, "</div>"]
+            inner = (
+                '<details class="ms-fold ms-fold-answer"><summary data-search-exclude>答案的运行结果'
+                '<span class="ms-fold__n">（计算它的代码和输出）</span></summary>'
+                f"{inner}</details>"
+            )
+        out += [content[pos : m.start()], head, inner, "</div>"]
         pos = end
     out.append(content[pos:])
     content = "".join(out)
     # a long identifier in a table cell may break after _ . / :: rather than anywhere
-    content = TD_CODE.sub(lambda m: m.group(1) + BREAK_AFTER.sub(r"\1<wbr>", m.group(2)) + m.group(3), content)
+    content = TD_CODE.sub(
+        lambda m: m.group(1) + BREAK_AFTER.sub(r"\1<wbr>", m.group(2)) + m.group(3), content
+    )
     # a cell that holds only a shape or a short list of numbers stays on one line
     content = SHAPE_CELL.sub(r'<td class="ms-nowrap">\1</td>', content)
     # prompts (In [3]: / Out[3]:), 调用链 trees and other <pre> in prose, pictures: not words
-    content = re.sub(r'<div class="(jp-(?:In|Out)putPrompt [^"]*)">', r'<div class="\1" data-search-exclude>', content)
-    content = content.replace('<span class="notice" hidden>', '<span class="notice" hidden data-search-exclude>')
+    content = re.sub(
+        r'<div class="(jp-(?:In|Out)putPrompt [^"]*)">', r'<div class="\1" data-search-exclude>', content
+    )
+    content = content.replace(
+        '<span class="notice" hidden>', '<span class="notice" hidden data-search-exclude>'
+    )
     content = re.sub(r"<(pre|svg)\b(?![^>]*data-search-exclude)", r"<\1 data-search-exclude", content)
-    return content.replace('<details class="ms-listing">',
-                           '<details class="ms-listing" data-search-exclude>')
+    return content.replace('<details class="ms-listing">', '<details class="ms-listing" data-search-exclude>')
 
 
 def _unsearched(outputs: str) -> str:
@@ -930,7 +1032,7 @@ def squeeze_whitespace(content: str) -> str:
     either way: it becomes one newline."""
     out, pos = [], 0
     for m in PRE_OR_SCRIPT.finditer(content):
-        out += [INDENT.sub("\n", content[pos:m.start()]), m.group(0)]
+        out += [INDENT.sub("\n", content[pos : m.start()]), m.group(0)]
         pos = m.end()
     out.append(INDENT.sub("\n", content[pos:]))
     return "".join(out)
@@ -940,11 +1042,15 @@ def share_copy_icon(content: str) -> str:
     first = COPY_ICON.search(content)
     if first is None:
         return content
-    symbol = ('<svg width="0" height="0" style="position:absolute" aria-hidden="true" data-search-exclude>'
-              '<symbol id="ms-copy-icon" viewBox="0 0 16 16">'
-              f"{first.group(1).strip()}</symbol></svg>")
-    use = ('<svg aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" class="clipboard-copy-icon">'
-           '<use href="#ms-copy-icon"/></svg>')
+    symbol = (
+        '<svg width="0" height="0" style="position:absolute" aria-hidden="true" data-search-exclude>'
+        '<symbol id="ms-copy-icon" viewBox="0 0 16 16">'
+        f"{first.group(1).strip()}</symbol></svg>"
+    )
+    use = (
+        '<svg aria-hidden="true" width="20" height="20" viewBox="0 0 16 16" class="clipboard-copy-icon">'
+        '<use href="#ms-copy-icon"/></svg>'
+    )
     return symbol + COPY_ICON.sub(use, content)
 
 
@@ -965,7 +1071,7 @@ def inline_svgs(content: str) -> str:
 def add_checked_line(content: str) -> str:
     """One sentence under the note's H1 on how the page is checked (said once, by the site)."""
     m = re.search(r"</h1>", content)
-    return content[:m.end()] + CHECKED_LINE + content[m.end():] if m else CHECKED_LINE + content
+    return content[: m.end()] + CHECKED_LINE + content[m.end() :] if m else CHECKED_LINE + content
 
 
 def on_page_content(content, page, config, files):

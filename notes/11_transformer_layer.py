@@ -103,7 +103,7 @@
 # | `get_bias_dropout_add` | `training`、`fused` | 一个函数：x + bias → dropout → + residual | 无 | 否 | 否 | 否 | `forward_step` |
 # | `_allreduce_non_tensor_model_parallel_grads` | 模型块、config | 无（就地改梯度） | 无 | TP 群 all-reduce | 否 | 是：改梯度 | `finalize_model_grads`（optimizer step 之前） |
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 from snippets.experiments import EXPERIMENTS, Parallel
 from snippets.experiments.n11_tp_layer import build_layer, forward_backward, run, submodule_table, weight_table
 from snippets.tp.layer_walk import (WALK, counts_by_submodule, kind_of, layout, millions, owner_of,
@@ -134,7 +134,7 @@ from megatron.core.transformer import TransformerConfig
 # 这个函数和下面的 `forward_backward`、`run` 都在 `snippets/experiments/n11_tp_layer.py` 里；`QWEN3_8B` 是预设
 # `qwen3-8b`，`TINY` 是同一组开关的小尺寸：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 listing(build_layer)
 
 # %%
@@ -177,7 +177,7 @@ weight_table(meta[0])  # 即 Table(["子模块", "类", "每卡 weight [out, in]
 #
 # 参数量两种算法：一是把 meta 层每卡的参数加起来（被切的乘以 TP，复制的只算一次）；二是 `param_counts` 用 config 写的公式。
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 config = TransformerConfig(**dict(QWEN3_8B.transformer_config_kwargs(), num_layers=1))
 per_rank = counts_by_submodule(meta[0]["rows"])
 whole = {name: n * (2 if rank0[name + ".weight"]["sharded"] else 1) for name, n in per_rank.items()}
@@ -210,7 +210,7 @@ Table(["", "整层（TP=1）", "TP=2 每卡", "公式整层", "公式每卡"],
 #
 # 下面这格从 config 和 meta 层算出同一张表：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 h, d = config.hidden_size, config.kv_channels
 q_width, kv_width = config.num_attention_heads * d, config.num_query_groups * d
 qkv, proj = rank0["self_attention.linear_qkv.weight"], rank0["self_attention.linear_proj.weight"]
@@ -243,7 +243,7 @@ Table(["seed 000 的说法", "值"], [
 # 命令行只要表里用的字符串和形状，本篇加 `keep_tensors=True`，把输出、梯度和记录也带回来，好和 TP=1 逐元素比较。
 # 2 个 rank 的一次启动就同时给出 TP=2 和 SP 两次运行：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 listing(forward_backward, run)
 
 # %%
@@ -277,7 +277,7 @@ pictures.draw_layer(weight_table(tp2[0]["weights"]).rows, submodule_table(tp2[0]
 # 输出、输入梯度、每个参数的梯度（被切的参数和 TP=1 梯度的对应切片比，切法由 `tp_shard` 按 `partition_dim`/`stride` 复现）。
 # 梯度分两列：backward 刚结束时，和 `finalize_model_grads` 之后：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 def compare(run, sequence_parallel):
     cat = (lambda key: torch.cat([r[key] for r in run])) if sequence_parallel else (lambda key: run[0][key])
     rows = [["输出 y", torch.allclose(cat("y"), one["y"], atol=1e-5), "—"],
@@ -363,7 +363,7 @@ print("每卡行数:", len(sum(sum(qkv_rows(32, 8, 128, 2, 0).values(), []), [])
 #
 # 所有通信都在 **TP 群**里（这里是 `[0, 1]`）。每卡的激活形状（Qwen3-8B、TP=2，s、b 任意），从 meta 层的 weight 形状读出：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 Table(["位置", "不开 SP", "开 SP"], [
     ["层输入 / input_layernorm", f"[s, b, {h}]", f"[s/2, b, {h}]"],
     ["linear_qkv 输入（SP：all-gather 之后）", f"[s, b, {qkv['shape'][1]}]", f"[s, b, {qkv['shape'][1]}]"],
@@ -484,7 +484,7 @@ gqa[0]["comm"]
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 groups_per_rank = QWEN3_8B.query_groups // 2
 heads_per_group = QWEN3_8B.heads // QWEN3_8B.query_groups
 print(groups_per_rank * (heads_per_group + 2) * QWEN3_8B.kv_channels, qkv["shape"])
@@ -498,7 +498,7 @@ print(groups_per_rank * (heads_per_group + 2) * QWEN3_8B.kv_channels, qkv["shape
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 for tp in (2, 4, 8):
     print(f"TP={tp}:", sum(param_counts(config, tp).values()))
 
@@ -512,7 +512,7 @@ for tp in (2, 4, 8):
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 owner = owner_of(sp[0]["by_module"])
 print([(owner[id(c)], c.where) for c in sp[0]["recorded"]
        if c.phase == "backward" and c.api == "all_gather_into_tensor" and c.where.endswith("layers.py::backward")])
@@ -526,7 +526,7 @@ print([(owner[id(c)], c.where) for c in sp[0]["recorded"]
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print(qkv_rows(8, 4, 4, 2, 1)["k"][0], split[1]["read_back"]["k"][0])
 
 # %% [markdown]
@@ -539,7 +539,7 @@ print(qkv_rows(8, 4, 4, 2, 1)["k"][0], split[1]["read_back"]["k"][0])
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 rows_of = tp_shard(torch.arange(96).unsqueeze(1), two[0]["params"]["mlp.linear_fc1.weight"], 0, 2)[:, 0]
 print(list(two[0]["params"]["mlp.linear_fc1.weight"].shape), rows_of[:3].tolist(), "…", rows_of[-3:].tolist(),
       "| gate 行:", int((rows_of < 48).sum()), " up 行:", int((rows_of >= 48).sum()))

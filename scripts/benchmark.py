@@ -48,8 +48,13 @@ def launch_overhead(worlds=(2, 4, 8), repeats=5) -> list[list]:
     ) % str(ROOT / "scripts")
     rows = []
     for n in worlds:
-        out = subprocess.run([PY, "-c", code, str(n), str(repeats)], capture_output=True, text=True,
-                             check=True, cwd=ROOT).stdout.strip().splitlines()[-1]
+        out = (
+            subprocess.run(
+                [PY, "-c", code, str(n), str(repeats)], capture_output=True, text=True, check=True, cwd=ROOT
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         import json
 
         first, later = json.loads(out)
@@ -61,8 +66,12 @@ def notebook_seconds() -> list[list]:
     rows = []
     for nb in sorted((ROOT / "notes").glob("[0-9][0-9]_*.ipynb")):
         start = time.perf_counter()
-        subprocess.run([PY, "-m", "pytest", "--nbval", "-q", "-p", "no:cacheprovider", str(nb)],
-                       check=True, cwd=ROOT, capture_output=True)
+        subprocess.run(
+            [PY, "-m", "pytest", "--nbval", "-q", "-p", "no:cacheprovider", str(nb)],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+        )
         rows.append([nb.name, f"{time.perf_counter() - start:.1f}"])
     return rows
 
@@ -74,9 +83,13 @@ def mkdocs_seconds_and_pages() -> tuple[float, list[list]]:
 
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        subprocess.run([str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
-                       check=True, cwd=ROOT, capture_output=True,
-                       env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+        subprocess.run(
+            [str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        )
         seconds = time.perf_counter() - start
         pages = sorted((p.stat().st_size, p.parent.name) for p in Path(out).glob("notes/*/index.html"))
     return seconds, [[name, f"{size / 1024:.0f}"] for size, name in pages]
@@ -98,17 +111,22 @@ def page_loads(repeats: int = 3) -> tuple[float, list[list]]:
 
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        subprocess.run([str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
-                       check=True, cwd=ROOT, capture_output=True,
-                       env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+        subprocess.run(
+            [str(Path(PY).with_name("mkdocs")), "build", "--strict", "-q", "-d", out],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        )
         build = time.perf_counter() - start
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=out))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         base = f"http://127.0.0.1:{server.server_address[1]}/"
         rows = []
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                        args=["--no-sandbox", "--disable-gpu"])
+            browser = p.chromium.launch(
+                executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox", "--disable-gpu"]
+            )
             for page_dir in sorted(Path(out).glob("notes/*/index.html")):
                 url = f"{base}notes/{page_dir.parent.name}/"
                 times, sizes = [], []
@@ -118,13 +136,15 @@ def page_loads(repeats: int = 3) -> tuple[float, list[list]]:
                     got = []
                     page.on("requestfinished", lambda r, got=got: got.append(r))
                     page.goto(url, wait_until="load")
-                    times.append(page.evaluate(
-                        "() => performance.getEntriesByType('navigation')[0].loadEventStart"))
+                    times.append(
+                        page.evaluate("() => performance.getEntriesByType('navigation')[0].loadEventStart")
+                    )
                     page.wait_for_load_state("networkidle")  # the search worker's index fetch
                     sizes.append(sum(r.sizes()["responseBodySize"] for r in got))
                     context.close()
-                rows.append([page_dir.parent.name, f"{statistics.median(times):.0f}",
-                             f"{max(sizes) / 1024:.0f}"])
+                rows.append(
+                    [page_dir.parent.name, f"{statistics.median(times):.0f}", f"{max(sizes) / 1024:.0f}"]
+                )
             browser.close()
         server.shutdown()
     return build, rows
@@ -155,8 +175,11 @@ def main() -> None:
         print(f"mkdocs build --strict: {build:.1f} s\n")
         print(table(["note page", "load event, median of 3 (ms)", "transferred (KB)"], rows))
         return
-    print(table(["ranks", "first launch (s)", "later launches, median (s)", "later, max (s)"],
-                launch_overhead()))
+    print(
+        table(
+            ["ranks", "first launch (s)", "later launches, median (s)", "later, max (s)"], launch_overhead()
+        )
+    )
     if args.launch:
         return
     print()

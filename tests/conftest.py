@@ -166,10 +166,12 @@ def pytest_sessionstart(session):
     (under pytest-xdist, the otherwise idle controller): by the time a worker reaches a site test
     the build is done or under way, instead of starting then while the other worker waits."""
     config = session.config
-    if os.environ.get("PYTEST_XDIST_WORKER") or not any(
-        Path(arg.split("::")[0]).resolve() in (ROOT / "tests", *(ROOT / "tests" / f for f in SITE_TESTS))
-        for arg in config.args
-    ):
+
+    def uses_site(arg: str) -> bool:
+        path = Path(arg.split("::")[0]).resolve()
+        return path in (ROOT / "tests", ROOT / "tests" / "site") or path.name in SITE_TESTS
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or not any(uses_site(arg) for arg in config.args):
         return
     tmp = _site_dir(config._tmp_path_factory.getbasetemp())
     lock = open(tmp / "lock", "w")

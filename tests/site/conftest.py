@@ -21,9 +21,16 @@ from urllib.parse import urlsplit
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SHOTS = Path("/tmp/shots")
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 390, "height": 844}
@@ -51,8 +58,10 @@ fixture_mode = _root.fixture_mode
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
-        msg = (f"{CHROMIUM} not found: install Debian's browser with "
-               "`apt-get install -y chromium fonts-noto-cjk` (never `playwright install`)")
+        msg = (
+            f"{CHROMIUM} not found: install Debian's browser with "
+            "`apt-get install -y chromium fonts-noto-cjk` (never `playwright install`)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
@@ -91,12 +100,15 @@ class Tab:
         self.external: list[str] = []
         self.page = page = context.new_page()
         page.on("request", self._request)
-        page.on("console", lambda m: m.type == "error" and self.errors.append(
-            f"console: {m.text} @ {m.location.get('url')}"))
+        page.on(
+            "console",
+            lambda m: (
+                m.type == "error" and self.errors.append(f"console: {m.text} @ {m.location.get('url')}")
+            ),
+        )
         page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
         page.on("requestfailed", self._failed)
-        page.on("response", lambda r: r.status >= 400 and self.errors.append(
-            f"HTTP {r.status}: {r.url}"))
+        page.on("response", lambda r: r.status >= 400 and self.errors.append(f"HTTP {r.status}: {r.url}"))
 
     def _request(self, request):
         parts = urlsplit(request.url)

@@ -27,8 +27,7 @@ from conftest import DESKTOP, PHONE  # browser fixtures: tests/site/conftest.py
 from conftest import shot as _shot
 
 ROOT = Path(__file__).resolve().parents[2]
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
-        "source", "track", "wbr"}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
 def load_hook():
@@ -52,10 +51,10 @@ class BuiltPage(HTMLParser):
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.content_links: list[str] = []   # <a href> in <article>, outside the hook's output
-        self.backlinks: list[str] = []        # <a href> in section.backlinks
-        self.sections: list[str] = []         # classes of section.lg-section, in order
-        self.svgs: dict[str, dict] = {}       # svg id -> {"nodes": [...], "edges": [...]}
+        self.content_links: list[str] = []  # <a href> in <article>, outside the hook's output
+        self.backlinks: list[str] = []  # <a href> in section.backlinks
+        self.sections: list[str] = []  # classes of section.lg-section, in order
+        self.svgs: dict[str, dict] = {}  # svg id -> {"nodes": [...], "edges": [...]}
         self.table: dict[str, list[str]] = {}  # graph table: source page -> target pages
         self.headings: list[tuple[str, str | None]] = []  # (text, id) of h2 in lg-sections
         self._stack: list[tuple[str, dict]] = []
@@ -64,8 +63,9 @@ class BuiltPage(HTMLParser):
         self._h2: list | None = None
 
     def _in(self, tag, cls=None):
-        return any(t == tag and (cls is None or cls in (a.get("class") or "").split())
-                   for t, a in self._stack)
+        return any(
+            t == tag and (cls is None or cls in (a.get("class") or "").split()) for t, a in self._stack
+        )
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -75,8 +75,9 @@ class BuiltPage(HTMLParser):
         if tag == "svg" and "lg-svg" in classes:
             self._svg = self.svgs.setdefault(a.get("id"), {"nodes": [], "edges": []})
         if self._svg is not None and tag == "a" and "lg-node" in classes:
-            self._svg["nodes"].append({"page": a.get("data-page"), "href": a.get("href"),
-                                       "note": "lg-note" in classes})
+            self._svg["nodes"].append(
+                {"page": a.get("data-page"), "href": a.get("href"), "note": "lg-note" in classes}
+            )
         if self._svg is not None and "lg-edge" in classes and "data-source" in a:
             self._svg["edges"].append((a["data-source"], a["data-target"]))
         if tag == "dt" and a.get("data-source") is not None:
@@ -90,8 +91,7 @@ class BuiltPage(HTMLParser):
             if self._in("section", "backlinks"):
                 if not a["href"].startswith("#"):  # not the heading's permalink
                     self.backlinks.append(a["href"])
-            elif not self._in("section", "lg-section") and self._svg is None \
-                    and self._row is None:
+            elif not self._in("section", "lg-section") and self._svg is None and self._row is None:
                 self.content_links.append(a["href"])
         if tag not in VOID:
             self._stack.append((tag, a))
@@ -176,8 +176,8 @@ def test_resolve_relative_links_to_pages():
         ("../../cpu/", "notes/01_a/"): "cpu/",
         ("../../", "notes/01_a/"): "",
         ("notes/01_a/", ""): "notes/01_a/",
-        ("../%E4%B8%AD/", "notes/01_a/"): None,      # no such page
-        ("01_a.ipynb", "notes/01_a/"): None,          # the download, not a page
+        ("../%E4%B8%AD/", "notes/01_a/"): None,  # no such page
+        ("01_a.ipynb", "notes/01_a/"): None,  # the download, not a page
         ("#阅读目标", "notes/01_a/"): None,
         ("https://github.com/NVIDIA/Megatron-LM", ""): None,
         ("//example.org/cpu/", ""): None,
@@ -189,10 +189,12 @@ def test_resolve_relative_links_to_pages():
 
 def test_out_links_counts_other_pages_only():
     known = {"", "cpu/", "notes/01_a/", "notes/09_b/"}
-    content = ('<a class="headerlink" href="#x">¶</a><p><a href="../09_b/">b</a> '
-               "<a href='../09_b/#y'>b again</a> <a href=../../cpu/>cpu</a> "
-               '<a href="../01_a/">self</a> <a href="01_a.ipynb" download>nb</a> '
-               '<a href="https://example.org/">out</a> <a name="anchor">no href</a></p>')
+    content = (
+        '<a class="headerlink" href="#x">¶</a><p><a href="../09_b/">b</a> '
+        "<a href='../09_b/#y'>b again</a> <a href=../../cpu/>cpu</a> "
+        '<a href="../01_a/">self</a> <a href="01_a.ipynb" download>nb</a> '
+        '<a href="https://example.org/">out</a> <a name="anchor">no href</a></p>'
+    )
     assert hook.out_links(content, "notes/01_a/", known) == {"notes/09_b/": 2, "cpu/": 1}
 
 
@@ -201,12 +203,16 @@ def fake_page(url, src_uri, title):
 
 
 def fake_graph(with_link: bool):
-    pages = [fake_page("notes/09_b/", "notes/09_b.ipynb", "09 B 主题：副标题"),
-             fake_page("", "index.md", "首页"),
-             fake_page("notes/01_a/", "notes/01_a.ipynb", "01 A 主题：副标题")]
-    links = {"": {"notes/01_a/": 1},
-             "notes/01_a/": {"notes/09_b/": 1} if with_link else {},
-             "notes/09_b/": {}}
+    pages = [
+        fake_page("notes/09_b/", "notes/09_b.ipynb", "09 B 主题：副标题"),
+        fake_page("", "index.md", "首页"),
+        fake_page("notes/01_a/", "notes/01_a.ipynb", "01 A 主题：副标题"),
+    ]
+    links = {
+        "": {"notes/01_a/": 1},
+        "notes/01_a/": {"notes/09_b/": 1} if with_link else {},
+        "notes/09_b/": {},
+    }
     return hook.build_graph(pages, {k: hook.Counter(v) for k, v in links.items()})
 
 
@@ -232,7 +238,8 @@ def test_added_link_shows_in_backlinks_and_graph_then_goes():
         page.feed(f"<article>{html}</article>")
         assert [unquote(h) for h in page.backlinks] == (["../01_a/"] if with_link else [])
         assert set(page.svgs["lg-local"]["edges"]) == (
-            {("notes/01_a/", "notes/09_b/")} if with_link else set())
+            {("notes/01_a/", "notes/09_b/")} if with_link else set()
+        )
         assert [(t.title, t.id) for t in toc] == [("关系图谱", "关系图谱"), ("反向链接", "反向链接")]
         site_svg = BuiltPage()
         site_svg.feed(hook.full_graph_svg(graph, "graph/"))
@@ -259,10 +266,18 @@ def test_labels_are_cut_to_fit_their_box():
 
 
 def _notebook(*markdown_cells: str) -> str:
-    cells = [{"cell_type": "markdown", "id": f"c{i}", "metadata": {}, "source": src}
-             for i, src in enumerate(markdown_cells)]
-    return json.dumps({"cells": cells, "metadata": {"language_info": {"name": "python"}},
-                       "nbformat": 4, "nbformat_minor": 5})
+    cells = [
+        {"cell_type": "markdown", "id": f"c{i}", "metadata": {}, "source": src}
+        for i, src in enumerate(markdown_cells)
+    ]
+    return json.dumps(
+        {
+            "cells": cells,
+            "metadata": {"language_info": {"name": "python"}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+    )
 
 
 TINY_CONFIG = """site_name: tiny
@@ -294,14 +309,20 @@ def _build_tiny(project: Path, alpha_links_beta: bool) -> Path:
     link = "先读 [笔记 09](../09_beta/)。" if alpha_links_beta else "先读笔记 09。"
     notes = project / "docs" / "notes"
     (notes / "01_alpha.ipynb").write_text(
-        _notebook("# 01 Alpha：第一轮的笔记", f"## 阅读目标\n\n{link}"), encoding="utf-8")
+        _notebook("# 01 Alpha：第一轮的笔记", f"## 阅读目标\n\n{link}"), encoding="utf-8"
+    )
     (notes / "09_beta.ipynb").write_text(
-        _notebook("# 09 Beta：第二轮的笔记", "## 阅读目标\n\n没有链接。"), encoding="utf-8")
+        _notebook("# 09 Beta：第二轮的笔记", "## 阅读目标\n\n没有链接。"), encoding="utf-8"
+    )
     out = project / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-d", str(out)],
-        cwd=project, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -314,7 +335,8 @@ def test_link_between_two_notes_in_a_real_build(tmp_path):
         (project / "hooks" / name).write_bytes((ROOT / "hooks" / name).read_bytes())
     (project / "docs" / "notes").mkdir(parents=True)
     (project / "docs" / "index.md").write_text(
-        "# 首页\n\n从[笔记 01](notes/01_alpha.ipynb)开始。\n", encoding="utf-8")
+        "# 首页\n\n从[笔记 01](notes/01_alpha.ipynb)开始。\n", encoding="utf-8"
+    )
     (project / "docs" / "graph.md").write_bytes((ROOT / "docs" / "graph.md").read_bytes())
     (project / "mkdocs.yml").write_text(TINY_CONFIG, encoding="utf-8")
 
@@ -345,8 +367,9 @@ def test_link_between_two_notes_in_a_real_build(tmp_path):
 def built(site):
     pages = site_pages(site.dir)
     assert "graph/" in pages, "no graph page (docs/graph.md) in the site"
-    return SimpleNamespace(dir=site.dir, pages=pages, graph=parse(pages["graph/"]),
-                           truth=links_in_html(site.dir, "graph/"))
+    return SimpleNamespace(
+        dir=site.dir, pages=pages, graph=parse(pages["graph/"]), truth=links_in_html(site.dir, "graph/")
+    )
 
 
 def test_every_page_ends_with_the_two_sections(built):
@@ -402,13 +425,21 @@ def test_backlinks_and_local_graph_equal_the_links_in_the_built_html(built):
 
 
 def test_local_graph_sorts_linked_pages_into_before_and_after():
-    pages = [SimpleNamespace(url=u, title=t, file=SimpleNamespace(src_uri=f))
-             for u, t, f in [("", "首页", "index.md"), ("notes/01_a/", "01 A：x", "notes/01_a.ipynb"),
-                             ("notes/02_b/", "02 B：x", "notes/02_b.ipynb"),
-                             ("notes/03_c/", "03 C：x", "notes/03_c.ipynb"),
-                             ("notes/04_d/", "04 D：x", "notes/04_d.ipynb")]]
-    links = {"": hook.Counter({"notes/02_b/": 1}), "notes/02_b/": hook.Counter({"notes/03_c/": 1}),
-             "notes/01_a/": hook.Counter({"notes/02_b/": 1})}
+    pages = [
+        SimpleNamespace(url=u, title=t, file=SimpleNamespace(src_uri=f))
+        for u, t, f in [
+            ("", "首页", "index.md"),
+            ("notes/01_a/", "01 A：x", "notes/01_a.ipynb"),
+            ("notes/02_b/", "02 B：x", "notes/02_b.ipynb"),
+            ("notes/03_c/", "03 C：x", "notes/03_c.ipynb"),
+            ("notes/04_d/", "04 D：x", "notes/04_d.ipynb"),
+        ]
+    ]
+    links = {
+        "": hook.Counter({"notes/02_b/": 1}),
+        "notes/02_b/": hook.Counter({"notes/03_c/": 1}),
+        "notes/01_a/": hook.Counter({"notes/02_b/": 1}),
+    }
     graph = hook.build_graph(pages, links)
     before, after, same = hook.neighbours(graph, "notes/02_b/")
     assert (before, after, same) == (["notes/01_a/"], ["notes/03_c/"], ["notes/04_d/"])
@@ -430,7 +461,8 @@ def test_graph_page_in_browser(tab, site_url, built, note_names):  # noqa: F811
     assert links.count() == len(nodes)
     assert svg.locator("a.lg-node.lg-note").count() == len(note_names)
     sizes = links.evaluate_all(
-        "as => as.map(a => { const r = a.getBoundingClientRect(); return [r.width, r.height]; })")
+        "as => as.map(a => { const r = a.getBoundingClientRect(); return [r.width, r.height]; })"
+    )
     assert all(w > 40 and h > 10 for w, h in sizes), sizes
     # drawn at a readable scale: the SVG is not squeezed far below its own size
     scale = svg.evaluate("s => s.getBoundingClientRect().width / s.viewBox.baseVal.width")

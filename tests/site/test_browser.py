@@ -31,8 +31,10 @@ def _doc_pages():
     """The Markdown pages of the site, as URLs relative to its root ('' is the home page, last:
     the home and search tests that follow use the page as it is)."""
     docs = Path(__file__).resolve().parents[2] / "docs"
-    return sorted(("" if p.stem == "index" else f"{p.stem}/" for p in docs.glob("*.md")),
-                  key=lambda url: (url == "", url))
+    return sorted(
+        ("" if p.stem == "index" else f"{p.stem}/" for p in docs.glob("*.md")),
+        key=lambda url: (url == "", url),
+    )
 
 
 RENDER_CHECKS = """() => {
@@ -180,14 +182,16 @@ LAYOUT_JS = r"""window.__msLayout = (() => {
 
 def layout(page, check: str):
     """Run one of LAYOUT_JS's checks on the page the tab shows (the script is added once per load)."""
-    return page.evaluate(f"() => {{ {LAYOUT_JS} ; return window.__msLayout.{check}(); }}"
-                         if page.evaluate("() => !window.__msLayout") else
-                         f"() => window.__msLayout.{check}()")
+    return page.evaluate(
+        f"() => {{ {LAYOUT_JS} ; return window.__msLayout.{check}(); }}"
+        if page.evaluate("() => !window.__msLayout")
+        else f"() => window.__msLayout.{check}()"
+    )
 
 
-MIN_COLUMN = 1000        # px: the content column of a note page at 1400 px
-MAX_WIDE_TABLES = 10     # tables (all notes together) that still need to scroll at 1400 px
-MAX_CODE_SHARE = 0.15    # of a note page's height, with every fold closed
+MIN_COLUMN = 1000  # px: the content column of a note page at 1400 px
+MAX_WIDE_TABLES = 10  # tables (all notes together) that still need to scroll at 1400 px
+MAX_CODE_SHARE = 0.15  # of a note page's height, with every fold closed
 STATS: dict[str, dict] = {}  # note stem -> figures measured by the note tests, for the summaries
 
 
@@ -196,7 +200,9 @@ def _toc_lands(page) -> list[str]:
     hrefs = page.locator(TOC_LINKS).evaluate_all("as => as.map(a => a.getAttribute('href'))")
     return page.evaluate(
         """hrefs => hrefs.filter(h => !/^H[1-6]$/.test(
-               document.getElementById(decodeURIComponent(h.slice(1)))?.tagName))""", hrefs)
+               document.getElementById(decodeURIComponent(h.slice(1)))?.tagName))""",
+        hrefs,
+    )
 
 
 @pytest.mark.parametrize("path", _doc_pages())
@@ -264,9 +270,13 @@ def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
             box.fill(word)
             box.press("End")  # filled text fires no keyup; material searches on a key press (seen)
             page.wait_for_function(
-                f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000)
-            if page.evaluate("""s => Array.from(document.querySelectorAll('.md-search-result__item a'))
-                                    .some(a => a.href.includes('/notes/' + s + '/'))""", stem):
+                f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000
+            )
+            if page.evaluate(
+                """s => Array.from(document.querySelectorAll('.md-search-result__item a'))
+                                    .some(a => a.href.includes('/notes/' + s + '/'))""",
+                stem,
+            ):
                 break
             tried.append(word)
         else:
@@ -285,7 +295,8 @@ def _search(page, query: str) -> list[str]:
     box.fill(query)
     box.press("End")  # filled text fires no keyup; material searches on a key press (seen)
     page.wait_for_function(
-        f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000)
+        f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000
+    )
     hrefs = page.evaluate("""() => Array.from(document.querySelectorAll('.md-search-result__item > a'))
                                .map(a => new URL(a.href).pathname)""")
     pages = []
@@ -333,14 +344,14 @@ def test_note_page_renders(tab, site_url, note_names, name):
         _shot(page, f"note-{stem}.png")
 
     blocks = layout(page, "blocks")
-    STATS[stem] = dict(wide=blocks["wide"], code=layout(page, "codeShare"),
-                       spoilers=layout(page, "spoilers"))
+    STATS[stem] = dict(wide=blocks["wide"], code=layout(page, "codeShare"), spoilers=layout(page, "spoilers"))
     assert page.locator("article table").count() >= 1, "no <table> rendered"
     download = page.locator("article a.nb-download")
     assert download.count() == 1, "no .ipynb download button"
     assert "下载 .ipynb" in download.inner_text(), "the download button has no label"
     got = download.evaluate(
-        "a => fetch(a.href).then(async r => [r.status, (await r.text()).includes('nbformat')])")
+        "a => fetch(a.href).then(async r => [r.status, (await r.text()).includes('nbformat')])"
+    )
     assert got == [200, True], f"download {download.get_attribute('href')} -> {got}"
     got = page.evaluate(RENDER_CHECKS)
     assert not got["broken"] and not got["flat"], got
@@ -387,7 +398,8 @@ def test_note_page_renders(tab, site_url, note_names, name):
     # the browser's own fragment resolution agrees with the TOC: following a Chinese entry makes
     # that heading the :target (a real mouse click is tested once, below)
     target = page.locator(f'{TOC_LINKS}[href="{chinese[0]}"]').first.evaluate(
-        "a => { a.click(); return document.querySelector(':target')?.id ?? null; }")
+        "a => { a.click(); return document.querySelector(':target')?.id ?? null; }"
+    )
     assert target == unquote(chinese[0][1:]), f"followed {chinese[0]} -> :target {target}"
     tab.assert_clean()
 
@@ -403,8 +415,10 @@ def test_few_tables_still_need_to_scroll_at_desktop_width(note_names):
     stats = _stats(note_names)
     wide = {stem: s["wide"] for stem, s in stats.items() if s["wide"]}
     total = sum(len(w) for w in wide.values())
-    print(f"\ntables wider than the column at 1400 px: {total} "
-          + ", ".join(f"{stem[:2]}: {len(w)}" for stem, w in wide.items()))
+    print(
+        f"\ntables wider than the column at 1400 px: {total} "
+        + ", ".join(f"{stem[:2]}: {len(w)}" for stem, w in wide.items())
+    )
     assert total <= MAX_WIDE_TABLES, f"{total} tables need to scroll at 1400 px: {wide}"
 
 
@@ -441,7 +455,8 @@ def test_toc_mouse_click_scrolls_to_chinese_heading(tab, site_url, note_names):
     toc.nth(i).click()
     want = unquote(hrefs[i][1:])
     page.wait_for_function(
-        "id => Math.abs(document.getElementById(id).getBoundingClientRect().top) < 200", arg=want)
+        "id => Math.abs(document.getElementById(id).getBoundingClientRect().top) < 200", arg=want
+    )
     assert page.evaluate("() => document.querySelector(':target')?.id") == want
     assert unquote(page.evaluate("() => location.hash"))[1:] == want
     tab.assert_clean()

@@ -26,8 +26,9 @@ def test_no_link_to_another_ref():
     # Links to Megatron-LM must use the pinned tag, never main or a moving branch.
     bad = []
     for path in CITING:
-        for url in re.findall(r"https://github\.com/NVIDIA/Megatron-LM/(?:blob|tree)/[^\s)\"']+",
-                              path.read_text()):
+        for url in re.findall(
+            r"https://github\.com/NVIDIA/Megatron-LM/(?:blob|tree)/[^\s)\"']+", path.read_text()
+        ):
             if not url.split("/")[6] == sources.TAG:
                 bad.append((path.name, url))
     assert not bad
@@ -35,16 +36,19 @@ def test_no_link_to_another_ref():
 
 @pytest.mark.parametrize("where, text, path, line", LINKS, ids=[f"{w}:{t}" for w, t, _, _ in LINKS])
 def test_link_points_at_its_symbol(where, text, path, line, request):
-    problem = sources.check_link(text, path, line, src=megatron_src(request.config)
-                                 if not path.startswith("megatron/core/") else None)
+    problem = sources.check_link(
+        text, path, line, src=megatron_src(request.config) if not path.startswith("megatron/core/") else None
+    )
     assert problem is None, f"{where}: {problem}"
 
 
 def test_pinned_data_file_against_a_checkout(request):
     src = megatron_src(request.config)
     if src is None:
-        pytest.skip("pass --megatron-src PATH (a checkout of core_v0.16.1) to check "
-                    f"{sources.PINNED_FILE.name} against the tag")
+        pytest.skip(
+            "pass --megatron-src PATH (a checkout of core_v0.16.1) to check "
+            f"{sources.PINNED_FILE.name} against the tag"
+        )
     wrong = []
     for (path, symbol), line in sources.pinned_lines().items():
         text = sources.file_lines(path, src)[line - 1]
@@ -55,13 +59,17 @@ def test_pinned_data_file_against_a_checkout(request):
 
 def test_check_link_catches_a_wrong_line():
     good = sources.find_line("megatron/core/parallel_state.py", "RankGenerator.get_ranks")
-    assert sources.check_link("parallel_state.py::RankGenerator.get_ranks",
-                              "megatron/core/parallel_state.py", good) is None
-    problem = sources.check_link("parallel_state.py::RankGenerator.get_ranks",
-                                 "megatron/core/parallel_state.py", good + 1)
+    assert (
+        sources.check_link(
+            "parallel_state.py::RankGenerator.get_ranks", "megatron/core/parallel_state.py", good
+        )
+        is None
+    )
+    problem = sources.check_link(
+        "parallel_state.py::RankGenerator.get_ranks", "megatron/core/parallel_state.py", good + 1
+    )
     assert problem and f"found at line {good}" in problem
-    assert "names no symbol" in sources.check_link("parallel_state.py",
-                                                   "megatron/core/parallel_state.py", 10)
+    assert "names no symbol" in sources.check_link("parallel_state.py", "megatron/core/parallel_state.py", 10)
 
 
 def test_link_helper_writes_checkable_links():

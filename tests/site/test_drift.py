@@ -26,8 +26,12 @@ def newer(tmp_path):
     """A checkout where one file gained lines at the top, one method changed, one function
     was renamed away, one file was deleted and one is untouched."""
     old = sources.installed_root()
-    for path in ("parallel_state.py", "tensor_parallel/layers.py", "tensor_parallel/mappings.py",
-                 "optimizer/clip_grads.py"):
+    for path in (
+        "parallel_state.py",
+        "tensor_parallel/layers.py",
+        "tensor_parallel/mappings.py",
+        "optimizer/clip_grads.py",
+    ):
         _copy(old, tmp_path, CORE + path)
     ps = tmp_path / CORE / "parallel_state.py"
     ps.write_text("# a new header\n# of three\n# lines\n" + ps.read_text())
@@ -55,8 +59,9 @@ def test_each_kind_of_drift_is_named(newer):
         _cite("tensor_parallel/mappings.py", "_reduce"): ("vanished", None),
         _cite("tensor_parallel/mappings.py", "_gather_along_first_dim"): ("unchanged", 0),
         _cite("optimizer/clip_grads.py", "get_grad_norm_fp32"): ("unchanged", 0),
-        drift.Citation(CORE + "optimizer/clip_grads.py", 167, None,
-                       "param.grad.type() == 'torch.cuda.FloatTensor'"): ("unchanged", 0),
+        drift.Citation(
+            CORE + "optimizer/clip_grads.py", 167, None, "param.grad.type() == 'torch.cuda.FloatTensor'"
+        ): ("unchanged", 0),
         drift.Citation(CORE + "parallel_state.py", 20, None): ("moved", 3),
         _cite("optimizer/optimizer.py", "MegatronOptimizer"): ("vanished", None),  # file deleted
     }
@@ -85,18 +90,27 @@ def test_non_core_files_are_compared_with_a_checkout_of_the_tag(request, tmp_pat
     if not src:
         pytest.skip("needs --megatron-src (a checkout of core_v0.16.1)")
     rows = drift.report(Path(src), old_src=Path(src))
-    assert rows and all(r.status == "unchanged" for r in rows), \
-        [r for r in rows if r.status != "unchanged"][:5]
+    assert rows and all(r.status == "unchanged" for r in rows), [r for r in rows if r.status != "unchanged"][
+        :5
+    ]
 
 
 def test_command_refuses_a_directory_that_is_not_a_checkout(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "snippets.site.drift", "--new-src", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snippets.site.drift", "--new-src", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "is not a Megatron-LM checkout" in proc.stderr
 
 
 def test_command_prints_the_table(newer):
-    proc = subprocess.run([sys.executable, "-m", "snippets.site.drift", "--new-src", str(newer)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snippets.site.drift", "--new-src", str(newer)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "| status | path |" in proc.stdout and "| moved | megatron/core/parallel_state.py |" in proc.stdout

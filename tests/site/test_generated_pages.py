@@ -14,9 +14,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_site import load_hook, parse, resolve
 
 from conftest import fixture_mode
-from test_site import load_hook, parse, resolve
 
 # The real notes' questions, answers and seed cells; the fixture note (MEGATRON_SITE_FIXTURE=1)
 # is a bare sample that has none of them.
@@ -88,7 +88,8 @@ def _notebook(path: Path, answer: str) -> None:
         nbformat.v4.new_markdown_cell("# 01 试验笔记"),
         nbformat.v4.new_markdown_cell(
             "## 自测\n\n**1. 6 乘 7 是多少？**\n\n<details><summary>答案</summary>\n\n"
-            f"{answer}（见[笔记 02](../02_other/)）\n\n</details>"),
+            f"{answer}（见[笔记 02](../02_other/)）\n\n</details>"
+        ),
         code,
         nbformat.v4.new_markdown_cell("## 30-second answer\n\nSix times seven is forty-two."),
     ]
@@ -124,15 +125,19 @@ def test_note_map_says_what_each_note_runs(site, note_names, hook):
 
 def test_what_it_runs_reads_launches_and_imports(tmp_path, hook):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "from megatron.core import parallel_state as ps\n"
-        "from megatron.core.tensor_parallel import (ColumnParallelLinear,  # f inside\n"
-        "    RowParallelLinear)\n"
-        "out = run_ranks(step, 4, grid=dict(tp=2))\nmore = run_ranks(step, 2)\n")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "from megatron.core import parallel_state as ps\n"
+            "from megatron.core.tensor_parallel import (ColumnParallelLinear,  # f inside\n"
+            "    RowParallelLinear)\n"
+            "out = run_ranks(step, 4, grid=dict(tp=2))\nmore = run_ranks(step, 2)\n"
+        )
+    ]
     path = tmp_path / "01_x.ipynb"
     path.write_text(nbformat.writes(nb), encoding="utf-8")
     assert hook.what_it_runs(path) == (
-        "2、4 个 rank · `parallel_state`, `ColumnParallelLinear`, `RowParallelLinear`")
+        "2、4 个 rank · `parallel_state`, `ColumnParallelLinear`, `RowParallelLinear`"
+    )
 
 
 def test_write_a_note_page_prints_the_template_the_checks_use(site):

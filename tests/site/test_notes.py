@@ -9,10 +9,10 @@ import jupytext
 import nbformat
 import pytest
 
+from snippets.site.new_note import HEADINGS  # the roadmap template, one list for site and tests
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTES = sorted((ROOT / "notes").glob("[0-9][0-9]_*.py"))
-
-from snippets.site.new_note import HEADINGS  # the roadmap template, one list for site and tests
 
 
 def test_there_are_notes():
@@ -36,16 +36,19 @@ def test_py_and_ipynb_have_the_same_cells(pair):
 
 def _only_definitions(source: str) -> bool:
     body = ast.parse(source).body
-    return all(isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef,
-                              ast.Assign, ast.AnnAssign)) for n in body)
+    return all(
+        isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign))
+        for n in body
+    )
 
 
 def test_every_code_cell_ran_in_order_and_kept_its_output(pair):
     _, executed = pair
     code = [c for c in executed.cells if c.cell_type == "code"]
     assert code
-    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), \
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), (
         "execute the whole notebook top to bottom once (jupyter nbconvert --execute --inplace)"
+    )
     for cell in code:
         if not _only_definitions(cell.source):
             assert cell.outputs, f"no stored output for cell:\n{cell.source[:200]}"
@@ -57,8 +60,12 @@ def test_every_code_cell_ran_in_order_and_kept_its_output(pair):
 
 def test_template_headings_in_order(pair):
     text, _ = pair
-    found = [m.group(2).strip() for c in text.cells if c.cell_type == "markdown"
-             for m in re.finditer(r"^(##) (.+)$", c.source, re.M)]
+    found = [
+        m.group(2).strip()
+        for c in text.cells
+        if c.cell_type == "markdown"
+        for m in re.finditer(r"^(##) (.+)$", c.source, re.M)
+    ]
     positions = []
     for heading in HEADINGS:
         assert heading in found, f"missing heading: ## {heading}"
@@ -68,8 +75,7 @@ def test_template_headings_in_order(pair):
 
 def test_title_is_one_h1(pair):
     text, _ = pair
-    h1 = [m for c in text.cells if c.cell_type == "markdown"
-          for m in re.findall(r"^# .+$", c.source, re.M)]
+    h1 = [m for c in text.cells if c.cell_type == "markdown" for m in re.findall(r"^# .+$", c.source, re.M)]
     assert len(h1) == 1
 
 
@@ -118,17 +124,21 @@ def test_prose_tables_equal_the_recorded_ones(pair):
         if cell.cell_type != "markdown" or PROSE_MARK not in cell.source:
             continue
         claimed = _table_rows(cell.source.split(PROSE_MARK, 1)[1].split("\n\n", 1)[0])
-        following = next(c for c in cells[i + 1:] if c.cell_type == "code")
-        printed = "".join(
-            "".join(out.get("data", {}).get("text/markdown", "")) for out in following.outputs)
+        following = next(c for c in cells[i + 1 :] if c.cell_type == "code")
+        printed = "".join("".join(out.get("data", {}).get("text/markdown", "")) for out in following.outputs)
         assert claimed and claimed == _table_rows(printed)
 
 
 def test_executing_an_unknown_note_fails_fast_and_says_so():
     import subprocess
 
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "execute_notes.sh"), "notes/99_missing.py"],
-                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "execute_notes.sh"), "notes/99_missing.py"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
     assert result.returncode == 2
     assert "unknown note 'notes/99_missing.py'" in result.stderr
     assert "notes/02_distributed_initialization.py" in result.stderr  # lists the real ones

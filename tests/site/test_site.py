@@ -15,11 +15,10 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)        # http://, https://, //host
+EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)  # http://, https://, //host
 NON_PAGE_SCHEMES = ("mailto:", "tel:", "data:", "javascript:", "blob:")
 HEADINGS = {f"h{i}" for i in range(1, 7)}
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
-        "source", "track", "wbr"}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
 class PageParser(HTMLParser):
@@ -28,21 +27,22 @@ class PageParser(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.ids: list[str] = []
-        self.links: list[tuple[str, str]] = []       # (tag, url) for href/src
-        self.resources: list[tuple[str, str]] = []   # (what, url) loaded by the browser
+        self.links: list[tuple[str, str]] = []  # (tag, url) for href/src
+        self.resources: list[tuple[str, str]] = []  # (what, url) loaded by the browser
         self.inline_css: list[str] = []
         self.inline_js: list[str] = []
-        self.headings: list[dict] = []               # inside <article>
-        self.toc_links: list[str] = []               # hrefs in .md-nav--secondary
-        self.download_links: list[str] = []          # a.nb-download hrefs
+        self.headings: list[dict] = []  # inside <article>
+        self.toc_links: list[str] = []  # hrefs in .md-nav--secondary
+        self.download_links: list[str] = []  # a.nb-download hrefs
         self.tables_in_article = 0
         self._stack: list[tuple[str, dict]] = []
         self._text_sink: list[str] | None = None
         self._heading: dict | None = None
 
     def _inside(self, tag: str, cls: str | None = None) -> bool:
-        return any(t == tag and (cls is None or cls in (a.get("class") or "").split())
-                   for t, a in self._stack)
+        return any(
+            t == tag and (cls is None or cls in (a.get("class") or "").split()) for t, a in self._stack
+        )
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -212,8 +212,7 @@ def test_link_checker_catches_breakage(site, tmp_path):
 
 def _external_in_css(css: str) -> list[str]:
     found = re.findall(r"""url\(\s*['"]?((?:[a-z][a-z0-9+.-]*:)?//[^'")\s]+)""", css, re.I)
-    found += re.findall(r"""@import\s+(?:url\()?\s*['"]?((?:[a-z][a-z0-9+.-]*:)?//[^'")\s;]+)""",
-                        css, re.I)
+    found += re.findall(r"""@import\s+(?:url\()?\s*['"]?((?:[a-z][a-z0-9+.-]*:)?//[^'")\s;]+)""", css, re.I)
     return found
 
 
@@ -228,8 +227,10 @@ def test_site_loads_nothing_external(site):
             bad += [f"{rel}: inline CSS {u}" for u in _external_in_css(css)]
         for js in parser.inline_js:
             # dynamic import()/loader URLs in inline scripts (nbconvert's mermaid/mathjax)
-            bad += [f"{rel}: inline script loads {u}" for u in
-                    re.findall(r"""(?:import\(|src\s*=\s*)\s*['"`]((?:https?:)?//[^'"`]+)""", js)]
+            bad += [
+                f"{rel}: inline script loads {u}"
+                for u in re.findall(r"""(?:import\(|src\s*=\s*)\s*['"`]((?:https?:)?//[^'"`]+)""", js)
+            ]
             if "cdnjs.cloudflare.com" in js or "cdn.jsdelivr.net" in js or "unpkg.com" in js:
                 bad.append(f"{rel}: inline script mentions a CDN")
     for css_file in sorted(site.dir.rglob("*.css")):
@@ -240,12 +241,17 @@ def test_site_loads_nothing_external(site):
 
 def test_offline_scan_is_not_vacuous():
     p = PageParser()
-    p.feed('<link rel="stylesheet" href="https://fonts.googleapis.com/css?x">'
-           '<script src="//cdn.example/x.js"></script><img src="http://x/y.png">'
-           '<style>@import url("https://x/y.css"); a{background:url(//x/z.png)}</style>'
-           '<script>import("https://cdnjs.cloudflare.com/m.mjs")</script>')
+    p.feed(
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css?x">'
+        '<script src="//cdn.example/x.js"></script><img src="http://x/y.png">'
+        '<style>@import url("https://x/y.css"); a{background:url(//x/z.png)}</style>'
+        '<script>import("https://cdnjs.cloudflare.com/m.mjs")</script>'
+    )
     assert [u for _, u in p.resources if EXTERNAL.match(u)] == [
-        "https://fonts.googleapis.com/css?x", "//cdn.example/x.js", "http://x/y.png"]
+        "https://fonts.googleapis.com/css?x",
+        "//cdn.example/x.js",
+        "http://x/y.png",
+    ]
     assert set(_external_in_css(p.inline_css[0])) == {"//x/z.png", "https://x/y.css"}
     assert "cdnjs.cloudflare.com" in p.inline_js[0]
 
@@ -317,8 +323,9 @@ def test_search_index_segments_chinese(site, note_names):
     assert "zh" in index["config"]["lang"]
     note_docs = [d for d in index["docs"] if d["location"].startswith("notes/")]
     assert note_docs, "no note sections in the search index"
-    assert any("\u200b" in d["title"] + d["text"] for d in note_docs), \
+    assert any("\u200b" in d["title"] + d["text"] for d in note_docs), (
         "Chinese not segmented: is jieba installed?"
+    )
     # sections point at the heading ids, not at the page top
     anchors = {unquote(d["location"].split("#", 1)[1]) for d in note_docs if "#" in d["location"]}
     for name in note_names:
@@ -345,8 +352,11 @@ def _export(nb, soup_class, monkeypatch, template_stage: str | None = None) -> s
     with monkeypatch.context() as m:
         m.setattr(nbhtml, "BeautifulSoup", soup_class)
         if template_stage is not None:
-            m.setattr(TemplateExporter, "from_notebook_node",
-                      lambda self, nb, resources=None, **kw: (template_stage, resources))
+            m.setattr(
+                TemplateExporter,
+                "from_notebook_node",
+                lambda self, nb, resources=None, **kw: (template_stage, resources),
+            )
         exporter = nbhtml.HTMLExporter(template_name="lab")
         m.setattr(exporter.log, "disabled", True)  # its "alt text is missing" warning
         return exporter.from_notebook_node(nb)[0]
@@ -378,14 +388,17 @@ def test_focusable_markup_makes_nbconverts_edits_without_reparsing(monkeypatch):
 
 def test_drop_plain_copies_keeps_the_highlighted_code_once():
     hook = load_hook()
-    text = ("说明\u200b文字 In\xa0[3]: Copied! <pre>x = f(a,\n      b)  # 注释</pre> x = f(a,       b)  # \u200b注释 "
-            "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
-    assert hook.drop_plain_copies(text) == ("说明\u200b文字 <pre>x = f(a,\n      b)  # 注释</pre> "
-                                            "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2")
+    text = (
+        "说明\u200b文字 In\xa0[3]: Copied! <pre>x = f(a,\n      b)  # 注释</pre> x = f(a,       b)  # \u200b注释 "
+        "<pre>y</pre> 别的 <pre>z = 1</pre> z = 2"
+    )
+    assert hook.drop_plain_copies(text) == (
+        "说明\u200b文字 <pre>x = f(a,\n      b)  # 注释</pre> <pre>y</pre> 别的 <pre>z = 1</pre> z = 2"
+    )
 
 
-SEARCH_INDEX_BUDGET = 700_000      # bytes: every page's browser loads the index
-PAGE_TRANSFER_BUDGET = 1_500_000   # bytes: a note page and all it loads, search index included
+SEARCH_INDEX_BUDGET = 700_000  # bytes: every page's browser loads the index
+PAGE_TRANSFER_BUDGET = 1_500_000  # bytes: a note page and all it loads, search index included
 
 
 def _search_text(site) -> dict[str, str]:
@@ -406,8 +419,13 @@ def test_search_index_leaves_code_out(site, note_names):
         page_text = text[f"notes/{Path(name).stem}/"]
         assert hook.drop_plain_copies(page_text) == page_text, f"{name}: a plain copy is left"
         cells = json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
-        lines = [line for c in cells if c["cell_type"] == "code"
-                 for line in "".join(c["source"]).splitlines() if line.startswith(("from ", "import "))]
+        lines = [
+            line
+            for c in cells
+            if c["cell_type"] == "code"
+            for line in "".join(c["source"]).splitlines()
+            if line.startswith(("from ", "import "))
+        ]
         leaked = [line for line in lines if line in page_text]
         assert not leaked, f"{name}: code in the search index: {leaked[:3]}"
         assert not re.search(r"(?:In|Out)\xa0?\[\d*\]:|Copied!|显示代码", page_text), name
@@ -468,7 +486,9 @@ def test_search_knows_the_sites_words_and_whole_queries(site):
 def test_compact_word_marks_drops_only_marks_that_separate_nothing():
     hook = load_hook()
     marks = hook.word_mark_pattern("[\\s\\u200b\\u3000\\-、。，．？！；]+")
-    text = "\u200b语料\u200b a：10 \u200b篇\u200b文档\u200b，\u200b长\u200b <b>x</b>\u200b的\u200b\u200b行\u200b"
+    text = (
+        "\u200b语料\u200b a：10 \u200b篇\u200b文档\u200b，\u200b长\u200b <b>x</b>\u200b的\u200b\u200b行\u200b"
+    )
     assert hook.compact_word_marks(text, marks) == "语料 a：10 篇\u200b文档，长 <b>x</b>的\u200b行"
 
 
@@ -491,16 +511,18 @@ def test_picture_palette_in_css_equals_the_drawing_layers():
 
 # ---------------------------------------------------------------------------- cells
 
-CELL = ('<div id="cell-id=abc" class="jp-Cell jp-CodeCell jp-Notebook-cell   {tags}">\n'
-        '<div class="jp-Cell-inputWrapper" tabindex="0">\n<div class="jp-InputArea jp-Cell-inputArea">'
-        '<div class="jp-InputPrompt jp-InputArea-prompt">In&nbsp;[1]:</div>'
-        '<div class="jp-CodeMirrorEditor"><div class="celltoolbar"><div><span>hide-input</span></div></div>'
-        '<div class="highlight-ipynb"><pre><span>import</span> x\nx.run()\n</pre></div>'
-        '<div id="cell-1" class="clipboard-copy-txt">import x\nx.run()</div></div></div>\n</div>\n'
-        '<div class="jp-Cell-outputWrapper"><div class="jp-OutputArea"><div class="jp-OutputArea-child">'
-        '<div class="jp-OutputPrompt jp-OutputArea-prompt">Out[1]:</div>'
-        '<div class="jp-RenderedHTMLCommon jp-OutputArea-output"><table><tr><td>42</td></tr></table></div>'
-        '</div></div></div>\n</div>')
+CELL = (
+    '<div id="cell-id=abc" class="jp-Cell jp-CodeCell jp-Notebook-cell   {tags}">\n'
+    '<div class="jp-Cell-inputWrapper" tabindex="0">\n<div class="jp-InputArea jp-Cell-inputArea">'
+    '<div class="jp-InputPrompt jp-InputArea-prompt">In&nbsp;[1]:</div>'
+    '<div class="jp-CodeMirrorEditor"><div class="celltoolbar"><div><span>hide-input</span></div></div>'
+    '<div class="highlight-ipynb"><pre><span>import</span> x\nx.run()\n</pre></div>'
+    '<div id="cell-1" class="clipboard-copy-txt">import x\nx.run()</div></div></div>\n</div>\n'
+    '<div class="jp-Cell-outputWrapper"><div class="jp-OutputArea"><div class="jp-OutputArea-child">'
+    '<div class="jp-OutputPrompt jp-OutputArea-prompt">Out[1]:</div>'
+    '<div class="jp-RenderedHTMLCommon jp-OutputArea-output"><table><tr><td>42</td></tr></table></div>'
+    "</div></div></div>\n</div>"
+)
 
 
 def _fold(tags: str) -> str:
@@ -511,9 +533,11 @@ def test_hide_input_folds_the_code_and_keeps_the_output():
     out = _fold("celltag_hide-input")
     fold = re.search(r'<details class="ms-fold ms-fold-input"><summary[^>]*>显示代码.*?</details>', out, re.S)
     assert fold and "x.run()" in fold.group(0) and "（2 行）" in fold.group(0), out
-    assert "<td>42</td>" not in fold.group(0) and "<td>42</td>" in out   # the output stays open
-    assert "celltoolbar" not in out                                        # no printed tag names
-    assert out.startswith("<p>前</p>") and out.endswith("<p>后</p>") and out.count("<div") == out.count("</div>")
+    assert "<td>42</td>" not in fold.group(0) and "<td>42</td>" in out  # the output stays open
+    assert "celltoolbar" not in out  # no printed tag names
+    assert (
+        out.startswith("<p>前</p>") and out.endswith("<p>后</p>") and out.count("<div") == out.count("</div>")
+    )
 
 
 def test_answer_cells_fold_whole():
@@ -533,7 +557,9 @@ def test_untagged_cells_stay_open_and_keep_code_out_of_search():
 def test_svg_outputs_are_inlined():
     import base64
 
-    svg = '<svg xmlns="http://www.w3.org/2000/svg" class="ms-figure" viewBox="0 0 10 10"><text>甲</text></svg>'
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" class="ms-figure" viewBox="0 0 10 10"><text>甲</text></svg>'
+    )
     data = base64.b64encode(svg.encode()).decode()
     html = f'<div class="jp-RenderedSVG"><img src="data:image/svg+xml;base64,{data}" alt="x"></div>'
     assert load_hook().inline_svgs(html) == f'<div class="jp-RenderedSVG">{svg}</div>'
@@ -554,8 +580,10 @@ def test_note_pages_say_once_how_they_are_checked(site, note_names):
 def test_plain_note_numbers_become_links():
     hook = load_hook()
     present = {2: Path("02_a.ipynb"), 8: Path("08_b.ipynb"), 13: Path("13_c.ipynb"), 21: Path("21_d.ipynb")}
-    md = ("见笔记 21）。note 13 and `笔记 13` [笔记 02](x) 笔记 02/08 笔记 99\n"
-          "## 笔记 13\n\n| 主题 | 对应笔记 |\n|---|---|\n| a | 02、08 |\n")
+    md = (
+        "见笔记 21）。note 13 and `笔记 13` [笔记 02](x) 笔记 02/08 笔记 99\n"
+        "## 笔记 13\n\n| 主题 | 对应笔记 |\n|---|---|\n| a | 02、08 |\n"
+    )
     out = hook.link_note_numbers(md, present)
     assert "见笔记 [21](notes/21_d.ipynb)）" in out and "note [13](notes/13_c.ipynb) and" in out
     assert "`笔记 13`" in out and "[笔记 02](x)" in out and "笔记 99" in out and "## 笔记 13\n" in out
@@ -571,7 +599,7 @@ def test_code_map_and_cpu_page_link_their_notes(site, note_names):
 
 def test_nav_reads_in_number_order(site, note_names):
     home = (site.dir / "index.html").read_text(encoding="utf-8")
-    nav = home[home.index('md-nav--primary'):home.index('class="md-content"')]
+    nav = home[home.index("md-nav--primary") : home.index('class="md-content"')]
     order = [int(m) for m in re.findall(r'href="notes/(\d\d)_', nav)]
     seen = list(dict.fromkeys(order))
     assert seen == sorted(seen), f"notes in the nav: {seen}"
