@@ -2,6 +2,7 @@
 output, the roadmap template's headings are all there in order, and 自测 answers are folded."""
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -142,3 +143,32 @@ def test_executing_an_unknown_note_fails_fast_and_says_so():
     assert result.returncode == 2
     assert "unknown note 'notes/99_missing.py'" in result.stderr
     assert "notes/02_distributed_initialization.py" in result.stderr  # lists the real ones
+
+
+def _stored_svgs(ipynb: Path) -> list[str]:
+    nb = json.loads(ipynb.read_text(encoding="utf-8"))
+    return [
+        "".join(out["data"]["image/svg+xml"])
+        for cell in nb["cells"]
+        for out in cell.get("outputs", [])
+        if "image/svg+xml" in out.get("data", {})
+    ]
+
+
+@pytest.mark.parametrize("py", NOTES, ids=lambda p: p.stem)
+def test_every_note_shows_a_picture_drawn_by_the_drawing_layer(py):
+    """Issue 19: each note stores at least one picture, drawn by snippets.record.draw (class
+    ms-figure), with a text alternative and no text under the site's minimum size."""
+    import re
+
+    from snippets.record.draw import MIN_FONT
+
+    svgs = _stored_svgs(py.with_suffix(".ipynb"))
+    assert svgs, f"{py.stem} stores no picture"
+    for svg in svgs:
+        assert 'class="ms-figure"' in svg, f"{py.stem}: a picture not drawn by snippets.record.draw"
+        assert re.search(r"<title>[^<]+</title>", svg) and 'aria-label="' in svg, (
+            f"{py.stem}: no text alternative"
+        )
+        sizes = [float(s) for s in re.findall(r'font-size="([\d.]+)"', svg)]
+        assert all(s >= MIN_FONT for s in sizes), f"{py.stem}: text under {MIN_FONT} px"
