@@ -14,31 +14,11 @@ import dataclasses
 
 from snippets.experiments.checks import EXPERTS, RESUME_ITERATIONS, load_tps, resume_dp_sizes
 from snippets.models import memory_estimate as mem
+from snippets.models.memory_estimate import cpu_init, runtime, whole_model_step
 from snippets.models.presets import Dims
 from snippets.ranks.parallel_dims import ParallelDims
 
 BF16, INT64, BOOL = 2, 8, 1
-
-
-def cpu_init(d: Dims, par: ParallelDims, embedding: bool = True) -> int:
-    """``use_cpu_initialization`` draws the largest master weight whole before cutting this rank's
-    piece; on a GPU that happens on the device and is counted with the weights."""
-    return 0 if par.cuda else mem.largest_weight_elements(d, embedding) * mem.FP32
-
-
-def whole_model_step(d: Dims, tp: int = 1) -> dict:
-    """One micro-batch through every layer of a model on one stage: activations and logits."""
-    return {
-        "activations": (
-            d.layers * mem.layer_activation_elements(d, tp) + 2 * mem.attention_scores_elements(d, tp)
-        )
-        * mem.FP32,
-        "logits": mem.logits_elements(d, tp) * mem.FP32,
-    }
-
-
-def runtime(par: ParallelDims) -> dict:
-    return {"runtime": mem.RUNTIME_BYTES[par.device]}
 
 
 def groups_only(d: Dims, par: ParallelDims) -> mem.Estimate:

@@ -175,4 +175,29 @@ __all__ = [
     "local_world",
     "logits_elements",
     "stage_weight_elements",
+    "cpu_init",
+    "runtime",
+    "whole_model_step",
 ]
+
+
+# ----------------------------------------------------------------- shared by the experiments' estimates
+
+
+def cpu_init(d: Dims, par, embedding: bool = True) -> int:
+    """``use_cpu_initialization`` draws the largest master weight whole before cutting this rank's
+    piece; on a GPU that happens on the device and is counted with the weights."""
+    return 0 if par.cuda else largest_weight_elements(d, embedding) * FP32
+
+
+def whole_model_step(d: Dims, tp: int = 1) -> dict:
+    """One micro-batch through every layer of a model on one stage: activations and logits."""
+    return {
+        "activations": (d.layers * layer_activation_elements(d, tp) + 2 * attention_scores_elements(d, tp))
+        * FP32,
+        "logits": logits_elements(d, tp) * FP32,
+    }
+
+
+def runtime(par) -> dict:
+    return {"runtime": RUNTIME_BYTES[par.device]}
