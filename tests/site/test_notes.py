@@ -2,6 +2,7 @@
 output, the roadmap template's headings are all there in order, and 自测 answers are folded."""
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -20,12 +21,17 @@ def test_there_are_notes():
     assert NOTES, "no notes/NN_slug.py found"
 
 
-@pytest.fixture(params=NOTES, ids=lambda p: p.stem)
-def pair(request):
-    py = request.param
+@functools.lru_cache(maxsize=None)
+def _read_pair(py: Path):
+    """Each note's text and stored notebook, read (and schema-validated) once for all tests here."""
     ipynb = py.with_suffix(".ipynb")
     assert ipynb.exists(), f"{py.name} has no paired {ipynb.name}"
     return jupytext.read(py), nbformat.read(ipynb, as_version=4)
+
+
+@pytest.fixture(params=NOTES, ids=lambda p: p.stem)
+def pair(request):
+    return _read_pair(request.param)
 
 
 def test_py_and_ipynb_have_the_same_cells(pair):
