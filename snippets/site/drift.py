@@ -33,10 +33,10 @@ STATEMENT = re.compile(r"`?(?P<path>[\w/.]+\.py):(?P<line>\d+)`?")
 
 @dataclass(frozen=True)
 class Citation:
-    path: str                 # Megatron path, e.g. megatron/core/parallel_state.py
-    line: int                 # line at core_v0.16.1
-    symbol: str | None        # a definition (def / class / assignment), or None for a statement
-    text: str | None = None   # for a statement: what that line must contain
+    path: str  # Megatron path, e.g. megatron/core/parallel_state.py
+    line: int  # line at core_v0.16.1
+    symbol: str | None  # a definition (def / class / assignment), or None for a statement
+    text: str | None = None  # for a statement: what that line must contain
 
 
 @dataclass
@@ -80,12 +80,16 @@ def block(lines: list[str], start: int) -> str:
     for i in range(start, len(lines)):
         line = lines[i]
         stripped = line.strip()
-        if stripped and depth <= 0 and len(line) - len(line.lstrip()) <= indent \
-                and not stripped.startswith((")", "]", "}")):
+        if (
+            stripped
+            and depth <= 0
+            and len(line) - len(line.lstrip()) <= indent
+            and not stripped.startswith((")", "]", "}"))
+        ):
             break
         depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
         end = i + 1
-    body = [l.rstrip() for l in lines[start - 1:end]]
+    body = [text.rstrip() for text in lines[start - 1 : end]]
     while body and not body[-1]:
         body.pop()
     return "\n".join(body)
@@ -108,8 +112,8 @@ def _find(new: list[str], symbol: str, old_body: str | None, old_line: int) -> i
     lines = _candidates(new, symbol)
     if not lines:
         return None
-    same = [l for l in lines if old_body is not None and block(new, l) == old_body]
-    return min(same or lines, key=lambda l: abs(l - old_line))
+    same = [n for n in lines if old_body is not None and block(new, n) == old_body]
+    return min(same or lines, key=lambda n: abs(n - old_line))
 
 
 def check(citation: Citation, old_src: Path | None, new_src: Path) -> tuple[str, int | None]:
@@ -125,7 +129,7 @@ def check(citation: Citation, old_src: Path | None, new_src: Path) -> tuple[str,
             return "unchecked", None
         if citation.line <= len(new) and text in new[citation.line - 1]:
             return "unchanged", citation.line
-        hits = [i + 1 for i, l in enumerate(new) if text in l]
+        hits = [i + 1 for i, row in enumerate(new) if text in row]
         return ("moved", hits[0]) if len(hits) == 1 else ("changed", None)
     old_body = block(old, citation.line) if old else None
     line = _find(new, citation.symbol, old_body, citation.line)
@@ -139,8 +143,12 @@ def check(citation: Citation, old_src: Path | None, new_src: Path) -> tuple[str,
     return ("changed" if line == citation.line else "changed, moved"), line
 
 
-def report(new_src: Path, old_src: Path | None = None, root: Path = ROOT,
-           citations: dict[Citation, list[str]] | None = None) -> list[Row]:
+def report(
+    new_src: Path,
+    old_src: Path | None = None,
+    root: Path = ROOT,
+    citations: dict[Citation, list[str]] | None = None,
+) -> list[Row]:
     citations = site_citations(root) if citations is None else citations
     rows = []
     for citation, cited_by in sorted(citations.items(), key=lambda kv: (kv[0].path, kv[0].line)):
@@ -154,30 +162,34 @@ ORDER = ["vanished", "changed, moved", "changed", "moved", "unchecked", "unchang
 
 def render(rows: list[Row]) -> str:
     counts = {s: sum(r.status == s for r in rows) for s in ORDER}
-    out = [f"{len(rows)} citations: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), "",
-           f"| status | path | symbol or statement | {sources.TAG} | new | cited by |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        f"{len(rows)} citations: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n),
+        "",
+        f"| status | path | symbol or statement | {sources.TAG} | new | cited by |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (ORDER.index(r.status), r.citation.path, r.citation.line)):
         c = r.citation
         what = c.symbol or (f"`{c.text}`" if c.text else "(statement)")
-        out.append(f"| {r.status} | {c.path} | {what} | {c.line} | {r.new_line or '-'} "
-                   f"| {', '.join(r.cited_by)} |")
+        out.append(
+            f"| {r.status} | {c.path} | {what} | {c.line} | {r.new_line or '-'} | {', '.join(r.cited_by)} |"
+        )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snippets.site.drift",
-                                     description="Which cited Megatron lines moved, changed or "
-                                                 f"vanished since {sources.TAG}.")
-    parser.add_argument("--new-src", required=True, type=Path,
-                        help="a Megatron-LM checkout at a newer tag")
-    parser.add_argument("--old-src", type=Path,
-                        help=f"a checkout of {sources.TAG}, to compare files outside megatron/core")
+    parser = argparse.ArgumentParser(
+        prog="python -m snippets.site.drift",
+        description=f"Which cited Megatron lines moved, changed or vanished since {sources.TAG}.",
+    )
+    parser.add_argument("--new-src", required=True, type=Path, help="a Megatron-LM checkout at a newer tag")
+    parser.add_argument(
+        "--old-src", type=Path, help=f"a checkout of {sources.TAG}, to compare files outside megatron/core"
+    )
     args = parser.parse_args(argv)
     for name, src in (("--new-src", args.new_src), ("--old-src", args.old_src)):
         if src is not None and not (src / "megatron" / "core").is_dir():
-            print(f"error: {name} {src} is not a Megatron-LM checkout (no megatron/core/)",
-                  file=sys.stderr)
+            print(f"error: {name} {src} is not a Megatron-LM checkout (no megatron/core/)", file=sys.stderr)
             return 2
     try:
         print(render(report(args.new_src, args.old_src)))

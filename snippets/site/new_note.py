@@ -18,10 +18,20 @@ from pathlib import Path
 # (heading, what belongs under it). The order is the order a note must keep.
 SECTIONS: list[tuple[str, str]] = [
     ("阅读目标", "读完能回答的 3–5 个问题，编号列出。"),
-    ("源码位置", "表格：`path:line` 链接到 tag `core_v0.16.1` 的具体一行，链接文字写 `file.py::Symbol`，再说它做什么。"),
+    (
+        "源码位置",
+        "表格：`path:line` 链接到 tag `core_v0.16.1` 的具体一行，链接文字写 `file.py::Symbol`，再说它做什么。",
+    ),
     ("调用链", "缩进的 `path::function` 树，一行一个调用，通信或切分写在右边。"),
-    ("关键对象", "读到的每个函数 / 类的七问记录（输入、输出、调用的 Core 组件、process group?、切分?、改训练状态?、simple loop 哪一步），以及建对象的单元格。"),
-    ("Tensor / Process Group 语义", "跑出来的表：群成员、每个 rank 的 shape、每次通信的 API / 群 / 前后 shape / 含义。"),
+    (
+        "关键对象",
+        "读到的每个函数 / 类的七问记录（输入、输出、调用的 Core 组件、process group?、切分?、改训练状态?、"
+        "simple loop 哪一步），以及建对象的单元格。",
+    ),
+    (
+        "Tensor / Process Group 语义",
+        "跑出来的表：群成员、每个 rank 的 shape、每次通信的 API / 群 / 前后 shape / 含义。",
+    ),
     ("机制解释", "为什么这样写：用运行结果对照代码，必要时附一个可读的重写并证明与真实代码一致。"),
     ("与训练主链路的关系", "它在一次训练 step（simple loop 与正式入口）里的位置。"),
     ("与基础知识的连接", "对应的 PyTorch / 并行训练基础概念。"),
@@ -54,21 +64,27 @@ HEADER = """\
 def render(number: int, slug: str, title: str) -> str:
     """The text of a new note ``NN_slug.py``."""
     cells = [f"# %% [markdown]\n# # {number:02d} {title}\n#\n# TODO 一段导语：这篇回答什么问题、跑什么。"]
-    cells.append("# %%\n# snippets first: it applies the CPU patches and silences known warnings.\n"
-                 "from snippets.ranks.launch import run_ranks\nfrom snippets.record.tables import Table\n\n"
-                 "from megatron.core import parallel_state")
+    cells.append(
+        "# %%\n# snippets first: it applies the CPU patches and silences known warnings.\n"
+        "from snippets.ranks.launch import run_ranks\nfrom snippets.record.tables import Table\n\n"
+        "from megatron.core import parallel_state"
+    )
     for heading, prompt in SECTIONS:
         if heading == "自测":
             break
         cells.append(f"# %% [markdown]\n# ## {heading}\n#\n# TODO {prompt}")
         if heading == "关键对象":
-            cells.append("# %%\ndef world_size_seen():\n    parallel_state.initialize_model_parallel()\n"
-                         "    return parallel_state.get_data_parallel_world_size()\n\n\n"
-                         "Table([\"rank\", \"DP world size\"], list(enumerate(run_ranks(world_size_seen, 2))))")
+            cells.append(
+                "# %%\ndef world_size_seen():\n    parallel_state.initialize_model_parallel()\n"
+                "    return parallel_state.get_data_parallel_world_size()\n\n\n"
+                'Table(["rank", "DP world size"], list(enumerate(run_ranks(world_size_seen, 2))))'
+            )
     cells.append("# %% [markdown]\n# ## 自测\n#\n# TODO " + dict(SECTIONS)["自测"])
     for k in range(1, 4):
-        cells.append(f"# %% [markdown]\n# **{k}. TODO 问题？**\n#\n# <details><summary>答案</summary>\n#\n"
-                     f"# TODO 答案（由下面的单元格算出）。\n#\n# </details>")
+        cells.append(
+            f"# %% [markdown]\n# **{k}. TODO 问题？**\n#\n# <details><summary>答案</summary>\n#\n"
+            f"# TODO 答案（由下面的单元格算出）。\n#\n# </details>"
+        )
         cells.append(f"# %%\nprint({k})  # TODO compute the answer")
     cells.append("# %% [markdown]\n# ## 30-second answer\n#\n# TODO " + dict(SECTIONS)["30-second answer"])
     return HEADER + "\n" + "\n\n".join(cells) + "\n"
@@ -91,7 +107,9 @@ def scaffold(number: int, slug: str, title: str, notes_dir: Path = NOTES) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snippets.site.new_note", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m snippets.site.new_note", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("number", type=int, help="note number NN (the roadmap's)")
     parser.add_argument("slug", help="lower_snake_case name, e.g. tensor_journey")
     parser.add_argument("title", help="the title after NN in the H1, e.g. '一个 tensor 的旅程'")
