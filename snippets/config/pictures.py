@@ -14,7 +14,7 @@ highlighted.
 
 from __future__ import annotations
 
-from snippets.config.spec_diff import MISSING, diff_trees
+from snippets.config.spec_diff import MISSING, diff_trees, merged_order
 from snippets.record.draw import Figure, text_width
 
 RANK_KINDS = ("tp", "pp", "dp", "cp", "ep", "edp", "emb", "fwd2")
@@ -109,13 +109,7 @@ def layer_rows(trees: dict) -> list[list]:
     """``[path, class per spec...]`` for the layer's modules the picture shows: every path two
     levels deep or less, every path where the specs differ, and the final norm; in model order."""
     differs = {row[0] for row in diff_trees(trees)}
-    order: list[str] = []  # every path, a path only some trees have right after its predecessor
-    for tree in trees.values():
-        previous = None
-        for path in tree:
-            if path not in order:
-                order.insert(order.index(previous) + 1 if previous is not None else 0, path)
-            previous = path
+    order = merged_order(trees)
     keep = [
         p
         for p in order

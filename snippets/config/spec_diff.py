@@ -54,11 +54,9 @@ def module_tree(model: torch.nn.Module, strip: str = "") -> dict[str, str]:
     }
 
 
-def diff_trees(trees: dict[str, dict[str, str]]) -> list[list[str]]:
-    """Rows ``[path, class in tree 1, class in tree 2, ...]`` for the paths whose class is not the
-    same in every tree (:data:`MISSING` where a tree lacks the path). A path only some trees have
-    is placed right after the path that precedes it in its own tree, so a MoE layer's router and
-    experts sit under its ``mlp`` row, as they do in the model."""
+def merged_order(trees: dict[str, dict[str, str]]) -> list[str]:
+    """Every path of every tree, in model order: a path only some trees have is placed right after
+    the path that precedes it in its own tree."""
     order: list[str] = []
     for tree in trees.values():
         previous = None
@@ -66,8 +64,16 @@ def diff_trees(trees: dict[str, dict[str, str]]) -> list[list[str]]:
             if path not in order:
                 order.insert(order.index(previous) + 1 if previous is not None else 0, path)
             previous = path
+    return order
+
+
+def diff_trees(trees: dict[str, dict[str, str]]) -> list[list[str]]:
+    """Rows ``[path, class in tree 1, class in tree 2, ...]`` for the paths whose class is not the
+    same in every tree (:data:`MISSING` where a tree lacks the path). A path only some trees have
+    is placed right after the path that precedes it in its own tree, so a MoE layer's router and
+    experts sit under its ``mlp`` row, as they do in the model."""
     rows = []
-    for path in order:
+    for path in merged_order(trees):
         classes = [tree.get(path, MISSING) for tree in trees.values()]
         if len(set(classes)) > 1:
             rows.append([path, *classes])
