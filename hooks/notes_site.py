@@ -55,15 +55,17 @@ log = logging.getLogger("mkdocs.hooks.notes_site")
 NOTES_DIR = "notes"  # inside docs_dir
 NOTE_NAME = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 
-# Round titles in nav order, and the note numbers each one holds (ROADMAP.md).
-# Note 23 closes round 2 (it follows one tensor through every mechanism of 08-17) but its number
-# comes after round 3's; it gets its own last section so the nav reads in number order.
-ROUNDS: list[tuple[str, set[int]]] = [
-    ("第一轮：训练主链路", set(range(1, 8))),
-    ("第二轮：并行机制", set(range(8, 18))),
-    ("第三轮：训练系统专题", set(range(18, 22))),
-    ("RL：训推权重同步", {22}),
-    ("串起来：一个 tensor 走过所有并行", {23}),
+# Round titles in nav order, and the note numbers each one holds, in the order the nav lists them
+# (ROADMAP.md). Note 23 closes round 2 (it follows one tensor through every mechanism of 08-17) but
+# its number comes after round 3's; it gets its own last section so the nav reads in number order.
+# Notes added after the first 23 go where the roadmap places them: 24 (RNG and recomputation)
+# right after 12, because 13-17 build on its streams; 25 (HF conversion) after 22, in the RL part.
+ROUNDS: list[tuple[str, tuple[int, ...]]] = [
+    ("第一轮：训练主链路", tuple(range(1, 8))),
+    ("第二轮：并行机制", (8, 9, 10, 11, 12, 24, 13, 14, 15, 16, 17)),
+    ("第三轮：训练系统专题", tuple(range(18, 22))),
+    ("RL：训推权重同步", (22, 25)),
+    ("串起来：一个 tensor 走过所有并行", (23,)),
 ]
 
 # Every note the roadmap plans (../shared/ROADMAP.md), for the home page's map. A note that
@@ -92,6 +94,8 @@ PLAN: dict[int, str] = {
     21: "checkpoint 专题",
     22: "refit 与 resharding",
     23: "一个 tensor 的旅程",
+    24: "随机数与 activation 重算",
+    25: "Megatron 与 Hugging Face 的权重互转",
 }
 NOTE_MAP_MARK = "<!-- note-map -->"
 
@@ -146,8 +150,13 @@ def note_sections(docs_dir: Path) -> list[dict]:
             log.warning("notes/%s: note %02d has no round in hooks/notes_site.py ROUNDS", nb.name, number)
             continue
         title = _first_h1(nb) or nb.stem
-        found[round_title].append({title: f"{NOTES_DIR}/{nb.name}"})
-    return [{title: pages} for title, pages in found.items() if pages]
+        found[round_title].append((number, {title: f"{NOTES_DIR}/{nb.name}"}))
+    order = {n: i for _, numbers in ROUNDS for i, n in enumerate(numbers)}
+    return [
+        {title: [page for _, page in sorted(pages, key=lambda p: order[p[0]])]}
+        for title, pages in found.items()
+        if pages
+    ]
 
 
 RUN_RANKS = re.compile(r"run_ranks\(\s*[A-Za-z_][A-Za-z0-9_.]*\s*,\s*(\d+)")
@@ -179,7 +188,7 @@ def note_map(docs_dir: Path) -> str:
     lines = []
     for round_title, numbers in ROUNDS:
         lines += [f"**{round_title}**", "", "| # | 笔记 | 跑了什么 | 状态 |", "|---|---|---|---|"]
-        for n in sorted(numbers | {k for k in present if k in numbers}):
+        for n in numbers:
             if n in present:
                 title = re.sub(r"^\d\d\s+", "", _note_title(present[n]))
                 lines.append(
@@ -313,7 +322,7 @@ def _notes_present(docs_dir: Path) -> dict[int, Path]:
 def _notes_by_round(present: dict[int, Path]):
     """(round title, its notebooks in order) for every round that has a note written."""
     for round_title, numbers in ROUNDS:
-        notes = [present[n] for n in sorted(numbers) if n in present]
+        notes = [present[n] for n in numbers if n in present]
         if notes:
             yield round_title, notes
 
