@@ -25,9 +25,15 @@ BLOB = f"{REPO_URL}/blob/{TAG}/"
 PINNED_FILE = Path(__file__).with_name("pinned_lines.json")
 
 LINK_RE = re.compile(
-    r"\[(?P<text>[^\]]+)\]\(" + re.escape(BLOB) + r"(?P<path>[^)#\s]+)(?:#L(?P<line>\d+))?\)"
+    r"\[(?P<text>[^\]]+)\]\(" + re.escape(BLOB) + r"(?P<path>[^)#\s]+)(?:#L(?P<line>\d+)(?:-L\d+)?)?\)"
 )
-"""A markdown link to the pinned tag, with an optional ``#L<line>``."""
+"""A markdown link to the pinned tag, with an optional ``#L<line>`` or range ``#L<line>-L<end>``."""
+
+STATEMENT_RE = re.compile(
+    r"`?(?P<path>[\w/.]+\.py)`?(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?"
+    r"| 第 (?P<line_zh>\d+)(?:[-–](?P<end_zh>\d+))? 行)`?"
+)
+"""The text of a link to a statement: ``file.py:N``, ``file.py:N-M``, ``file.py 第 N 行``, ``file.py 第 N–M 行``."""
 
 
 def pinned_url(path: str, line: int | None = None) -> str:
@@ -111,16 +117,19 @@ def symbol_of(text: str) -> str | None:
 def check_link(text: str, path: str, line: int | None, src: Path | None = None) -> str | None:
     """None if the link is right, else what is wrong with it.
 
-    A link to a statement rather than a definition is written ``path.py:LINE`` and must name the
-    line it links (what that line must contain is checked where it is used: the CPU patches).
+    A link to a statement rather than a definition is written ``path.py:LINE`` (or ``path.py 第 N 行``,
+    either with a range end) and must name the line it links (what that line must contain is checked
+    where it is used: the CPU patches, and by hand for prose).
     """
-    cited = re.fullmatch(r"`?(?P<path>[\w/.]+\.py):(?P<line>\d+)`?", text.strip())
+    cited = STATEMENT_RE.fullmatch(text.strip())
     if cited:
-        if not path.endswith(cited["path"]) or int(cited["line"]) != line:
+        first = int(cited["line"] or cited["line_zh"])
+        last = int(cited["end"] or cited["end_zh"] or first)
+        if not path.endswith(cited["path"]) or first != line or last < first:
             return f"{text!r} does not match the link {path}#L{line}"
         if path.startswith("megatron/core/") or src is not None:
-            if line > len(file_lines(path, src)):
-                return f"{path} has fewer than {line} lines"
+            if last > len(file_lines(path, src)):
+                return f"{path} has fewer than {last} lines"
         return None
     symbol = symbol_of(text)
     in_package = path.startswith("megatron/core/")
