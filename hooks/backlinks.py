@@ -12,7 +12,7 @@ How (mkdocs runs every page's ``on_page_content`` before any page's ``on_page_co
    content is resolved against the page's URL; the ones that land on another page of the site
    are that page's out-links. The graph page itself takes no part (its links are the graph).
 2. ``on_env``: all pages are rendered, so the graph is complete. Notes are grouped in columns
-   by round, using ``ROUNDS`` from hooks/notes_site.py; other pages form a column of their own.
+   by round, using ``ROUNDS`` from hooks/site_nav.py; other pages form a column of their own.
 3. ``on_page_context``, after the search plugin's (so that what is generated here, which only
    repeats page titles, stays out of search results): the graph page (``docs/graph.md``) gets
    the SVG and the table in place of two marker comments; every other page gets a 关系图谱
@@ -25,7 +25,6 @@ How (mkdocs runs every page's ``on_page_content`` before any page's ``on_page_co
 from __future__ import annotations
 
 import html
-import importlib.util
 import logging
 import re
 from collections import Counter
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
+import site_nav  # hooks/site_nav.py: ROUNDS and is_note are defined there only
 from markdown.extensions.toc import slugify_unicode
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
@@ -50,18 +50,6 @@ TABLE_MARK = "<!-- link-graph:table -->"
 CSS_PATH = "assets/stylesheets/link-graph.css"
 SITE_GROUP = "站点页面"  # the column of pages that are not notes
 OTHER_GROUP = "其他笔记"  # a note whose number no round claims (notes_site warns about it)
-
-
-def _load_notes_site():
-    """hooks/notes_site.py, for ROUNDS and is_note: the rounds are defined there only."""
-    path = Path(__file__).resolve().with_name("notes_site.py")
-    spec = importlib.util.spec_from_file_location("_notes_site_for_backlinks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-notes_site = _load_notes_site()
 
 # ---------------------------------------------------------------------------- links
 
@@ -130,7 +118,7 @@ class LinkGraph:
 
 def note_group(src_uri: str) -> str:
     number = int(Path(src_uri).name[:2])
-    return next((title for title, numbers in notes_site.ROUNDS if number in numbers), OTHER_GROUP)
+    return next((title for title, numbers in site_nav.ROUNDS if number in numbers), OTHER_GROUP)
 
 
 def short_label(title: str, is_note: bool) -> str:
@@ -140,10 +128,10 @@ def short_label(title: str, is_note: bool) -> str:
 
 def build_graph(pages: list, links: dict[str, Counter]) -> LinkGraph:
     """Nodes in column order: site pages, then notes round by round; ``pages``' order inside."""
-    groups = [SITE_GROUP] + [t for t, _ in notes_site.ROUNDS] + [OTHER_GROUP]
+    groups = [SITE_GROUP] + [t for t, _ in site_nav.ROUNDS] + [OTHER_GROUP]
     nodes: list[Node] = []
     for page in pages:
-        note = notes_site.is_note(page) and bool(notes_site.NOTE_NAME.match(Path(page.file.src_uri).name))
+        note = site_nav.is_note(page) and bool(site_nav.NOTE_NAME.match(Path(page.file.src_uri).name))
         title = str(page.title or page.url or "首页")
         nodes.append(
             Node(

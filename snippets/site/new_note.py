@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {path}")
     print(f"next: edit it, then `scripts/execute_notes.sh {path}` pairs and executes it;")
-    print("      a note number the roadmap does not plan also needs its round in hooks/notes_site.py ROUNDS.")
+    print("      a note number the roadmap does not plan also needs its round in hooks/site_nav.py ROUNDS.")
     return 0
 
 

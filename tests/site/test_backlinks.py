@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ from types import SimpleNamespace
 from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
+from test_site import load_hook
 
 from conftest import DESKTOP, PHONE  # browser fixtures: tests/site/conftest.py
 from conftest import shot as _shot
@@ -30,17 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
-def load_hook():
-    path = ROOT / "hooks" / "backlinks.py"
-    name = "backlinks_under_test"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-hook = load_hook()
+hook = load_hook("backlinks.py", "backlinks_under_test")
 
 
 # ---------------------------------------------------------------------------- built HTML
@@ -218,12 +208,12 @@ def fake_graph(with_link: bool):
 
 def test_graph_columns_follow_the_rounds_of_notes_site():
     graph = fake_graph(with_link=True)
-    notes_site = hook.notes_site
+    site_nav = hook.site_nav
     assert list(graph.nodes) == ["", "notes/01_a/", "notes/09_b/"]
-    assert graph.nodes["notes/01_a/"].group == notes_site.ROUNDS[0][0]
-    assert graph.nodes["notes/09_b/"].group == notes_site.ROUNDS[1][0]
+    assert graph.nodes["notes/01_a/"].group == site_nav.ROUNDS[0][0]
+    assert graph.nodes["notes/09_b/"].group == site_nav.ROUNDS[1][0]
     assert graph.nodes[""].group == hook.SITE_GROUP
-    assert graph.groups == [hook.SITE_GROUP, notes_site.ROUNDS[0][0], notes_site.ROUNDS[1][0]]
+    assert graph.groups == [hook.SITE_GROUP, site_nav.ROUNDS[0][0], site_nav.ROUNDS[1][0]]
     assert graph.nodes["notes/09_b/"].label == "09 B 主题"
 
 
@@ -331,8 +321,8 @@ def test_link_between_two_notes_in_a_real_build(tmp_path):
     """mkdocs build of index + graph page + two notes; the link from 01 to 09 comes and goes."""
     project = tmp_path / "project"
     (project / "hooks").mkdir(parents=True)
-    for name in ("notes_site.py", "backlinks.py", "jieba_userdict.txt"):
-        (project / "hooks" / name).write_bytes((ROOT / "hooks" / name).read_bytes())
+    for path in [*(ROOT / "hooks").glob("*.py"), ROOT / "hooks" / "jieba_userdict.txt"]:
+        (project / "hooks" / path.name).write_bytes(path.read_bytes())
     (project / "docs" / "notes").mkdir(parents=True)
     (project / "docs" / "index.md").write_text(
         "# 首页\n\n从[笔记 01](notes/01_alpha.ipynb)开始。\n", encoding="utf-8"

@@ -127,13 +127,26 @@ def resolve(site_dir: Path, page: Path, url: str) -> tuple[Path, str]:
     return target, unquote(parts.fragment)
 
 
-def load_hook():
+def load_hook(file: str = "notes_site.py", name: str = "notes_site_under_test"):
+    """A fresh copy of ``hooks/<file>``, loaded as mkdocs loads a hook: by path, under ``name`` in
+    ``sys.modules``, with ``hooks/`` first on ``sys.path`` while it runs. The sibling modules it
+    imports (hooks/site_*.py) are loaded afresh too, so no state is carried over from a build."""
     import importlib.util
+    import sys
 
-    path = Path(__file__).resolve().parents[2] / "hooks" / "notes_site.py"
-    spec = importlib.util.spec_from_file_location("notes_site_under_test", path)
+    hooks = Path(__file__).resolve().parents[2] / "hooks"
+    for key, loaded in list(sys.modules.items()):
+        where = getattr(loaded, "__file__", None)
+        if where and Path(where).parent == hooks and Path(where).stem == key:
+            del sys.modules[key]
+    spec = importlib.util.spec_from_file_location(name, hooks / file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module  # dataclasses look their module up there
+    sys.path.insert(0, str(hooks))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(hooks))
     return module
 
 
@@ -611,12 +624,7 @@ def test_build_is_fast(site):
 
 
 def test_home_page_maps_every_planned_note_with_its_status(site, note_names):
-    import importlib.util
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("notes_site", root / "hooks" / "notes_site.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = load_hook()
     home = (site.dir / "index.html").read_text(encoding="utf-8")
     for name in note_names:
         assert f'href="notes/{Path(name).stem}/"' in home, name
