@@ -233,3 +233,11 @@ def journey(d: Dims, par: ParallelDims) -> list[str]:
     if par.sp:
         divides(out, "seq", d.seq, "tp (sequence parallel)", par.tp)
     return out
+
+
+def rng(d: Dims, par: ParallelDims) -> list[str]:
+    out: list[str] = []
+    divides(out, "heads", d.heads, "tp", par.tp)
+    divides(out, "ffn", d.ffn, "tp", par.tp)
+    query_groups_fit(out, d, par.tp)
+    return out

@@ -319,7 +319,17 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         tiny=Dims("tiny", hidden=16, heads=2, query_groups=2, kv_channels=8, ffn=32, vocab=32,
                   layers=2, seq=8, micro_batch_size=2, microbatches=4, bias=False),
         uses=("tp", "pp", "sp"), estimate=needs.journey, checks=checks.journey,
-        example="--tp 2 --pp 2 --sequence-parallel")]}
+        example="--tp 2 --pp 2 --sequence-parallel"),
+    Experiment(
+        name="rng", note="24_rng_and_recomputation",
+        what="model_parallel_cuda_manual_seed's streams per TP / EP rank, dropout masks inside and "
+             "outside tracker.fork(), one TransformerLayer plain / tensor_parallel.checkpoint / "
+             "torch.utils.checkpoint (bit-identical?, saved bytes), CheckpointWithoutOutput",
+        module="snippets.experiments.n24_rng",
+        tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=1,
+                  layers=1, seq=8, micro_batch_size=2, microbatches=1),
+        uses=("tp", "ep"), estimate=needs.rng, checks=checks.rng, example="--tp 2 --ep 2",
+        unused=("vocab", "layers", "microbatches"))]}
 """Registered experiments by name (the runner's first argument), in the order of their notes."""
 
 assert list(EXPERIMENTS) == [e.name for e in sorted(EXPERIMENTS.values(), key=lambda e: e.note)]
