@@ -19,7 +19,9 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
-# -n 2: both cores; --dist loadfile keeps each notebook's cells (and each test file) on one worker.
+# -n 3 on 2 cores: a third worker fills the time the others wait (for a browser, a timeout, a
+# subprocess); measured 188 s against 203-208 s with -n 2 (README benchmark).
+# --dist loadfile keeps each notebook's cells (and each test file) on one worker.
 # --nbval-kernel-name megatron-study: kernels forked from one that already imported torch and
 # megatron.core (snippets/ranks/kernel_zygote.py), ~4 s less per notebook than a fresh python3 kernel.
-exec .venv/bin/python -m pytest --nbval notes/ tests/ -n 2 --dist loadfile --nbval-kernel-name megatron-study "$@"
+exec .venv/bin/python -m pytest --nbval notes/ tests/ -n 3 --dist loadfile --nbval-kernel-name megatron-study "$@"

@@ -265,6 +265,10 @@ def main(argv=None) -> int:
             print(listing())
             return 0
         nproc = _nproc(all_args)
+        if nproc is not None and "torch" not in sys.modules:
+            import snippets
+
+            snippets.fork_ranks_from_this_process()  # before check() imports torch: ranks are forked
         jobs, headers = check(all_args, nproc)
     except Refused as exc:
         return _refuse(exc)
@@ -276,7 +280,8 @@ def main(argv=None) -> int:
         from snippets.ranks.elastic import launch
 
         rest = [arg for segment in split(argv) for arg in [SEPARATOR, *_without_nproc(segment)]][1:]
-        return launch(nproc, "snippets.run", rest, refused=REFUSED)
+        preload = sorted({exp.module for exp, _, _ in jobs})
+        return launch(nproc, "snippets.run", rest, refused=REFUSED, entry=main, preload=preload)
     return run_jobs(jobs, headers)
 
 

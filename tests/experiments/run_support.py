@@ -48,7 +48,9 @@ def one_command(nproc: int, *args: str):
     itself, through torch's elastic launcher), once per session."""
     with tempfile.TemporaryDirectory(prefix="snippets-run-") as tmp:
         proc = plain("--nproc-per-node", str(nproc), *args, env={"TMPDIR": tmp}, timeout=JOB_TIMEOUT_S)
-        proc.leftovers = os.listdir(tmp)  # what the job left in its temporary directory
+        # what the job left in its temporary directory, but torch's own per-user compile cache
+        # (importing megatron.core creates ``torchinductor_<user>`` there, as in any torch program)
+        proc.leftovers = [name for name in os.listdir(tmp) if not name.startswith("torchinductor_")]
     return proc
 
 

@@ -1,7 +1,8 @@
 """``python -m snippets.run`` on CPU ranks prints the notes' tables, and refuses bad jobs in one line.
 
-Each job is real: 2 gloo ranks started the one-command way (``--nproc-per-node 2``: the runner
-checks, then starts them through torch's elastic launcher), 4 under a raw ``torchrun``. Rank 0's
+Each job is real: gloo ranks started the one-command way (``--nproc-per-node N``: the runner
+checks, then forks them through torch's elastic launcher), and one small job under a raw
+``torchrun`` (what a multi-node run uses: every rank a fresh interpreter). Rank 0's
 stdout is split into markdown tables and compared with the tables stored in the note's ``.ipynb``
 (the outputs nbval checks). A table of one configuration must equal the note's table, or -- where
 the note puts several configurations in one table -- be exactly the note's rows for that
@@ -90,18 +91,32 @@ FOUR_RANKS = (
     "--pp",
     "2",
 )
-"""One job per world size runs the experiments one after the other (``+``): the ranks start once.
-The 2-rank job is started the one-command way (``python -m snippets.run --nproc-per-node 2``), the
-4-rank one under a raw ``torchrun``: both launchers print the notes' tables."""
+"""One job per world size runs the experiments one after the other (``+``): the ranks start once,
+the one-command way (``python -m snippets.run --nproc-per-node N``)."""
+RAW = ("mappings", "--tp", "2")
+"""The job under a raw ``torchrun``: the same tables from spawned ranks (each imports torch and
+megatron.core itself, ~5 s of CPU), so it is the smallest one."""
 
 
-def section(nproc: int, args: tuple, experiment: str) -> str:
+def section(nproc: int, args: tuple, experiment: str, raw: bool = False) -> str:
     """What rank 0 printed for ``experiment`` in the job of ``nproc`` ranks running ``args``."""
-    out = ok(nproc, *args, raw=nproc != 2)
+    out = ok(nproc, *args, raw=raw)
     parts = out.split("snippets.run ")
     found = [p for p in parts if p.startswith(experiment + " (note ")]
     assert len(found) == 1, out
     return found[0]
+
+
+# ----------------------------------------------------------------------------- a raw torchrun
+
+
+def test_raw_torchrun_prints_note_09_tables():
+    """Under a raw ``torchrun`` (spawned ranks, torchrun's own rendezvous) the tables are the note's,
+    as from the one-command job and the in-process runner (test_mappings_runner_path_...)."""
+    printed = tables(section(2, RAW, "mappings", raw=True))
+    assert printed
+    for table in printed:
+        assert_in_note(table, "09_tp_mappings")
 
 
 # ----------------------------------------------------------------------------- note 02: groups
@@ -264,7 +279,14 @@ def test_one_command_refusal_is_one_line_and_status_2(nproc, args, expected):
     assert "torch" not in proc.stderr.split(":", 1)[0] and proc.seconds < 20
 
 
-@pytest.mark.parametrize("nproc, args, expected", REFUSALS, ids=IDS)
+RAW_REFUSALS = [2, 3]
+"""Under a raw torchrun, the two refusals that each rank decides from its own world: the sizes, and
+its host's memory (a bad flag or an unknown experiment is the same path, checked above)."""
+
+
+@pytest.mark.parametrize(
+    "nproc, args, expected", [REFUSALS[i] for i in RAW_REFUSALS], ids=[IDS[i] for i in RAW_REFUSALS]
+)
 def test_raw_torchrun_refusal_rank_0_says_it_and_every_rank_exits_2(nproc, args, expected):
     """Under a raw ``torchrun`` (multi-node jobs): the same line once, from rank 0; every rank exits
     with status 2 by itself (none is stopped by the agent) and none prints a traceback. What is

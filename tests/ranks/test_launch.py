@@ -229,8 +229,45 @@ def test_elastic_launch_names_the_failed_rank_in_one_line():
     assert "torch/distributed/elastic" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 
-def test_elastic_launch_passes_a_refusal_through_as_status_2():
-    """Every rank exits with status 2 (here: argparse refusing a flag): so does the launch, adding nothing."""
-    proc = _elastic("json.tool", "--no-such-flag")
-    assert proc.returncode == 2, proc.stderr
-    assert "snippets" not in proc.stderr and "failed" not in proc.stderr
+FORKED = """
+import os, sys
+import snippets
+snippets.fork_ranks_from_this_process()
+from snippets.ranks.elastic import launch
+
+AGENT = os.getpid()
+
+def failing(args):
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank one says no")
+    return 0
+
+def refusing(args):
+    print("refused by rank", os.environ["RANK"], file=sys.stderr)
+    return 2
+
+def forked(args):
+    print("forked from this process:", os.getppid() == AGENT, "torch loaded:", "torch" in sys.modules)
+    return 0
+
+statuses = [launch(2, "forked-job", [], entry=fn) for fn in (failing, refusing, forked)]
+print("statuses", statuses, flush=True)
+"""
+
+
+def test_elastic_launch_forks_the_ranks_and_passes_failures_and_refusals_through():
+    """With an entry function (the runner's main), the ranks are forked from the launching process,
+    which has torch loaded already; a rank that raises gets its traceback and one line naming it
+    (status 1), and a job every rank refuses exits 2 with nothing added, as with spawned ranks."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[-1] == "statuses [1, 2, 0]", proc.stdout + proc.stderr
+    assert proc.stdout.count("forked from this process: True torch loaded: True") == 2, proc.stdout
+    assert "RuntimeError: rank one says no" in proc.stderr
+    line = r"^forked-job: rank 1 of 2 failed \(exit status 1\); its error is above$"
+    assert re.search(line, proc.stderr, re.M), proc.stderr
+    assert proc.stderr.count("refused by rank") == 2 and proc.stderr.count("failed (") == 1, proc.stderr
+    assert "torch/distributed/elastic" not in proc.stderr and "ChildFailedError" not in proc.stderr
