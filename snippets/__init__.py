@@ -34,6 +34,8 @@ _KNOWN_WARNINGS = (
     # announce their own deprecation on every load.
     r"`load_state_dict` is deprecated",
     r"Please use DTensor instead",
+    # Core's null tokenizer imports transformers, whose tqdm.auto looks for ipywidgets in a kernel.
+    r"IProgress not found",
 )
 for _message in _KNOWN_WARNINGS:
     warnings.filterwarnings("ignore", message=".*" + _message)
