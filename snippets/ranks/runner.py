@@ -280,8 +280,13 @@ def main(argv=None) -> int:
         from snippets.ranks.elastic import launch
 
         rest = [arg for segment in split(argv) for arg in [SEPARATOR, *_without_nproc(segment)]][1:]
+        # CPU ranks are forked from here (imports paid once); with GPUs each rank is a fresh
+        # interpreter, as under torchrun, since this process has already queried CUDA
+        on_cpu = all(par.device == "cpu" for _, _, par in jobs)
         preload = sorted({exp.module for exp, _, _ in jobs})
-        return launch(nproc, "snippets.run", rest, refused=REFUSED, entry=main, preload=preload)
+        return launch(
+            nproc, "snippets.run", rest, refused=REFUSED, entry=main if on_cpu else None, preload=preload
+        )
     return run_jobs(jobs, headers)
 
 
