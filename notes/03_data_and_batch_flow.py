@@ -126,7 +126,7 @@ from megatron.core.tokenizers import MegatronTokenizer
 #
 # ### `args` → `GPTDatasetConfig`
 #
-# `core_gpt_dataset_config_from_args` 是一个显式的字典：每个字段写明取哪个 `args`（pretrain_gpt.py 第 230–256 行）。
+# `core_gpt_dataset_config_from_args` 是一个显式的字典：每个字段写明取哪个 `args`（[pretrain_gpt.py 第 230–256 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L230-L256)）。
 # 下表是其中主要的几项（"来自"一列是读代码的记录）；后两列由运行算出：这个名字确实是 `GPTDatasetConfig` 的构造参数，
 # 以及不传时的缺省值。
 
