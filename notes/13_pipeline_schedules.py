@@ -149,7 +149,7 @@ Table(["配置", "rank", "chunk", "pre_process", "post_process", "全局层号"]
 #
 # ### 三选一
 #
-# `get_forward_backward_func` 只看两个数（schedules.py 第 144–150 行）：PP 大小 > 1 吗？VP 大小是 `None` 吗？
+# `get_forward_backward_func` 只看两个数（[schedules.py 第 144–150 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L144-L150)）：PP 大小 > 1 吗？VP 大小是 `None` 吗？
 
 # %%
 Table(["配置", "get_forward_backward_func() 返回"],
@@ -181,15 +181,15 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 
 # %% [markdown]
 # 逐位相同：流水线只改变**什么时候**算哪一段，不改变**算什么**。每个 micro-batch 的
-# loss 在 `forward_step` 里被除以 m（schedules.py 第 269 行），所以 m 个 micro-batch 的梯度累加起来正好是
+# loss 在 `forward_step` 里被除以 m（[schedules.py 第 269 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L269)），所以 m 个 micro-batch 的梯度累加起来正好是
 # 整个 batch 平均 loss 的梯度。
 #
 # ### warm-up、steady、cool-down
 #
-# 非 interleaved：rank r 先做 `p−r−1` 个只有 forward 的 warm-up（schedules.py 第 2093–2097 行，
+# 非 interleaved：rank r 先做 `p−r−1` 个只有 forward 的 warm-up（[schedules.py 第 2093–2097 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L2093-L2097)，
 # 不超过 m），然后 `m − warm-up` 个"一个 forward 接一个 backward"的 steady 步，最后补做 warm-up 那么多个
 # backward（cool-down）。interleaved 的 warm-up 是 `(p−r−1)·2 + (v−1)·g`（g = `microbatch_group_size_per_vp_stage`，
-# 缺省等于 p；schedules.py 第 773–774 行），总数变成 v·m。下表左边是代码的公式（在每个 rank 上调用
+# 缺省等于 p；[schedules.py 第 773–774 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L773-L774)），总数变成 v·m。下表左边是代码的公式（在每个 rank 上调用
 # `get_pp_rank_microbatches`），右边是从运行记录里数出来的：一个 forward 之后紧接着做 backward、中间只隔着
 # `send_forward_recv_backward`（interleaved 时什么也不隔），算一个 steady 步——这正是 steady 循环的写法。
 
