@@ -145,7 +145,7 @@ overlapped = run_ranks(ddp_run, 2, TINY, overlap_grad_reduce=True, bucket_size=1
 # %% [markdown]
 # ### buffer 与 bucket
 #
-# `overlap_grad_reduce=False` 时 DDP 把 `bucket_size` 设成 `None`（distributed_data_parallel.py 第 68 行），
+# `overlap_grad_reduce=False` 时 DDP 把 `bucket_size` 设成 `None`（[distributed_data_parallel.py 第 68 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L68)），
 # 整块 buffer 是一个 bucket。开 overlap 时缺省 bucket 是 max(4000 万, 100 万 × DP) 个元素——我们的模型一共
 # 不到 1 万个参数，所以这里人为设 `bucket_size=1000` 才切得出多个 bucket。从 rank 0 的真实对象读出：
 
@@ -157,7 +157,7 @@ Table(["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省�
 
 # %% [markdown]
 # - **倒序**：buffer 从 `output_layer.weight` 开始、以 `embedding.word_embeddings.weight` 结束，正好与
-#   `named_parameters()` 的注册顺序相反（param_and_grad_buffer.py 第 711 行）。backward 大体按这个顺序产出梯度，
+#   `named_parameters()` 的注册顺序相反（[param_and_grad_buffer.py 第 711 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L711)）。backward 大体按这个顺序产出梯度，
 #   所以 bucket 0 最先凑齐。
 # - **bucket 在参数边界封口**：累计元素数一到 `bucket_size` 就在当前参数之后封口，所以 bucket 大小不一（1056、1312……），
 #   最后一个是剩下的 672 个。一个参数从不跨两个 bucket。
@@ -179,7 +179,7 @@ print("layout() 与真实 buffer 相同:",
 # ### `main_grad`
 #
 # 每个参数多了一个 `main_grad` 属性，它是 buffer 的一段视图；backward hook 把 autograd 算出的 `.grad` 加进去后把
-# `.grad` 置为 `None`（distributed_data_parallel.py 第 440–441 行）。所以 DDP 之后梯度只在 `main_grad` 里。
+# `.grad` 置为 `None`（[distributed_data_parallel.py 第 440–441 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L440-L441)）。所以 DDP 之后梯度只在 `main_grad` 里。
 # 名字里的 "param and grad" 指它也能把**参数**搬进一块连续 buffer（`param.data` 改指向它）——但只在分布式优化器下这样做，
 # 为的是参数的 all-gather（笔记 15）；这里 `param_data` 是 `None`，参数还在各自原来的存储里：
 
@@ -259,8 +259,8 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # （`main_grad`，bf16 训练时常常是 fp32 的，`grad_reduce_in_fp32`），autograd 算出的 `.grad` 用完即弃。
 #
 # **除以 DP 放在哪。** 每个 rank 的 loss 是自己数据上的平均，要得到全局平均就要对 DP 取平均。
-# `average_in_collective=False`（缺省）时缩放因子是 1/DP（distributed_data_parallel.py 第 287 行），
-# `start_grad_sync` 在通信前把 bucket 乘上它（param_and_grad_buffer.py 第 392 行），再做 SUM all-reduce；
+# `average_in_collective=False`（缺省）时缩放因子是 1/DP（[distributed_data_parallel.py 第 287 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L287)），
+# `start_grad_sync` 在通信前把 bucket 乘上它（[param_and_grad_buffer.py 第 392 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L392)），再做 SUM all-reduce；
 # 设为 True 则改用 AVG 归约、不预乘。`calculate_per_token_loss` 时不除 DP，由 `finalize_model_grads` 最后按全局 token 数缩放。
 #
 # **何时发通信。** 每个 bucket group 记账：最后一个 micro-batch 的 backward 里每个参数的 hook 报一次"就绪"，
@@ -280,7 +280,7 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # ## 与训练主链路的关系
 #
 # 正式入口的 `get_model` 建好模型后用 DDP 包装；`train` 把 `no_sync`（开 overlap 时）和 `finalize_model_grads`
-# 挂到 config 上（training.py 第 2554、2565 行），schedule 在最后一个 micro-batch 前后用它们。`train_step` 每步开头
+# 挂到 config 上（[training.py 第 2554 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2554)、[training.py 第 2565 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2565)），schedule 在最后一个 micro-batch 前后用它们。`train_step` 每步开头
 # `zero_grad_buffer`，schedule 结束时梯度已在 DP 群里平均好；优化器只读 `main_grad`（笔记 15）。simple loop 没有挂
 # `no_sync`，而是在 `forward_backward_func` 之后自己调用 `finalize_model_grads([gpt_model])`——本篇的写法与它相同。
 
