@@ -299,7 +299,7 @@ print("全部 18 个样本都一致:", all(window(train, i)[1] == train[i]["toke
 
 # %% [markdown]
 # **最后一个 epoch 单独打乱。** 若最后一个 epoch 只用到不足 80% 的样本，`_build_document_sample_shuffle_indices` 把它单独处理
-# （gpt_dataset.py 第 477–478 行定阈值，第 535–541 行分两段打乱）：前面完整的 epoch 混在一起打乱，最后一个 epoch 自己打乱、
+# （[gpt_dataset.py 第 477–478 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L477-L478) 定阈值，[gpt_dataset.py 第 535–541 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L535-L541) 分两段打乱）：前面完整的 epoch 混在一起打乱，最后一个 epoch 自己打乱、
 # 排在 `shuffle_index` 末尾。这样训练读到的前若干样本只来自完整的 epoch，不会偏向最后那个 epoch 里碰巧被选中的文档。
 # 换几个 `--train-iters`，用真实的 `shuffle_index` 检查它是否分成了两段：
 
@@ -593,7 +593,7 @@ Table(["rank", "stage", "get_batch 留下的字段", "模型里真被读到的",
 #   和 `attention_mask`；`loss_mask` 模型不读，只进 `loss_func`。
 # - 首 stage 收到三个字段，真正读的只有 `tokens` 和 `attention_mask`：RoPE 下 `position_ids` 白白广播了一次。
 # - 中间 stage 的 `get_batch` 直接返回 6 个 `None`（[`pretrain_gpt.py:72`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L72)），
-#   它的 attention 收到 `attention_mask=None`，于是自己造一个普通的因果 mask（上表第 5 列：CPU 上在 `transformer/utils.py:35` 失败，
+#   它的 attention 收到 `attention_mask=None`，于是自己造一个普通的因果 mask（上表第 5 列：CPU 上在 [`transformer/utils.py:35`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/utils.py#L35) 失败，
 #   GPU 上静默成功）。数据集若用 `--reset-attention-mask` 造了块对角 mask，中间 stage 看不到它（遗留问题 3）。
 #   为了让 schedule 在 CPU 上跑完，本格的 `forward_step` 在 mask 为 `None` 时补上同一个因果 mask。
 #
