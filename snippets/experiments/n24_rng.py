@@ -36,6 +36,7 @@ def reseed(seed: int = SEED) -> None:
 
 def seeds_and_masks(device: str = "cpu") -> dict:
     """This rank's coordinates, its streams' seeds (read back from the tracker) and two masks."""
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
@@ -48,11 +49,17 @@ def seeds_and_masks(device: str = "cpu") -> dict:
         etp_rank=ps.get_expert_tensor_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
     )
+    groups = dict(
+        tp_group=dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()),
+        dp_group=dist.get_process_group_ranks(ps.get_data_parallel_group()),
+        ep_group=dist.get_process_group_ranks(ps.get_expert_model_parallel_group()),
+    )
     seeds = stream_seeds(get_cuda_rng_tracker(), device)
     inside, outside = dropout_masks(MASK, DROPOUT, device)
     return dict(
         coords,
-        rank=torch.distributed.get_rank(),
+        **groups,
+        rank=dist.get_rank(),
         seeds=seeds,
         formula=seeds == formula_seeds(SEED, coords["tp_rank"], coords["ep_rank"], coords["etp_rank"]),
         inside=inside,
@@ -223,6 +230,20 @@ def seeds_table(rows: list[dict]) -> Table:
     )
 
 
+def sharing_table(rows: list[dict]) -> Table:
+    """Per stream: the sets of ranks that got the same seed, beside the group they coincide with."""
+    from snippets.tp.rng import ranks_sharing
+
+    same_as = {"data-parallel-rng": None, "model-parallel-rng": "dp_group", "expert-parallel-rng": None}
+    out = []
+    for name in STREAMS:
+        sharing = ranks_sharing(rows, name)
+        group = same_as[name]
+        groups = sorted({tuple(r[group]) for r in rows}) if group else None
+        out.append([f"`{name}`", sharing, [list(g) for g in groups] if groups else "—"])
+    return Table(["流", "种子相同的 rank", "DP 群（对照）"], out)
+
+
 def pairs_table(rows: list[dict]) -> Table:
     from snippets.tp.rng import mask_pairs
 
@@ -290,6 +311,7 @@ def tables(results: list, dims, par) -> list:
     return [
         f"每个 rank 的三条流的种子（seed {SEED}，TP={par.tp}，EP={par.ep}）:",
         seeds_table(streams),
+        sharing_table(streams),
         f"dropout mask（p={DROPOUT}，{MASK} 个元素）在 fork() 里外，逐对 rank 比较:",
         pairs_table(streams),
         f"一个 TransformerLayer（rank 0，TP={par.tp}）三种跑法:",

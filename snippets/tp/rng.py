@@ -50,6 +50,14 @@ def stream_seeds(tracker, device: str = "cpu") -> dict[str, int]:
     return found
 
 
+def ranks_sharing(rows: list[dict], name: str) -> list[list[int]]:
+    """The ranks grouped by the seed their stream ``name`` got (``rows``: per rank ``rank``, ``seeds``)."""
+    by_seed: dict[int, list[int]] = {}
+    for r in rows:
+        by_seed.setdefault(r["seeds"][name], []).append(r["rank"])
+    return sorted(by_seed.values())
+
+
 def dropout_masks(n: int, p: float, device: str = "cpu") -> tuple[list[bool], list[bool]]:
     """``(inside, outside)``: the keep-mask of ``F.dropout`` on ``n`` ones inside
     ``get_cuda_rng_tracker().fork()`` (the TP stream) and outside it (the default generator)."""
