@@ -6,6 +6,7 @@ Pure functions of the data files (:mod:`snippets.site.changes`) and the notebook
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from snippets.site import changes, pitfalls, sources
@@ -37,7 +38,7 @@ def new_link(key: str, record: dict) -> str:
     where = (
         f"{Path(path).name} 第 {record['new_line']} 行"
         if record.get("new_path")
-        else f"第 {record['new_line']} 行"
+        else f"0.19.0 第 {record['new_line']} 行"
     )
     return f"[{where}]({changes.new_url(path, record['new_line'])})"
 
@@ -108,11 +109,21 @@ def note_section(number: str, data: dict | None = None, facts: dict | None = Non
 KIND = {"still": "仍在", "fixed": "已修", "changed": "那一行改了，需重读", "unknown": "未核对"}
 
 
-def _cell_links(cells: list, note_files: dict[str, str]) -> str:
+def _cell_ids(notes_dir: Path) -> dict[str, tuple[str, set[str]]]:
+    """Note number -> (notebook file name, its cell ids)."""
+    out = {}
+    for path in sorted(Path(notes_dir).glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        out[path.name[:2]] = (path.name, {c.get("id") for c in cells})
+    return out
+
+
+def _cell_links(cells: list, notes: dict[str, tuple[str, set[str]]]) -> str:
+    # a link only to a cell that exists (a build on other notes, e.g. the test fixture, gets text)
     out = []
     for number, cell_id in cells:
-        name = note_files.get(number)
-        out.append(f"[笔记 {number}](notes/{name}#cell-id={cell_id})" if name else f"笔记 {number}")
+        name, ids = notes.get(number, (None, set()))
+        out.append(f"[笔记 {number}](notes/{name}#cell-id={cell_id})" if cell_id in ids else f"笔记 {number}")
     return "、".join(out)
 
 
@@ -134,27 +145,24 @@ def pitfall_rows(notes_dir: Path, data: dict | None = None, facts: dict | None =
 
 def pitfall_table(notes_dir: Path, data: dict | None = None, facts: dict | None = None) -> str:
     rows = pitfall_rows(notes_dir, data, facts)
-    note_files = {p.name[:2]: p.name for p in Path(notes_dir).glob("[0-9][0-9]_*.ipynb")}
+    note_files = _cell_ids(notes_dir)
     out = [
-        "| # | 坑 | 以为会 | 跑出来 | 单元格 | core_v0.16.1 | core_v0.19.0 | 上游讨论 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| # | 坑（演示它的单元格） | 以为会 / 跑出来 | 源码：core_v0.16.1 → core_v0.19.0 | 上游讨论 |",
+        "|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
         path, old_line = r["anchor"].rsplit(":", 1)
-        old = f"[{Path(path).name}:{old_line}]({sources.pinned_url(path, int(old_line))})"
-        new = KIND[r["kind"]]
+        where = f"[{Path(path).name}:{old_line}]({sources.pinned_url(path, int(old_line))})"
+        now = f"**{KIND[r['kind']]}**"
         if r["line_019"]:
-            new += f"，[{Path(r['path_019']).name}:{r['line_019']}]({changes.new_url(r['path_019'], r['line_019'])})"
+            now += f" [{Path(r['path_019']).name}:{r['line_019']}]({changes.new_url(r['path_019'], r['line_019'])})"
         if r.get("note_019"):
-            new += "。" + r["note_019"]
+            now += "：" + r["note_019"]
         cells = [
             str(i),
-            r["title"],
-            r["expected"],
-            r["observed"],
-            _cell_links(r["cells"], note_files),
-            old,
-            new,
+            f"{r['title']}<br>见 {_cell_links(r['cells'], note_files)}",
+            f"以为：{r['expected']}<br>实际：{r['observed']}",
+            f"{where} → {now}",
             _issue_links(r.get("issues", [])),
         ]
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
