@@ -77,14 +77,25 @@
 # |---|---|---|---|---|---|---|---|
 # | `initialize_distributed` | TP、PP 大小 | 无（建好全局群） | `parallel_state.initialize_model_parallel` | 是：建全部群 | 否 | 否 | `initialize_megatron` |
 # | `model_provider` | 无 | `GPTModel` | `TransformerConfig`、`GPTModel`、local spec | 读 TP 群决定切片 | 权重按 TP 切 | 是：建参数 | `model_provider` → `get_model` |
-# | `get_train_data_iterator` | 无 | batch 迭代器（每个 TP rank 各自一份） | `BlendedMegatronDatasetBuilder`、`MockGPTDataset` | 否 | 否（两个 TP rank 各读同样的样本） | 否 | `build_train_valid_test_data_iterators` |
+# | `get_train_data_iterator` | 无 | batch 迭代器（每个 TP rank 各自一份） | `BlendedMegatronDatasetBuilder`、`MockGPTDataset` | 否 | 否：不看 TP 群；每个 rank 的 `DataLoader(shuffle=True)` 用本进程的 CPU 默认生成器打乱，原脚本没有给它种子，所以各 TP rank 读的样本不同（下文运行） | 否 | `build_train_valid_test_data_iterators` |
 # | `forward_step_func` | 迭代器、model | `(output, loss_func)` | `GPTModel.forward` | 间接：TP 层与 vocab 并行 CE | TP | 否 | `pretrain_gpt.py::forward_step` |
 # | `save_distributed_checkpoint` | 路径、model | 磁盘文件 | `sharded_state_dict`、`dist_checkpointing.save` | 是 | 按 ShardedTensor 写 | 否 | `save_checkpoint` |
 # | `load_distributed_checkpoint` | 路径、model | 填好权重的 model | `dist_checkpointing.load` | 是 | 按当前切法读 | 是 | `load_checkpoint` |
+#
+# **正式入口的三个函数的阅读记录**（行号是 `training.py` 里的调用处）：
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `training.py::pretrain` | 数据集 provider、`model_provider`、`model_type`、`forward_step`（外加命令行参数） | 无（返回 `None`；训练结果在 checkpoint 里） | 经 `initialize_megatron`（[training.py:768](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L768)）调 `parallel_state.initialize_model_parallel` 与 `model_parallel_cuda_manual_seed`；`setup_model_and_optimizer`（[training.py:903](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L903)）；`build_train_valid_test_data_iterators`（[training.py:998](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L998)）里的 `BlendedMegatronDatasetBuilder`；`train`（[training.py:1031](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1031)） | 是：`initialize_megatron` 建全部群 | 不直接切：交给下面两个函数与数据迭代器 | 是：从头到尾 | 整个 `__main__` |
+# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:1589](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1589)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:1463](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1463)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:1537](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1537)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:1616](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)）、schedule 的 `forward_backward_func`（[training.py:1652](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1652)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:1703](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:1730](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1730)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n01_overview import checkpoint_line, log_table, run, simple_loop
+from snippets.experiments.n01_overview import (
+    checkpoint_line, first_batches, layernorm_sync, layernorm_table, log_table, note_runs, reads_table, run, simple_loop,
+    wiring,
+)
 from snippets.ranks.launch import run_ranks
 from snippets.record.listing import listing
 from snippets.train import pictures
@@ -94,7 +105,7 @@ from snippets.train import pictures
 #
 # 下面的 `simple_loop` 逐行复现 simple loop 的 `__main__`（行号见注释），只有三处为 CPU 改动：gloo 代替 NCCL、不调用
 # `torch.cuda.set_device`（`.to(device)` 在 CPU 上什么也不做）、加一行 `torch.manual_seed(123)`（`use_cpu_initialization=True` 从 CPU 默认生成器取初值，
-# 原脚本没有设它，每次运行的初值不同）；数据 helper 已预编译，不调用 `compile_helpers`，tokenizer 用 Core 的 null tokenizer
+# `DataLoader` 也从它取打乱的种子；原脚本没有设它，下文单独跑一遍看后果）；数据 helper 已预编译，不调用 `compile_helpers`，tokenizer 用 Core 的 null tokenizer
 # （原脚本的 `_NullTokenizer` 在 `megatron.training` 里，pip 包没有；词表照原脚本取序列长度，但不超过模型的 vocab）。参数 `megatron_optimizer=True` 时换成正式入口的做法：
 # `get_megatron_optimizer` + 每步 `zero_grad_buffer()`。
 #
@@ -106,10 +117,14 @@ from snippets.train import pictures
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(simple_loop, run)
 
+# %% [markdown]
+# 一次启动跑完本篇的全部运行：先是上面的 `run`，再是后面两小节要看的 `wiring`（`note_runs`，同一模块）。
+
 # %%
 TINY = EXPERIMENTS["overview"].tiny
-runs = run_ranks(run, 2, TINY, Parallel(world=2, tp=2), grid=dict(tp=2))
-as_published, fixed = [r[0] for r in runs], [r[1] for r in runs]
+runs = run_ranks(note_runs, 2, TINY, Parallel(world=2, tp=2), grid=dict(tp=2))
+as_published, fixed = [r[0][0] for r in runs], [r[0][1] for r in runs]
+wired = [r[1] for r in runs]
 
 # %% [markdown]
 # ### 原样的 simple loop：loss 和权重
@@ -154,6 +169,54 @@ print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["
 
 # %% [markdown]
 # 第 0 步 loss 两者相同；之后 loss 下降（4.6045 → 4.5502），权重每步移动约 `lr` = 0.001（Adam 的步长），`main_grad` 每步重新累积。
+# %% [markdown]
+# ### 没有 `torch.manual_seed` 时，每个 TP rank 读到什么
+#
+# 原脚本里唯一的种子是 `model_parallel_cuda_manual_seed(123)`。它给 CUDA 默认生成器设种子
+# （[`random.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L422)），再在 tracker 里建 TP / EP 的 RNG 流；
+# CPU 默认生成器它不碰。而 torch 在每个新进程里用操作系统的随机数给 CPU 默认生成器设种子，`torchrun` 起的每个 rank
+# 都是新进程。于是两件事都取决于一个没人设过的种子：`use_cpu_initialization=True` 的初值，和
+# `DataLoader(shuffle=True)`（[`run_simple_mcore_train_loop.py:113`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L113)）
+# 每轮打乱用的种子——它在第一次取 batch 时从 CPU 默认生成器抽出来。
+#
+# `first_batches` 按原脚本的顺序走到前两个 batch，开头用 `torch.seed()` 让每个 rank 像新进程一样从不确定的种子开始；
+# 再加上本篇副本的 `torch.manual_seed(123)` 跑一遍对照。数据集本身的顺序由 `random_seed=0`（numpy）定死，两次共用：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(first_batches, wiring)
+
+# %%
+reads_table(wired)
+
+# %% [markdown]
+# 原样运行时，TP rank 1 读的 batch 与 rank 0 不同，连每个 rank 都整份持有的 position embedding 初值也不同。
+# TP 的两个 rank 本该是同一个模型在同一批数据上的两半：这里它们各算各的 token，层里的 all-reduce 照样把两半相加，
+# 不报错，只是结果不再是任何一个 batch 上的那个模型。加上 `torch.manual_seed(123)` 后，两者逐位相同。
+# 正式入口的做法是在数据侧只让 TP rank 0 读、再广播（笔记 03），初值由 `initialize_megatron` 里的种子设定。
+#
+# ### `finalize_model_grads` 在 TP 群里同步哪些梯度
+#
+# 原脚本在 `finalize_model_grads([gpt_model])` 上面的注释
+# （[`run_simple_mcore_train_loop.py:248`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L248)）说它在 TP rank 间同步
+# LayerNorm 这类不切分参数的梯度。代码里做这件事的是 `_allreduce_non_tensor_model_parallel_grads`
+# （[`finalize_model_grads.py:318`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318)）：它只挑出标了
+# `sequence_parallel` 的参数（开 SP 时的 norm 与 RowParallel 的 bias）、开 `qk_layernorm` 时 q / k 的 norm（这两类求和），以及标了 `average_gradients_across_tp_domain` 的参数（求平均）。
+# 不开 SP 时，norm 的输入在每个 TP rank 上是同一份完整激活，反向传回的梯度也已在 ColumnParallel 的 backward 里
+# all-reduce 过，所以各 rank 的 norm 梯度本来就相同，不需要再同步。`layernorm_sync` 在 TP=2 上各跑一次 forward / backward
+# （先不开 SP，再开 SP），记下 `finalize_model_grads` 之前与之后每个不切分参数的 `main_grad`，以及它发出的通信：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(layernorm_sync)
+
+# %%
+layernorm_table(wired)
+
+# %% [markdown]
+# 不开 SP：15 个不切分参数的梯度在 backward 后就已相同，`finalize_model_grads` 在 TP 群里一次通信也不发（它只在只有
+# 自己一个成员的 dp-cp 群里做 DDP 的那次 all-reduce）。开 SP：每个 rank 只见到一半序列，14 个标了 `sequence_parallel` 的
+# 参数（norm 10 个、RowParallel 的 bias 4 个）梯度各不相同，`finalize_model_grads` 把它们拼成一个 `[168]` 的张量在 TP 群里
+# all-reduce 一次，之后相同。所以那句注释只在 SP、QK layernorm 或显式标记的参数上成立；原脚本不开 SP，这一步在 TP 上什么也不做。
+#
 #
 # ## Tensor / Process Group 语义
 #
@@ -193,8 +256,9 @@ print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["
 # 1. **simple loop 的优化器不更新权重（运行确认）。** [`run_simple_mcore_train_loop.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L227) 的 `torch.optim.Adam`
 #    与 DDP 的 `main_grad` 不配合，5 步后权重与初值完全相同；`main_grad` 因从不 `zero_grad_buffer()` 而一直累加。修法见上：换 `get_megatron_optimizer`
 #    并每步清零 buffer（或在 `optim.step()` 前把 `main_grad` 赋给 `param.grad`）。
-# 2. **初值不确定。** 原脚本只调用 `model_parallel_cuda_manual_seed(123)`，它设的是 CUDA 与模型并行的 RNG；`use_cpu_initialization=True`
-#    的初值来自没有设种子的 CPU 默认生成器。本篇为可复现加了 `torch.manual_seed(123)`。
+# 2. **CPU 生成器没有种子（运行确认）。** 原脚本只调用 `model_parallel_cuda_manual_seed(123)`，它只设 CUDA 与模型并行的 RNG
+#    （[`random.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L422)）；`use_cpu_initialization=True` 的初值和 `DataLoader` 的打乱
+#    都来自每个进程各不相同的 CPU 默认生成器，两个 TP rank 读不同的样本。本篇为可复现加了 `torch.manual_seed(123)`。
 # 3. **tokenizer 的词表与模型不一致。** 数据集用 `vocab_size=_SEQUENCE_LENGTH`（64）的 null tokenizer，模型 vocab 是 100；mock 数据的 token
 #    只落在前 64 个 id，不出错，但读代码时容易误会。
 

@@ -39,7 +39,7 @@
 # | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 调 schedule；之后把各 micro-batch 的报告归约成日志里的 loss |
 # | [`training.py:1753`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1753) | 报告为 `[sum, count]` 时：DP 上求和后 sum / count |
 # | [`training.py:1756`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1756) | 报告为单个数时：对 micro-batch 取平均 |
-# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L166) | 取 batch、跑模型、返回 `(output, partial(loss_func, loss_mask))` |
+# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L166) | 取 batch、跑模型、返回 `(output, partial(loss_func, loss_mask, model=model))` |
 # | [`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L104) | 返回 `(sum, num_tokens, {'lm loss': [sum, num_tokens]})` |
 # | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L120) | simple loop：`loss_func` 返回 `(mean, {'lm loss': 同一个张量})` |
 # | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L45) | 按 PP / VPP 选 schedule；PP=1 是 `forward_backward_no_pipelining` |
@@ -76,7 +76,7 @@
 # │     │  │     └─ _postprocess
 # │     │  │        ├─ output_layer：ColumnParallelLinear          # 前向不通信，logits [s, b, V/TP]
 # │     │  │        └─ compute_language_model_loss → vocab_parallel_cross_entropy   # all-reduce [s, b] ×3（TP）
-# │     │  │     → 返回逐 token loss [b, s]，和 partial(loss_func, loss_mask)
+# │     │  │     → 返回逐 token loss [b, s]，和 partial(loss_func, loss_mask, model=model)
 # │     │  └─ forward_step_calc_loss：loss_func(output) → (sum, num_tokens, report)
 # │     │        sum /= num_tokens；sum /= num_microbatches                            # 原地
 # │     └─ schedules.py::backward_step → torch.autograd.backward(loss)
@@ -92,7 +92,7 @@
 # |---|---|---|---|---|---|---|---|
 # | `get_forward_backward_func` | （读 PP / VPP 大小） | 一个 schedule 函数 | `parallel_state` | 只读大小 | 否 | 否 | `get_forward_backward_func()` |
 # | `forward_backward_no_pipelining` | forward_step_func、iterator、model、micro-batch 数… | 每个 micro-batch 的报告 list | `forward_step`、`backward_step`、`finalize_model_grads_func` | 经模型（TP）、经 finalize（DP） | 否 | 是：累加 `.grad` / `main_grad` | `forward_backward_func(...)` |
-# | `pretrain_gpt.forward_step` | iterator、model | `(逐 token loss [b, s], partial(loss_func, loss_mask))` | `get_batch`、`GPTModel` | 经 `get_batch` 与模型 | 经 `get_batch`（CP） | 推进 iterator | `forward_step_func` |
+# | `pretrain_gpt.forward_step` | iterator、model | `(逐 token loss [b, s], partial(loss_func, loss_mask, model=model))` | `get_batch`、`GPTModel` | 经 `get_batch` 与模型 | 经 `get_batch`（CP） | 推进 iterator | `forward_step_func` |
 # | `pretrain_gpt.loss_func` | `loss_mask`、逐 token loss | `(sum, num_tokens, report)` | rerun state machine（NaN / 尖峰检查） | 否 | 否 | 否 | 内嵌的 `loss_func`（返回 2 个值） |
 # | `forward_step_calc_loss` | 输出、`loss_func`、config、micro-batch 数 | 缩放后的 loss、token 数 | 无 | 否 | 否 | 原地改 loss | schedule 内部 |
 # | `backward_step` | 输入张量、输出（loss）、输出梯度 | 输入张量的梯度（PP 用） | `grad_scale_func` | 经模型的 TP 反向 | 否 | 是：累加梯度 | schedule 内部 |
@@ -116,6 +116,11 @@ from snippets.record.tables import Table
 # ## 关键对象
 #
 # ### `forward_step` 与 `loss_func` 的契约
+#
+# 正式入口的 `pretrain_gpt.py::forward_step` 返回的是 `(output_tensor, partial(loss_func, loss_mask, model=model))`
+# （[`pretrain_gpt.py:202`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L202)）：`loss_mask` 和 `model` 先绑好，
+# schedule 只需再传 `output_tensor`；`model` 只在 ModelOpt 蒸馏打开时被 `loss_func` 用到（[`pretrain_gpt.py:123`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L123)），
+# 平常是个空着的关键字参数。
 #
 # schedule 对用户代码只有一个要求：`forward_step_func(data_iterator, model)` 返回 `(output_tensor, loss_func)`，
 # 且在尾 stage 上 `loss_func(output_tensor)` 返回
@@ -431,7 +436,7 @@ print([(name.split("decoder.")[-1], same) for name, dim, same, _ in grad_rows if
 # %% [markdown]
 # ## 30-second answer
 #
-# `forward_step` returns the per-token loss `[b, s]` and `partial(loss_func, loss_mask)`. `pretrain_gpt.loss_func` returns
+# `forward_step` returns the per-token loss `[b, s]` and `partial(loss_func, loss_mask, model=model)`. `pretrain_gpt.loss_func` returns
 # the masked sum, the token count and a `[sum, count]` report; the schedule divides the sum in place by the count and by
 # the number of micro-batches, so by default Megatron optimizes the mean of micro-batch means while logging the global
 # token mean. The output layer is column-parallel with `parallel_output=True`; vocab-parallel cross entropy needs three

@@ -182,7 +182,7 @@ chunks_table(saved, "decoder.layers.self_attention.linear_qkv.weight")
 # |---|---|---|
 # | 全局 tensor | 与并行度无关，如 qkv `(num_layers, 3·hidden, hidden)` = `(2, 48, 16)` | 模型结构 |
 # | 本地片 | 当前 rank 的参数本身，如 `(24, 16)` | TP 坐标（切 dim）、PP 坐标（层维偏移） |
-# | `replica_id` | `(0, tp_rank, dp_cp_rank)`：非零表示"别人会写这片" | tp 群、dp-cp 群里的序号 |
+# | `replica_id` | TP 切开的 tensor 是 `(0, 0, dp_cp_rank)`，TP 群里人人一份的是 `(0, tp_rank, dp_cp_rank)`：非零表示"别人会写这片" | tp 群、dp-cp 群里的序号 |
 # | `.distcp` 文件 | 只含主副本的字节 | 保存时的 rank |
 #
 # 本篇只用 TP；DP 副本的 `replica_id` 最后一位非零，所以 DP=8 时同一片只写一次。保存和加载时 `torch.distributed.checkpoint`
@@ -371,6 +371,7 @@ print([(r["sharding_type"], r["exp_avg"], r["adam_step"]) for r in resharded])
 # `save_checkpoint` builds a state dict (args, iteration, model, optimizer, scheduler, RNG) and, in the
 # default `torch_dist` format, hands it to `dist_checkpointing.save`. Each parameter appears as a
 # `ShardedTensor`: a global key, a global shape independent of parallelism, the local shard and its
-# offset, and a `replica_id` of (0, tp_rank, dp_rank); only replica 0 is written. Layers share one key
+# offset, and a `replica_id`: (0, 0, dp_rank) for a TP-split tensor (each TP rank owns its own piece), (0, tp_rank,
+# dp_rank) for one every TP rank holds whole; only replica 0 is written. Layers share one key
 # with a leading layer axis. Loading asks for the offsets the new model needs, so a TP=2 checkpoint
 # loads into TP=1 or TP=4 with identical logits.

@@ -14,7 +14,13 @@ null tokenizer.
 rank 0 makes and removes (:func:`snippets.experiments.n07_checkpoint.checkpoint_dir`). ``tables``
 prints note 01's two tables (loss, how far the weights moved, the ``main_grad`` norm, whether
 ``param.grad`` is ``None``) and whether the saved weights came back. Like the published script,
-the loop has no data-parallel sampler: with ``world > tp`` every DP rank reads the same batches.
+the loop has no data-parallel sampler: every DP rank shuffles on its own.
+
+:func:`wiring` shows two things the published loop gets wrong in its wiring or comments: without
+``torch.manual_seed`` each TP rank shuffles from its own unseeded CPU generator
+(:func:`first_batches`), and ``finalize_model_grads`` all-reduces gradients over TP only for
+parameters flagged ``sequence_parallel`` (or QK layernorm, or ``average_gradients_across_tp_domain``;
+:func:`layernorm_sync`, without and with SP). :func:`note_runs` is the note's one launch of both.
 """
 
 from __future__ import annotations
@@ -84,21 +90,8 @@ def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
         optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
     else:
         optim = torch.optim.Adam(gpt_model.parameters())  # :227
-    dataset_config = GPTDatasetConfig(  # :98
-        random_seed=0,
-        sequence_length=dims.seq,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        mid_level_dataset_surplus=0.005,
-        tokenizer=MegatronTokenizer.from_pretrained(
-            metadata_path={"library": "null"}, vocab_size=min(dims.seq, dims.vocab)
-        ),
-    )
-    datasets = BlendedMegatronDatasetBuilder(
-        MockGPTDataset, [SAMPLES, None, None], lambda: True, dataset_config
-    ).build()
-    train_iterator = iter(DataLoader(datasets[0], batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
+    dataset = mock_train_dataset(dims)  # :98-111
+    train_iterator = iter(DataLoader(dataset, batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
 
     def loss_func(loss_mask, output_tensor):  # :136
         loss_mask = loss_mask.view(-1).float()
@@ -162,6 +155,107 @@ def run(dims, par) -> tuple:
         )
 
 
+def mock_train_dataset(dims):
+    """The published ``get_train_data_iterator``'s dataset (:98-111); its sample order is fixed by
+    ``random_seed=0`` (numpy). Only the torch ``DataLoader`` on top of it shuffles."""
+    dataset_config = GPTDatasetConfig(
+        random_seed=0,
+        sequence_length=dims.seq,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        mid_level_dataset_surplus=0.005,
+        tokenizer=MegatronTokenizer.from_pretrained(
+            metadata_path={"library": "null"}, vocab_size=min(dims.seq, dims.vocab)
+        ),
+    )
+    return BlendedMegatronDatasetBuilder(
+        MockGPTDataset, [SAMPLES, None, None], lambda: True, dataset_config
+    ).build()[0]
+
+
+def first_batches(dims, dataset, seed_cpu: bool):
+    """The published wiring from its seed to the first two batches, on a rank that starts like a
+    fresh ``torchrun`` process: torch seeds its default CPU generator from the OS in every new
+    process (:func:`torch.seed` does the same here; the launcher had seeded the forked rank). Only
+    with ``seed_cpu`` does it add the note's ``torch.manual_seed(123)``. Returns the two batches'
+    tokens and the position embedding, a parameter every TP rank holds whole."""
+    torch.seed()
+    if seed_cpu:
+        torch.manual_seed(123)
+    model_parallel_cuda_manual_seed(123)  # :207 -- 只给 CUDA 与 TP 的 RNG 流设种子
+    config = TransformerConfig(**dims.transformer_config_kwargs(), use_cpu_initialization=True)
+    model = GPTModel(  # :60-82，权重从 CPU 默认生成器取
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=dims.vocab,
+        max_sequence_length=dims.seq,
+    )
+    train_iterator = iter(DataLoader(dataset, batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
+    tokens = [next(train_iterator)["tokens"] for _ in range(2)]
+    return dict(tokens=tokens, position=model.embedding.position_embeddings.weight.detach().clone())
+
+
+def layernorm_sync(dims, tp, sequence_parallel: bool):
+    """One forward + backward of the simple loop's model under Megatron DDP, then
+    ``finalize_model_grads`` recorded: every parameter that is not TP-split, with its ``main_grad``
+    before and after, and the collectives ``finalize_model_grads`` issued."""
+    from snippets.record import recorder
+
+    torch.manual_seed(123)
+    model_parallel_cuda_manual_seed(123)
+    config = TransformerConfig(
+        **dims.transformer_config_kwargs(),
+        use_cpu_initialization=True,
+        tensor_model_parallel_size=tp,  # SP 的配置检查要它；原脚本没设（层从 parallel_state 读 TP）
+        sequence_parallel=sequence_parallel,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=dims.vocab,
+        max_sequence_length=dims.seq,
+    )
+    ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=model)
+    b, s = dims.micro_batch_size, dims.seq
+    tokens = torch.randint(0, dims.vocab, (b, s), generator=torch.Generator().manual_seed(1))
+    position_ids = torch.arange(s).expand(b, s)
+    causal = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
+    ddp(tokens, position_ids, causal, labels=tokens).float().mean().backward()
+    params = dict(model.named_parameters())
+    replicated = [n for n, p in params.items() if not getattr(p, "tensor_model_parallel", False)]
+    before = {n: params[n].main_grad.clone() for n in replicated}
+    with recorder.record() as calls:
+        finalize_model_grads([ddp])
+    return dict(
+        before=before,
+        after={n: params[n].main_grad.clone() for n in replicated},
+        flagged=[n for n in replicated if getattr(params[n], "sequence_parallel", False)],
+        calls=[(c.api, c.group, list(c.ranks), c.before) for c in calls],
+    )
+
+
+def wiring(dims, par) -> dict:
+    """Two facts behind the published loop's wiring: what each TP rank reads when nothing seeds the
+    CPU generator (and with the note's seed), and which gradients ``finalize_model_grads``
+    all-reduces over TP without and with sequence parallelism."""
+    logging.getLogger("megatron.core").setLevel(logging.ERROR)
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(par.tp, 1)  # :206
+    dataset = mock_train_dataset(dims)
+    return dict(
+        unseeded=first_batches(dims, dataset, seed_cpu=False),
+        seeded=first_batches(dims, dataset, seed_cpu=True),
+        ln={sp: layernorm_sync(dims, par.tp, sp) for sp in (False, True)},
+    )
+
+
+def note_runs(dims, par) -> tuple:
+    """Note 01's one launch: :func:`run` (what ``python -m snippets.run overview`` prints), then
+    :func:`wiring`; the second reuses the imports the first paid for."""
+    return run(dims, par), wiring(dims, par)
+
+
 # ----------------------------------------------------------------------------- note 01's tables
 
 
@@ -190,3 +284,68 @@ def tables(results: list, dims, par) -> list:
         checkpoint_line("改后：", fixed),
         f"第 0 步 loss 相同（还没有更新）: {published[0]['log'][0]['loss'] == fixed[0]['log'][0]['loss']}",
     ]
+
+
+def reads_table(results: list) -> Table:
+    """Whether each TP rank read the same two batches as rank 0, and holds the same position
+    embedding (a parameter every TP rank keeps whole), without and with ``torch.manual_seed``."""
+    rows = []
+    for key, label in (("unseeded", "原样（无 torch.manual_seed）"), ("seeded", "加 torch.manual_seed(123)")):
+        zero = results[0][key]
+        for rank, r in enumerate(results):
+            same = [torch.equal(a, b) for a, b in zip(r[key]["tokens"], zero["tokens"])]
+            rows.append([label, rank, same[0], same[1], torch.equal(r[key]["position"], zero["position"])])
+    return Table(
+        [
+            "CPU 生成器",
+            "TP rank",
+            "batch 0 与 rank 0 相同",
+            "batch 1 与 rank 0 相同",
+            "position embedding 与 rank 0 相同",
+        ],
+        rows,
+    )
+
+
+def layernorm_table(results: list) -> Table:
+    """Per SP setting: how many non-TP-split gradients differ across TP ranks before and after
+    ``finalize_model_grads``, which are flagged ``sequence_parallel``, and its all-reduces on TP."""
+    rows = []
+    for sp in (False, True):
+        per_rank = [r["ln"][sp] for r in results]
+
+        def differ(when, per_rank=per_rank):
+            names = [
+                n
+                for n in per_rank[0][when]
+                if not all(torch.equal(r[when][n], per_rank[0][when][n]) for r in per_rank)
+            ]
+            norms = sum("layernorm" in n for n in names)
+            return f"{len(names)}（norm {norms}、bias {len(names) - norms}）" if names else "0"
+
+        tp_calls = [
+            f"{api} {group} {ranks} {shape}"
+            for api, group, ranks, shape in per_rank[0]["calls"]
+            if len(ranks) > 1
+        ]
+        rows.append(
+            [
+                sp,
+                len(per_rank[0]["before"]),
+                len(per_rank[0]["flagged"]),
+                differ("before"),
+                "、".join(tp_calls) or "无",
+                differ("after"),
+            ]
+        )
+    return Table(
+        [
+            "sequence_parallel",
+            "非 TP 切分的参数",
+            "标了 sequence_parallel",
+            "finalize 前 TP rank 间不同",
+            "finalize 在 TP 群的通信",
+            "finalize 后不同",
+        ],
+        rows,
+    )
