@@ -210,7 +210,7 @@ creation_order(created)
 # - **建群不是 collective。** 期间记录到 0 条 collective：`new_group` 的协调走的是 store（这里是文件，
 #   GPU 集群上是 `MASTER_ADDR` 上的 TCPStore）。通信发生在以后用这些群的时候。
 # - **`dp-cp` 最先建。** 源码注释解释：IB SHARP 只能用在第一个以 `NCCL_COLLNET_ENABLE=1` 创建的
-#   communicator 上，而 DP×CP 群是最可能要它的那个（parallel_state.py 第 846–850 行）。
+#   communicator 上，而 DP×CP 群是最可能要它的那个（[parallel_state.py 第 846–850 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L846-L850)）。
 #
 # 被改动的全局变量（训练状态之外的"进程状态"）：
 
@@ -220,7 +220,7 @@ print(", ".join(changed))
 # %% [markdown]
 # ### 尺寸不对时
 #
-# `initialize_model_parallel` 在第 740 行检查 world size 能否被 `tp·pp·cp` 整除，不能就抛
+# `initialize_model_parallel` 在 [parallel_state.py 第 740 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L740) 检查 world size 能否被 `tp·pp·cp` 整除，不能就抛
 # `RuntimeError`。我们的启动器在**起进程之前**做同样的检查（`Grid`），错误信息直接说出三个数：
 
 # %%
@@ -306,7 +306,7 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 #
 # **DP 是推出来的。** 用户只给 TP、PP、CP（以及 EP），DP = world ÷ (TP·PP·CP)。正式入口里这个除法做两次：
 # `validate_args` 在没有任何群时先算（microbatch 计算器要用），`initialize_model_parallel` 再独立算一次
-# （第 743 行）。simple loop 只有后一次。
+# （[parallel_state.py 第 743 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L743)）。simple loop 只有后一次。
 #
 # **embedding 群是 PP 群的子集。** 每建一个 PP 群，就顺手按规则从中挑 rank 建 embedding 群（默认首尾）和
 # position embedding 群（默认首）。`pretrain_gpt.py` 传入自己的规则：只有输入 embedding 与输出层共享权重时
@@ -348,9 +348,9 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 #    文件描述符，这是本站每个实验都用新进程的原因。
 # 2. **不 destroy 就再初始化会断言失败（运行确认）**，报的是第一个被检查的群（DP 群）。
 # 3. **CPU 上正式入口不建子群。** `_initialize_distributed` 只在 `torch.cuda.device_count() > 0` 时调用
-#    `initialize_model_parallel`（initialize.py 第 360 行）；所以本站像 simple loop 那样直接调它。
+#    `initialize_model_parallel`（[initialize.py 第 360 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L360)）；所以本站像 simple loop 那样直接调它。
 # 4. **docstring 与签名不一致。** `order` 的文档说缺省是 `tp-dp-pp`，签名里的缺省却是 `tp-cp-ep-dp-pp`
-#    （parallel_state.py 第 562 行），代码实际接受任何包含全部非 1 维度的排列（笔记 08）。
+#    （[parallel_state.py 第 562 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L562)），代码实际接受任何包含全部非 1 维度的排列（笔记 08）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def destroy_then_ask():
@@ -380,7 +380,7 @@ print("不 destroy 再初始化:", again)
 #
 # <details><summary>答案</summary>
 #
-# DP = 16 ÷ (2 × 2 × 1) = 4。正式入口里这个除法做两次：`validate_args` 和 `initialize_model_parallel`（第 743 行）。
+# DP = 16 ÷ (2 × 2 × 1) = 4。正式入口里这个除法做两次：`validate_args` 和 `initialize_model_parallel`（[parallel_state.py 第 743 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L743)）。
 #
 # </details>
 
@@ -438,6 +438,22 @@ print("embd:", unique_groups(ranks, "embd"), " pos-embd:", unique_groups(ranks, 
 
 # %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print(sum(len(w[1]) for w in watched))
+
+# %% [markdown]
+# **6. 回到 seed 000 的 16 卡例子（TP=2、PP=2、DP=4，缺省 order）：rank 13 的坐标是什么？它的 TP 群、DP 群、PP 群各由哪些 rank 组成？**
+#
+# <details><summary>答案</summary>
+#
+# 缺省 order 里 tp 变得最快、pp 最慢，所以 rank = tp + 2·dp + 8·pp：13 = 1 + 2·2 + 8·1，坐标是 tp 1、dp 2、pp 1。
+# 同一 TP 群只差 tp 坐标：[12, 13]；同一 DP 群只差 dp 坐标、步长 2：[9, 11, 13, 15]；同一 PP 群只差 pp 坐标、
+# 步长 8：[5, 13]。上面那次 16 rank 的真实运行读回的就是这三个列表。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+rank13 = by_order[13][0]  # the default order's run, as rank 13 saw it
+print("坐标:", {k: rank13["coords"][k] for k in ("tp", "dp", "pp")})
+print({kind: rank13["groups"][kind] for kind in ("tp", "dp", "pp")})
 
 # %% [markdown]
 # ## 30-second answer

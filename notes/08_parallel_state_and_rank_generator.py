@@ -410,6 +410,24 @@ def dp_ranks():
 print(run_ranks(dp_ranks, 8, grid=dict(tp=2, cp=2))[6])
 
 # %% [markdown]
+# **6. 一句话：`parallel_state.py` 做什么？其他代码怎样用到它的结果？**
+#
+# <details><summary>答案</summary>
+#
+# 它只在启动时做一件事：拿到 TP、PP、CP、EP 的大小和 order，推出 DP，用 `RankGenerator` 把每个 rank 看成一个混合进制数，
+# 给它一组坐标，并为每类群算出全部成员、全体 rank 一起建好，把含自己的那个存进模块的全局变量。之后模型、DDP、
+# schedule 都不再算成员，只调 `get_tensor_model_parallel_group()` 这类 getter 取群、取序号，再在群上通信。
+# 缺省 order 的 tp 变得最快，所以 TP 群是相邻 rank，一台机器之内。上面 8 个 rank 的真实运行就是证据：getter 读回的
+# 每类群都等于 `RankGenerator` 的算术。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+print("rank 0 经 getter 读回的坐标:", real[0]["coords"])
+print("rank 0 的群:", {kind: real[0]["groups"][kind] for kind in ("tp", "dp", "pp", "ep")})
+print("getter 报出的", len(compared.rows), "类群都等于 RankGenerator:", all(row[-1] for row in compared.rows))
+
+# %% [markdown]
 # ## 30-second answer
 #
 # `RankGenerator` treats a rank as a mixed-radix number whose digits follow the order string, leftmost

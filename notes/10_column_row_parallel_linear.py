@@ -102,7 +102,7 @@
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import os
 
-os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；不设它，每个 rank 会在 layers.py:738 警告一次
+os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；不设它，每个 rank 的 linear 函数会警告一次
 
 import torch
 
@@ -135,6 +135,31 @@ listing(build)
 # %%
 TINY = EXPERIMENTS["linear"].tiny
 HIDDEN, FFN, S, B = TINY.hidden, TINY.ffn, TINY.seq, TINY.micro_batch_size
+
+# %% [markdown]
+# `build` 的核心只是两个构造调用。在 2 个 rank 上直接调一次，把 column 的输出原样交给 row，看每个 rank 上的 shape：
+
+# %%
+def column_then_row(tp):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
+    fc1 = ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=init_method_normal(0.02),
+                               bias=True, gather_output=False)
+    fc2 = RowParallelLinear(FFN, HIDDEN, config=config, init_method=init_method_normal(0.02),
+                            bias=True, input_is_parallel=True, skip_bias_add=False)
+    x = torch.randn(S, B, HIDDEN)
+    h, _ = fc1(x)  # 本 rank 的那几列输出，不通信
+    y, _ = fc2(h)  # 部分和在 TP 群里 all-reduce（g）
+    return {"fc1.weight": list(fc1.weight.shape), "h": list(h.shape),
+            "fc2.weight": list(fc2.weight.shape), "y": list(y.shape)}
+
+
+Table(["rank", "fc1.weight", "h", "fc2.weight", "y"],
+      [[r, *d.values()] for r, d in enumerate(run_ranks(column_then_row, 2, 2))])
+
+# %% [markdown]
+# 两个权重碰巧都是 `[8, 8]`，来历却不同：column 的是 `[16/2, 8]`（切输出维），row 的是 `[8, 16/2]`（切输入维）。
+# `h` 的最后一维 8 = 16/2，正是 row 层要的那一段输入，所以中间不用通信；`y` 已经是完整的 `[4, 2, 8]`。
 
 # %% [markdown]
 # ### 每个 rank 的权重：切哪一维，拿到主权重的哪一块
@@ -258,7 +283,7 @@ Table(["TP", "sequence_parallel", "allreduce_dgrad", "f 被调用次数", "反�
 # [`layers.py:544`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L544)
 # 在 `LinearWithGradAccumulationAndAsyncCommunication.backward` 里以 `async_op=True` 发出，随后才算权重梯度
 # `dW = dYᵀ X`，最后才等它完成：通信和权重梯度的矩阵乘重叠。这要求 GPU 按发出顺序执行 kernel，所以 Megatron 建议
-# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 layers.py 第 738 行附近警告）。
+# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 [layers.py 第 738 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L738) 警告）。
 # 数学上它仍然是 f 的反向：各 rank 对同一份输入的梯度相加。
 
 # %% [markdown]
@@ -439,7 +464,7 @@ Table(["MLP（TP=2）", "正向", "反向"],
 #    用 `tensor_model_parallel_size=1` 的 config 构造 column 层：照样切成两半，不报错。
 # 4. **GPU 初始化路径本篇没有跑。** `use_cpu_initialization=False` 时 `_initialize_affine_weight_gpu` 在 TP 专用的 RNG 流
 #    （种子随 TP 序号变化，见笔记 02）下只初始化本 rank 的块，拼回去一般不等于 TP=1 的权重；它在 CPU 上需要 RNG tracker
-#    的兼容补丁，留给讲随机数的笔记。
+#    的兼容补丁，[笔记 24](../24_rng_and_recomputation/) 专门讲这些 RNG 流。
 
 # %%
 def config_says_tp1():
@@ -472,7 +497,7 @@ print({d["kind"]: (d["weight"], d["bias"]) for d in layouts[4][0]})
 #
 # <details><summary>答案</summary>
 #
-# True，在 layers.py 第 920 行由 `world_size > 1 and not sequence_parallel and not disable_grad_reduce` 决定；
+# True，在 [layers.py 第 920 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920) 由 `world_size > 1 and not sequence_parallel and not disable_grad_reduce` 决定；
 # 开 SP 后是 False，输入梯度改由 reduce-scatter 处理。
 #
 # </details>
@@ -541,11 +566,37 @@ def strided_rows():
 print(run_ranks(strided_rows, 2))
 
 # %% [markdown]
+# **6. `ColumnParallelLinear` 定义在哪个文件？GPT 的一层里哪几个 linear 是它、哪几个是 `RowParallelLinear`？f、g 在哪个文件？**
+#
+# <details><summary>答案</summary>
+#
+# `megatron/core/tensor_parallel/layers.py`，`RowParallelLinear` 也在那里。local spec 的一层里，`linear_qkv` 和
+# `linear_fc1` 是 column-parallel，`linear_proj` 和 `linear_fc2` 是 row-parallel，正好两对 column → row。
+# f（`copy_to_tensor_model_parallel_region`）和 g（`reduce_from_tensor_model_parallel_region`）在
+# `tensor_parallel/mappings.py`。Transformer Engine spec 换成同样切法的 `TELayerNormColumnParallelLinear` 等。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+import inspect
+
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+
+print("ColumnParallelLinear:", inspect.getsourcefile(ColumnParallelLinear).split("site-packages/")[1])
+layer = get_gpt_layer_local_spec().submodules
+for name, spec in [("linear_qkv", layer.self_attention.submodules.linear_qkv),
+                   ("linear_proj", layer.self_attention.submodules.linear_proj),
+                   ("linear_fc1", layer.mlp.submodules.linear_fc1), ("linear_fc2", layer.mlp.submodules.linear_fc2)]:
+    print(f"{name:12s}", spec.__name__)
+print("f, g:", copy_to_tensor_model_parallel_region.__module__, reduce_from_tensor_model_parallel_region.__module__)
+
+# %% [markdown]
 # ## 30-second answer
 #
 # Both layers store the weight as `[out, in]`, like `nn.Linear`. `ColumnParallelLinear` splits dim 0: each rank
 # owns `[out/tp, in]` and a slice of the bias, computes its slice of Y, and the input gradient is all-reduced in
-# backward — fused into the linear's backward (`allreduce_dgrad`, decided at layers.py line 920), so f itself is
+# backward — fused into the linear's backward (`allreduce_dgrad`, decided at [layers.py:920](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)), so f itself is
 # never called at TP>1. `RowParallelLinear` splits dim 1, all-reduces partial outputs (g), then adds the unsplit
 # bias once. With sequence parallel, all-gather and reduce-scatter along the sequence replace both all-reduces.
 # At TP 2 and 4, outputs and every gradient equal one dense `nn.Linear`.

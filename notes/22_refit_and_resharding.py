@@ -16,10 +16,11 @@
 # %% [markdown]
 # # 22 Refit 与 resharding：一份 weight，两种切法
 #
-# RL 部分。GRPO、PPO 的每一轮先 rollout（用当前 policy 生成一批回答，主要是 decode），再 training（算 reward 和
-# advantage，做一次 gradient update）。两件事各用最合适的引擎：训练端是 Megatron 或 FSDP，生成端是 vLLM、SGLang
-# 或 Megatron 自己的 inference。两边切 weight 的方式不同，所以每次 update 之后，weight 都要从训练的切法**重切**成
-# 生成的切法再送过去。NeMo RL 把这一步叫 refit，Megatron Core 为它写了 `resharding/`。
+# RL 部分。在 GRPO 或 PPO 里，一次迭代分成两段：先让模型按现有参数给一批 prompt 写出回答（几乎全是逐 token 的
+# decode，吃的是显存带宽），再给这些回答打分、算 advantage，据此把参数更新一次。前一段需要推理引擎的本事（KV cache、
+# 连续批处理），后一段需要训练框架的并行和优化器，所以实际系统把两段交给两套代码：训练交给 Megatron 或 FSDP，
+# 生成交给 vLLM、SGLang 或 Megatron 自带的推理。两套代码对同一份 weight 的切法不一样，于是每更新一次参数，都要把它
+# 从训练的切法**重切**成生成的切法再交过去。NeMo RL 管这一步叫 refit，Megatron Core 为它写了 `resharding/`。
 #
 # 本篇在 4 个 CPU rank 上跑真实的 `megatron.core`：一个小 GPT 以 TP=2·PP=2 训练一步（真实的 pipeline schedule），
 # 真实的 `swap_model_weights(src, dst, "gloo")` 把 weight 搬进同一批 rank 上 TP=4·PP=1 的 rollout 模型，两边
@@ -168,8 +169,18 @@ listing(Inputs, train_one_step, pipeline_logits, rollout_logits)
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(one_rl_round)
 
+# %% [markdown]
+# 两次同步都是同一个 Megatron 调用。它在每个 rank 上执行，参数是本 rank 上的两个模型对象：
+
 # %%
-ranks = run_ranks(one_rl_round, 4, TINY, tp=2, pp=2, grid=dict(tp=2, pp=2))
+from megatron.core.resharding.refit import swap_model_weights
+
+
+def refit(policy, rollout, backend):
+    swap_model_weights(policy, rollout, backend)  # 训练 TP2·PP2 → rollout TP4；CPU 上 backend 是 "gloo"
+
+
+ranks = run_ranks(one_rl_round, 4, TINY, tp=2, pp=2, refit=refit, grid=dict(tp=2, pp=2))
 r0 = ranks[0]
 check_table(ranks, TINY.microbatches)
 
@@ -300,7 +311,7 @@ communication_table(compact(r0["first_sync"]), MEANINGS, ranks=False)
 # - 第 7 行是真正搬 weight 的一次 `batch_isend_irecv`：rank 0 要发 25 片、收 27 片到远端（它的 52 片里另有 25 片
 #   是本地拷贝，不经过通信）。
 #
-# **第二次同步**只剩搬运：plan 已经缓存（refit.py 第 107 行先找 `_cached_reshard_plan`），元数据交换和广播都不再发生。
+# **第二次同步**只剩搬运：plan 已经缓存（[refit.py 第 107 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L107) 先找 `_cached_reshard_plan`），元数据交换和广播都不再发生。
 
 # %%
 communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
@@ -313,7 +324,7 @@ communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
 # 每个 rank 只知道自己的参数，而一片 weight 的"源"和"目标"往往不在同一个 rank。于是先用两次 `all_gather_object`
 # 让每个 rank 都拿到全世界的元数据（参数名按全局层号改写过，所以 PP stage 不同也能对上），再由 rank 0 对每个目标
 # rank 的每个参数决定：从哪个源 rank 的哪个切片拿。rank 0 算完全部 plan，用一次 `broadcast_object_list` 发下去
-# （planner.py 第 281、337 行）。好处是收发双方看到的是同一份计划、同一个 `task_id`，不会配错；代价是第一次调用
+# （[planner.py 第 281 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L281) 只让 rank 0 算，[planner.py 第 337 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L337) 广播）。好处是收发双方看到的是同一份计划、同一个 `task_id`，不会配错；代价是第一次调用
 # 要在 world 上做对象 collective，所以 plan 被缓存，之后每一轮只剩传输。
 #
 # ### TP 参数：LCM 小片
@@ -322,7 +333,7 @@ communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
 # `lcm(Ns, Nd)` 个等长小片：每个小片完整地属于一个源分片、也完整地属于一个目标分片，于是逐片写一条 send / recv 即可。
 # 上面 TP 2 → 4：`lcm = 4`，每个源分片贡献 2 片、每个目标分片收 1 片。反过来 4 → 2 时每个目标分片从两个源各收 1 片。
 # stride 用于一个 rank 的分片本身由几段拼成的参数：SwiGLU 的 `linear_fc1` 每个 rank 存的是 `[gate 的一段; up 的一段]`，
-# Megatron 给它 `partition_stride=2`（mlp.py 第 109 行），planner 才知道要分段对齐。本篇的小 GPT 用 GeLU，stride 都是 1。
+# Megatron 给它 `partition_stride=2`（[mlp.py 第 109 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L109)），planner 才知道要分段对齐。本篇的小 GPT 用 GeLU，stride 都是 1。
 #
 # ### 复制的参数：整块、轮流挑源
 #
@@ -358,7 +369,7 @@ pictures.draw_qkv_layout(labels, num_query_groups=4, tp_sizes=(2, 4))
 # %% [markdown]
 # 这样排的理由在后两列：TP 按行把 `linear_qkv` 切成连续的几段，每段恰好是**整数个 query group**——本 rank 的
 # attention 需要的 Q、K、V 全在本地，不用通信（`get_query_key_value_tensors` 只在 TP 份数多于 group 数时才 all-gather，
-# attention.py 第 1398 行）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
+# [attention.py 第 1398 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1398)）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
 #
 # Hugging Face（`q_proj`、`k_proj`、`v_proj`）和 vLLM 的权重加载器按"全部 Q、全部 K、全部 V"分开存。
 # 从 Megatron 送过去，就要按 group 拆开、重排、改名；`snippets/rl/qkv_layout.py` 做这件事（和它的逆）。
@@ -494,6 +505,32 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 # | NeMo RL `policy.generation.colocated.enabled` | 缺省 `true`（[grpo_math_1B.yaml 第 439 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/grpo_math_1B.yaml#L439)） | [grpo.py 第 2316 行 `refit_policy_generation`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L2316)：colocated 走 CUDA IPC（`stream_weights_via_ipc_zmq`，SGLang 走 HTTP），否则 `broadcast_weights_for_collective`（NCCL） |
 # | NeMo RL `generation.backend: megatron` 的 `mcore_generation_config.refit_backend` | `"nccl"` 或 `"gloo"`（[第 408 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/grpo_math_1B.yaml#L408)） | Megatron 自带推理时用的正是 `swap_model_weights`：colocated 在同一批卡上重切（[megatron_worker.py 第 917 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L917)），non-colocated 跨两个 world（[第 876 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L876)） |
 #
+# ### 两端各有哪些引擎可选
+#
+# 上表只看了"weight 怎么走"。两个框架在训练端和生成端各自能接哪些代码（同样读自上面两个提交）：
+#
+# | 框架 | 训练端 | 生成端 |
+# |---|---|---|
+# | NeMo RL | `policy.dtensor_cfg.enabled` 或 `policy.megatron_cfg.enabled`，二选一（[lm_policy.py 第 118 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/lm_policy.py#L118)）。前者是 PyTorch 原生的 DTensor 路径：`_v2: true`（[grpo_math_1B.yaml 第 142 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/grpo_math_1B.yaml#L142)）选 `DTensorPolicyWorkerV2`（[lm_policy.py 第 166 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/lm_policy.py#L166)），模型由 NeMo Automodel 建（[dtensor_policy_worker_v2.py 第 23 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/workers/dtensor_policy_worker_v2.py#L23)），按 `FSDP2Config` 做 FSDP2（[setup.py 第 481 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/automodel/setup.py#L481)），再叠 `tensor_parallel_size` 的 TP。后者是 `MegatronPolicyWorker`（[lm_policy.py 第 140 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/lm_policy.py#L140)），经 Megatron Bridge 建 Megatron Core 模型（[megatron_policy_worker.py 第 29 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/workers/megatron_policy_worker.py#L29)） | `policy.generation.backend`，示例配置缺省 `vllm`（[grpo_math_1B.yaml 第 369 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/examples/configs/grpo_math_1B.yaml#L369)）；`setup` 里分 `megatron`（Megatron Core 自带推理，[grpo.py 第 1275 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L1275)）、`vllm`（[第 1297 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L1297)）、`sglang`（[第 1428 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L1428)）几支，这个提交里还有 `trtllm`、`dynamo` |
+# | verl | `actor.strategy`：`fsdp` / `fsdp2` 或 `megatron`（上表） | `rollout.name` 注册表里的 `vllm`、`sglang`、`trtllm`（上表）。另有 `HFRollout`（[hf_rollout.py 第 39 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/workers/rollout/hf_rollout.py#L39)）：直接拿训练端的 HF 模块调 `generate`，没有第二个引擎，也就不用重切；但这个提交的注册表已不含 `hf`，FSDP worker 里为 `name == "hf"` 留的分支（[fsdp_workers.py 第 636 行](https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7/verl/workers/fsdp_workers.py#L636)）之后照样去查注册表，会在断言处停下 |
+#
+# **Megatron-LM 自己也做 refit。** 同一个 tag 的 `train_rl.py` 以 `--perform-rl-step` 调 `pretrain`。只要给了
+# `--rl-inference-tensor-model-parallel-size` 等任何一个推理端并行度，`pretrain` 就在同一个 world 里按这套并行度
+# 另建一个推理模型（[training.py 第 911–964 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L911-L964)，群来自
+# [`parallel_utils.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/parallel_utils.py#L16)）——和本篇 CPU 上的做法一样，
+# 两个模型在同一批 rank 上。之后有三处调用 `swap_model_weights(model, inference_model, args.refit_method)`：
+#
+# - 每次收集新 rollout 之前：`train` 调 [`rl_utils.py::get_grpo_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/rl_utils.py#L1343)，
+#   它调 [`rl_utils.py::get_environment_rollouts`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/rl_utils.py#L446)，后者在生成之前先同步
+#   （[rl_utils.py 第 475 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/rl_utils.py#L475)）；
+# - 训练循环里每次 RL 评估之前（[training.py 第 2935 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2935)）；
+# - 训练结束后的验证之前（[training.py 第 1077 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1077)）。
+#
+# 没有单独的推理模型时，三处都跳过同步，训练模型自己生成。`--refit-method` 的缺省是 `gloo`，另两个选项是 `nccl`、
+# `nvshmem`（[arguments.py 第 1980 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1980)，在
+# [`arguments.py::_add_rl_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1868) 里）：缺省走的正是本篇在 CPU 上跑的
+# `GlooCopyService`。
+#
 # ### 一个命令：这份 verl 配置每轮怎么同步 weight
 #
 # `weight-sync CONFIG [--params 7e9]`（即 `python -m snippets.rl.weight_sync`；`snippets.rl.verl_sync` 是它的旧名）读 verl 配置（嵌套写法，或 verl 命令行覆盖那样的点号键），
@@ -586,7 +623,7 @@ weight_sync("tests/fixtures/nemo_rl/recipes/grpo_llama8b_megatron_separate.yaml"
 #    [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L128)
 #    在非融合路径上调用不带群参数的
 #    [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L219)
-#    （language_module.py 第 167 行），它用 `parallel_state` 的全局 TP 群（cross_entropy.py 第 131 行）。同一进程里
+#    （[language_module.py 第 167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L167)），它用 `parallel_state` 的全局 TP 群（[cross_entropy.py 第 131 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L131)）。同一进程里
 #    训练端是全局群（TP=2），rollout 模型的 logits 却按 TP=4 切：下面的 loss 和用它自己完整 logits 算的交叉熵对不上，
 #    两组 rank 之间也不一致。rollout 端只取 logits 没问题；要在推理布局上算 log-prob，得自己从 logits 算。
 
@@ -634,10 +671,10 @@ Table(["rank", "rollout 模型带 labels 算的 loss", "用它完整 logits 算�
 
 # %% [markdown]
 # 2. **Megatron 自己的 refit 单元测试，PP 用例没有切层（运行确认）。** `test_swap_gpt_parametrized` 把 PP 群放进
-#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`（test_model_swap.py 第 192 行），
-#    每个 stage 又都是 `pre_process=True, post_process=True`（第 100 行）。而每个 stage 建几层由
+#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`（[test_model_swap.py 第 192 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L192)），
+#    每个 stage 又都是 `pre_process=True, post_process=True`（[test_model_swap.py 第 100 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L100)）。而每个 stage 建几层由
 #    [`transformer_block.py::get_num_layers_to_build`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L75)
-#    按 **config** 里的 PP 大小算（第 158 行）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
+#    按 **config** 里的 PP 大小算（[transformer_block.py 第 158 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L158)）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
 #    "两份完整副本 → 一份"，跨 stage 按全局层号配对（本篇训练端真的切了层）那条路径没被这个测试覆盖。
 
 # %%
@@ -662,11 +699,13 @@ Table(["群", "RankGenerator（tp-cp-ep-dp-pp）", "HyperCommGrid 同序",
 #    [megatron_worker.py 第 35 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L35)），
 #    训练和推理可以在两个 world、一个自建的 refit 群里：non-colocated 的 Megatron 推理靠的是 0.16.1 之后的 Megatron。
 # 5. **gloo 后端在 CPU 上也要一个 CUDA stream。** `GlooCopyService.__init__` 建 `torch.cuda.Stream()`，`run()` 结尾
-#    让当前 stream 等它（gloo_copy_service.py 第 46、146 行）；传输本身全是 CPU 张量上的 gloo。CPU 版 torch 建 stream
+#    让当前 stream 等它（[gloo_copy_service.py 第 46 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/copy_services/gloo_copy_service.py#L46)、[gloo_copy_service.py 第 146 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/copy_services/gloo_copy_service.py#L146)）；传输本身全是 CPU 张量上的 gloo。CPU 版 torch 建 stream
 #    直接报错，所以需要 `refit_streams` 补丁（只作用于这一个模块）。
 # 6. **没读到的部分**：NVSHMEM copy service（`nvshmem_copy_service/`，GPU 内核直接搬）、EP 参数的重切
-#    （`resolved_name` 把本地 expert 编号改成全局编号）、`NCCLCopyService` 怎么用 stream 与计算重叠——都要 GPU，留给
-#    "Beyond the laptop"。
+#    （`resolved_name` 把本地 expert 编号改成全局编号）、`NCCLCopyService` 怎么用 stream 与计算重叠——都要 GPU。
+#    其中 NCCL 这一条，本篇的实验在 GPU 上就会走到：`one_rl_round` 在 `device="cuda"` 时把后端换成 `"nccl"`，
+#    在真机上运行的命令写在仓库 README 的 “Running at real scale” 一节（例如
+#    `python -m snippets.run --nproc-per-node 8 refit --dims dense-8b --tp 2 --pp 4`）；NVSHMEM 和 EP 重切本站没有实验。
 
 # %% [markdown]
 # ## 自测
@@ -765,6 +804,26 @@ Table(["rank", "收到（字节）", "占整个模型", "其中本地拷贝"],
 
 # %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 verl_sync("tests/fixtures/verl/megatron_sglang_colocated.yaml", "--params", "8e9")
+
+# %% [markdown]
+# **6. RL 为什么每轮都要重切 weight，而不是把训练端的 tensor 原样拷给推理引擎？用本篇前面几次运行的结果作答。**
+#
+# <details><summary>答案</summary>
+#
+# 两个原因叠在一起。其一，参数一更新，推理端那份就过期了：不同步的 rollout 模型算出的仍是旧 policy 的 logits，
+# 生成的数据不再是 on-policy 的，所以每轮都要送。其二，送不能是原样拷贝：两端切法不同（本篇训练 TP2·PP2 时第 3 层的
+# `linear_qkv` 只在 rank 2、3 上、各 `[32, 32]`，rollout TP4 时四个 rank 各 `[16, 32]`；seed 的例子是 TP4×PP2 对 TP8），
+# 存法也不同（Megatron 按 query group 交错存 Q、K、V，HF / vLLM 分开存，不重排就是另一个模型）。所以要先按目标切法
+# 重切、重排、改名，再送过去。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+qkv3 = "decoder.layers.3.self_attention.linear_qkv.weight"
+print("不同步的 rollout 给出旧 policy 的 logits:", all(r["stale_is_old"] for r in ranks))
+print("同步后 rollout 与新 policy 一致:", all(r["fresh_is_new"] for r in ranks))
+print("训练端:", where(policy_shapes, qkv3), " rollout 端:", where(rollout_shapes, qkv3))
+print("Q、K、V 不重排就当作 HF 的 q | k | v，输出还一样吗:", torch.allclose(naive, megatron_out, atol=1e-6))
 
 # %% [markdown]
 # ## 30-second answer

@@ -138,8 +138,13 @@ def rollout_logits(model, tokens, inputs: Inputs):
         return model(tokens, inputs.pos, inputs.mask, runtime_gather_output=True)
 
 
-def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None, device: str = "cpu") -> dict:
-    """On every rank: refit, train one step, see the stale rollout, refit again (note 22)."""
+def one_rl_round(
+    dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None, device: str = "cpu", refit=None
+) -> dict:
+    """On every rank: refit, train one step, see the stale rollout, refit again (note 22).
+
+    ``refit(policy, rollout, backend)`` is the sync step; by default Megatron's
+    ``swap_model_weights``, and note 22 passes a cell that makes that one call in view."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.resharding.refit import swap_model_weights
@@ -165,6 +170,7 @@ def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None, 
         )
         rollout = gpt(dims, gpt_config(dims, rollout_tp, 1, device), rollout_groups(rollout_tp))
     backend = "nccl" if device == "cuda" else "gloo"
+    refit = refit or swap_model_weights
     inputs = Inputs(dims, device)
 
     data = torch.randint(
@@ -176,7 +182,7 @@ def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None, 
     prompts, batches = data[0], list(data[1:])
 
     with recorder.record() as first_sync:
-        swap_model_weights(policy, rollout, backend)  # round 0: from the current policy
+        refit(policy, rollout, backend)  # round 0: from the current policy
     before = pipeline_logits(policy, prompts, inputs)
     synced = torch.allclose(rollout_logits(rollout, prompts, inputs), before, atol=1e-5)
 
@@ -185,7 +191,7 @@ def one_rl_round(dims, tp: int = 2, pp: int = 2, rollout_tp: int | None = None, 
     stale = rollout_logits(rollout, prompts, inputs)  # rollout still has the old weights
 
     with recorder.record() as second_sync:
-        swap_model_weights(policy, rollout, backend)  # round 1: sync again
+        refit(policy, rollout, backend)  # round 1: sync again
     fresh = rollout_logits(rollout, prompts, inputs)
 
     def shapes(model):
