@@ -362,7 +362,7 @@ pictures.draw_loss_division(divides, tokens=[16, 6])
 #    （与被反向的张量是同一个），schedule 的原地 `/= num_microbatches` 也改了日志值。simple loop 用 `num_microbatches=1`，
 #    所以看不出来；把它改成 2 就会看到 loss 减半。
 # 2. **缺省设置下，日志与优化目标不是同一个数（运行确认）。** 正式入口缺省优化"micro-batch 平均的平均"，日志记
-#    "全局 token 平均"。只有 `--calculate-per-token-loss` 让两者一致（hybrid CP 要求打开它，arguments.py 第 923 行）。
+#    "全局 token 平均"。只有 `--calculate-per-token-loss` 让两者一致（hybrid CP 要求打开它，[arguments.py 第 923 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L923)）。
 # 3. **CP 在两种契约里的处理不同。** 2 个值时 schedule 乘 `cp_size`；3 个值时不乘——因为 token 数已经是本 CP rank 的 token 数，
 #    `sum / num_tokens` 本身就是局部平均，DDP 在 DP×CP 群里再平均。两条路径在 CP>1 时是否给出同样的梯度，留到[笔记 16](../16_context_parallel/) 用运行核对。
 

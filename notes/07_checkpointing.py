@@ -144,7 +144,7 @@ entries_table(results)
 # - **replica_id = (0, tp_rank, dp_cp_rank)**。TP 切开的 tensor 在两个 rank 上都是 `(0, 0, 0)`——各自是自己那片的主副本；
 #   没被 TP 切的 tensor（position embedding、norm）两个 rank 各有一份完整副本，rank 1 的编号是 `(0, 1, 0)`。
 # - **norm 改了名**。local spec 的 `input_layernorm.weight` 存成 `self_attention.linear_qkv.layer_norm_weight`：
-#   这是 Transformer Engine spec 里 norm 融进 QKV 线性层后的名字，见 `gpt_layer_specs.py:417`。两种 spec 因此能互相加载。
+#   这是 Transformer Engine spec 里 norm 融进 QKV 线性层后的名字，见 [`gpt_layer_specs.py:417`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L417)。两种 spec 因此能互相加载。
 #
 # 一个 rank 只写 `replica_id` 全为 0 的那些片。每个 rank 写多少个 tensor：
 
@@ -235,7 +235,7 @@ draw_reshard(chunk_writers([r["rows"] for r in results], LOCAL_QKV, saved["chunk
 # - **外层 dict。** `generate_state_dict` 在模型之外放进 `args`、`iteration`、`checkpoint_version`、`optimizer`、
 #   `opt_param_scheduler`、`rng_state` 等；非 tensor 的部分进 `common.pt`。
 # - **目录与 tracker。** 写在 `<save>/iter_0000100/`，rank 0 再写 `latest_checkpointed_iteration.txt`；`load_checkpoint` 先读它决定加载哪一步。
-# - **格式。** `--ckpt-format torch_dist` 走 `dist_checkpointing.save`（`checkpointing.py:606` 起的分支）；老的 `torch` 格式是每个 (TP, PP) rank 一个
+# - **格式。** `--ckpt-format torch_dist` 走 `dist_checkpointing.save`（[`checkpointing.py:606`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L606) 起的分支）；老的 `torch` 格式是每个 (TP, PP) rank 一个
 #   `mp_rank_XX/model_optim_rng.pt`，不能换并行度加载。
 # - **优化器状态。** 分布式优化器的 Adam 状态按 DP 切成连续的扁平区间（笔记 15）。`optimizer.sharded_state_dict(model_sd,
 #   sharding_type=...)` 按所选格式描述它：`dp_reshardable` 按 DP 段存，`fully_reshardable` 先在 DP 群里 all-gather 再按参数存，
@@ -281,7 +281,7 @@ Table(optim_reshard.COMPARED, optim_reshard.rows(resharded, optim_reshard.COMPAR
 # ## 遗留问题
 #
 # 1. **local spec 存的是 TE 的名字（运行确认）。** 上面的 `.metadata` 里没有 `input_layernorm`，只有
-#    `linear_qkv.layer_norm_weight`——来自 `gpt_layer_specs.py:417` 的 `sharded_state_dict_keys_map`。好处是 local 与 TE spec 互通；
+#    `linear_qkv.layer_norm_weight`——来自 [`gpt_layer_specs.py:417`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L417) 的 `sharded_state_dict_keys_map`。好处是 local 与 TE spec 互通；
 #    代价是直接读 `.metadata` 的外部工具看到的名字和 `model.state_dict()` 不同。
 # 2. **保存需要 psutil（CPU 上运行确认）。** `torch_dist` 默认用 fork 出的写进程，没有 psutil 时它们静默死掉、`save()` 永远等待，
 #    见 [CPU 页](../../cpu/)。
