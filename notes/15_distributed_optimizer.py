@@ -160,7 +160,7 @@ Table(["运行", "返回", "里面", "最里层"],
 # ### 补齐后的 buffer
 #
 # 同一个模型，DDP 的 buffer 在分布式优化器下变长了：每个参数的起点补齐到 64 的倍数，bucket 的末尾补齐到
-# lcm(DP, 128) 的倍数（param_and_grad_buffer.py 第 654、665 行），这样 bucket 能被 DP 整除、每段起点对齐。
+# lcm(DP, 128) 的倍数（[param_and_grad_buffer.py 第 654 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L654)、[param_and_grad_buffer.py 第 665 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L665)），这样 bucket 能被 DP 整除、每段起点对齐。
 # 整个模型只有一个 bucket（不开 overlap 时 `bucket_size=None`，[笔记 14](../14_data_parallel_ddp/)）：
 
 # %%
