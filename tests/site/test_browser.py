@@ -460,3 +460,33 @@ def test_toc_mouse_click_scrolls_to_chinese_heading(tab, site_url, note_names):
     assert page.evaluate("() => document.querySelector(':target')?.id") == want
     assert unquote(page.evaluate("() => location.hash"))[1:] == want
     tab.assert_clean()
+
+
+SIDEBAR_OVERLAPS = """() => {
+  const nav = document.querySelector('.md-sidebar--primary');
+  const shown = el => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0 && r; };
+  const wrap = nav.querySelector('.md-sidebar__scrollwrap').getBoundingClientRect();
+  const title = nav.querySelector('.md-nav--primary > .md-nav__title');
+  const box = title && getComputedStyle(title).display !== 'none' && shown(title);
+  // what is drawn of the title: its text may spill below its own box
+  const drawn = box && [...title.querySelectorAll('*'), title].map(shown).filter(Boolean)
+    .reduce((a, r) => ({top: Math.min(a.top, r.top), bottom: Math.max(a.bottom, r.bottom)}),
+            {top: box.top, bottom: box.bottom});
+  const links = [...nav.querySelectorAll('.md-nav__link')].map(a => [a.textContent.trim(), shown(a)])
+    .filter(([, r]) => r && r.bottom > wrap.top && r.top < wrap.bottom);
+  return {title: !!box, covered: drawn ? links.filter(([, r]) => r.top < drawn.bottom && r.bottom > drawn.top
+                                                               && r.top >= drawn.top - 1).map(([t]) => t) : []};
+}"""
+
+
+def test_sidebar_title_covers_no_nav_entry(tab, site_url, note_names):
+    """At 1400 px the left sidebar scrolls to the open note, deep in the nav: nothing of the site's
+    title lies over the entries scrolled beneath it (the header already names the site)."""
+    stem = (
+        next(Path(n).stem for n in note_names if n.startswith("11_"))
+        if any(n.startswith("11_") for n in note_names)
+        else Path(note_names[-1]).stem
+    )
+    tab.goto(f"{site_url}notes/{stem}/")
+    got = tab.page.evaluate(SIDEBAR_OVERLAPS)
+    assert not got["covered"], f"the sidebar title lies over {got['covered']}"
