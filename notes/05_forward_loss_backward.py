@@ -316,7 +316,7 @@ pictures.draw_loss_division(divides, tokens=[16, 6])
 # 3. **`loss.detach()`**：detach 出来的张量与原张量共享存储，原地除法照样改到它——结果与第 2 行相同。
 # 4. **`loss.detach().clone()`**：独立的存储，报告正确。`snippets/models/tiny_gpt.py` 的 `loss_func` 就是这么写的。
 # 5. **`calculate_per_token_loss=True`**：schedule 不除；`finalize_model_grads` 把全局 token 数在 DP×CP 群里求和后，
-#    用 `scale_gradients(1 / num_tokens)` 缩放梯度（finalize_model_grads.py 第 484–497 行）。这时优化的才是全局 token 平均，
+#    用 `scale_gradients(1 / num_tokens)` 缩放梯度（[finalize_model_grads.py 第 484–497 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L484-L497)）。这时优化的才是全局 token 平均，
 #    与日志一致。
 #
 # 还有一处除法不在这里：DDP 归约梯度时乘 `1 / (DP×CP 群大小)`（`calculate_per_token_loss` 时不乘），笔记 06 再看。
