@@ -187,7 +187,7 @@ except NameError as err:
     print("NameError:", err)
 
 # %% [markdown]
-# `gpt_layer_specs.py` 只在 `import transformer_engine` 成功时才导入 `TESpecProvider`（第 41–48 行），这个名字不存在。
+# `gpt_layer_specs.py` 只在 `import transformer_engine` 成功时才导入 `TESpecProvider`（[gpt_layer_specs.py 第 41–48 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L41-L48)），这个名字不存在。
 # 但 spec 是纯数据，不实例化任何 TE 模块；`snippets.config.model_specs.transformer_engine_spec_without_te` 在一个
 # `with` 块里把这个名字绑到真实的 `TESpecProvider`（并让它的 TE 版本检查回答"够新"），真实函数就能造出真实的 spec。
 # 没有 TE 时 TE 类是 `MagicMock` 替身，表里按它们在 `transformer_engine.py` 里的名字标出：

@@ -264,12 +264,12 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # 设为 True 则改用 AVG 归约、不预乘。`calculate_per_token_loss` 时不除 DP，由 `finalize_model_grads` 最后按全局 token 数缩放。
 #
 # **何时发通信。** 每个 bucket group 记账：最后一个 micro-batch 的 backward 里每个参数的 hook 报一次"就绪"，
-# 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（第 552–561 行）。标准答案
-# `golden_per_param_grad_ready_counts` 是**第一步**数出来的，在第一步结束的 `reset` 里才存下（第 200–210 行）；
-# 第一步的 hook 只数不发，`finish_grad_sync` 看到 `is_first_batch` 就在那里补发（第 524–525 行）。这就是上面第 1 步
+# 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（[param_and_grad_buffer.py 第 552–561 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L552-L561)）。标准答案
+# `golden_per_param_grad_ready_counts` 是**第一步**数出来的，在第一步结束的 `reset` 里才存下（[param_and_grad_buffer.py 第 200–210 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L200-L210)）；
+# 第一步的 hook 只数不发，`finish_grad_sync` 看到 `is_first_batch` 就在那里补发（[param_and_grad_buffer.py 第 524–525 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L524-L525)）。这就是上面第 1 步
 # 全部在 finalize 里、第 2 步才进入 backward 的原因：记账要先知道"齐了"是什么样子（一个参数可能被用两次）。
 #
-# **PP 的其他 stage。** `pp_rank > 0` 时 DDP 不分 bucket（第 101–102 行）：后面的 stage 晚开始 backward、早结束，
+# **PP 的其他 stage。** `pp_rank > 0` 时 DDP 不分 bucket（[distributed_data_parallel.py 第 101–102 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L101-L102)）：后面的 stage 晚开始 backward、早结束，
 # DP 通信不在关键路径上，一个大 bucket 更省事。
 #
 # **`finalize_model_grads` 的其余几件事**（本篇的配置里都是空操作）：SP 时 norm 等未切分参数的梯度只是各 TP rank

@@ -363,7 +363,7 @@ Table(["split", "size（要的）", "BlendedDataset 长度", "a: num_samples / l
 
 # %% [markdown]
 # train 要 16 个，blend 却有 17 个：ceil(16·0.7) + ceil(16·0.3) = 12 + 5。`dataset_index` 是 C++ `build_blending_indices`
-# （helpers.cpp 第 77 行）的**贪心**结果：每一步选"目标数 − 已取数"最大的那个语料。它不依赖 seed；
+# （[helpers.cpp 第 77 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/helpers.cpp#L77)）的**贪心**结果：每一步选"目标数 − 已取数"最大的那个语料。它不依赖 seed；
 # 随机性只在每个语料自己的 `shuffle_index` 里。`dataset_sample_index` 则在每个语料里依次数 0, 1, 2, …
 #
 # 把 train 的 17 个样本画成一条：颜色是 `dataset_index`（来自哪个语料），格里是 `dataset_sample_index`（该语料的第几个样本）；
@@ -681,17 +681,17 @@ Table(["调用栈（megatron/core 内，由外到内）", "行", "函数"],
       [[path.removeprefix("megatron/core/"), line, name] for path, line, name in frames if name != "__call__"])
 
 # %% [markdown]
-# 本地 `DotProductAttention` 在第 153 行断言 `packed_seq_params is None`：在 CPU 上，packed batch 走到这里为止。
+# 本地 `DotProductAttention` 在 [dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L153) 断言 `packed_seq_params is None`：在 CPU 上，packed batch 走到这里为止。
 # 但在它之前，`packed_seq_params` 已经在两个地方起了作用，这两处都是纯 torch、在 CPU 上真实运行过了：
 #
 # 1. `GPTModel._preprocess` 问 `RotaryEmbedding.get_rotary_seq_len` 要 RoPE 表长，packed 时它直接返回
 #    `max(max_seqlen_q, max_seqlen_kv)`（[`rotary_pos_embedding.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L241)）；
 # 2. `Attention.forward` 去掉 batch 维（q、k、v 变成 `[t, heads, head_dim]`，[`attention.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1066)），
-#    取出 `cu_seqlens`（第 1081–1089 行）交给 `apply_rotary_pos_emb`，后者走 `_apply_rotary_pos_emb_thd`：**每段都从 RoPE 表的第 0 行起**。
+#    取出 `cu_seqlens`（[attention.py 第 1081–1089 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1081-L1089)）交给 `apply_rotary_pos_emb`，后者走 `_apply_rotary_pos_emb_thd`：**每段都从 RoPE 表的第 0 行起**。
 #
-# 在 GPU 上，第 153 行换成 `TEDotProductAttention.forward`：它把 `PackedSeqParams` 的字段原样作为关键字参数交给 TE
+# 在 GPU 上，[dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L153) 这一步换成 `TEDotProductAttention.forward`：它把 `PackedSeqParams` 的字段原样作为关键字参数交给 TE
 # （[`transformer_engine.py:1373`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1373)），
-# THD 时把 `causal` 改成 `padding_causal`（第 1397–1402 行），TE 的 kernel 只在每段内部做因果 attention。
+# THD 时把 `causal` 改成 `padding_causal`（[transformer_engine.py 第 1397–1402 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1397-L1402)），TE 的 kernel 只在每段内部做因果 attention。
 # 为了在 CPU 上看到完整的结果，`snippets/data/thd_attention.py` 的 `ThdCoreAttention` 坐到 core attention 的位置上，做同样的"段内因果"计算
 # （与 Megatron 自己的 `DotProductAttention` 加块对角 mask 的结果相同）；模型的其余部分——embedding、
 # RoPE 的 THD 路径、线性层、loss——都是真实的 Megatron：
@@ -735,7 +735,7 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # 状态只有一个整数：`train` 每步把 `dp × micro_batch_size × num_microbatches` 加到 `args.consumed_train_samples`
 # （[`training.py:2869`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2869)）；
 # `save_checkpoint` 把整个 `args` 存进 checkpoint（[`checkpointing.py:892`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L892)）；
-# `load_checkpoint` 取回它（第 1749 行）；`build_train_valid_test_data_loaders` 把它交给
+# `load_checkpoint` 取回它（[checkpointing.py 第 1749 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749)）；`build_train_valid_test_data_loaders` 把它交给
 # `build_pretraining_data_loader`（[`training.py:3387`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3387)），
 # `MegatronPretrainingSampler` 从这个下标接着切块。数据集本身不存状态：三张索引表由 seed 和 sizes 决定，重启后重建（或读缓存）出同样的表。
 #
@@ -828,7 +828,7 @@ build_table(resume)
 #
 # 1. **`get_blend_from_list` 的一致性检查从不生效（运行确认）。** 它把 `is_none` 建成一个 `map` 迭代器
 #    （[`utils.py:84`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/utils.py#L84)），`any(is_none)`
-#    消费到第一个 True 就停，接着的 `assert all(is_none)`（第 86 行）只检查剩下的元素。`0.5 a b c` 这种"只写了一个权重"的写法
+#    消费到第一个 True 就停，接着的 `assert all(is_none)`（[utils.py 第 86 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/utils.py#L86)）只检查剩下的元素。`0.5 a b c` 这种"只写了一个权重"的写法
 #    因此被静默当成 4 个无权重的前缀（第 1 节的表）。
 # 2. **RoPE 忽略 `position_ids`（运行确认）。** 第 4 节：RoPE 模型里没有模块读 `position_ids`，倒序后输出不变；`--reset-position-ids`
 #    只对 learned_absolute 有效。上游 [issue #453](https://github.com/NVIDIA/Megatron-LM/issues/453) 报告过同一件事（2024 年有人确认 MCore 的 `GPTModel` 仍如此）。

@@ -658,7 +658,7 @@ dp_pictures.draw_overlap_timeline(section8[0])
 # %% [markdown]
 # - **AG 在 forward 里按需发出、预取下一个**：第一个有参数的模块 `word_embeddings` 开始 forward 时，它的 pre-hook 发现自己的 bucket
 #   （bucket 2，buffer 的词嵌入那端）的 AG 还没发，就发出并等它完成（[`param_and_grad_buffer.py:322`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L322)），
-#   随即**异步**发出下一个 bucket 1 的 AG（第 338 行）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
+#   随即**异步**发出下一个 bucket 1 的 AG（[param_and_grad_buffer.py 第 338 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L338)）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
 #   时才等 bucket 1，再发 bucket 0。AG 的顺序与 forward 用参数的顺序一致，和 bucket 的编号相反。第二个 micro-batch 的 forward 不再 AG。
 # - **RS 在 backward 里、紧跟在 bucket 凑齐之后**：backward 从输出层往回算，`output_layer.weight` 到 `layers.2` 的 `linear_fc2` 这 12 个梯度
 #   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。每个 RS

@@ -576,7 +576,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # 8. **没有 TE / Apex 时，`dp_reshardable` 不恢复 Adam 的步数（运行确认）。** torch Adam 把 `step` 存在每个参数的状态里。
 #    `load_state_dict` 先按 checkpoint 的 param_groups 把每个状态的 `step` 设成保存时的值（[distrib_optimizer.py 第 825 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L825)）；
 #    随后 `load_parameter_state_from_dp_reshardable` 把 `step` 也逐键拷回——而这个 `step` 是保存格式里的
-#    `LocalNonpersistentObject`（第 1664–1667 行），装的是**加载方**在生成请求时自己的旧张量，于是步数被改回旧值。
+#    `LocalNonpersistentObject`（[distrib_optimizer.py 第 1664–1667 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1664-L1667)），装的是**加载方**在生成请求时自己的旧张量，于是步数被改回旧值。
 #    步数进入 Adam 的偏差修正（1 − β^t），续训的第一步因此算错。上面两张表的 `adam_step` 列就是它；TE 的 FusedAdam 把
 #    step 放在 param_groups 里，不受影响。
 
