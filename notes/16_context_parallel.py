@@ -314,7 +314,7 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # - **CP 群内求和就够还原一条样本。** 两个 CP rank 的梯度相加，恰好等于单进程整条序列的梯度。
 # - **DDP 用 DP×CP 群。** 再把不同样本相加，就是 DP 的那一份工作；两件事都是"对持有同一份权重的 rank 求和"，
 #   所以 Megatron 把它们合成一个群 `dp-cp`（这里 `[0, 1, 2, 3]`），DDP 按 `1 / 群大小` 缩放
-#   （distributed_data_parallel.py 第 175 行），`finalize_model_grads` 也在这个群里把 token 数加起来（第 493 行）。
+#   （[distributed_data_parallel.py 第 175 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L175)），`finalize_model_grads` 也在这个群里把 token 数加起来（[finalize_model_grads.py 第 493 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L493)）。
 #   数据采样却用**不含** CP 的 DP 坐标：rank 0 和 1 的 `dp` 坐标都是 0，读同一条样本，才能各切一半。
 
 # %% [markdown]
@@ -343,13 +343,61 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# CP 发生在 `forward_step` 的第一行 `get_batch` 里：TP 广播之后立刻按 CP 切（正式入口 `pretrain_gpt.py` 第 89 行；
+# CP 发生在 `forward_step` 的第一行 `get_batch` 里：TP 广播之后立刻按 CP 切（正式入口 [pretrain_gpt.py 第 89 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L89)；
 # packed 序列走 `get_thd_batch_on_this_cp_rank`）。之后整个模型只处理 `s/CP` 个 token，激活显存按 CP 缩小——
 # 这是长序列训练要 CP 的原因。attention 里每层前向、反向各绕一圈环；`loss_func` 只对本地 token 求和并返回本地 token 数：
 # 按 token 归一（`calculate_per_token_loss`）时 token 数在 DP×CP 群里相加，否则 schedule 先除以本地 token 数；
 # 只返回两项的旧式 `loss_func` 则由 schedule 把 loss 乘以 CP 大小（[`schedules.py:268`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L268)）。
 # DDP 在同一个群里归约梯度（[笔记 02](../02_distributed_initialization/) 展示了 `dp` 与 `dp-cp` 群的区别）。
 # 优化器与 checkpoint 不知道 CP 的存在：CP 各 rank 的权重和优化器状态本来就是副本（分布式优化器按 `dp-cp` 切分状态，笔记 15）。
+#
+# ### 两种 loss 契约在 CP 下给出什么梯度
+#
+# [笔记 05](../05_forward_loss_backward/) 留下一个问题：`loss_func` 返回两项时 schedule 把 loss 乘以 CP 大小，返回三项时不乘，
+# 两条路在 CP>1 时梯度是否一样？下面在 CP=2、DP=2 的 4 个 rank 上各走一遍真实的训练接线：一个小的
+# "embedding → `linear_qkv` → ring attention → 输出层 → 逐 token 交叉熵" 模型，包进 Megatron 的 `DistributedDataParallel`，
+# 由 `get_forward_backward_func()` 驱动，`config.finalize_model_grads_func = finalize_model_grads`（正式入口就是这样接的）。
+# 每个 DP rank 读一条 8 个 token 的样本，`get_batch_on_this_cp_rank` 把它切给两个 CP rank。`loss_func` 有四种写法：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+from snippets.experiments.n16_loss_contracts import MASKS, VARIANTS, TinyAttentionLM, contracts_step
+
+Table(["写法", "返回几项", "loss 怎么算", "calculate_per_token_loss"],
+      [[name, values, how, per_token] for name, (values, how, per_token) in VARIANTS.items()])
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(TinyAttentionLM, contracts_step)
+
+# %% [markdown]
+# 两组 loss mask：`even` 两条样本都算满 8 个 token；`uneven` 第二条只算前 3 个，切开后它的 CP rank 0 有 2 个、CP rank 1 有 1 个。
+# DDP 归约、`finalize_model_grads` 之后，把 `linear_qkv` 的 `main_grad` 与单进程在整条序列上算的两种平均比较：
+# "各样本 token 平均的平均"（每条样本等权）和"全体 token 平均"（每个 token 等权）。最后一列是梯度范数与前者之比。
+
+# %%
+contracts = run_ranks(contracts_step, 4, grid=dict(cp=2))
+same_on_all = all({k: v for k, v in c.items() if k[1] != "local_tokens"} ==
+                  {k: v for k, v in contracts[0].items() if k[1] != "local_tokens"} for c in contracts)
+print("各 rank 的 loss token 数:", {mask: [c[mask, "local_tokens"] for c in contracts] for mask in MASKS},
+      " 四个 rank 的结论相同:", same_on_all)
+Table(["mask", "写法", "= 各样本 token 平均的平均", "= 全体 token 平均", "梯度范数比"],
+      [[mask, name, *contracts[0][mask, name].values()] for mask in MASKS for name in VARIANTS])
+
+# %% [markdown]
+# 读法（设每条样本 n 个 loss token，CP rank c 上有 n_c 个、loss 和为 S_c；DDP 缺省对 DP×CP 的 4 份梯度求和再除以 4）：
+#
+# - **两项、本地平均（`two_local_mean`）多了 CP 倍。** 每个 rank 交出 `S_c / n_c`，n_c = n/CP 时就是 `CP · S_c / n`，schedule 再乘 CP，
+#   两个 CP rank 相加得 `CP² · S / n`；DDP 的 ÷(DP·CP) 只抵掉一个 CP。`even` 时正好是 2 倍。simple loop 的 `loss_func` 就是这样写的，
+#   它不切 CP，所以看不出来；两项契约要求 `loss_func` 自己在 CP 群里合计 token 数。
+# - **两项、CP 群合计（`two_cp_mean`）是"每条样本等权"。** 分母是整条样本的 n，乘 CP 正好抵掉 DDP 多除的 CP，两组 mask 下都等于
+#   各样本 token 平均的平均。这就是 schedule 里"保持旧的平均方式"那一支服务的写法：tag `core_v0.5.0` 的 `pretrain_gpt.py`
+#   在 CP 群里合计 loss 和与 token 数再相除，由它自己乘 CP；后来乘 CP 这一步挪进了 schedule。
+# - **三项（`pretrain_gpt.py` 的缺省）是"每个 CP 分片等权"。** schedule 用本地 token 数去除，每个 CP rank 交出自己分片的平均，
+#   DDP 再对 4 份取平均。分片 token 数相同（`even`）时与前者一致；不同（`uneven`：2 个对 1 个）时两种平均都不是。
+# - **三项加 `calculate_per_token_loss` 是"每个 token 等权"。** 除法推迟到 `finalize_model_grads`：token 数在 DP×CP 群里
+#   加起来，再用它缩放梯度，DDP 只求和不平均。结果总等于全体 token 平均，与怎么切无关。
+#
+# 所以两条路在 loss token 均匀分布时给出同样的梯度；一旦 loss mask 让 CP 分片的 token 数不同，只有打开
+# `calculate_per_token_loss` 才与切法无关（笔记 05 的遗留问题 2 是同一件事在 micro-batch 方向上的样子）。
 
 # %% [markdown]
 # ## 与基础知识的连接
@@ -364,16 +412,16 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # ## 遗留问题
 #
 # 1. **本地 attention 不支持 CP（运行确认）。** 本地 spec 的 `DotProductAttention` 在构造时断言
-#    `context_parallel_size == 1`（dot_product_attention.py 第 57 行）：CP 只有 TE 这一条路，local spec 不能训练 CP。
+#    `context_parallel_size == 1`（[dot_product_attention.py 第 57 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L57)）：CP 只有 TE 这一条路，local spec 不能训练 CP。
 # 2. **RoPE 的 CP 切分在 CPU 上跑不了（运行确认）。** `get_pos_emb_on_this_cp_rank` 用 `pin_memory=True` 建索引再 `.cuda()`
-#    （rope_utils.py 第 62–64 行），没有 GPU 时第一步就报错。本站的补丁都没有覆盖它（本篇的例子不用 RoPE）；
+#    （[rope_utils.py 第 62–64 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rope_utils.py#L62-L64)），没有 GPU 时第一步就报错。本站的补丁都没有覆盖它（本篇的例子不用 RoPE）；
 #    要在 CPU 上跑带 RoPE 的 CP 模型，需要再加一个只作用于 `rope_utils` 的补丁。
 # 3. **TE 替我们做了什么。** 真实的 CP attention 在 TE 里：把每步的 send / recv 放在 `cp_stream` 上与计算重叠、
 #    每步只算可见的半块、支持 GQA / packed THD（`get_thd_batch_on_this_cp_rank` 的索引由 TE 的
-#    `thd_get_partitioned_indices` 计算，utils.py 第 2070 行）、以及 `all_gather` / `a2a` 两种变体。
+#    `thd_get_partitioned_indices` 计算，[utils.py 第 2070 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2070)）、以及 `all_gather` / `a2a` 两种变体。
 #    本站的 ring attention 只复现了数学和通信的形状，不复现这些优化。
 # 4. **`TransformerConfig` 的缺省值触发它自己的弃用警告。** `cuda_graph_scope` 缺省是 `"full"`
-#    （transformer_config.py 第 784 行），`__post_init__` 见到 `"full"` 就警告它已弃用（第 1705 行），
+#    （[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），`__post_init__` 见到 `"full"` 就警告它已弃用（[transformer_config.py 第 1705 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L1705)），
 #    所以 0.16.1 里每次构造 `TransformerConfig` 都会警告一次；下面的单元格把这条警告滤掉，免得它写进 stderr。
 
 # %%
