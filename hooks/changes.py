@@ -55,7 +55,8 @@ def section_html(number: str) -> str:
         f'<a class="headerlink" href="#{SECTION_ID}" title="Permanent link">&para;</a></h2>',
     )
     return (
-        '<div class="jp-Cell jp-MarkdownCell jp-Notebook-cell ms-changes-cell">'
+        # out of the search index: ~75 KB over all notes, and the index is over its budget already
+        '<div class="jp-Cell jp-MarkdownCell jp-Notebook-cell ms-changes-cell" data-search-exclude>'
         '<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown jp-MarkdownOutput">'
         f"{html}</div></div>\n"
     )

@@ -93,7 +93,7 @@ def note_section(number: str, data: dict | None = None, facts: dict | None = Non
         lines += ["", "这些变化都不改变本篇的读法（签名与职责没变，只是行号或实现细节）。"]
     lines += [
         "",
-        f'<details class="ms-changes" markdown="1"><summary>逐条对照（{len(cited)} 处引用）</summary>',
+        f'<details class="ms-changes" data-search-exclude markdown="1"><summary>逐条对照（{len(cited)} 处引用）</summary>',
         "",
         "| 引用（core_v0.16.1） | core_v0.19.0 | 状态 |",
         "|---|---|---|",
