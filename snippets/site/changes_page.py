@@ -6,7 +6,6 @@ Pure functions of the data files (:mod:`snippets.site.changes`) and the notebook
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from snippets.site import changes, pitfalls, sources
@@ -93,7 +92,8 @@ def note_section(number: str, data: dict | None = None, facts: dict | None = Non
         lines += ["", "这些变化都不改变本篇的读法（签名与职责没变，只是行号或实现细节）。"]
     lines += [
         "",
-        f'<details class="ms-changes" data-search-exclude markdown="1"><summary>逐条对照（{len(cited)} 处引用）</summary>',
+        '<details class="ms-changes" data-search-exclude markdown="1">'
+        f"<summary>逐条对照（{len(cited)} 处引用）</summary>",
         "",
         "| 引用（core_v0.16.1） | core_v0.19.0 | 状态 |",
         "|---|---|---|",
@@ -113,8 +113,7 @@ def _cell_ids(notes_dir: Path) -> dict[str, tuple[str, set[str]]]:
     """Note number -> (notebook file name, its cell ids)."""
     out = {}
     for path in sorted(Path(notes_dir).glob("[0-9][0-9]_*.ipynb")):
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        out[path.name[:2]] = (path.name, {c.get("id") for c in cells})
+        out[path.name[:2]] = (path.name, {c.get("id") for c in pitfalls.cells(path)})
     return out
 
 

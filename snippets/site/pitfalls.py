@@ -18,9 +18,20 @@ tell, and ``issues``: upstream NVIDIA/Megatron-LM issue or PR numbers.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 FIELDS = ("title", "expected", "observed", "anchor")
+
+
+@lru_cache(maxsize=64)
+def _cells(path: str, mtime_ns: int) -> tuple[dict, ...]:
+    return tuple(json.loads(Path(path).read_text(encoding="utf-8"))["cells"])
+
+
+def cells(path: Path) -> tuple[dict, ...]:
+    """A notebook's cells, read once per version of the file (the page and the quiz share it)."""
+    return _cells(str(path), path.stat().st_mtime_ns)
 
 
 def _notebooks(notes_dir: Path) -> dict[str, Path]:
@@ -31,7 +42,7 @@ def declared_in_notes(notes_dir: Path) -> dict[str, dict]:
     """Pitfall records from cell metadata (tag ``pitfall``), by id, with the cell they sit on."""
     found: dict[str, dict] = {}
     for number, path in _notebooks(notes_dir).items():
-        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        for cell in cells(path):
             meta = cell.get("metadata", {})
             record = meta.get("pitfall")
             if record is None or "pitfall" not in meta.get("tags", []):
