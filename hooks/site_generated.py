@@ -78,10 +78,10 @@ PAGE_LINK = re.compile(r"\]\(\.\./\.\./([A-Za-z0-9_]+)/(#[^)]*)?\)")
 # Seed 000's five self-test questions, each answered by a cell of a note. The cell is found by a
 # piece of its source, so a test can check that each one still resolves.
 SEED_QUESTIONS: list[tuple[str, int, str]] = [
-    ("parallel_state.py 做什么？", 2, "rank_table(ranks, kinds="),
-    ("16 卡，TP = 2、PP = 2、DP = 4，rank 13 在哪几个群？", 8, "for r in (5, 13)"),
-    ("ColumnParallelLinear 在哪个文件？一层里哪些 linear 用它？", 11, "weight_table(meta[0])"),
-    ("RL 为什么要 reshard weight？", 22, 'Table(["参数（全局名）"'),
+    ("parallel_state.py 做什么？", 8, "类群都等于 RankGenerator"),
+    ("16 卡，TP = 2、PP = 2、DP = 4，rank 13 在哪几个群？", 2, "rank13 = by_order[13][0]"),
+    ("ColumnParallelLinear 在哪个文件？一层里哪些 linear 用它？", 10, "inspect.getsourcefile(ColumnParallelLinear)"),
+    ("RL 为什么要 reshard weight？", 22, 'qkv3 = "decoder.layers.3'),
     ("Megatron Core 给了什么，是只用 PyTorch FSDP 得不到的？", 23, "journey_table(summaries)"),
 ]
 
