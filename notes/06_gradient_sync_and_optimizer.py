@@ -70,6 +70,7 @@
 # | `get_megatron_optimizer` | `OptimizerConfig`、model chunk 列表 | `ChainedOptimizer` | 参数分组、`FP32Optimizer` 或分布式优化器 | 取 dp-cp、tp-pp 群 | 分布式优化器时切状态 | 是：建优化器状态 | simple loop 没有调用它：它用 `torch.optim.Adam` |
 # | `ChainedOptimizer.step` | 无（读 `main_grad`） | `(update_successful, grad_norm, num_zeros)` | 范数、裁剪、Adam | tp-pp（范数） | 否 | 是：参数与 Adam 状态 | `optim.step()` |
 # | `get_grad_norm_fp32` | 梯度列表、范数类型、群 | 总范数（float） | multi-tensor L2 | tp-pp | 每个 rank 只算自己的切片 | 否 | — |
+# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:1616](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)）、schedule 的 `forward_backward_func`（[training.py:1652](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1652)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:1703](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:1730](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1730)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.record import recorder
@@ -288,7 +289,8 @@ print(round(coeff, 4), [(c.api, list(c.ranks)) for c in dp2_clip[0]["step"] if l
 # %% [markdown]
 # ## 30-second answer
 #
-# Megatron's `DistributedDataParallel` lays every gradient into one contiguous fp32 buffer: backward
+# Megatron's `DistributedDataParallel` lays every gradient into one contiguous buffer per dtype, fp32 only
+# with `grad_reduce_in_fp32` and otherwise the parameter's own dtype ([`distributed_data_parallel.py:147`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L147)): backward
 # hooks add each `param.grad` into `param.main_grad`, a view of that buffer, and clear `.grad`.
 # `finalize_model_grads` scales the buffer by 1/DP and all-reduces it over the data-parallel group, so
 # gradients become the batch mean. `optimizer.step()` from `get_megatron_optimizer` computes the global

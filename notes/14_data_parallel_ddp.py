@@ -104,7 +104,7 @@ from snippets.dp import grad_buffers, overlap_timeline, pictures
 from snippets.record import recorder
 from snippets.record.listing import listing
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n14_ddp import ddp_run, one_process_full_batch
+from snippets.experiments.n14_ddp import build_model, ddp_run, one_process_full_batch
 from snippets.ranks.launch import run_ranks
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
@@ -133,11 +133,32 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 建（local spec 的 `GPTModel`，权重按全局名字生成）。schedule 期间还用 `overlap_timeline.markers` 记下每个模块开始
 # forward、每个参数的梯度算好的时刻，和通信排在同一张记录里（下面的时间线图用它）。
 
+# %% [markdown]
+# 本篇读的 Megatron 调用是这一句：把 `GPTModel` 包进 `DistributedDataParallel`。先在 2 个 rank 上只包装、不训练，看它返回什么：
+# 一个包着原模型的 DDP、一块连续的 grad buffer 和它切成的 bucket，每个参数多了一个指进这块 buffer 的 `main_grad`。
+
+# %%
+def wrap_in_ddp(dims):
+    parallel_state.initialize_model_parallel()  # DP=2
+    model, config = build_model(dims)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(overlap_grad_reduce=True, bucket_size=1000), model)
+    buffer = ddp.buffers[0]
+    views = all(p.main_grad.untyped_storage().data_ptr() == buffer.grad_data.untyped_storage().data_ptr()
+                for p in ddp.parameters())
+    return type(ddp).__name__, type(ddp.module).__name__, list(buffer.grad_data.shape), len(buffer.buckets), views
+
+
+TINY = EXPERIMENTS["ddp"].tiny
+Table(["rank", "返回", "里面的 module", "grad buffer 形状", "bucket 数", "每个 main_grad 都在这块 buffer 里"],
+      [[rank, *r] for rank, r in enumerate(run_ranks(wrap_in_ddp, 2, TINY))])
+
+# %% [markdown]
+# 下面两个函数把这一句放进完整的训练步（overlap 与 bucket 大小作参数），再录下通信：
+
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(ddp_run, one_process_full_batch)
 
 # %%
-TINY = EXPERIMENTS["ddp"].tiny
 full = run_ranks(one_process_full_batch, 1, TINY)[0]
 plain = run_ranks(ddp_run, 2, TINY, overlap_grad_reduce=False)
 overlapped = run_ranks(ddp_run, 2, TINY, overlap_grad_reduce=True, bucket_size=1000, iterations=2)

@@ -95,6 +95,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
+# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:1589](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1589)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:1463](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1463)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:1537](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1537)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
 # | `get_megatron_optimizer` | `OptimizerConfig`、DDP 包装后的 model chunk | `ChainedOptimizer` | `_get_param_groups_and_buffers`、`DistributedOptimizer` / `FP32Optimizer` | 取 dp-cp、tp-pp 等群，不通信 | 否 | 是：建优化器 | simple loop 用 torch 的 `Adam`，没有调用它（笔记 14 遗留问题 2） |
 # | `DistributedOptimizer.__init__` | torch Adam、config、各 chunk 的 buffers、DP 群 | 优化器 | `_build_*` 几个 classmethod | 只取 DP 群的大小和序号 | **是**：按 DP 序号切 buffer | 是：Adam 的参数组换成 shard | 同上 |
 # | `_build_model_gbuf_range` | buffer、bucket 序号 | 本 rank 的参数区间表 | `_build_model_gbuf_param_range_map` | 只读 DP 大小 / 序号 | **是**：均分 bucket | 否 | 同上 |
@@ -109,8 +110,10 @@ from snippets.dp import grad_buffers
 from snippets.optim import optimizer_memory, pictures
 from snippets.record.listing import listing
 from snippets.record import recorder
-from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n15_dist_optimizer import MEANINGS, memory_rows, train_two_steps
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.n14_ddp import build_model
+from snippets.experiments.n15_dist_optimizer import MEANINGS, fsdp_vs_tp, memory_rows, train_two_steps
+from snippets.dp.fsdp2 import memory_table
 from snippets.ranks.launch import run_ranks
 from snippets.record.recorder import communication_table
 from snippets.record.tables import Table
@@ -138,11 +141,32 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 这个函数在 `snippets/experiments/n15_dist_optimizer.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的 `tiny`），
 # 模型由笔记 14 的同一个 `build_model` 建。
 
+# %% [markdown]
+# 本篇读的是这两个调用：DDP 用 `use_distributed_optimizer=True` 建 buffer，`get_megatron_optimizer` 用同一个开关建优化器。
+# 单独在 2 个 rank 上只建不训练，看它们返回什么（`build_model` 是笔记 14 的模型）：
+
+# %%
+def build_zero1(dims):
+    parallel_state.initialize_model_parallel()  # DP=2
+    model, config = build_model(dims)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True), [ddp])
+    inner = optimizer.chained_optimizers[0]
+    adam_elements = sum(p.numel() for group in inner.optimizer.param_groups for p in group["params"])
+    return type(ddp).__name__, type(optimizer).__name__, type(inner).__name__, ddp.buffers[0].grad_data.numel(), adam_elements
+
+
+TINY = EXPERIMENTS["dist-optimizer"].tiny
+Table(["rank", "DDP", "get_megatron_optimizer 返回", "里面", "grad buffer 元素（补齐后）", "本 rank 的 Adam 管的元素"],
+      [[rank, *r] for rank, r in enumerate(run_ranks(build_zero1, 2, TINY))])
+
+# %% [markdown]
+# 训练两步的函数把同样的两个调用放进一个完整的训练步（开关作参数），再录下通信和字节：
+
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(train_two_steps)
 
 # %%
-TINY = EXPERIMENTS["dist-optimizer"].tiny
 one = run_ranks(train_two_steps, 1, TINY, use_distributed_optimizer=False)[0]
 plain = run_ranks(train_two_steps, 2, TINY, use_distributed_optimizer=False)
 zero1 = run_ranks(train_two_steps, 2, TINY, use_distributed_optimizer=True)
@@ -440,6 +464,29 @@ print(torch.allclose(zero1[0]["reduced"][half:], zero1[0]["local"][half:] / 2),
 
 # %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 print([r["memory"]["main_weights"] for r in zero1])
+
+# %% [markdown]
+# **6. Megatron Core 给了什么，是只用 PyTorch FSDP 得不到的？** 同一个小 `GPTModel` 放在 2 个 CPU rank 上：用 torch 自己的
+# FSDP2（每个 `TransformerLayer` 和整个模型各 `fully_shard` 一次）时每个 rank 存多少参数、梯度、为 backward 保存的激活？
+# 换成 Megatron 的 TP=2、TP=2 + SP 呢？FSDP 没有切的是什么？
+#
+# <details><summary>答案</summary>
+#
+# FSDP2 在这台机器的 gloo 上能跑。它把参数和梯度各切成一半（36224 → 18112 字节，Adam 状态跟着参数也只剩一半），
+# 但每个 rank 算的是**自己那份 micro-batch 穿过整层**，所以为 backward 保存的激活与不切分时一模一样（51216 字节）；
+# 它搬的是参数：forward 前逐层 all-gather 出整层权重，backward 再 all-gather 一次、把梯度 reduce-scatter 回各 rank。
+# Megatron 的 TP=2 让两个 rank 算**同一个** micro-batch 的两半：参数和梯度也约减半（18816 字节，norm、position embedding
+# 每个 rank 一整份），激活降到 33440 字节；加上 SP，norm 与残差那段也按序列切开，降到 25824 字节，约为不切分的一半。它搬的是激活。
+#
+# 所以 FSDP 不切的是：激活、一个样本内部的计算（一层的整份权重在用它的那一刻必须凑齐在每个 rank 上），以及 batch 的下限
+# （DP=N 至少要 N 条序列）。Megatron Core 多给的正是切开一个样本的那几种并行——TP / SP、CP（切序列）、PP（切层）、EP（切 MoE 专家）——
+# 以及能和它们组合的分片：本篇的分布式优化器，和它自己包装 FSDP2 的 `TorchFullyShardedDataParallel`
+# （[`torch_fully_sharded_data_parallel.py:28`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/torch_fully_sharded_data_parallel.py#L28)）。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+memory_table(run_ranks(fsdp_vs_tp, 2, TINY, Parallel(world=2, tp=2))[0])
 
 # %% [markdown]
 # ## 30-second answer
