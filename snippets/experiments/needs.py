@@ -395,21 +395,6 @@ def journey(d: Dims, par: ParallelDims) -> mem.Estimate:
     return mem.Estimate(parts)
 
 
-def rng(d: Dims, par: ParallelDims) -> mem.Estimate:
-    weights = mem.layer_weight_elements(d, par.tp) * mem.FP32
-    return mem.Estimate(
-        {
-            "weights": weights,
-            "gradients": 2 * weights,  # this run's .grad and the plain run's, kept to compare
-            "cpu init": cpu_init(d, par, embedding=False),
-            # one layer's graph (dropout masks included), the scores' mask and probs, and the
-            # plain run's output and input gradient kept to compare
-            "activations": (
-                mem.layer_activation_elements(d, par.tp, False)
-                + 2 * mem.attention_scores_elements(d, par.tp)
-                + 4 * d.seq * d.micro_batch_size * d.hidden
-            )
-            * mem.FP32,
-            **runtime(par),
-        }
-    )
+def rng(d: Dims, par: ParallelDims) -> mem.Estimate:  # tp_layer's layer, two .grad sets (this run, plain)
+    kept = 4 * d.seq * d.micro_batch_size * d.hidden * mem.FP32  # y, x.grad: plain run's, this one's
+    return mem.Estimate({**tp_layer(d, par).parts, "kept to compare": kept})
