@@ -10,61 +10,14 @@
   vocab-parallel cross entropy.
 
 Every box that stands for recorded data carries a hover title (``<title>``) naming that data; the
-tests read those titles back and compare them with the note's table rows.
+tests read those titles back and compare them with the note's table rows. The shared pieces (one
+fill per rank, the in -> collective -> out cell) are in :mod:`snippets.tp.picture_parts`.
 """
 
 from __future__ import annotations
 
 from snippets.record.draw import Figure, text_width
-
-RANK_KINDS = ("tp", "fwd2", "edp", "mem")
-"""Fill of rank 0, 1, 2, 3's slice (alternating dark / light so neighbours stay apart)."""
-
-
-def rank_kind(r: int) -> str:
-    return RANK_KINDS[r % len(RANK_KINDS)]
-
-
-def flow_cell(
-    fig: Figure,
-    x,
-    y,
-    *,
-    left: list[str],
-    right: list[str],
-    api: str | None,
-    tip: str,
-    box_w: float = 130,
-    mid_w: float = 176,
-    box_h: float = 20,
-    gap: float = 10,
-) -> float:
-    """Ranks' tensors on the left, a collective (``api``) or nothing in the middle, the ranks'
-    results on the right, with arrows. Returns the cell's width."""
-    n = len(left)
-    width = 2 * box_w + mid_w + 2 * 22
-    rx = x + width - box_w
-    mid_x = x + box_w + 22
-    height = n * box_h + (n - 1) * gap
-    for r in range(n):
-        yy = y + r * (box_h + gap)
-        fig.boxed(x, yy, box_w, box_h, left[r], rank_kind(r), size=12)
-        fig.boxed(rx, yy, box_w, box_h, right[r], rank_kind(r), size=12)
-    if api:
-        fig.rect(mid_x, y, mid_w, height, "comm", tip=tip)
-        fig.text(mid_x + mid_w / 2, y + height / 2, api, anchor="middle", mono=True)
-        for r in range(n):
-            yy = y + r * (box_h + gap) + box_h / 2
-            fig.line(x + box_w, yy, mid_x - 1, yy, "comm", width=1.5, arrow=True)
-            fig.line(mid_x + mid_w, yy, rx - 1, yy, "comm", width=1.5, arrow=True)
-    else:
-        with fig.group(tip=tip):
-            for r in range(n):
-                yy = y + r * (box_h + gap) + box_h / 2
-                fig.line(x + box_w, yy, rx - 1, yy, "muted", arrow=True, dashed=True)
-            fig.text(mid_x + mid_w / 2, y + height / 2, "不通信", anchor="middle", kind="muted", size=11)
-    return width
-
+from snippets.tp.picture_parts import flow_cell, rank_kind  # rng_pictures imports rank_kind from here
 
 # ------------------------------------------------------------------ note 09
 
