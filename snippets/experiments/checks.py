@@ -241,3 +241,22 @@ def rng(d: Dims, par: ParallelDims) -> list[str]:
     divides(out, "ffn", d.ffn, "tp", par.tp)
     query_groups_fit(out, d, par.tp)
     return out
+
+
+def hf_convert(d: Dims, par: ParallelDims) -> list[str]:
+    """Note 25: a Qwen3 / Llama-style model (Hugging Face has no other counterpart), the reverse at TP=2."""
+    out: list[str] = []
+    missing = [
+        name for name, on in (("SwiGLU", d.swiglu), ("RMSNorm", d.rmsnorm), ("RoPE", d.rope)) if not on
+    ]
+    if missing or d.bias:
+        out.append(
+            f"hf-convert maps a Qwen3 / Llama-style model: it needs {', '.join(missing) or 'no linear bias'}"
+        )
+    divides(out, "layers", d.layers, "pp", par.pp)
+    divides(out, "world size", par.world, "the reverse's tp", 2)
+    for name, tp in (("tp", par.tp), ("the reverse's tp", 2)):
+        divides(out, "heads", d.heads, name, tp)
+        divides(out, "query groups", d.query_groups, name, tp)
+        divides(out, "ffn", d.ffn, name, tp)
+    return out

@@ -356,6 +356,17 @@ def refit(d: Dims, par: ParallelDims) -> mem.Estimate:
     )
 
 
+def hf_convert(d: Dims, par: ParallelDims) -> mem.Estimate:
+    # weights: policy, gathered TP1 copy, TP2 reverse; rank 0 adds the HF model, a wrong-mapping
+    # one, the converted dict and the broadcast checkpoint (4 whole copies)
+    policy, whole = (mem.stage_weight_elements(d, *s) * mem.FP32 for s in ((par.tp, par.pp), (1, 1)))
+    layers = mem.in_flight_microbatches(d.microbatches, par.pp) * -(-d.layers // par.pp)
+    return mem.Estimate({"weights": policy + whole + mem.stage_weight_elements(d, 2, 1) * mem.FP32,
+                         "gradients": policy, "conversion": 4 * whole, "cpu init": cpu_init(d, par),
+                         "activations": layers * mem.layer_activation_elements(d, par.tp) * mem.FP32,
+                         "logits": mem.logits_elements(d, 1, copies=4) * mem.FP32, **runtime(par)})  # fmt: skip
+
+
 def journey(d: Dims, par: ParallelDims) -> mem.Estimate:
     """Two steps in turn: the in-job reference (TP = PP = 1, the whole model on every rank, the
     whole batch, one micro-batch's activations at a time, Adam sharded over all ranks), then the

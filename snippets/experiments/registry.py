@@ -329,7 +329,18 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=1,
                   layers=1, seq=8, micro_batch_size=2, microbatches=1),
         uses=("tp", "ep"), estimate=needs.rng, checks=checks.rng, example="--tp 2 --ep 2",
-        unused=("vocab", "layers", "microbatches"))]}
+        unused=("vocab", "layers", "microbatches")),
+    Experiment(
+        name="hf-convert", note="25_megatron_hf_conversion",
+        what="a TPxPP GPTModel (GQA, QK norm, SwiGLU, RMSNorm, RoPE, padded vocab) trained one step, "
+             "gathered by swap_model_weights, mapped into transformers' Qwen3ForCausalLM (strict load) "
+             "and back to Megatron TP=2: equal logits both ways, wrong mappings refused or off",
+        module="snippets.experiments.n25_hf",
+        tiny=Dims("tiny", hidden=32, heads=8, query_groups=2, kv_channels=8, ffn=64, vocab=60,
+                  layers=2, seq=8, micro_batch_size=2, microbatches=2, swiglu=True, rmsnorm=True,
+                  qk_norm=True, bias=False, rope=True),
+        uses=("tp", "pp"), estimate=needs.hf_convert, checks=checks.hf_convert,
+        example="--tp 2 --pp 2")]}
 """Registered experiments by name (the runner's first argument), in the order of their notes."""
 
 assert list(EXPERIMENTS) == [e.name for e in sorted(EXPERIMENTS.values(), key=lambda e: e.note)]
