@@ -180,6 +180,7 @@ def convert(dims, tied: bool, groups: dict, tp: int = 2, pp: int = 2, device: st
             wrong[name] = (status, delta)
         checkpoint = {k: v.detach().clone() for k, v in hf.state_dict().items()}
         summary = [checkpoint, dict(model=type(hf).__name__, loaded=loaded, hf_out=hf_out, wrong=wrong)]
+        summary[1]["hf_out_max"] = float(hf_out.abs().max())
     dist.broadcast_object_list(summary, src=0)
     checkpoint, seen = summary
 
@@ -193,6 +194,7 @@ def convert(dims, tied: bool, groups: dict, tp: int = 2, pp: int = 2, device: st
         **seen,
         tied=tied,
         qk_norm=dims.qk_norm,
+        layers=dims.layers,
         vocab=dims.vocab,
         padded=padded,
         losses=losses,
@@ -245,8 +247,9 @@ def proof_table(results: list[dict]) -> Table:
     return Table(["模型", "方向 / 映射", "load_state_dict(strict=True)", "max |Δlogit|", f"< {ATOL:g}"], rows)
 
 
-def mapping_table(r: dict) -> Table:
-    """The conversion table of one model, layer 0 standing for every layer, with the shapes."""
+def mapping_rows(r: dict) -> list[list]:
+    """One model's conversion rows, layer 0 standing for every layer:
+    ``[feature, "megatron name [shape]", ["hf name [shape]", ...], transform]`` (table and picture)."""
     rows = []
     for row in hf_mapping.rows_for(r["qk_norm"], r["tied"]):
         name = row.megatron.format(i=0)
@@ -255,11 +258,18 @@ def mapping_table(r: dict) -> Table:
             [
                 row.feature,
                 f"{name} {list(r['full_shapes'][name])}",
-                "<br>".join(f"{n} {list(r['hf_shapes'][n])}" for n in hf),
-                hf_mapping.TRANSFORM_TEXT[row.transform],
+                [f"{n} {list(r['hf_shapes'][n])}" for n in hf],
+                row.transform,
             ]
         )
-    return Table(["难点", "Megatron（聚齐后）", "Hugging Face", "变换"], rows)
+    return rows
+
+
+def mapping_table(r: dict) -> Table:
+    return Table(
+        ["难点", "Megatron（聚齐后）", "Hugging Face", "变换"],
+        [[f, m, "<br>".join(h), hf_mapping.TRANSFORM_TEXT[t]] for f, m, h, t in mapping_rows(r)],
+    )
 
 
 def tables(ranks: list, dims, par) -> list:

@@ -1,0 +1,339 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 25 Megatron ↔ Hugging Face：同一份 weight 换一套名字，logits 为证
+#
+# RL 部分。笔记 22 的 refit 把 weight 从训练切法搬到推理切法，但只搬到了另一个 Megatron 模型。rollout 引擎
+# （vLLM、SGLang）加载的是 Hugging Face `transformers` 定义的模型：名字是 `model.layers.3.self_attn.q_proj.weight`，
+# Q、K、V 分开，gate 和 up 分开，词表不带 padding。所以每一轮除了重切，还要**重排、改名**。
+#
+# 本篇在 4 个 CPU rank 上跑真实的 `megatron.core` 和真实的 `transformers` 5.23.0：一个带 GQA、QK layernorm、SwiGLU、
+# RMSNorm、RoPE、padding 过的词表的小 `GPTModel` 以 TP=2·PP=2 训练一步；像 refit 那样把各 TP 分片、各 PP stage
+# 聚成完整张量；按一张**数据化的映射表**改名、拆分、去 padding；用 `strict=True` 装进只从 config 建出来的
+# `Qwen3ForCausalLM`（不下载、不连 hub）。同一批 token，两边 logits 相差不到 1e-5；反方向装回 Megatron TP=2 也一样。
+# 三种故意写错的映射，要么被 strict 加载拒绝，要么 logits 明显偏离。第二个形状（MHA、无 QK norm、共享输入输出
+# embedding）用 `LlamaForCausalLM` 再走一遍。这里只证明了 CPU（gloo、fp32）路径。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments import n25_hf
+from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
+from snippets.record.tables import Table
+from snippets.rl import hf_convert, hf_mapping, hf_pictures
+
+import torch
+import megatron.core.models.gpt  # imported once here, so the forked ranks do not each import it
+import megatron.core.resharding.refit
+from transformers import LlamaForCausalLM, Qwen3ForCausalLM
+from transformers.models.llama import modeling_llama
+from megatron.core.models.common.embeddings import rope_utils
+
+GQA = EXPERIMENTS["hf-convert"].tiny
+
+# %% [markdown]
+# ## 阅读目标
+#
+# 1. 说出把一个 Megatron `GPTModel`（local spec）交给 `transformers` 时，每个参数要做什么：改名、按 query group 拆 QKV、
+#    把 SwiGLU 的 `linear_fc1` 拆成 gate 和 up、去掉 vocab padding、共享 embedding 时 `lm_head` 从哪来。
+# 2. 说清 TP 分片聚齐时 `linear_fc1` 为什么不能首尾相接（`partition_stride=2`），`linear_qkv` 为什么可以。
+# 3. 从代码说明 Megatron 的 RoPE（`rotary_interleaved=False`）和 HF 的 `rotate_half` 是同一种旋转，不需要置换；
+#    `rotary_interleaved=True` 时才需要。
+# 4. 用 logits 证明一次转换是对的，并说出三种常见错误各自怎样暴露：shape 不合被 strict 加载拒绝，或 shape 恰好相同、
+#    只有 logits 能发现。
+# 5. 对照 Megatron Bridge 的 Qwen3 映射，说出我们的表和它在哪里一致、哪里不同。
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号（固定到 tag 的行） | 在本篇里的角色 |
+# |---|---|
+# | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L61) | 聚齐：把 TP2·PP2 的 policy 重切成每个 rank 一份 TP1·PP1 的完整模型；反方向把 TP1 重切成 TP2 |
+# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1371) | 按 query group 拆 `linear_qkv` 的输出；随后对每个 head 做 QK layernorm（[attention.py:1478](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1478)） |
+# | [`mlp.py::MLP`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L59) | SwiGLU 时 `linear_fc1` 输出 `[gate; up]`，按 `partition_stride=2` 切给 TP（[mlp.py:109](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L109)） |
+# | [`torch_norm.py::WrappedTorchNorm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/torch_norm.py#L9) | local spec 的 RMSNorm 就是 `torch.nn.RMSNorm`，eps 取 `layernorm_epsilon` |
+# | [`rope_utils.py::_rotate_half`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rope_utils.py#L73) | 非 interleaved：前一半、后一半配对，和 HF 的 `rotate_half` 同一写法 |
+# | [`rotary_pos_embedding.py::RotaryEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L36) | `inv_freq = 1 / base^(2i/d)`（[rotary_pos_embedding.py 第 79 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L79)），频率表 `cat(freqs, freqs)`（[rotary_pos_embedding.py 第 168 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L168)） |
+# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318) | QK layernorm 的 weight 在 TP 上复制，梯度要在 TP 群里求和（[finalize_model_grads.py 第 354 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L354)） |
+# | [`finalize_model_grads.py::_allreduce_word_embedding_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L164) | 共享 embedding 时，第一个和最后一个 stage 上的两份梯度求和 |
+# | [`language_module.py::LanguageModule.shared_embedding_or_output_weight`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L257) | 第一个 stage 返回 embedding，最后一个 stage 返回它的副本 `output_layer.weight` |
+# | [`tokenizer.py::_vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/tokenizer/tokenizer.py#L117) | 词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数 |
+#
+# Hugging Face 一侧（[transformers v5.23.0](https://github.com/huggingface/transformers/tree/v5.23.0)）：
+# [`modeling_llama.py::rotate_half`](https://github.com/huggingface/transformers/blob/v5.23.0/src/transformers/models/llama/modeling_llama.py#L119)、
+# [`apply_rotary_pos_emb`](https://github.com/huggingface/transformers/blob/v5.23.0/src/transformers/models/llama/modeling_llama.py#L127)、
+# 默认 RoPE 的 `inv_freq`（[第 105 行](https://github.com/huggingface/transformers/blob/v5.23.0/src/transformers/models/llama/modeling_llama.py#L105)）；
+# Qwen3 先对每个 head 做 `q_norm` 再转置（[modeling_qwen3.py 第 244 行](https://github.com/huggingface/transformers/blob/v5.23.0/src/transformers/models/qwen3/modeling_qwen3.py#L244)）。
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# snippets/experiments/n25_hf.py::convert(dims, tied)                 # 每个 rank
+# ├─ GPTModel(TP2·PP2)  → train_one_step                              # 1F1B；QK norm、共享 embedding 的梯度先求和
+# ├─ refit.py::swap_model_weights(policy, full, "gloo")               # TP 分片 + PP stage → 每个 rank 一份完整模型
+# ├─ hf_convert.py::to_hf(full tensors)                                # 按 hf_mapping.ROWS：改名、拆、去 padding
+# ├─ 仅 rank 0：Qwen3ForCausalLM(config).load_state_dict(..., strict=True) → logits；三种错误映射
+# ├─ broadcast_object_list(HF state dict)                              # world：每个 rank 拿到同一份 "HF checkpoint"
+# ├─ hf_convert.py::to_megatron → full.load_state_dict(strict=True)
+# └─ refit.py::swap_model_weights(full, back(TP2), "gloo") → logits    # 反方向
+# ```
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `swap_model_weights`（聚齐） | TP2·PP2 的 policy、TP1·PP1 的空模型 | 无（写目标模型） | planner、copy service | world 上的对象 collective + gloo 点对点 | 按 `partition_dim` / `partition_stride` 拼 | 只写目标模型 | `optimizer.step()` 之后 |
+# | `to_hf` | 完整张量（全局层号） | HF 的 state dict | 无（纯张量） | 否 | 行重排、切分、去 padding | 否 | 同上 |
+# | `load_state_dict(strict=True)` | HF state dict | 无 | 无（`torch.nn.Module`） | 否 | 否 | 写 HF 模型 | 推理引擎加载 |
+# | `to_megatron` | HF state dict | 完整张量 | 无 | 否 | 反向重排、补 padding 行 | 否 | 从 HF checkpoint 开训 |
+
+# %% [markdown]
+# ## 关键对象
+#
+# ### 映射表是数据
+#
+# `snippets/rl/hf_mapping.py` 的 `ROWS` 一个参数一行：Megatron 名（`{i}` 是全局层号）、它变成的 HF 名、变换、它对付的是哪个难点、
+# 只在哪种模型上出现（有 QK norm、共享或不共享 embedding）。转换函数只按这张表走，表外的键直接报错：
+
+# %%
+Table(["Megatron", "Hugging Face", "变换", "难点", "只在"],
+      [[r.megatron, "<br>".join(r.hf), r.transform, r.feature, r.when or "-"] for r in hf_mapping.ROWS])
+
+# %% [markdown]
+# 两边的 config 也要对上，其中三项不对齐就会差出 1e-5 以上：eps（Megatron 缺省 1e-5，HF 1e-6）、`rope_theta`、词表大小：
+
+# %%
+Table(["Megatron（TransformerConfig / GPTModel）", "transformers config", "说明"], list(hf_mapping.CONFIG_ROWS))
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(hf_convert.to_hf, hf_convert.to_megatron, hf_convert.hf_config)
+
+# %% [markdown]
+# ### 一次运行，两个模型
+#
+# 每个 rank 上：建 TP2·PP2 的 policy、训练一步、`swap_model_weights` 聚齐、转换、strict 加载、比 logits、三种错误映射、反方向。
+# 第一个模型是 `tiny`（8 head、2 个 query group、head_dim 8、QK norm、不共享 embedding → `Qwen3ForCausalLM`），第二个是
+# MHA、无 QK norm、共享 embedding（→ `LlamaForCausalLM`），fc2 恰好是方阵。两者的词表都是 60，Megatron 补到 64。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(n25_hf.train_one_step, n25_hf.convert)
+
+# %%
+ranks = run_ranks(n25_hf.convert_shapes, 4, [(GQA, False), (n25_hf.MHA, True)], grid=dict(tp=2, pp=2))
+qwen, llama = ranks[0]
+n25_hf.proof_table(ranks[0])
+
+# %% [markdown]
+# 读法：
+#
+# - 两个方向的 max |Δlogit| 都在 1e-7 量级（表里四舍五入成 0.0000）：Megatron 在 TP2·PP2 上算的 logits、`transformers` 算的、
+#   再装回 Megatron TP2 算的，是同一个模型的输出。
+# - **QKV 不按 group 拆**（把前 64 行当 Q、接着 16 行当 K……）shape 完全对得上，strict 加载照单全收，只有 logits 露馅：差 0.8。
+# - **Q、K 对调**和 **fc2 转置**在第一个模型上 shape 不合（GQA 下 Q 比 K 多、fc2 是 `[32, 64]`），`strict=True` 的 size 检查
+#   直接拒绝。在第二个模型上它们 shape 恰好相同（MHA、fc2 方阵），加载成功，logits 偏离。这时的 logits 本身也不大：
+
+# %%
+print("HF logits 的 max |logit|（两个模型）:", [round(float(r["hf_out_max"]), 4) for r in ranks[0]])
+
+# %% [markdown]
+# 每个 rank 看到的结果一致（每个 rank 都拿到同一份 HF state dict，反方向在每个 rank 上各算一次）：
+
+# %%
+Table(["rank", "TP 群", "反方向 max |Δ| < 1e-5（两个模型）", "padding 列的 logits（补零行）"],
+      [[r, x[0]["tp_group"], [m["reverse"] < n25_hf.ATOL for m in x], [m["padding_logits"] for m in x]]
+       for r, x in enumerate(ranks)])
+
+# %% [markdown]
+# ## Tensor / Process Group 语义
+#
+# 聚齐之前，同一个参数在 policy 里的样子（rank 0：stage 0 的 TP 第 0 份）和聚齐后的完整张量，再到 HF：
+
+# %%
+n25_hf.mapping_table(qwen)
+
+# %% [markdown]
+# 同一张表画成流向（每个 Megatron 张量指向它变成的 HF 张量，颜色是变换的种类）：
+
+# %%
+hf_pictures.draw_mapping(
+    n25_hf.mapping_rows(qwen), title="Megatron → Hugging Face：Qwen3 形状的映射（第 0 层代表每一层）",
+    desc="左边是聚齐后的 Megatron 张量，右边是 Qwen3ForCausalLM 的 state_dict 键，箭头上写变换。")
+
+# %%
+Table(["参数（rank 0 本地）", "policy TP2·PP2 上的 shape", "聚齐后"],
+      [[n, list(s), list(qwen["full_shapes"].get(n, ()))] for n, s in qwen["local_shapes"].items()
+       if n.startswith(("embedding", "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp"))])
+
+# %% [markdown]
+# ## 机制解释
+#
+# ### SwiGLU 的 `linear_fc1`：stride 2
+#
+# `linear_fc1` 的输出是 `[gate; up]`，SwiGLU 把它对半切，`silu(gate) * up`。TP 切的不是整块的前一半、后一半，而是 gate 和 up
+# **各自**切成 TP 份，每个 rank 存 `[gate_r; up_r]`——Megatron 给这个参数 `partition_stride=2`。所以把 TP 分片首尾相接得到的是
+# `[gate_0; up_0; gate_1; up_1]`，不是完整的 `[gate; up]`。planner 读 stride，聚齐的结果是对的；自己 all-gather 时要先把每片再对半分：
+
+# %%
+print("首尾相接 == 聚齐后的 fc1:", qwen["fc1_naive"], " 每片对半分再拼（stride 2）:", qwen["fc1_strided"])
+
+# %% [markdown]
+# `linear_qkv` 没有这个问题：它的行按 query group 排，TP 按整数个 group 切，首尾相接就是原来的顺序（笔记 22）。
+# 拆成 HF 的三块要在**聚齐之后**按 group 做（`qkv_layout.split_qkv`）。
+#
+# ### QK layernorm 在 TP 下：梯度要求和
+#
+# 每个 TP rank 只有一半的 head，却各有一份完整的 `q_layernorm.weight`。反传时每份只拿到本 rank 那些 head 的梯度，两份不同；
+# 不在 TP 群里求和，SGD 之后两个 rank 上的 weight 就分叉了，聚齐时只能取其中一份，logits 对不上（我们第一次跑时差 8e-5）。
+# Megatron 在 `finalize_model_grads` 里按名字找出 `q_layernorm` / `k_layernorm` 做这次求和；本篇没用 DDP 包装，所以
+# `train_one_step` 照样做一遍（共享 embedding 的两份梯度同理）：
+
+# %%
+print("求和前，两个 TP rank 上 QK norm 的梯度不同:", qwen["qk_grads_differ"], " 训练一步的 loss:",
+      [x[0]["losses"] for x in ranks if x[0]["losses"]][0])
+
+# %% [markdown]
+# ### RoPE：不需要置换
+#
+# Megatron 缺省 `rotary_interleaved=False`：`_rotate_half` 把最后一维切成前一半 `x1`、后一半 `x2`，返回 `cat(-x2, x1)`；HF 的
+# `rotate_half` 是同一句。频率表两边也都是 `inv_freq = 1 / base^(2i/d)`、`cat(freqs, freqs)`。所以同一个 head 的 Q、K 行序
+# 在两边是同一个意思，不需要像一些 Llama 转换脚本那样对 Q、K 做 permute。只有 `rotary_interleaved=True`（相邻两维配对）时，
+# 才要把每个 head 的维度按"偶数位在前、奇数位在后"重排：
+
+# %%
+x = torch.randn(2, 1, 3, 8)  # [s, b, heads, head_dim]
+perm = torch.cat([torch.arange(0, 8, 2), torch.arange(1, 8, 2)])  # even dims first, then odd
+print("Megatron 非 interleaved == HF rotate_half:",
+      torch.equal(rope_utils._rotate_half(x, False), modeling_llama.rotate_half(x)))
+print("interleaved == HF rotate_half:", torch.equal(rope_utils._rotate_half(x, True), modeling_llama.rotate_half(x)))
+print("interleaved 先按 perm 重排 == HF rotate_half（重排后）:",
+      torch.equal(rope_utils._rotate_half(x, True)[..., perm], modeling_llama.rotate_half(x[..., perm])))
+
+# %% [markdown]
+# ### padding 的词表、共享的 embedding
+#
+# Megatron 的词表补到 `make_vocab_size_divisible_by · TP` 的倍数（这里 16 × 2 = 32，60 → 64），多出来的 4 行 embedding 永远不会被
+# 查到，`output_layer` 多出的 4 列 logits 要丢掉；HF 的 `vocab_size` 是 tokenizer 的 60。导出时切 `[:60]`，导入时补零行——补零使
+# padding 列的 logits 恒为 0（上面 rank 表最后一列）。
+#
+# 共享 embedding（`tie_word_embeddings=True`）时，HF 的 state dict 里仍有 `lm_head.weight` 这个键（与 `embed_tokens` 是同一个张量），
+# `strict=True` 要求它在场；Megatron 在 PP=1 时根本没有 `output_layer.weight`，PP>1 时最后一个 stage 上那份只是副本。映射表为
+# 共享的情形单列一行：`lm_head.weight` 来自 `embedding.word_embeddings.weight`；反方向两行都指向 embedding，`to_megatron` 要求两者相等。
+#
+# ### 覆盖检查
+#
+# 表覆盖两边的每个参数：表展开出的名字集合，分别等于 Megatron 完整模型的参数名和 HF 模型的 state dict 键：
+
+# %%
+for r in ranks[0]:
+    megatron, hf = hf_mapping.covered_names(r["qk_norm"], r["tied"], r["layers"])
+    print(r["model"], "Megatron 全覆盖:", megatron == set(r["megatron_names"]), " HF 全覆盖:", hf == set(r["hf_names"]))
+
+# %% [markdown]
+# ### 对照 Megatron Bridge
+#
+# 读的是 [NVIDIA-NeMo/Megatron-Bridge 提交 `067f987`](https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree/067f987df03b8355b03192d88d70f1709fedf51a)
+# 的 Qwen3 映射（[qwen3_bridge.py 第 70 行起](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/qwen/qwen3_bridge.py#L70)）：
+#
+# | 项 | Megatron Bridge | 本篇 |
+# |---|---|---|
+# | 名字一一对应的项（embedding、`o_proj`、`down_proj`、`q_norm` / `k_norm`、`model.norm`、`lm_head`） | 一个 `AutoMapping` 一项 | 一致 |
+# | 两个 layernorm | TE spec 的名字：`linear_qkv.layer_norm_weight` → `input_layernorm`，`linear_fc1.layer_norm_weight` → `post_attention_layernorm` | local spec 的名字：`input_layernorm`、`pre_mlp_layernorm`（同一个 weight，模块不同） |
+# | QKV | [`QKVMapping`](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/param_mapping.py#L1654)：按 `[q1..qn, k, v]` 每组交错，[`split_qkv_weights`](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/param_mapping.py#L3258) 按 group reshape 再切 | 一致（`qkv_layout.split_qkv`） |
+# | gate / up | [`GatedMLPMapping`](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/param_mapping.py#L2591)：导入时 gate、up 各自切 TP 份，再拼 `[gate_r; up_r]` | 一致的布局；我们在完整张量上对半切，TP 的 stride 交给 `swap_model_weights` |
+# | TP / PP 聚齐 | 每个映射自己做 TP gather，按 PP rank 广播 | 一次 `swap_model_weights` 到 TP1·PP1 的模型 |
+# | vocab padding | 导出时去掉多余行（[model_bridge.py 第 1048 行 `_truncate_vocab_padding`](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/model_bridge.py#L1048)），导入时补零行（[param_mapping.py 第 1005 行](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/param_mapping.py#L1005)） | 一致 |
+# | `make_vocab_size_divisible_by` | 取能整除 HF 词表的最大 2 的幂（≤ 128，[第 1716 行](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/model_bridge.py#L1716)），所以常常根本不补 | 我们固定 16，故意补出 4 行来检验 |
+# | 共享 embedding | 共享时过滤掉 `output_layer`（[第 1913 行](https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/src/megatron/bridge/models/conversion/model_bridge.py#L1913)） | 一致：`lm_head.weight` 只来自 embedding |
+# | MTP 层 | 有映射（`mtp.layers.0...`） | 没有（本篇的模型没有 MTP） |
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# 转换不碰训练状态：它读的是 `optimizer.step()` 之后的参数（这里是 SGD 之后），写的是另一份模型。RL 每一轮都要做一次
+# Megatron → HF（送进 rollout 引擎）；从一个 HF checkpoint 开始训练（SFT、RL 的起点）时做一次 HF → Megatron。
+# 训练一步里和转换相关的只有 `finalize_model_grads` 那两次"复制参数的梯度求和"：少了它们，复制的参数在各 rank 上不再相同，
+# 导出时取哪一份都可能是错的。
+
+# %% [markdown]
+# ## 与基础知识的连接
+#
+# - **`state_dict` 与 `strict=True`**：`load_state_dict` 按键名匹配，strict 时多一个、少一个键或 shape 不合都报错；但 shape 相同的
+#   错位（行序错了、方阵转置了）它发现不了，只有数值检查能发现。
+# - **行重排是置换矩阵**：按 group 拆 QKV 是对 `linear_qkv` 的行做一次置换，换回来是它的逆，数值逐位不变。
+# - **RoPE 的两种配对**：把 `head_dim` 维分成 `d/2` 对做二维旋转；"前一半配后一半"和"相邻两位配对"只差一个固定的维度置换。
+
+# %% [markdown]
+# ## 遗留问题
+#
+# 1. **只证明了 CPU 路径。** GPU 上 Transformer Engine spec 的名字不同（layernorm 融进了 `linear_qkv` / `linear_fc1`，见 Megatron
+#    Bridge 的表），bf16 下 logits 只能在更宽的容差内相等；这里全是 fp32、gloo、local spec。
+# 2. **MTP 共享 embedding。** 开了 MTP 的模型在 PP>1 时 embedding 同时出现在多个 stage 上（NeMo RL #2471 的 refit 失败）；
+#    本篇的模型没有 MTP，Megatron Bridge 的 `_should_skip_mtp_duplicate_embedding_export` 处理的正是这种重复。
+# 3. **MoE、bias、GeLU 的模型**不在这张表里（`checks.hf_convert` 会拒绝这些尺寸）。
+
+# %% [markdown]
+# ## 自测
+#
+# **1. Qwen3-8B（32 个 query head、8 个 query group、head_dim 128、hidden 4096）：`linear_qkv.weight` 的完整 shape 是多少？拆成 HF
+# 的三块各是多少？**
+#
+# <details><summary>答案</summary>
+#
+# `(32 + 2 × 8) × 128 = 6144` 行：`[6144, 4096]`。`q_proj` `[4096, 4096]`，`k_proj`、`v_proj` 各 `[1024, 4096]`。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+fused = torch.empty((32 + 2 * 8) * 128, 1)  # one column is enough for the row split
+print([(32 + 2 * 8) * 128, 4096], [[t.shape[0], 4096] for t in hf_convert.qkv_layout.split_qkv(fused, 32, 8)])
+
+# %% [markdown]
+# **2. 词表 151936，`make_vocab_size_divisible_by=128`，TP=8：Megatron 的 padded vocab 是多少？导出时丢几行？**
+#
+# <details><summary>答案</summary>
+#
+# 倍数是 128 × 8 = 1024，151936 / 1024 = 148.375，向上取整 149 × 1024 = 152576，丢 640 行。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+padded = hf_convert.padded_vocab(151936, tp=8, divisible_by=128)
+print(padded, padded - 151936)
+
+# %% [markdown]
+# **3. 本篇第一个模型（GQA、fc2 为 `[32, 64]`）上，三种错误映射各是怎样暴露的？换成 MHA、fc2 方阵呢？**
+#
+# <details><summary>答案</summary>
+#
+# GQA：Q、K 对调和 fc2 转置被 `strict=True` 的 size 检查拒绝；QKV 不按 group 拆加载成功，logits 差 0.84。MHA、方阵：三种都加载成功，
+# 只有 logits 能发现（差 0.0063、0.354、0.0216）。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+Table(["模型", "错误映射", "加载", "max |Δlogit|"],
+      [[r["model"], name, status, None if d is None else round(d, 4)]
+       for r in ranks[0] for name, (status, d) in r["wrong"].items()])
+
+# %% [markdown]
+# ## 30-second answer
+#
+# A rollout engine loads Hugging Face names, so each refit also renames and reorders: Megatron's
+# `linear_qkv` is split per query group into `q_proj`, `k_proj`, `v_proj`; the SwiGLU `linear_fc1`
+# (stored `[gate_r; up_r]` per TP rank, stride 2) becomes `gate_proj` and `up_proj`; the padded
+# vocabulary rows are dropped; norms are renamed; RoPE needs no permutation because Megatron's
+# non-interleaved rotation is HF's `rotate_half`. Gathered from TP2·PP2 by `swap_model_weights` and
+# strict-loaded into `Qwen3ForCausalLM`, the logits agree within 1e-7, and back again; a wrong
+# mapping is refused by the shape check or moves the logits by 0.006 to 0.8.
