@@ -26,8 +26,9 @@ def label(key: str) -> str:
     return f"{name}::{symbol}" if symbol else f"{name}:{key.rsplit(':', 1)[1]}"
 
 
-def old_link(key: str, record: dict) -> str:
-    return f"[`{label(key)}`]({sources.pinned_url(changes._split(key)[0], record['line'])})"
+def old_link(key: str, record: dict, code: bool = True) -> str:
+    text = f"`{label(key)}`" if code else label(key).replace("_", "\\_")
+    return f"[{text}]({sources.pinned_url(changes._split(key)[0], record['line'])})"
 
 
 def new_link(key: str, record: dict) -> str:
@@ -99,7 +100,7 @@ def note_section(number: str, data: dict | None = None, facts: dict | None = Non
         "|---|---|---|",
     ]
     for k, r in ranked:
-        lines.append(f"| {old_link(k, r)} | {new_link(k, r)} | {LABEL[r['status']]} |")
+        lines.append(f"| {old_link(k, r, code=False)} | {new_link(k, r)} | {LABEL[r['status']]} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 
