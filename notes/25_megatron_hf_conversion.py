@@ -195,7 +195,7 @@ print("首尾相接 == 聚齐后的 fc1:", qwen["fc1_naive"], " 每片对半分�
 # ### QK layernorm 在 TP 下：梯度要求和
 #
 # 每个 TP rank 只有一半的 head，却各有一份完整的 `q_layernorm.weight`。反传时每份只拿到本 rank 那些 head 的梯度，两份不同；
-# 不在 TP 群里求和，SGD 之后两个 rank 上的 weight 就分叉了，聚齐时只能取其中一份，logits 对不上（我们第一次跑时差 8e-5）。
+# 不在 TP 群里求和，SGD 之后两个 rank 上的 weight 就分叉了：模型在两个 TP rank 上其实是两个不同的模型，聚齐时只能取其中一份，导出的 logits 和训练端对不上。
 # Megatron 在 `finalize_model_grads` 里按名字找出 `q_layernorm` / `k_layernorm` 做这次求和；本篇没用 DDP 包装，所以
 # `train_one_step` 照样做一遍（共享 embedding 的两份梯度同理）：
 

@@ -46,7 +46,7 @@ def draw_mapping(rows: list[list], *, title: str, desc: str) -> Figure:
                 ty = y + row_h * j + row_h / 2
                 fig.boxed(right_x, ty - 11, right_w, 22, name, kind, size=11, faint=True)
                 fig.line(left_x + left_w, mid, right_x - 2, ty, kind, arrow=True)
-            if len(hf_names) == 1:  # above its arrow; a fan's label sits under the fan's start
+            if len(hf_names) == 1:
                 fig.text(
                     (left_x + left_w + right_x) / 2,
                     mid - 9,
@@ -55,8 +55,9 @@ def draw_mapping(rows: list[list], *, title: str, desc: str) -> Figure:
                     anchor="middle",
                     kind=kind,
                 )
-            else:
-                fig.text(left_x + left_w + 40, mid + 16, SHORT[transform], size=11, kind=kind)
+            else:  # a fan: above its top arrow, near where the arrows start
+                top_arrow = (mid + y + row_h / 2) / 2
+                fig.text(left_x + left_w + 6, top_arrow - 12, SHORT[transform], size=11, kind=kind)
         y += band + 8
     fig.check()
     return fig
