@@ -293,13 +293,16 @@ without_output_table(results[0]["without_output"])
 # %%
 print({arg: CheckpointWithoutOutput(fp8=arg).fp8 for arg in (False, True, None)}, "| 缺省:", CheckpointWithoutOutput().fp8)
 print("4 个 rank 上缺省构造再 checkpoint:", sorted({r["without_output"]["default_error"] for r in results}))
+print("TransformerLayer(recompute_granularity='selective', recompute_modules=['layernorm']) 的 forward:",
+      sorted({r["without_output"]["layer_error"] for r in results}))
 
 # %% [markdown]
 # `self.fp8` 为真时，forward 问 TE 的 `FP8GlobalStateManager` FP8 是否打开，并进入 TE 的 `activation_recompute_forward` 上下文；
-# 重算时再进一次（`recompute_phase=True`）。`transformer_layer.py` 里的三处调用都不带参数，所以在装了 TE 的机器上它们**总是**走
+# 重算时再进一次（`recompute_phase=True`）。`transformer_layer.py` 的两处（`layernorm` 的两个 norm）和 `moe/experts.py` 的两处（`moe_act`）都不带参数，所以在装了 TE 的机器上它们**总是**走
 # TE 的这条路，哪怕没开 FP8——TE 靠这个上下文区分"第一次 forward"和"重算"，在 FP8 下才不会把 amax 历史记两遍。
 # 这台机器没有 TE，模块顶部的 `import transformer_engine` 失败，这些名字没有定义，所以缺省构造的对象一 `checkpoint` 就是
-# `NameError`；selective `layernorm` / `moe_act` 重算在没有 TE 的环境里跑不起来。
+# `NameError`，真实的 `TransformerLayer` 开 selective `layernorm` 重算时 forward 也一样（上面第三行）：
+# 这两种 selective 重算在没有 TE 的环境里跑不起来。
 #
 # 这不是笔误：core_v0.19.0 里这一行原样不动
 # （[`random.py` L740 @ core_v0.19.0](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L740)），
@@ -327,8 +330,9 @@ print("4 个 rank 上缺省构造再 checkpoint:", sorted({r["without_output"]["
 # ## 与训练主链路的关系
 #
 # - **初始化**：`initialize_megatron` → `_set_random_seed`，每个 PP stage 一个种子，`torch.manual_seed` 与
-#   `model_parallel_cuda_manual_seed` 同时设。此后整个训练不再重设；存 checkpoint 时 `get_all_rng_states` 连同 tracker 的流一起存，
-#   恢复训练时放回（笔记 07）。
+#   `model_parallel_cuda_manual_seed` 同时设。此后整个训练不再重设；存 checkpoint 时
+#   [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L336)
+#   把 CPU、CUDA 生成器和 tracker 的 `get_states()` 一起存下，恢复训练时放回（笔记 07）。
 # - **每个 micro-batch 的 forward**（`forward_step`）：每层的 attention dropout 在 `fork()` 里，hidden dropout 在外面；SP 时整个 block 在 `fork()` 里。
 # - **重算**：`--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N` 让 `TransformerBlock`
 #   对 N 层一组调用 `tensor_parallel.checkpoint`；`selective` 加 `--recompute-modules`（缺省 `core_attn`，还有 `layernorm`、`mlp`、
@@ -352,8 +356,8 @@ print("4 个 rank 上缺省构造再 checkpoint:", sorted({r["without_output"]["
 # 1. **没有 TE 时 selective `layernorm` / `moe_act` 重算跑不起来。** 缺省的 `CheckpointWithoutOutput()`（`self.fp8` 为真）
 #    直接用 TE 的名字（[`random.py:587`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L587)），
 #    上面的运行是 `NameError`。这是有意保留的行为（见"机制解释"）；CPU 上只能像本篇这样自己传 `fp8=None`。
-# 2. **`distribute_saved_activations=True` 没有跑。** 它要求存下的输入能按 TP 群均分，并在 backward 前 all-gather；
-#    它只在 `recompute_granularity='full'` 且不开 SP 时可用（`TransformerConfig` 的检查）。
+# 2. **`distribute_saved_activations=True` 没有跑。** 它把存下的输入按 TP 群均分，backward 前 all-gather 回来；
+#    开 SP 时 `TransformerConfig` 拒绝它（SP 下输入本来就按 s 切了）。
 # 3. **CPU 上 tracker 的流不是 CUDA 的 Philox 状态。** 种子和"谁与谁相同"与 GPU 上一致，但抽出来的具体 mask 不同；
 #    `use_cudagraphable_rng=True`（graph-safe 的状态）CPU 层直接拒绝。
 # 4. **正式入口在没有 GPU 时不调用 `model_parallel_cuda_manual_seed`**

@@ -67,8 +67,9 @@ def seeds_and_masks(device: str = "cpu") -> dict:
     )
 
 
-def build_layer(dims, tp: int, device: str = "cpu"):
-    """The real local-spec ``TransformerLayer`` at ``dims`` with dropout :data:`DROPOUT`."""
+def build_layer(dims, tp: int, device: str = "cpu", **config):
+    """The real local-spec ``TransformerLayer`` at ``dims`` with dropout :data:`DROPOUT` (``config``:
+    more ``TransformerConfig`` fields, e.g. a recompute setting)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.spec_utils import build_module
@@ -81,6 +82,7 @@ def build_layer(dims, tp: int, device: str = "cpu"):
         hidden_dropout=DROPOUT,
         tensor_model_parallel_size=tp,
         use_cpu_initialization=device != "cuda",
+        **config,
     )
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=kwargs["normalization"])
     reseed()
@@ -195,6 +197,15 @@ def without_output_run(dims, tp: int, device: str = "cpu") -> dict:
         out["default_error"] = None
     except NameError as error:  # no Transformer Engine: the TE branch names what is not imported
         out["default_error"] = f"NameError: {error}"
+    # the same default object, as TransformerLayer builds it under selective "layernorm" recompute
+    selective = build_layer(
+        dims, tp, device, recompute_granularity="selective", recompute_modules=["layernorm"]
+    )
+    try:
+        selective(x0.clone().requires_grad_(), attention_mask=causal)
+        out["layer_error"] = None
+    except NameError as error:
+        out["layer_error"] = f"NameError: {error}"
     return out
 
 
@@ -319,5 +330,6 @@ def tables(results: list, dims, par) -> list:
         "input_layernorm 用 CheckpointWithoutOutput（rank 0）:",
         without_output_table(rank0["without_output"]),
         f"CheckpointWithoutOutput(fp8=...).fp8: {rank0['without_output']['fp8_flag']}; "
-        f"默认构造: {rank0['without_output']['default_error'] or 'ok'}",
+        f"默认构造: {rank0['without_output']['default_error'] or 'ok'}; "
+        f"selective layernorm 重算的 TransformerLayer: {rank0['without_output']['layer_error'] or 'ok'}",
     ]
