@@ -172,10 +172,12 @@ def pitfall_table(notes_dir: Path, data: dict | None = None, facts: dict | None 
 def pitfall_self_test(notes_dir: Path, data: dict | None = None, facts: dict | None = None) -> str:
     rows = pitfall_rows(notes_dir, data, facts)
     groups = {k: [r for r in rows if r["kind"] == k] for k in KIND}
+    number = {r["id"]: i for i, r in enumerate(rows, 1)}
     answer = []
     for kind, members in groups.items():
         if members:
-            answer.append(f"- {KIND[kind]}（{len(members)} 个）：" + "；".join(r["title"] for r in members))
+            answer.append(f"- **{KIND[kind]}（{len(members)} 个）**")
+            answer += [f"    - 第 {number[r['id']]} 行：{r['title']}" for r in members]
     return "\n".join(
         [
             f"**1. 表里的 {len(rows)} 个坑，哪些到 core_v0.19.0 仍然存在？哪些已经修了？**",

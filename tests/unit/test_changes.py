@@ -164,4 +164,4 @@ def test_a_pitfall_declared_on_a_cell_appears_on_the_page(tmp_path):
     table = changes_page.pitfall_table(tmp_path, data, {"pitfalls": {}})
     assert "一个新坑" in table and "notes/99_made_up.ipynb#cell-id=c0ffee" in table and "x.py:7" in table
     quiz = changes_page.pitfall_self_test(tmp_path, data, {"pitfalls": {}})
-    assert "仍在（1 个）：一个新坑" in quiz
+    assert "**仍在（1 个）**" in quiz and "第 1 行：一个新坑" in quiz
