@@ -301,6 +301,20 @@ print([round(s["main_grad_norm"], 2) for s in as_published[0]["log"]], [round(s[
 print([round(s["moved"], 4) for s in fixed[0]["log"]])
 
 # %% [markdown]
+# **4. 原样的脚本用 `torchrun` 起两个 TP rank，它们第一步读到的 batch 相同吗？不开 SP 时 `finalize_model_grads` 在 TP 群里发几次通信？**
+#
+# <details><summary>答案</summary>
+#
+# 不同：脚本只调用 `model_parallel_cuda_manual_seed`，它不碰 CPU 默认生成器，而每个新进程的 CPU 生成器种子都来自操作系统，
+# `DataLoader(shuffle=True)` 就从它取打乱的种子。0 次：不开 SP 时 norm 的梯度在各 TP rank 上本来就相同，
+# `_allreduce_non_tensor_model_parallel_grads` 找不到要归约的参数。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+print("TP rank 1 的 batch 0、1 与 rank 0 相同:", reads_table(wired).rows[1][2:4], "| 不开 SP 时 TP 群的通信:", layernorm_table(wired).rows[0][4])
+
+# %% [markdown]
 # ## 30-second answer
 #
 # The simple loop wires Megatron Core by hand: `initialize_model_parallel`, a local-spec `GPTModel`, a mock
@@ -308,4 +322,6 @@ print([round(s["moved"], 4) for s in fixed[0]["log"]])
 # `dist_checkpointing`; the formal entry does the same inside `pretrain` → `setup_model_and_optimizer` →
 # `train` → `train_step`. Run as published at TP=2, its weights never change: DDP moves gradients into
 # `main_grad` and clears `.grad`, so `torch.optim.Adam` skips every parameter, and `main_grad` keeps
-# accumulating. With `get_megatron_optimizer` and `zero_grad_buffer()` the loss falls.
+# accumulating. With `get_megatron_optimizer` and `zero_grad_buffer()` the loss falls. Nothing seeds the CPU
+# generator (`model_parallel_cuda_manual_seed` seeds CUDA only), so each TP rank shuffles its `DataLoader`
+# differently; and without sequence parallelism `finalize_model_grads` sends nothing over TP.
