@@ -207,7 +207,7 @@ pairs_table(streams)
 # %% [markdown]
 # 读法是两条规则：
 #
-# - **TP 区域外**（RowParallelLinear 的 all-reduce 之后、residual、`bias_dropout_add`）每个 TP rank 持有**同一份**完整激活的副本。
+# - **TP 区域外**（RowParallelLinear 的 all-reduce 之后、residual、`bias_dropout_add`；两种线性层见[笔记 10](../10_column_row_parallel_linear/)）每个 TP rank 持有**同一份**完整激活的副本。
 #   mask 若不同，几份副本在 dropout 之后就不再相等，下一层的 ColumnParallelLinear 拿到的输入各 rank 不一致，结果不等于任何一个
 #   单卡模型。所以这里用默认生成器，6 对 rank 全部 True。
 # - **TP 区域里**（attention 的头、MLP 的 ffn 列）每个 TP rank 持有**不同的切片**。mask 若相同，头 0 和头 2（分在两张卡上）
@@ -227,7 +227,7 @@ draw_dropout_masks(streams)
 # %% [markdown]
 # ### 重算：Megatron 的 `checkpoint` 与 PyTorch 的 `checkpoint`
 #
-# 真实的 local spec `TransformerLayer`，attention dropout 和 hidden dropout 都是 0.25，TP=2。每种方式开始前都用同一个种子
+# 真实的 local spec `TransformerLayer`（[笔记 11](../11_transformer_layer/) 逐个子模块走过它），attention dropout 和 hidden dropout 都是 0.25，TP=2。每种方式开始前都用同一个种子
 # 重设全部生成器（`reseed`：`torch.manual_seed` 加 `model_parallel_cuda_manual_seed`，与正式入口一样），
 # 然后 forward、`sum(y²)` backward：
 #
@@ -332,12 +332,12 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # - **初始化**：`initialize_megatron` → `_set_random_seed`，每个 PP stage 一个种子，`torch.manual_seed` 与
 #   `model_parallel_cuda_manual_seed` 同时设。此后整个训练不再重设；存 checkpoint 时
 #   [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L336)
-#   把 CPU、CUDA 生成器和 tracker 的 `get_states()` 一起存下，恢复训练时放回（笔记 07）。
+#   把 CPU、CUDA 生成器和 tracker 的 `get_states()` 一起存下，恢复训练时放回（[笔记 07](../07_checkpointing/)）。
 # - **每个 micro-batch 的 forward**（`forward_step`）：每层的 attention dropout 在 `fork()` 里，hidden dropout 在外面；SP 时整个 block 在 `fork()` 里。
 # - **重算**：`--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N` 让 `TransformerBlock`
 #   对 N 层一组调用 `tensor_parallel.checkpoint`；`selective` 加 `--recompute-modules`（缺省 `core_attn`，还有 `layernorm`、`mlp`、
 #   `moe_act` 等）只重算层里的一部分，其中 `core_attn` 也走 `tensor_parallel.checkpoint`，`layernorm` / `moe_act` 走 `CheckpointWithoutOutput`。
-#   重算发生在 `backward_step` 里，流水线的 1F1B 调度（笔记 13）决定了每个 stage 同时有几个 micro-batch 的输入被留着。
+#   重算发生在 `backward_step` 里，流水线的 1F1B 调度（[笔记 13](../13_pipeline_schedules/)）决定了每个 stage 同时有几个 micro-batch 的输入被留着。
 
 # %% [markdown]
 # ## 与基础知识的连接
