@@ -34,7 +34,9 @@ def unlinked(text: str) -> list[str]:
 
 def prose_files() -> dict[str, str]:
     notes = sorted((ROOT / "notes").glob("[0-9][0-9]_*.py"))
-    docs = sorted(p for p in (ROOT / "docs").rglob("*.md") if not any(q.is_symlink() for q in (p, *p.parents)))
+    docs = sorted(
+        p for p in (ROOT / "docs").rglob("*.md") if not any(q.is_symlink() for q in (p, *p.parents))
+    )
     return {
         **{p.relative_to(ROOT).as_posix(): markdown_of_note(p) for p in notes},
         **{p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in docs},
@@ -42,12 +44,16 @@ def prose_files() -> dict[str, str]:
 
 
 def test_the_finder_sees_what_it_must():
-    assert unlinked("（schedules.py 第 144–150 行）与 `gpt_layer_specs.py:417`、optimizer/`__init__.py` 第 591 行") == [
+    assert unlinked(
+        "（schedules.py 第 144–150 行）与 `gpt_layer_specs.py:417`、optimizer/`__init__.py` 第 591 行"
+    ) == [
         "schedules.py 第 144",
         "gpt_layer_specs.py:417",
         "__init__.py` 第 591",
     ]
-    url = "https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py"
+    url = (
+        "https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py"
+    )
     assert unlinked(f"（[schedules.py 第 144–150 行]({url}#L144-L150)）") == []
     assert unlinked("```text\nforward_step  # schedules.py:269\n```") == []
 
@@ -60,4 +66,6 @@ def test_a_note_cell_is_read_as_prose(tmp_path):
 
 def test_no_plain_text_line_reference_in_prose():
     found = {name: refs for name, text in prose_files().items() if (refs := unlinked(text))}
-    assert not found, f"make each a pinned link (https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/PATH#LN): {found}"
+    assert not found, (
+        f"make each a pinned link (https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/PATH#LN): {found}"
+    )
