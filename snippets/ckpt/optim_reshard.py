@@ -57,8 +57,25 @@ from snippets.ckpt.optim_reshard_rank import (
 )
 from snippets.ranks.launch import DEFAULT_TIMEOUT_S, run_ranks
 
-# the rank side (snippets/ckpt/optim_reshard_rank.py), as notes 07 and 21 call it through this module
-__all__ = ["SAVED_STEPS", "build", "error_line", "train_step", "use_local_writer_queue"]
+# this module's names, and the rank side's that notes 07 and 21 call through it
+__all__ = [
+    "COLUMNS",
+    "COMPARED",
+    "SAVED_STEPS",
+    "SHARDING_TYPES",
+    "STATES",
+    "assemble",
+    "build",
+    "compare",
+    "error_line",
+    "error_rows",
+    "grid_name",
+    "payload_as_n",
+    "reshard_optimizer_state",
+    "rows",
+    "train_step",
+    "use_local_writer_queue",
+]
 
 SHARDING_TYPES = (
     "dp_reshardable",

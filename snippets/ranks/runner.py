@@ -58,8 +58,18 @@ from snippets.ranks.runner_checks import (
     split,
 )
 
-# what the tests (and needs.py's docstring) reach through this module
-__all__ = ["REFUSED", "Refused", "main", "memory_verdict", "nvidia_device_nodes", "parser"]
+# this module's names, and the checks' that tests and snippets/experiments/needs.py name as runner.*
+__all__ = [
+    "REFUSED",
+    "Refused",
+    "join",
+    "main",
+    "memory_verdict",
+    "nvidia_device_nodes",
+    "parser",
+    "render",
+    "run_jobs",
+]
 
 
 def join(par: Parallel, rank: int, world: int, local_rank: int, local_world: int) -> None:
