@@ -142,7 +142,11 @@ n25_hf.proof_table(ranks[0])
 #   再装回 Megatron TP2 算的，是同一个模型的输出。
 # - **QKV 不按 group 拆**（把前 64 行当 Q、接着 16 行当 K……）shape 完全对得上，strict 加载照单全收，只有 logits 露馅：差 0.8。
 # - **Q、K 对调**和 **fc2 转置**在第一个模型上 shape 不合（GQA 下 Q 比 K 多、fc2 是 `[32, 64]`），`strict=True` 的 size 检查
-#   直接拒绝。在第二个模型上它们 shape 恰好相同（MHA、fc2 方阵），加载成功，logits 偏离。这时的 logits 本身也不大：
+#   直接拒绝。在第二个模型上它们 shape 恰好相同（MHA、fc2 方阵），加载成功，logits 偏离。
+# - 真实的 run 也在这一步出错：gpt-oss 的 weight 曾按错误的布局导出，由 NeMo RL PR #2249 和 Megatron-Bridge PR #3271 一起修好。
+#   加载不报错不等于转换对了，要比 logits。
+#
+# 作为尺度，两个模型 HF 一侧 logits 的最大绝对值：
 
 # %%
 print("HF logits 的 max |logit|（两个模型）:", [round(float(r["hf_out_max"]), 4) for r in ranks[0]])

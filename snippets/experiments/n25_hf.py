@@ -171,8 +171,8 @@ def convert(dims, tied: bool, groups: dict, tp: int = 2, pp: int = 2, device: st
         loaded = hf_convert.load_hf(hf, hf_state)
         hf_out = hf_convert.hf_logits(hf, prompts)
         wrong = {}
+        bad = hf_convert.hf_model(dims, tied).to(device)  # reused: a strict load that passes rewrites it all
         for name in hf_mapping.WRONG:
-            bad = hf_convert.hf_model(dims, tied).to(device)
             status = hf_convert.load_hf(bad, hf_convert.to_hf(gathered, shape, wrong=name))
             delta = (
                 float((hf_convert.hf_logits(bad, prompts) - hf_out).abs().max()) if status == "ok" else None
