@@ -66,7 +66,7 @@
 #       ├─ train_step
 #       │  ├─ zero_grad_buffer(); optimizer.zero_grad()     #                                ← optim.zero_grad()
 #       │  ├─ forward_backward_func(forward_step, ...)      # TP 通信在层里                    ← forward_backward_func(forward_step_func, ...)
-#       │  │  └─ finalize_model_grads                       # DP / TP 梯度归约                 ← finalize_model_grads([gpt_model])（显式调用）
+#       │  │  └─ finalize_model_grads                       # DP 归约；TP 只归约 SP 标记的参数   ← finalize_model_grads([gpt_model])（显式调用）
 #       │  └─ optimizer.step()                              # 范数、裁剪、Adam                  ← optim.step()
 #       └─ checkpointing.py::save_checkpoint                # 每 --save-interval 步            ← save_distributed_checkpoint
 # ```
