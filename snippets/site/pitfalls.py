@@ -79,5 +79,5 @@ def status_019(record: dict, generated: dict | None) -> tuple[str, str, int | No
     if status in ("unchanged", "moved"):
         return "still", path, gen.get("new_line")
     if status in ("changed", "vanished"):
-        return "changed", path, None
+        return "changed", path, record.get("line_019")
     return "unknown", path, None
