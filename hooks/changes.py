@@ -30,11 +30,13 @@ CELL_START = re.compile(r'<div(?:\s+id="[^"]*")?\s+class="jp-Cell\b')
 
 _data: dict | None = None
 _facts: dict | None = None
+_current: dict | None = None  # what the notes cite now: a citation newer than the data shows as 未核对
 
 
 def on_pre_build(config):
-    global _data, _facts
+    global _data, _facts, _current
     _data, _facts = changes.load(), changes.load_facts()
+    _current = changes.note_citations()
 
 
 def on_page_markdown(markdown_text, page, config, files):
@@ -47,7 +49,7 @@ def on_page_markdown(markdown_text, page, config, files):
 
 
 def section_html(number: str) -> str:
-    body = changes_page.note_section(number, _data, (_facts or {}).get("facts", {}))
+    body = changes_page.note_section(number, _data, (_facts or {}).get("facts", {}), _current)
     html = markdown.markdown(body, extensions=["tables", "md_in_html"])
     html = html.replace(
         f"<h2>{changes_page.HEADING}</h2>",

@@ -11,7 +11,13 @@ from pathlib import Path
 from snippets.site import changes, pitfalls, sources
 
 HEADING = "到 core_v0.19.0 变了什么"
-LABEL = {"unchanged": "原样", "moved": "挪了行", "changed": "改了", "vanished": "已不在"}
+LABEL = {
+    "unchanged": "原样",
+    "moved": "挪了行",
+    "changed": "改了",
+    "vanished": "已不在",
+    "unchecked": "未核对",
+}
 NEW_TREE = f"{sources.REPO_URL}/tree/{changes.NEW_TAG}"
 HOME_VERSION = "../../#版本"  # the home page's section on which release the notes run
 
@@ -65,20 +71,29 @@ def signature_sentence(sig: dict) -> str:
     return text + "。" if text else ""
 
 
-def note_section(number: str, data: dict | None = None, facts: dict | None = None) -> str:
+def note_section(
+    number: str, data: dict | None = None, facts: dict | None = None, current: dict | None = None
+) -> str:
+    """The section for note ``number``. ``current`` (from :func:`changes.note_citations`) is what
+    the note cites now: a citation added since the data was generated is listed as 未核对."""
     data = changes.load() if data is None else data
     facts = changes.load_facts()["facts"] if facts is None else facts
     cited = {k: r for k, r in data["citations"].items() if number in r["notes"]}
+    for k, entry in (current or {}).items():
+        if number in entry["notes"] and k not in cited:
+            cited[k] = {"line": entry["line"], "status": "unchecked", "new_line": None}
     lines = [f"## {HEADING}", ""]
     if not cited:
         return "\n".join(lines + ["本篇没有引用 Megatron 的源码行。", ""])
     n = changes.counts(cited.values())
+    unchecked = sum(r["status"] == "unchecked" for r in cited.values())
     lines.append(
         f"本站运行的是 `core_v0.16.1`（[为什么](../../#版本)）。本篇引用的 {len(cited)} 处源码，到 "
         f"[`core_v0.19.0`]({NEW_TREE})：{n['unchanged']} 处原样，{n['moved']} 处只挪了行，"
         f"{n['changed']} 处内容变了，{n['vanished']} 处已不在。"
+        + (f"另有 {unchecked} 处是数据生成之后新加的引用，还没有对照。" if unchecked else "")
     )
-    order = {s: i for i, s in enumerate(("vanished", "changed", "moved", "unchanged"))}
+    order = {s: i for i, s in enumerate(("unchecked", "vanished", "changed", "moved", "unchanged"))}
     ranked = sorted(cited.items(), key=lambda kv: (order[kv[1]["status"]], kv[0]))
     notes = []
     for k, r in ranked:

@@ -165,3 +165,10 @@ def test_a_pitfall_declared_on_a_cell_appears_on_the_page(tmp_path):
     assert "一个新坑" in table and "notes/99_made_up.ipynb#cell-id=c0ffee" in table and "x.py:7" in table
     quiz = changes_page.pitfall_self_test(tmp_path, data, {"pitfalls": {}})
     assert "**仍在（1 个）**" in quiz and "第 1 行：一个新坑" in quiz
+
+
+def test_a_citation_newer_than_the_data_shows_as_unchecked(data):
+    current = {"megatron/core/made_up.py::new_symbol": {"line": 7, "notes": ["02"]}}
+    section = changes_page.note_section("02", data, {}, current)
+    assert "另有 1 处是数据生成之后新加的引用，还没有对照。" in section
+    assert "| [made\\_up.py::new\\_symbol]" in section and "| — | 未核对 |" in section
