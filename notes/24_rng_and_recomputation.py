@@ -26,8 +26,9 @@
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 # snippets first: it applies the CPU patches and silences known warnings.
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n24_rng import (DROPOUT, SEED, pairs_table, recompute_run, recompute_table, seeds_and_masks,
-                                          seeds_table, sharing_table, without_output_run, without_output_table)
+from snippets.experiments.n24_rng import (DROPOUT, SEED, checkpoint_comm_table, pairs_table, recompute_run,
+                                          recompute_table, seeds_and_masks, seeds_table, sharing_table,
+                                          without_output_run, without_output_table)
 from snippets.ranks.launch import run_ranks
 from snippets.record.listing import listing
 from snippets.record.tables import Table
@@ -191,8 +192,16 @@ sharing_table(streams)
 #   （[`layers.py:145`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L145)）
 #   这类 expert 专属的地方 `fork`，让不同 rank 上的不同 expert 拿到不同的初值。
 #
-# 唯一与群有关的通信是 `checkpoint(..., distribute_saved_activations=True)`：存下的输入按 TP 群切成 1-D 块
-# （`split_tensor_into_1d_equal_chunks`），backward 重算前在 TP 群里 all-gather 回 `[s, b, h]`。
+# 唯一与群有关的通信来自 `checkpoint(..., distribute_saved_activations=True)`（"机制解释"里一层的第三种跑法）：
+# forward 之后把存下的输入按 TP 群切成 1-D 的等长块（`split_tensor_into_1d_equal_chunks`，各 rank 只留自己那块），
+# backward 重算前在 TP 群里 all-gather 回来。rank 0 记录到的就这一次：
+
+# %%
+checkpoint_comm_table(results[0]["recompute"])
+
+# %% [markdown]
+# `[8, 2, 16]` 的输入是 256 个元素，每个 rank 存 128 个；TP 群里的几个 rank 存下的输入本来完全相同（TP 区域外的激活），
+# 所以切开存、用时再拼，每个 rank 存下的输入少到 1/TP。
 
 # %% [markdown]
 # ## 机制解释
@@ -233,6 +242,7 @@ draw_dropout_masks(streams)
 #
 # - 不重算：`layer(x)`；
 # - `tensor_parallel.checkpoint(forward, False, x)`：`recompute_granularity='full'` 时 `TransformerBlock` 对每层做的就是这一步；
+# - 同上但 `distribute_saved_activations=True`（`--distribute-saved-activations`）：存下的输入按 TP 群切开；
 # - `torch.utils.checkpoint.checkpoint(forward, x, use_reentrant=True)`：PyTorch 自己的版本，它会保存、恢复 CPU 与 CUDA 的默认生成器。
 #
 # 保存的字节由 `SavedTensors` 量：`torch.autograd.graph.saved_tensors_hooks` 记下 autograd 为 backward 存的每个张量（弱引用），
@@ -258,9 +268,14 @@ recompute
 # 2. **PyTorch 的重算输出相同、梯度不同**：它只恢复默认生成器，tracker 的 `model-parallel-rng` 在第一遍 forward 里已经前进过，
 #    重算时 attention dropout 抽到另一个 mask，backward 用的是另一张图。输出没错（forward 只跑了一次真的），错的是梯度——
 #    而且不会报错。这就是 Megatron 自己写一份 checkpoint 的第二个理由（源码注释列的两处改动之一）。
-# 3. **省下的内存**：forward 之后，不重算要一直留着整层的激活；两种重算只留输入 `x`（`[8, 2, 16]` fp32 = 1024 字节）。
+# 3. **省下的内存**：forward 之后，不重算要一直留着整层的激活；重算只留输入 `x`（`[8, 2, 16]` fp32 = 1024 字节），
+#    `distribute_saved_activations` 再把它分给两个 TP rank，每个只留 512 字节。
 #    代价是 backward 里重算那一层时又临时存了同样多（不重算时 forward 存的那一份），算完这层就释放。
 #    N 层都重算时，常驻的只有 N 份输入，临时的只有一层。
+#
+# `distribute_saved_activations` 那一行没有挂 `saved_tensors_hooks`：Megatron 在 backward 里直接替换存下的那个输入张量的
+# `.data`（拼回完整形状），这要求 autograd 交回的就是原来那个张量对象；挂了 hook，交回的是另一个对象，原输入没被换回，
+# backward 里形状对不上（试过：`RuntimeError`，128 对 16）。所以这一行的字节是存下的输入自己的存储大小，重算时的那一格不量。
 
 # %%
 draw_saved_bytes(recompute.rows)
@@ -356,8 +371,8 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # 1. **没有 TE 时 selective `layernorm` / `moe_act` 重算跑不起来。** 缺省的 `CheckpointWithoutOutput()`（`self.fp8` 为真）
 #    直接用 TE 的名字（[`random.py:587`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L587)），
 #    上面的运行是 `NameError`。这是有意保留的行为（见"机制解释"）；CPU 上只能像本篇这样自己传 `fp8=None`。
-# 2. **`distribute_saved_activations=True` 没有跑。** 它把存下的输入按 TP 群均分，backward 前 all-gather 回来；
-#    开 SP 时 `TransformerConfig` 拒绝它（SP 下输入本来就按 s 切了）。
+# 2. **`distribute_saved_activations` 只在不开 SP 时可用**（开 SP 时 `TransformerConfig` 拒绝它：SP 下输入本来就按 s 切了）；
+#    它靠替换存下张量的 `.data` 工作，与 `saved_tensors_hooks`（CPU offload 一类工具的基础）不相容，见上面重算一节。
 # 3. **CPU 上 tracker 的流不是 CUDA 的 Philox 状态。** 种子和"谁与谁相同"与 GPU 上一致，但抽出来的具体 mask 不同；
 #    `use_cudagraphable_rng=True`（graph-safe 的状态）CPU 层直接拒绝。
 # 4. **正式入口在没有 GPU 时不调用 `model_parallel_cuda_manual_seed`**

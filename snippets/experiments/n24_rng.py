@@ -13,6 +13,8 @@ as ``TransformerLayer`` does under selective ``layernorm`` recompute. ``python -
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from snippets.record.tables import Table
@@ -97,9 +99,10 @@ def _inputs(dims, device):
     return x, causal
 
 
-MODES = ("plain", "megatron", "torch")
-"""How :func:`recompute_run` runs the layer: no recompute, ``tensor_parallel.checkpoint``,
-``torch.utils.checkpoint``."""
+MODES = ("plain", "megatron", "distributed", "torch")
+"""How :func:`recompute_run` runs the layer: no recompute, ``tensor_parallel.checkpoint``, the same
+with ``distribute_saved_activations=True`` (the saved input split over the TP group, gathered back
+before the recompute: its collectives are recorded), ``torch.utils.checkpoint``."""
 
 
 def recompute_run(dims, tp: int, device: str = "cpu", keep_tensors: bool = True) -> dict:
@@ -109,6 +112,7 @@ def recompute_run(dims, tp: int, device: str = "cpu", keep_tensors: bool = True)
     import torch.utils.checkpoint as torch_checkpoint
     from megatron.core import tensor_parallel
 
+    from snippets.record import recorder
     from snippets.tp.rng import SavedTensors, count_forwards
 
     layer = build_layer(dims, tp, device)
@@ -122,29 +126,40 @@ def recompute_run(dims, tp: int, device: str = "cpu", keep_tensors: bool = True)
         layer.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_()
         reseed()
-        with SavedTensors(layer.parameters()) as saved, count_forwards(layer) as runs:
+        # distribute_saved_activations swaps .data of the saved input in backward, which needs the
+        # saved tensor itself back: under saved_tensors_hooks autograd hands back another object
+        # (seen: a shape error), so that mode runs unhooked and reports the saved input's storage.
+        hooked = mode != "distributed"
+        with (
+            SavedTensors(layer.parameters()) if hooked else contextlib.nullcontext() as saved,
+            count_forwards(layer) as runs,
+            recorder.record() as calls,
+        ):
             if mode == "plain":
                 y = forward(x)
-            elif mode == "megatron":
-                y = tensor_parallel.checkpoint(forward, False, x)
+            elif mode in ("megatron", "distributed"):
+                y = tensor_parallel.checkpoint(forward, mode == "distributed", x)
             else:
                 y = torch_checkpoint.checkpoint(forward, x, use_reentrant=True)
-            after_forward = saved.nbytes()
+            after_forward = saved.nbytes() if hooked else x.untyped_storage().nbytes()
             forward_runs = list(runs)
             loss = y.pow(2).sum()
-            saved.mark()  # what backward saves from here on: the recompute's graph
+            if hooked:
+                saved.mark()  # what backward saves from here on: the recompute's graph
             loss.backward()
         got = dict(y=y.detach(), x=x.grad, **{n: p.grad for n, p in layer.named_parameters()})
         ref = ref or got
         out[mode] = dict(
             saved=after_forward,
-            recompute_saved=saved.nbytes(phase=1) if mode != "plain" else 0,
+            recompute_saved=(saved.nbytes(phase=1) if hooked else "—") if mode != "plain" else 0,
             forward_runs=forward_runs,
             backward_runs=runs[len(forward_runs) :],
             same_y=torch.equal(got["y"], ref["y"]),
             same_dx=torch.equal(got["x"], ref["x"]),
             same_grads=all(torch.equal(got[n], ref[n]) for n in got if n not in ("y", "x")),
             max_grad_diff=max((got[n] - ref[n]).abs().max().item() for n in got if n != "y"),
+            # the checkpoint's own collectives (the layer's TP all-reduces are note 11's)
+            calls=[c for c in calls if "tensor_parallel/utils.py" in c.where],
         )
         if keep_tensors:
             out[mode]["tensors"] = got
@@ -264,6 +279,7 @@ def pairs_table(rows: list[dict]) -> Table:
 MODE_NAMES = {
     "plain": "不重算",
     "megatron": "`tensor_parallel.checkpoint`",
+    "distributed": "同上，`distribute_saved_activations=True`",
     "torch": "`torch.utils.checkpoint`",
 }
 
@@ -292,6 +308,18 @@ def recompute_table(result: dict) -> Table:
             for mode, r in ((m, result[m]) for m in MODES)
         ],
     )
+
+
+def checkpoint_comm_table(result: dict) -> Table:
+    """The collectives of ``checkpoint(..., distribute_saved_activations=True)`` (roadmap record)."""
+    from snippets.tp.layer_walk import record_table
+
+    meaning = {
+        ("all_gather_into_tensor", "tensor_parallel/utils.py::gather_split_1d_tensor"): (
+            "重算前把各 TP rank 存的 1/TP 输入拼回完整的 [s·b·h]"
+        )
+    }
+    return record_table(result["distributed"]["calls"], meaning)
 
 
 def without_output_table(result: dict) -> Table:
@@ -327,6 +355,8 @@ def tables(results: list, dims, par) -> list:
         pairs_table(streams),
         f"一个 TransformerLayer（rank 0，TP={par.tp}）三种跑法:",
         recompute_table(rank0["recompute"]),
+        "distribute_saved_activations=True 的通信（rank 0）:",
+        checkpoint_comm_table(rank0["recompute"]),
         "input_layernorm 用 CheckpointWithoutOutput（rank 0）:",
         without_output_table(rank0["without_output"]),
         f"CheckpointWithoutOutput(fp8=...).fp8: {rank0['without_output']['fp8_flag']}; "

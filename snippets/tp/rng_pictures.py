@@ -65,9 +65,9 @@ def draw_dropout_masks(rows: list[dict]) -> Figure:
 
 def draw_saved_bytes(rows: list[list]) -> Figure:
     """``rows`` as the recompute table prints them: ``[mode, bytes after forward, bytes the
-    recompute saves in backward, ...]``."""
-    bar_h, gap, label_w = 18, 8, 220
-    scale_max = max(max(r[1], r[2]) for r in rows)
+    recompute saves in backward, ...]``; a byte count that is not a number (not measured) gets no bar."""
+    bar_h, gap, label_w = 18, 8, 310
+    scale_max = max(v for r in rows for v in r[1:3] if isinstance(v, int))
     plot_w = 520
     top = 40
     block_h = 2 * bar_h + gap + 14
@@ -83,14 +83,17 @@ def draw_saved_bytes(rows: list[list]) -> Figure:
     fig.text(20, 16, "保存的激活（字节，参数不计）", bold=True)
     for i, (mode, after_forward, recomputed, *_rest) in enumerate(rows):
         y = top + i * block_h
-        fig.text(20, y + bar_h + gap / 2, mode.strip("`"), mono=mode.startswith("`"))
+        fig.text(20, y + bar_h + gap / 2, mode.replace("`", ""), mono=mode.startswith("`"))
         x0 = 20 + label_w
         for j, (value, kind, what) in enumerate(
             ((after_forward, "mem", "forward 之后"), (recomputed, "bwd2", "backward 里重算"))
         ):
             yy = y + j * (bar_h + gap)
+            if not isinstance(value, int):  # not measured (the table says why)
+                fig.text(x0, yy + bar_h / 2, f"{value}（未量）", size=11, kind="muted")
+                continue
             w = max(plot_w * value / scale_max, 1)
-            fig.rect(x0, yy, w, bar_h, kind, tip=f"{mode.strip('`')} {what}: {value}")
+            fig.rect(x0, yy, w, bar_h, kind, tip=f"{mode.replace('`', '')} {what}: {value}")
             fig.text(x0 + w + 6, yy + bar_h / 2, str(value), size=11, kind="muted")
     fig.legend(
         20 + label_w, height - 14, [("mem", "forward 之后一直保存"), ("bwd2", "backward 里重算时临时保存")]

@@ -13,10 +13,10 @@ from snippets.experiments import EXPERIMENTS, Parallel, problems
 
 def test_rng_runner_path_prints_note_24_tables():
     printed = runner_tables("rng", 4, tp=2, ep=2)
-    assert len(printed) == 5
+    assert len(printed) == 6
     for table in printed:
         assert_in_note(table, "24_rng_and_recomputation")
-    seeds, _, _, recompute, _ = printed
+    seeds, _, _, recompute, _, _ = printed
     assert all(row.endswith("| True |") for row in rows_of(seeds)[1])
     assert rows_of(recompute)[1][1].endswith("| True | True | True |")  # tensor_parallel.checkpoint
 

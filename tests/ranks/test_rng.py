@@ -70,10 +70,10 @@ def test_saved_bytes_picture_is_the_recompute_table(results):
     fig = draw_saved_bytes(rows)
     expected = []
     for mode, after, recomputed, *_ in rows:
-        expected += [
-            f"{mode.strip('`')} forward 之后: {after}",
-            f"{mode.strip('`')} backward 里重算: {recomputed}",
-        ]
+        for what, value in (("forward 之后", after), ("backward 里重算", recomputed)):
+            if isinstance(value, int):  # "—": not measured, no bar
+                expected.append(f"{mode.replace('`', '')} {what}: {value}")
+    assert len(expected) == 7
     assert tips(fig.svg()) == expected
     assert fig.svg() == draw_saved_bytes(rows).svg()
     fig.check()
@@ -87,6 +87,14 @@ def test_megatron_recompute_is_bit_identical_and_torch_checkpoint_is_not(results
     assert rec["megatron"]["saved"] == rec["input_bytes"] < rec["plain"]["saved"]
     assert rec["megatron"]["recompute_saved"] == rec["plain"]["saved"]
     assert rec["megatron"]["forward_runs"] == ["no_grad"] and rec["megatron"]["backward_runs"] == ["grad"]
+    # distribute_saved_activations: half the input kept per TP rank, gathered back in backward
+    dist = rec["distributed"]
+    assert (
+        all(dist[k] for k in ("same_y", "same_dx", "same_grads")) and dist["saved"] == rec["input_bytes"] // 2
+    )
+    assert [(c.api, c.phase, c.before, c.after) for c in dist["calls"]] == [
+        ("all_gather_into_tensor", "backward", "[128]", "[256]")
+    ]
 
 
 def test_checkpoint_without_output_releases_the_norm_output(results):
