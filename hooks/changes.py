@@ -48,9 +48,19 @@ def on_page_markdown(markdown_text, page, config, files):
     )
 
 
+_md: markdown.Markdown | None = None
+
+
+def _markdown() -> markdown.Markdown:
+    global _md  # one converter for all pages: building one per page costs more than converting
+    if _md is None:
+        _md = markdown.Markdown(extensions=["tables", "md_in_html"])
+    return _md
+
+
 def section_html(number: str) -> str:
     body = changes_page.note_section(number, _data, (_facts or {}).get("facts", {}), _current)
-    html = markdown.markdown(body, extensions=["tables", "md_in_html"])
+    html = _markdown().reset().convert(body)
     html = html.replace(
         f"<h2>{changes_page.HEADING}</h2>",
         f'<h2 id="{SECTION_ID}">{changes_page.HEADING}'
