@@ -146,6 +146,15 @@ def _moved_file(old: list[str], line: int, symbol: str, path: str, new_src: Path
     return ("moved" if same else "changed"), rel, at
 
 
+def owner_line(old: list[str], new: list[str], line: int) -> int | None:
+    """Line in ``new`` of the function that held statement ``line`` at the old tag (None at
+    module level or when it is gone): where to re-read a statement that changed."""
+    owner = _enclosing(old, line)
+    if owner is None:
+        return None
+    return drift._find(new, _qualname(old, owner), drift.block(old, owner), owner)
+
+
 def follow_statement(old: list[str], new: list[str], line: int, text: str) -> tuple[str, int | None]:
     owner = _enclosing(old, line)
     if owner is None:  # module level: the text's nearest occurrence
@@ -239,15 +248,18 @@ def compare(key_: str, line: int, old_src: Path | None, new_src: Path) -> dict:
         raise FileNotFoundError(f"{path} at {sources.TAG}: pass --old-src (a checkout of the tag)")
     new = drift._read(new_src, path) or []
     if symbol is None:
+        record = {}
         status, new_line = follow_statement(old, new, line, old[line - 1].strip())
         if status == "vanished" and (owner := _enclosing(old, line)) is not None:
             moved = _moved_file(old, owner, _qualname(old, owner), path, new_src)
             if moved is not None:
-                rel = moved[1]
-                other = (Path(new_src) / rel).read_text(encoding="utf-8", errors="replace").splitlines()
-                status, new_line = follow_statement(old, other, line, old[line - 1].strip())
-                return {"status": status, "new_line": new_line, "new_path": rel}
-        return {"status": status, "new_line": new_line}
+                record["new_path"] = moved[1]
+                new = (Path(new_src) / moved[1]).read_text(encoding="utf-8", errors="replace").splitlines()
+                status, new_line = follow_statement(old, new, line, old[line - 1].strip())
+        record = {"status": status, "new_line": new_line, **record}
+        if status == "changed" and (at := owner_line(old, new, line)) is not None:
+            record["owner_line"] = at  # the statement is gone from it: re-read the function
+        return record
     new_path = path
     if new:
         status, new_line = drift.check(drift.Citation(path, line, symbol), old_src, new_src)

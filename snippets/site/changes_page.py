@@ -38,9 +38,10 @@ def old_link(key: str, record: dict, code: bool = True) -> str:
 
 
 def new_link(key: str, record: dict) -> str:
-    if record.get("new_line") is None:
-        return "—"
     path = record.get("new_path") or changes._split(key)[0]
+    if record.get("new_line") is None:
+        at = record.get("owner_line")
+        return f"[所在函数，0.19.0 第 {at} 行]({changes.new_url(path, at)})" if at else "—"
     where = (
         f"{Path(path).name} 第 {record['new_line']} 行"
         if record.get("new_path")

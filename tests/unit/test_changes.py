@@ -42,7 +42,7 @@ def test_every_citation_a_note_makes_is_in_the_data(data, cited):
 
 
 def test_records_hold_only_statuses_lines_and_short_facts(data):
-    allowed = {"line", "status", "new_line", "new_path", "signature", "notes"}
+    allowed = {"line", "status", "new_line", "new_path", "owner_line", "signature", "notes"}
     for key, record in data["citations"].items():
         assert set(record) <= allowed and record["status"] in changes.STATUSES, key
         if record["status"] == "vanished" or "::" in key:  # a statement may have no single new line
@@ -107,6 +107,7 @@ def test_statements_are_followed_inside_their_function():
     assert changes.follow_statement(old, new, 2, "x = a + b") == ("unchanged", 2)
     assert changes.follow_statement(old, new, 7, "y = a * b") == ("moved", 8)
     assert changes.follow_statement(old, new, 12, "z = a - 1") == ("changed", None)
+    assert changes.owner_line(old, new, 12) == 12  # where to re-read it
     assert changes.follow_statement(old, new, 17, "return 0") == ("vanished", None)
 
 
