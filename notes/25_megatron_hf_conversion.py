@@ -163,7 +163,16 @@ Table(["rank", "TP 群", "反方向 max |Δ| < 1e-5（两个模型）", "padding
 # %% [markdown]
 # ## Tensor / Process Group 语义
 #
-# 聚齐之前，同一个参数在 policy 里的样子（rank 0：stage 0 的 TP 第 0 份）和聚齐后的完整张量，再到 HF：
+# 训练端的 TP 群是 [0, 1] 和 [2, 3]，PP 群是 [0, 2] 和 [1, 3]。聚齐之前，一个参数在 policy 里是本 rank 的一份（rank 0：stage 0、
+# TP 第 0 份；column-parallel 的按行切，row-parallel 的 `linear_fc2` 按列切），聚齐之后是完整张量：
+
+# %%
+Table(["参数（rank 0 本地）", "policy TP2·PP2 上的 shape", "聚齐后"],
+      [[n, list(s), list(qwen["full_shapes"].get(n, ()))] for n, s in qwen["local_shapes"].items()
+       if n.startswith(("embedding", "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp"))])
+
+# %% [markdown]
+# 完整张量再到 HF（Qwen3 这个模型的每一行，第 0 层代表每一层）：
 
 # %%
 n25_hf.mapping_table(qwen)
@@ -175,11 +184,6 @@ n25_hf.mapping_table(qwen)
 hf_pictures.draw_mapping(
     n25_hf.mapping_rows(qwen), title="Megatron → Hugging Face：Qwen3 形状的映射（第 0 层代表每一层）",
     desc="左边是聚齐后的 Megatron 张量，右边是 Qwen3ForCausalLM 的 state_dict 键，箭头上写变换。")
-
-# %%
-Table(["参数（rank 0 本地）", "policy TP2·PP2 上的 shape", "聚齐后"],
-      [[n, list(s), list(qwen["full_shapes"].get(n, ()))] for n, s in qwen["local_shapes"].items()
-       if n.startswith(("embedding", "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp"))])
 
 # %% [markdown]
 # ## 机制解释
