@@ -50,11 +50,15 @@ from site_note_links import link_note_numbers
 from site_render import FocusableMarkup, speed_up_notebook_rendering
 from site_search import (
     SEGMENT_FIX,
+    WIRE_MARK,
+    WORKER_SETUP,
     compact_search_index,
     compact_word_marks,
+    decode_word_marks_in_worker,
     drop_plain_copies,
     fix_query_segmenter,
     load_search_words,
+    read_search_index,
     word_mark_pattern,
 )
 
@@ -68,10 +72,13 @@ __all__ = [
     "ROUNDS",
     "SEED_QUESTIONS",
     "SEGMENT_FIX",
+    "WIRE_MARK",
+    "WORKER_SETUP",
     "_first_h1",
     "answers_page",
     "compact_word_marks",
     "drop_plain_copies",
+    "read_search_index",
     "find_cell",
     "fold_cells",
     "inline_svgs",
@@ -133,4 +140,4 @@ def on_post_build(config):
     site_dir = Path(config.site_dir)
     fix_query_segmenter(site_dir)
     site_css.write_shared_css(site_dir)
-    compact_search_index(site_dir)
+    compact_search_index(site_dir, wire_marks=decode_word_marks_in_worker(site_dir))

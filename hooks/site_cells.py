@@ -154,6 +154,8 @@ def fold_cells(content: str) -> str:
         '<span class="notice" hidden>', '<span class="notice" hidden data-search-exclude>'
     )
     content = re.sub(r"<(pre|svg)\b(?![^>]*data-search-exclude)", r"<\1 data-search-exclude", content)
+    # a 自测 answer stays folded in search too: a result preview would give it away
+    content = re.sub(r"<details>(\s*<summary>答案)", r"<details data-search-exclude>\1", content)
     return content.replace('<details class="ms-listing">', '<details class="ms-listing" data-search-exclude>')
 
 

@@ -86,9 +86,47 @@ def fix_query_segmenter(site_dir: Path) -> bool:
     return False
 
 
-def compact_search_index(site_dir: Path) -> None:
+# Material's search marks every word boundary jieba finds in Chinese text with U+200B (3 bytes in
+# UTF-8), ~40,000 of them once the notes are long: a ninth of the index every page loads. On the
+# wire each is sent as U+007F (1 byte; never in the site's text, and JSON keeps it unescaped), and
+# the worker puts U+200B back first thing, before it builds the index from the documents: what it
+# indexes, shows and highlights is unchanged. If material's worker changes and the place is not
+# found, the build warns and the index keeps U+200B.
+WORD_MARK, WIRE_MARK = "\u200b", "\x7f"
+WORKER_SETUP = re.compile(r"constructor\(\{config:(\w+),docs:(\w+),options:(\w+)\}\)\{")
+
+
+def decode_word_marks_in_worker(site_dir: Path) -> bool:
+    """Make the built search worker turn :data:`WIRE_MARK` back into :data:`WORD_MARK` in every
+    document's title and text as it receives the index; True when it does."""
+    for worker in sorted((site_dir / "assets" / "javascripts" / "workers").glob("search.*.min.js")):
+        code = worker.read_text(encoding="utf-8")
+        m = WORKER_SETUP.search(code)
+        if m and code.count(m.group(0)) == 1:
+            docs = m.group(2)
+            decode = (
+                f"for(const d of {docs}){{d.title=d.title.replaceAll('\\x7f','\\u200b');"
+                f"d.text=d.text.replaceAll('\\x7f','\\u200b')}}"
+            )
+            worker.write_text(code.replace(m.group(0), m.group(0) + decode, 1), encoding="utf-8")
+            return True
+    log.warning(
+        "search worker: material's index setup was not found; the search index keeps its 3-byte "
+        "word marks (hooks/site_search.py WORKER_SETUP)"
+    )
+    return False
+
+
+def read_search_index(site_dir: Path) -> dict:
+    """The built search index as the worker sees it (word marks decoded): for tests and tools."""
+    text = (site_dir / "search" / "search_index.json").read_text(encoding="utf-8")
+    return json.loads(text.replace(WIRE_MARK, WORD_MARK))
+
+
+def compact_search_index(site_dir: Path, wire_marks: bool = False) -> None:
     """Rewrite the search index material's search plugin wrote (in its own on_post_build, before
-    ours): see the functions below."""
+    ours): see the functions below; with ``wire_marks`` (the worker decodes them), every word
+    mark is written as :data:`WIRE_MARK`."""
     index = site_dir / "search" / "search_index.json"
     if not index.exists():
         return
@@ -97,12 +135,18 @@ def compact_search_index(site_dir: Path) -> None:
     for doc in data["docs"]:
         # inline <code> marks cost 13 bytes a pair, ~6,000 pairs: the words stay, the style goes
         text = CODE_TAGS.sub("", drop_plain_copies(doc["text"]))
+        # paragraph and list marks (~3,900 of them): a preview reads as one paragraph, words stay
+        text = BLOCK_TAGS.sub(" ", text).strip()
         doc["text"] = compact_word_marks(text, marks)
         doc["title"] = compact_word_marks(doc["title"], marks)
         m = re.fullmatch(rf"{NOTES_DIR}/(\d\d)_[A-Za-z0-9_]+/", doc["location"])
         if m and int(m.group(1)) in SEARCH_TERMS:
             doc["title"] += " · " + SEARCH_TERMS[int(m.group(1))]
-    index.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    out = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    if wire_marks:
+        assert WIRE_MARK not in out, "the site's text holds U+007F: it cannot mark words on the wire"
+        out = out.replace(WORD_MARK, WIRE_MARK)
+    index.write_text(out, encoding="utf-8")
 
 
 def word_mark_pattern(separator: str) -> re.Pattern:
@@ -127,6 +171,7 @@ def compact_word_marks(text: str, marks: re.Pattern) -> str:
 
 PRE_BLOCK = re.compile(r"<pre>(.*?)</pre>", re.S)
 CODE_TAGS = re.compile(r"</?code>")
+BLOCK_TAGS = re.compile(r"\s*</?(?:p|ul|ol|li)>\s*")
 _IGNORED = frozenset(" \t\r\n\u200b")
 
 

@@ -8,12 +8,12 @@ summary tests at the end of the module. Screenshots go to /tmp/shots/.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from test_site import load_hook
 
 from conftest import DESKTOP, PHONE, expected_note_names
 from conftest import shot as _shot
@@ -236,7 +236,7 @@ def test_home_page_loads_clean(tab, site_url):
 def _rare_terms(site, stem: str, limit: int = 6) -> list[str]:
     """Words of this note's search-index text that the fewest other pages share: jieba's
     Chinese words and plain English words, rarest (then two-character Chinese) first."""
-    index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
+    index = load_hook().read_search_index(site.dir)
     pages: dict[str, set[str]] = {}
     mine: list[str] = []
     for doc in index["docs"]:

@@ -332,7 +332,7 @@ def test_note_tables_render(site, note_names):
 
 def test_search_index_segments_chinese(site, note_names):
     """material's search ran jieba: Chinese text is split into words (\\u200b separators)."""
-    index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
+    index = load_hook().read_search_index(site.dir)
     assert "zh" in index["config"]["lang"]
     note_docs = [d for d in index["docs"] if d["location"].startswith("notes/")]
     assert note_docs, "no note sections in the search index"
@@ -415,7 +415,7 @@ PAGE_TRANSFER_BUDGET = 1_500_000  # bytes: a note page and all it loads, search 
 
 
 def _search_text(site) -> dict[str, str]:
-    index = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))
+    index = load_hook().read_search_index(site.dir)
     text: dict[str, str] = {}
     for doc in index["docs"]:
         page = doc["location"].split("#")[0]
@@ -445,6 +445,45 @@ def test_search_index_leaves_code_out(site, note_names):
         assert re.search(r"[\u4e00-\u9fff]{2}", page_text), f"{name}: no prose indexed"
 
 
+def test_search_index_sends_word_marks_in_one_byte_and_the_worker_restores_them(site):
+    """On the wire each word mark is U+007F (1 byte, not U+200B's 3); the built worker turns them
+    back before it indexes anything, so what it searches is the index material wrote."""
+    hook = load_hook()
+    raw = (site.dir / "search" / "search_index.json").read_text(encoding="utf-8")
+    assert "\u200b" not in raw and raw.count(hook.WIRE_MARK) > 10_000, raw.count(hook.WIRE_MARK)
+    worker = next((site.dir / "assets" / "javascripts" / "workers").glob("search.*.min.js")).read_text()
+    setup = hook.WORKER_SETUP.search(worker)
+    assert setup, "material's index setup not found in the worker"
+    decode = worker[setup.end() : setup.end() + 200]
+    assert decode.startswith("for(const d of ") and "replaceAll('\\x7f','\\u200b')" in decode, decode
+
+
+def test_no_self_test_answer_is_in_the_search_index(site, note_names):
+    """A 自测 answer folded on the page is not shown by a search preview either: the text of every
+    <details><summary>答案 ... of every note is absent from the index (its question stays)."""
+    text = _search_text(site)
+    for name in note_names:
+        page_text = re.sub(r"[\u200b\s]+", "", text[f"notes/{Path(name).stem}/"])
+        cells = json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
+        markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        answers = re.findall(r"<summary>答案</summary>(.*?)</details>", markdown, re.S)
+        assert answers, f"{name}: no folded answer"
+        outputs = "\n".join(
+            "".join(v) if isinstance(v, list) else str(v)
+            for c in cells
+            if c["cell_type"] == "code"
+            for o in c.get("outputs", [])
+            for v in [o.get("text", ""), *o.get("data", {}).values()]
+        )
+        rest = re.sub(r"<summary>答案</summary>.*?</details>", "", markdown, flags=re.S) + outputs
+        elsewhere = re.sub(r"[\s*`]+", "", rest)  # the same words in prose or in a cell's output
+        for answer in answers:
+            # stretches of plain Chinese prose found only in the answer (markdown marks break them)
+            runs = [r for r in re.findall(r"[\u4e00-\u9fff，、：]{8,}", answer) if r not in elsewhere]
+            leaked = [r for r in runs if r in page_text]
+            assert not leaked, f"{name}: answer text in the search index: {leaked[:2]}"
+
+
 def test_search_index_fits_its_budget(site):
     size = (site.dir / "search" / "search_index.json").stat().st_size
     print(f"\nsearch index: {size:,} bytes (budget {SEARCH_INDEX_BUDGET:,})")
@@ -463,7 +502,7 @@ def _page_transfer(site, page: Path) -> dict[str, int]:
                 files.add(target)
     assets = site.dir / "assets" / "javascripts"
     files |= set((assets / "workers").glob("search.*.min.js"))
-    config = json.loads((site.dir / "search" / "search_index.json").read_text(encoding="utf-8"))["config"]
+    config = load_hook().read_search_index(site.dir)["config"]
     lunr = assets / "lunr" / "min"
     files |= {lunr / "lunr.stemmer.support.min.js", lunr / "lunr.multi.min.js"}
     files |= {lunr / f"lunr.{lang}.min.js" for lang in config["lang"] if lang != "en"}
@@ -488,7 +527,7 @@ def test_search_knows_the_sites_words_and_whole_queries(site):
     """jieba learnt the user dictionary (流水线并行 stays one word in the index), the notes carry
     their Chinese search terms, and the built search worker tries a query's last word whole."""
     hook = load_hook()
-    index = (site.dir / "search" / "search_index.json").read_text(encoding="utf-8")
+    index = json.dumps(hook.read_search_index(site.dir), ensure_ascii=False)
     for term in ("流水线并行", "分布式优化器", "重切"):
         assert re.search(rf"(?<![\u4e00-\u9fff]){term}(?![\u4e00-\u9fff])", index), term
     worker = next((site.dir / "assets" / "javascripts" / "workers").glob("search.*.min.js")).read_text()
