@@ -61,7 +61,7 @@ SCHEDULES = [
     (4, 2, 8, 4),
     (3, 2, 6, 3),
     (2, 2, 4, 2),  # note 13's batched finding
-    (4, 2, 7, 5),
+    (4, 2, 7, 7),
 ]
 REFUSED_SCHEDULE = (4, 2, 8, 2)  # group size 2 < PP = 4
 
@@ -160,7 +160,7 @@ def test_layout_explorer_shows_megatrons_groups(tab, site_url):
     # seed 000: rank 5 and 13 of TP=2 PP=2 DP=4 on 16 GPUs
     show(page, "#ms-layout", layout_hash(*LAYOUTS[0]))
     mine = {kind: cells[1] for kind, cells in page.evaluate(READ_LAYOUT)["mine"]}
-    assert (mine["tp"], mine["dp"], mine["pp"]) == ("[4, 5]", "[5, 7]", "[5, 13]")
+    assert (mine["tp"], mine["dp"], mine["pp"]) == ("[4, 5]", "[1, 3, 5, 7]", "[5, 13]")
     # tapping a rank selects it and puts it in the URL; a kind button recolors the grid
     page.click('#ms-layout .ms-grid g[data-name="rank 13"] rect')
     page.wait_for_function("() => location.hash.includes('rank=13')")
@@ -222,7 +222,7 @@ def test_explorers_work_from_disk_at_390px(phone, site, path, root):
     overflow = page.evaluate("() => document.documentElement.scrollWidth")
     assert overflow <= PHONE["width"], f"the page scrolls sideways at 390 px ({overflow} px)"
     boxes = page.evaluate(f"() => document.querySelectorAll('{root} svg.ms-figure rect').length")
-    assert boxes > 16
+    assert boxes >= 16
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{root[4:]}-390.png"))
     # from disk, material's search worker cannot read its index (not this page's doing)
