@@ -18,7 +18,7 @@ from snippets.models.memory_estimate import cpu_init, runtime, whole_model_step
 from snippets.models.presets import Dims
 from snippets.ranks.parallel_dims import ParallelDims
 
-BF16, INT64, BOOL = 2, 8, 1
+BF16, INT64 = 2, 8
 
 
 def groups_only(d: Dims, par: ParallelDims) -> mem.Estimate:
@@ -46,19 +46,13 @@ def overview(d: Dims, par: ParallelDims) -> mem.Estimate:
     )
 
 
-def _micro_batch_bytes(d: Dims) -> int:
-    """One micro-batch as ``GPTDataset`` makes it: the ``[b, 1, s, s]`` bool mask and four ``[b, s]``
-    fields (int64, the loss mask float32 counted as int64)."""
-    return d.micro_batch_size * (d.seq * d.seq * BOOL + 4 * d.seq * INT64)
-
-
 def batch_flow(d: Dims, par: ParallelDims) -> mem.Estimate:
     return mem.Estimate(
         {
             # note 03's corpus (15/8 seq tokens, int32) and the index tables of a few samples
             "dataset": 2 * d.seq * 4 + 8 * (d.micro_batch_size * d.microbatches + 1) * INT64,
             # the samples DataLoader collates, the micro-batch, the receivers' buffers, the CP slices
-            "batch": 4 * _micro_batch_bytes(d),
+            "batch": 4 * mem.micro_batch_bytes(d),
             **runtime(par),
         }
     )
@@ -258,7 +252,7 @@ def data_topic(d: Dims, par: ParallelDims) -> mem.Estimate:
         {
             # note 18's corpus (10 documents of up to 1.5 seq tokens, int32) and the index tables
             "dataset": 15 * d.seq * 4 + 4 * samples * INT64,
-            "batch": 2 * _micro_batch_bytes(d),
+            "batch": 2 * mem.micro_batch_bytes(d),
             # the tokens of every micro-batch this rank read, kept for the comparison (DP=1 reads them all)
             "kept tokens": layouts * RESUME_ITERATIONS * global_batch * d.seq * INT64,
             **runtime(par),
@@ -266,20 +260,10 @@ def data_topic(d: Dims, par: ParallelDims) -> mem.Estimate:
     )
 
 
-def _moe_extra_elements(d: Dims, tp: int) -> int:
-    """What the MoE variant adds per layer: ``EXPERTS - 1`` more MLPs (split by ETP = TP) and the
-    router's ``[EXPERTS, hidden]`` weight."""
-    fc1_out = d.ffn * (2 if d.swiglu else 1)
-    mlp = (d.hidden * fc1_out + d.ffn * d.hidden + (fc1_out if d.bias else 0)) // tp + (
-        d.hidden if d.bias else 0
-    )
-    return (EXPERTS - 1) * mlp + EXPERTS * d.hidden
-
-
 def model_topic(d: Dims, par: ParallelDims) -> mem.Estimate:
     qk = dataclasses.replace(d, rmsnorm=True, qk_norm=True)
     largest = max(
-        mem.stage_weight_elements(d, par.tp) + d.layers * _moe_extra_elements(d, par.tp),
+        mem.stage_weight_elements(d, par.tp) + d.layers * mem.moe_extra_elements(d, par.tp, EXPERTS),
         mem.stage_weight_elements(qk, par.tp),
     )
     return mem.Estimate(

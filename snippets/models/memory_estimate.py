@@ -201,3 +201,19 @@ def whole_model_step(d: Dims, tp: int = 1) -> dict:
 
 def runtime(par) -> dict:
     return {"runtime": RUNTIME_BYTES[par.device]}
+
+
+def micro_batch_bytes(d: Dims) -> int:
+    """One micro-batch as ``GPTDataset`` makes it: the ``[b, 1, s, s]`` bool mask and four ``[b, s]``
+    fields (int64, the loss mask float32 counted as int64)."""
+    return d.micro_batch_size * (d.seq * d.seq * 1 + 4 * d.seq * 8)  # bool 1 byte, int64 8
+
+
+def moe_extra_elements(d: Dims, tp: int, experts: int) -> int:
+    """What the MoE variant adds per layer: ``experts - 1`` more MLPs (split by ETP = TP) and the
+    router's ``[experts, hidden]`` weight."""
+    fc1_out = d.ffn * (2 if d.swiglu else 1)
+    mlp = (d.hidden * fc1_out + d.ffn * d.hidden + (fc1_out if d.bias else 0)) // tp + (
+        d.hidden if d.bias else 0
+    )
+    return (experts - 1) * mlp + experts * d.hidden
