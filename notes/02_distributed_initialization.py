@@ -33,6 +33,8 @@
 #
 # 每个群**里面有谁**是怎么算出来的（`RankGenerator` 的掩码算法）留给
 # [笔记 08](../08_parallel_state_and_rank_generator/)；这里把它当成"给出 rank 列表"的黑盒，用运行结果核对。
+#
+# 换别的 TP / PP / CP / EP 和 `order`，在[并行布局浏览器](../../explorers/layouts/)里看 `initialize_model_parallel` 建出的每个群。
 
 # %% [markdown]
 # ## 源码位置

@@ -28,6 +28,8 @@
 # 2. 说清 `get_mask` 产生的掩码如何驱动 `generate_masked_orthogonal_rank_groups`：哪些维"在群内变化"，哪些维"决定第几个群"。
 # 3. 说清为什么 `initialize_model_parallel` 用**两个**生成器（decoder 网格、expert 网格）。
 # 4. 复现 seed 000 的 16 卡例子（TP=2、PP=2 ⇒ DP=4；rank 5、rank 13），说清换 `order` 改变什么、哪些 order 合法。
+#
+# 任意大小和 `order` 下每种群的成员（包括 Megatron 拒绝的组合和它的原话）可以在[并行布局浏览器](../../explorers/layouts/)里查。
 
 # %% [markdown]
 # ## 源码位置

@@ -30,6 +30,8 @@
 # 3. 相邻 stage 之间每一步发什么、收什么、形状多大、由 `P2PCommunicator` 的哪个方法发出。
 # 4. 气泡从哪里来，为什么是 (p−1)/(m+p−1)；interleaved 为什么把它缩小到 (p−1)/(v·m+p−1)。
 # 5. interleaved + PP=2 + `batch_p2p_comm=True` 在 gloo 上算错：是谁的错（遗留问题）。
+#
+# PP 2–4、virtual stage 1–2、m 4–8 的每个组合的记录，在[流水线调度浏览器](../../explorers/schedules/)里逐个看。
 
 # %% [markdown]
 # ## 源码位置
