@@ -171,7 +171,7 @@ def test_layout_explorer_shows_megatrons_groups(tab, site_url):
     )
     assert sorted(page.evaluate(READ_LAYOUT)["solid"]) == [5, 13]
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "layouts-1400.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "layouts-1400.png"))
     tab.assert_clean()
 
 
@@ -201,7 +201,7 @@ def test_schedule_explorer_draws_the_recording(tab, site_url):
     assert shown["state"] == "error" and data[f"{pp}.{vp}.{m}.{g}"]["error"] in shown["error"]
     assert "should range in [PP=4 , M=8]" in shown["error"]
     show(page, "#ms-schedule", "#pp=4&vp=2&m=8&g=4")
-    page.screenshot(path=str(SHOTS / "schedules-1400.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "schedules-1400.png"))
     tab.assert_clean()
 
 
