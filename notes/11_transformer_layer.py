@@ -261,7 +261,8 @@ submodule_table(tp2[0], tp=2)
 
 # %% [markdown]
 # 把这张表和小层每卡的 weight 形状（`weight_table(tp2[0]["weights"])`，与上面 Qwen3-8B 的表同一个函数）画成一层从上到下的流程：
-# 深色是列并行、浅色是行并行，右边的黄色标记是子模块自己发出的 collective。
+# 深色是列并行、浅色是行并行；weight 不因 SP 改变，所以子模块只画一列，右边两组黄色标记是子模块自己发出的
+# collective：先是不开 SP 的 forward / backward，再是开 SP 的。
 
 # %%
 pictures.draw_layer(weight_table(tp2[0]["weights"]).rows, submodule_table(tp2[0], tp=2).rows)

@@ -213,53 +213,54 @@ def _apis(cell: str) -> list[str]:
 def draw_layer(weight_rows: list[list], submodule_rows: list[list], tp: int = 2) -> Figure:
     """Note 11: one ``TransformerLayer`` top to bottom (``weight_table``'s rows: submodule, class,
     per-rank weight, split), and beside each submodule the collectives it issued itself
-    (``submodule_table``'s rows), forward and backward, without and with sequence parallel."""
+    (``submodule_table``'s rows), forward and backward: without sequence parallel, then with it,
+    side by side (the weights are the same in both; only the collectives change)."""
     comm = {row[0].replace(" 自身", ""): row[1:] for row in submodule_rows}
     own = comm.get("self_attention", ["—"] * 4)
     if any(c != "—" for c in own):
         raise ValueError("self_attention issued collectives of its own: the picture has no row for them")
-    box_w, fwd_w, bwd_w, row_h, pitch = 220, 96, 182, 26, 34
-    panel_w = box_w + 12 + fwd_w + 8 + bwd_w
-    top = 70
-    width = 12 + 2 * panel_w + 28 + 12
+    box_w, fwd_w, bwd_w, row_h, pitch, gap = 220, 100, 176, 26, 34, 8
+    pair_w = fwd_w + gap + bwd_w
+    pairs = [12 + box_w + 14, 12 + box_w + 14 + pair_w + 20]
+    top = 92
+    width = pairs[1] + pair_w + 12
     height = top + len(weight_rows) * pitch + 8
     fig = Figure(
         width,
         height,
         title=f"一层 TransformerLayer 的子模块、每卡 weight 与通信（TP={tp}，左：不开 SP，右：开 SP）",
         desc="从上到下是 forward 的顺序；每个方框是一个子模块和它每卡的 weight 形状（列并行、行并行、复制）；"
-        "右侧黄色标记是这个子模块自己发出的 collective，forward 一列、backward 一列。",
+        "右侧黄色标记是这个子模块自己发出的 collective，先是不开 SP 的 forward、backward 两列，"
+        "再是开 SP 的两列。",
     )
+    fig.legend(
+        12,
+        14,
+        [("tp", "列并行"), ("fwd2", "行并行"), ("light", "复制 / 无参数"), ("comm", "collective")],
+        size=11,
+        gap=10,
+    )
+    fig.text(12, 68, f"子模块与每卡 weight（TP={tp}）", bold=True)
+    for x, label in zip(pairs, ("不开 sequence parallel", "开 sequence parallel")):
+        fig.text(x, 46, label, bold=True)
+        fig.text(x, 70, "forward ↓", kind="muted", size=11)
+        fig.text(x + fwd_w + gap, 70, "backward ↑", kind="muted", size=11)
     kinds = {"列并行": "tp", "行并行": "fwd2"}
-    for p, (label, offset) in enumerate(
-        ((f"TP={tp}，不开 sequence parallel", 0), (f"TP={tp}，开 sequence parallel", 2))
-    ):
-        x0 = 12 + p * (panel_w + 28)
-        fig.text(x0, 14, label, bold=True)
-        fig.text(x0 + box_w + 12, 46, "forward ↓", kind="muted", size=11)
-        fig.text(x0 + box_w + 12 + fwd_w + 8, 46, "backward ↑", kind="muted", size=11)
-        if p == 0:
-            fig.legend(
-                x0,
-                32,
-                [("tp", "列并行"), ("fwd2", "行并行"), ("light", "复制 / 无参数"), ("comm", "collective")],
-                size=11,
-                gap=10,
-            )
-        for i, (name, cls, shape, split, _) in enumerate(weight_rows):
-            y = top + i * pitch
-            kind = next((k for word, k in kinds.items() if str(split).startswith(word)), "light")
-            fig.rect(x0, y, box_w, row_h, kind, tip=f"{label} | {name} | {cls} | {shape} | {split}")
-            ink = "on" if kind == "tp" else "ink"
-            fig.text(x0 + 8, y + row_h / 2, name, kind=ink, mono=True)
-            if shape != "—":
-                fig.text(x0 + box_w - 8, y + row_h / 2, str(shape), kind=ink, anchor="end", size=11)
-            if i:
-                fig.line(x0 + 24, y - pitch + row_h, x0 + 24, y - 1, "muted", arrow=True)
-            cells = comm.get(name)
-            if not cells:
-                continue
-            for j, (w, cx) in enumerate(((fwd_w, x0 + box_w + 12), (bwd_w, x0 + box_w + 12 + fwd_w + 8))):
+    for i, (name, cls, shape, split, _) in enumerate(weight_rows):
+        y = top + i * pitch
+        kind = next((k for word, k in kinds.items() if str(split).startswith(word)), "light")
+        fig.rect(12, y, box_w, row_h, kind, tip=f"{name} | {cls} | {shape} | {split}")
+        ink = "on" if kind == "tp" else "ink"
+        fig.text(20, y + row_h / 2, name, kind=ink, mono=True)
+        if shape != "—":
+            fig.text(12 + box_w - 8, y + row_h / 2, str(shape), kind=ink, anchor="end", size=11)
+        if i:
+            fig.line(36, y - pitch + row_h, 36, y - 1, "muted", arrow=True)
+        cells = comm.get(name)
+        if not cells:
+            continue
+        for x, (label, offset) in zip(pairs, _SP_PANELS):
+            for j, (w, cx) in enumerate(((fwd_w, x), (bwd_w, x + fwd_w + gap))):
                 apis = _apis(cells[offset + j])
                 if apis:
                     phase = "forward" if j == 0 else "backward"
@@ -271,23 +272,28 @@ def draw_layer(weight_rows: list[list], submodule_rows: list[list], tp: int = 2)
                         " + ".join(apis),
                         "comm",
                         size=11,
-                        tip=f"{label} | {name} | {phase} | {', '.join(apis)}",
+                        tip=f"{label.format(tp=tp)} | {name} | {phase} | {', '.join(apis)}",
                     )
     fig.check()
     return fig
+
+
+_SP_PANELS = (("TP={tp}，不开 sequence parallel", 0), ("TP={tp}，开 sequence parallel", 2))
+"""The two halves of :func:`draw_layer`: a label, and where their columns start in a
+``submodule_table`` row (forward, backward)."""
 
 
 def layer_tips(weight_rows: list[list], submodule_rows: list[list], tp: int = 2) -> list[str]:
     """The hover titles :func:`draw_layer` gives, rebuilt from the two tables' rows."""
     comm = {row[0].replace(" 自身", ""): row[1:] for row in submodule_rows}
     tips = []
-    for label, offset in ((f"TP={tp}，不开 sequence parallel", 0), (f"TP={tp}，开 sequence parallel", 2)):
-        for name, cls, shape, split, _ in weight_rows:
-            tips.append(f"{label} | {name} | {cls} | {shape} | {split}")
+    for name, cls, shape, split, _ in weight_rows:
+        tips.append(f"{name} | {cls} | {shape} | {split}")
+        for label, offset in _SP_PANELS:
             for j, phase in enumerate(("forward", "backward")):
                 apis = _apis(comm[name][offset + j]) if name in comm else []
                 if apis:
-                    tips.append(f"{label} | {name} | {phase} | {', '.join(apis)}")
+                    tips.append(f"{label.format(tp=tp)} | {name} | {phase} | {', '.join(apis)}")
     return tips
 
 
