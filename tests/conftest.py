@@ -118,6 +118,7 @@ SITE_TESTS = (
     "test_browser.py",
     "test_backlinks.py",
     "test_generated_pages.py",
+    "test_explorers.py",
     "test_drift.py",
     "test_cpu_compat.py",
 )
