@@ -43,6 +43,14 @@ def test_dispatch_picture_is_the_flow_and_tokens_tables(ep_run):
     assert sent == {j: sum(row[2]) for j, row in enumerate(tokens)}
     assert sent == {j: sum(row[4]) for j, row in enumerate(flow)}  # = sum(output_splits)
     assert "allgather | all_gather_into_tensor | [6, 8] → [12, 8]" in tips
+    # the labels a reader sees: each rank routes its own micro-batch's tokens (seq · b of them,
+    # top-2 each), and each expert box adds up what it received
+    texts = [html.unescape(t) for t in re.findall(r"<text[^>]*>(.*?)</text>", svg)]
+    tiny = EXPERIMENTS["moe"].tiny
+    for row in flow:
+        assert f"rank {row[0]} · {tiny.seq * tiny.micro_batch_size} token × top-2" in texts, texts
+    for row in tokens:
+        assert f"各 expert 收到 {row[2]}，共 {sum(row[2])} 行" in texts, texts
     assert svg == pictures.draw_dispatch(flow, tokens, gathered).svg()
     assert fig.width <= 1100
     fig.check()
