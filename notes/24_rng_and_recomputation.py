@@ -26,7 +26,7 @@
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 # snippets first: it applies the CPU patches and silences known warnings.
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n24_rng import (DROPOUT, SEED, checkpoint_comm_table, pairs_table, recompute_run,
+from snippets.experiments.n24_rng import (DROPOUT, MODE_NAMES, MODES, SEED, checkpoint_comm_table, pairs_table, recompute_run,
                                           recompute_table, seeds_and_masks, seeds_table, sharing_table,
                                           without_output_run, without_output_table)
 from snippets.ranks.launch import run_ranks
@@ -279,6 +279,15 @@ recompute
 
 # %%
 draw_saved_bytes(recompute.rows)
+
+# %% [markdown]
+# "恢复了哪些 RNG 状态"也可以直接看：backward 之前和之后，默认生成器与 tracker 里 `model-parallel-rng` 的状态各比一次。
+# Megatron 的重算在 `_fork_rng` 里先把一切拨回 forward 开始时、重跑，再原样放回 backward 开始时的状态，所以重算对后面的训练
+# 不留痕迹；PyTorch 的重算里 `fork()` 照常把 TP 流往前推，没人把它推回去：
+
+# %%
+Table(["方式", "backward 前后默认生成器不变", "backward 前后 `model-parallel-rng` 不变"],
+      [[MODE_NAMES[m], *results[0]["recompute"][m]["generators_kept"]] for m in MODES])
 
 # %% [markdown]
 # ### `CheckpointWithoutOutput`：连输出也不留

@@ -99,6 +99,13 @@ def _inputs(dims, device):
     return x, causal
 
 
+def _generator_states():
+    """The default generator's state and the TP stream's, as the tracker holds it (copies)."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return torch.get_rng_state(), get_cuda_rng_tracker().get_states()["model-parallel-rng"].clone()
+
+
 MODES = ("plain", "megatron", "distributed", "torch")
 """How :func:`recompute_run` runs the layer: no recompute, ``tensor_parallel.checkpoint``, the same
 with ``distribute_saved_activations=True`` (the saved input split over the TP group, gathered back
@@ -146,7 +153,9 @@ def recompute_run(dims, tp: int, device: str = "cpu", keep_tensors: bool = True)
             loss = y.pow(2).sum()
             if hooked:
                 saved.mark()  # what backward saves from here on: the recompute's graph
+            before = _generator_states()
             loss.backward()
+            kept = [torch.equal(a, b) for a, b in zip(before, _generator_states())]
         got = dict(y=y.detach(), x=x.grad, **{n: p.grad for n, p in layer.named_parameters()})
         ref = ref or got
         out[mode] = dict(
@@ -154,6 +163,7 @@ def recompute_run(dims, tp: int, device: str = "cpu", keep_tensors: bool = True)
             recompute_saved=(saved.nbytes(phase=1) if hooked else "—") if mode != "plain" else 0,
             forward_runs=forward_runs,
             backward_runs=runs[len(forward_runs) :],
+            generators_kept=kept,
             same_y=torch.equal(got["y"], ref["y"]),
             same_dx=torch.equal(got["x"], ref["x"]),
             same_grads=all(torch.equal(got[n], ref[n]) for n in got if n not in ("y", "x")),

@@ -87,6 +87,14 @@ def test_megatron_recompute_is_bit_identical_and_torch_checkpoint_is_not(results
     assert rec["megatron"]["saved"] == rec["input_bytes"] < rec["plain"]["saved"]
     assert rec["megatron"]["recompute_saved"] == rec["plain"]["saved"]
     assert rec["megatron"]["forward_runs"] == ["no_grad"] and rec["megatron"]["backward_runs"] == ["grad"]
+    # the recompute leaves every generator where backward found it; torch's leaves the TP stream moved
+    kept = {mode: rec[mode]["generators_kept"] for mode in ("plain", "megatron", "distributed", "torch")}
+    assert kept == {
+        "plain": [True, True],
+        "megatron": [True, True],
+        "distributed": [True, True],
+        "torch": [True, False],
+    }
     # distribute_saved_activations: half the input kept per TP rank, gathered back in backward
     dist = rec["distributed"]
     assert (
