@@ -80,9 +80,13 @@ PAGE_LINK = re.compile(r"\]\(\.\./\.\./([A-Za-z0-9_]+)/(#[^)]*)?\)")
 SEED_QUESTIONS: list[tuple[str, int, str]] = [
     ("parallel_state.py 做什么？", 8, "类群都等于 RankGenerator"),
     ("16 卡，TP = 2、PP = 2、DP = 4，rank 13 在哪几个群？", 2, "rank13 = by_order[13][0]"),
-    ("ColumnParallelLinear 在哪个文件？一层里哪些 linear 用它？", 10, "inspect.getsourcefile(ColumnParallelLinear)"),
+    (
+        "ColumnParallelLinear 在哪个文件？一层里哪些 linear 用它？",
+        10,
+        "inspect.getsourcefile(ColumnParallelLinear)",
+    ),
     ("RL 为什么要 reshard weight？", 22, 'qkv3 = "decoder.layers.3'),
-    ("Megatron Core 给了什么，是只用 PyTorch FSDP 得不到的？", 23, "journey_table(summaries)"),
+    ("Megatron Core 给了什么，是只用 PyTorch FSDP 得不到的？", 15, "run_ranks(fsdp_vs_tp"),
 ]
 
 
