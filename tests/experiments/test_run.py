@@ -421,6 +421,8 @@ LISTED = {
     "21_checkpoint_topic": "snippets.experiments.n21_ckpt_topic",
     "22_refit_and_resharding": "snippets.experiments.n22_refit",
     "23_tensor_journey": "snippets.experiments.n23_journey",
+    "24_rng_and_recomputation": "snippets.experiments.n24_rng",
+    "25_megatron_hf_conversion": "snippets.experiments.n25_hf",
 }
 """Each note's cells call an experiment module and list its functions' source in markdown."""
 
@@ -482,7 +484,10 @@ def check_listing(note: str, module: str) -> None:
         )
         assert path in html, f"{note}: no listing shows {path}"
     source = "".join(code_cells)
-    assert f"from {module} import" in source
+    parent, name = module.rsplit(".", 1)
+    assert f"from {module} import" in source or re.search(
+        rf"^from {parent} import .*\b{name}\b", source, re.M
+    )
 
 
 # ----------------------------------------------------------------------------- in-process runs of the runner's path
