@@ -100,14 +100,18 @@ import torch
 
 from snippets.pp import pictures, timeline
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n13_pipeline import (bubble_row, mean_loss, phase_rows, pipeline_config, pipeline_run,
-                                               stage_rows)
+from snippets.experiments.n13_pipeline import (bubble_row, mean_loss, microbatches, phase_rows, pipeline_config,
+                                               pipeline_run, stage_rows)
 from snippets.ranks.launch import run_ranks
 from snippets.record.listing import listing
 from snippets.record.tables import Table
-from snippets.models.tiny_gpt import max_abs_diff, tiny_config
+from snippets.models.tiny_gpt import forward_step, init_by_global_name, max_abs_diff, tiny_config
 
 from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 # %% [markdown]
 # ## 关键对象
@@ -136,6 +140,32 @@ pp2 = run_ranks(pipeline_run, 2, TINY, pp=2)
 pp4 = run_ranks(pipeline_run, 4, TINY, pp=4, microbatch_counts=(1, 2, 4, 8))
 vpp2 = run_ranks(pipeline_run, 2, TINY, pp=2, vp=2, batch_p2p_comm=False)
 vpp4 = run_ranks(pipeline_run, 4, TINY, pp=4, vp=2, microbatch_counts=(4, 8))
+
+# %% [markdown]
+# 每次运行的核心是下面这一次调用（PP=2、m=4）：两个 rank 各建自己那一段 `GPTModel`，
+# `get_forward_backward_func()` 给出 schedule，schedule 逐个 micro-batch 调 `forward_step`、在两段之间收发
+# activation 和梯度，只在最后一个 stage 返回每个 micro-batch 的 loss。
+
+# %%
+def one_schedule_call(dims, m=4):
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(0)
+    stage = GPTModel(pipeline_config(dims, pp=2), get_gpt_layer_local_spec(), vocab_size=dims.vocab,
+                     max_sequence_length=dims.seq, share_embeddings_and_output_weights=False,
+                     pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage())
+    init_by_global_name(stage)
+    forward_backward_func = get_forward_backward_func()
+    losses = forward_backward_func(forward_step_func=forward_step, data_iterator=iter(microbatches(dims, m)),
+                                   model=[stage], num_microbatches=m,
+                                   seq_length=dims.seq, micro_batch_size=dims.micro_batch_size)
+    return forward_backward_func.__name__, [round(x["lm loss"].item(), 4) for x in losses]
+
+
+calls = run_ranks(one_schedule_call, 2, TINY)
+Table(["rank", "forward_backward_func", "返回的 loss（只在最后一个 stage）", "与 pipeline_run 的 PP=2 相同"],
+      [[r, name, losses, losses == [round(x.item(), 4) for x in pp2[r]["runs"][4]["losses"]]]
+       for r, (name, losses) in enumerate(calls)])
 
 # %% [markdown]
 # 谁拿到哪几层（`layer_number` 是全局的、从 1 数起）：
