@@ -101,7 +101,7 @@ import torch
 from snippets.pp import pictures, timeline
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n13_pipeline import (bubble_row, mean_loss, microbatches, phase_rows, pipeline_config,
-                                               pipeline_run, stage_rows)
+                                               pipeline_run, stage_chunks, stage_rows)
 from snippets.ranks.launch import run_ranks
 from snippets.record.listing import listing
 from snippets.record.tables import Table
@@ -131,7 +131,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # sequence、micro-batch）都是参数 `dims`，本篇用它的 `tiny`：8 层、hidden 16、vocab 32、sequence 8、micro-batch 2。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(pipeline_run)
+listing(stage_chunks, pipeline_run)
 
 # %%
 TINY = EXPERIMENTS["pipeline"].tiny

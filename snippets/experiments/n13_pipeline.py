@@ -60,38 +60,17 @@ def pipeline_config(
     )
 
 
-def pipeline_run(
-    dims,
-    pp: int,
-    vp=None,
-    microbatch_counts=(4,),
-    batch_p2p_comm: bool = True,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    device: str = "cpu",
-    keep_grads: bool = True,
-) -> dict:
-    """On every rank: build this rank's stage(s), run the schedule once per micro-batch count.
-
-    Returns the schedule function's name, each chunk's layers, and per ``m`` the recorded ops,
-    the losses (last stage only), the code's own warm-up counts and -- with ``keep_grads`` -- every
-    gradient by global name (note 13 compares them with one process; at real sizes leave it off).
-    """
+def stage_chunks(dims, config, vp=None, device: str = "cpu") -> list:
+    """This rank's model chunks (one, or ``vp`` of them): the real ``GPTModel`` (local spec) of each
+    of its stages, ``pre_process`` / ``post_process`` where the stage holds the embedding / the
+    output layer, as ``get_model`` builds them; weights drawn by global layer name, so every split
+    holds the same layers as one process."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from snippets.models.tiny_gpt import by_global_name, forward_step, init_by_global_name
+    from snippets.models.tiny_gpt import init_by_global_name
 
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vp,
-    )
-    model_parallel_cuda_manual_seed(0)
-    config = pipeline_config(dims, pp, vp, tp, sequence_parallel, batch_p2p_comm, device)
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
     chunks = []
     for vp_stage in range(vp) if vp else [None]:
@@ -114,6 +93,40 @@ def pipeline_run(
                 )
             )
         init_by_global_name(chunks[-1])
+    return chunks
+
+
+def pipeline_run(
+    dims,
+    pp: int,
+    vp=None,
+    microbatch_counts=(4,),
+    batch_p2p_comm: bool = True,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    device: str = "cpu",
+    keep_grads: bool = True,
+) -> dict:
+    """On every rank: build this rank's stage(s), run the schedule once per micro-batch count.
+
+    Returns the schedule function's name, each chunk's layers, and per ``m`` the recorded ops,
+    the losses (last stage only), the code's own warm-up counts and -- with ``keep_grads`` -- every
+    gradient by global name (note 13 compares them with one process; at real sizes leave it off).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from snippets.models.tiny_gpt import by_global_name, forward_step
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vp,
+    )
+    model_parallel_cuda_manual_seed(0)
+    config = pipeline_config(dims, pp, vp, tp, sequence_parallel, batch_p2p_comm, device)
+    chunks = stage_chunks(dims, config, vp, device)
     forward_backward_func = get_forward_backward_func()
     runs = {}
     for m in microbatch_counts:

@@ -44,13 +44,11 @@ def sweep(dims, pp: int, vp, cases, batch_p2p_comm: bool) -> dict:
     Returns ``{(m, g): dict(ops, code_counts, losses) or "Type: message"}`` and the function name."""
     import torch
     from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from snippets.experiments.n13_pipeline import microbatches, pipeline_config
-    from snippets.models.tiny_gpt import forward_step, init_by_global_name
+    from snippets.experiments.n13_pipeline import microbatches, pipeline_config, stage_chunks
+    from snippets.models.tiny_gpt import forward_step
     from snippets.pp import timeline
 
     parallel_state.initialize_model_parallel(
@@ -58,25 +56,7 @@ def sweep(dims, pp: int, vp, cases, batch_p2p_comm: bool) -> dict:
     )
     model_parallel_cuda_manual_seed(0)
     config = pipeline_config(dims, pp, vp, batch_p2p_comm=batch_p2p_comm)
-    spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization=config.normalization)
-    chunks = []
-    for vp_stage in range(vp) if vp else [None]:
-        first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
-        last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-        chunks.append(
-            GPTModel(
-                config,
-                spec,
-                vocab_size=dims.vocab,
-                max_sequence_length=dims.seq,
-                pre_process=first,
-                post_process=last,
-                share_embeddings_and_output_weights=False,
-                vp_stage=vp_stage,
-                position_embedding_type="rope" if dims.rope else "learned_absolute",
-            )
-        )
-        init_by_global_name(chunks[-1])
+    chunks = stage_chunks(dims, config, vp)
     func = get_forward_backward_func()
     out = {}
     for m, group in cases:
