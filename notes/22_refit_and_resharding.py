@@ -139,7 +139,8 @@ from megatron.core import parallel_state
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n22_refit import (MEANINGS, Inputs, check_table, compact, gpt, gpt_config, one_rl_round,
+from snippets.experiments.n22_refit import (MEANINGS, Inputs, check_table, compact, forward_backward, gpt, gpt_config,
+                                            one_rl_round,
                                             param_bytes, pipeline_logits, rank_row, rollout_groups, rollout_logits,
                                             train_one_step, where)
 
@@ -157,7 +158,7 @@ listing(gpt_config, gpt, rollout_groups)
 # logits（`runtime_gather_output=True`），再在 PP 群里广播给前面的 stage。rollout 模型 PP=1，直接调用。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(Inputs, train_one_step, pipeline_logits, rollout_logits)
+listing(Inputs, forward_backward, train_one_step, pipeline_logits, rollout_logits)
 
 # %% [markdown]
 # ### 一轮 RL，在每个 rank 上

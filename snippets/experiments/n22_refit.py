@@ -82,7 +82,9 @@ class Inputs:
         self.mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1).view(1, 1, s, s)
 
 
-def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5):
+def forward_backward(model, batches, inputs: Inputs) -> list[float]:
+    """The real pipeline schedule over ``batches`` (next-token loss): gradients accumulated in
+    ``model``; each micro-batch's loss, rounded (on the last stage; empty elsewhere)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def step(data, model):
@@ -98,8 +100,13 @@ def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5):
         seq_length=inputs.seq,
         micro_batch_size=inputs.batch,
     )
-    torch.optim.SGD(model.parameters(), lr=lr).step()
     return [round(float(o["loss"]), 4) for o in out]
+
+
+def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5):
+    losses = forward_backward(model, batches, inputs)
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return losses
 
 
 def pipeline_logits(model, tokens, inputs: Inputs):

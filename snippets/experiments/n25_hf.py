@@ -24,7 +24,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from snippets.experiments.n22_refit import Inputs, pipeline_logits, rollout_groups, rollout_logits
+from snippets.experiments.n22_refit import (
+    Inputs,
+    forward_backward,
+    pipeline_logits,
+    rollout_groups,
+    rollout_logits,
+)
 from snippets.models.presets import Dims
 from snippets.record.tables import Table
 from snippets.rl import hf_convert, hf_mapping
@@ -76,21 +82,8 @@ def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5) -> tuple[lis
     of each QK layernorm weight. Returns the losses and whether those QK norm gradients differed
     across TP before the sum."""
     from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    def step(data, model):
-        tokens = next(data)
-        loss = model(tokens, inputs.pos, inputs.mask, labels=tokens.roll(-1, dims=1))
-        return loss, lambda per_token: (per_token.mean(), {"loss": per_token.mean().detach().clone()})
-
-    out = get_forward_backward_func()(
-        forward_step_func=step,
-        data_iterator=iter(batches),
-        model=[model],
-        num_microbatches=len(batches),
-        seq_length=inputs.seq,
-        micro_batch_size=inputs.batch,
-    )
+    losses = forward_backward(model, batches, inputs)
     # the two sums finalize_model_grads does (without DDP it is ours to do):
     shared = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
     if shared is not None and parallel_state.get_pipeline_model_parallel_world_size() > 1:
@@ -103,7 +96,7 @@ def train_one_step(model, batches, inputs: Inputs, lr: float = 0.5) -> tuple[lis
             qk_grads_differ |= not all(torch.equal(g, others[0]) for g in others)
             dist.all_reduce(param.grad, group=tp_group)
     torch.optim.SGD(model.parameters(), lr=lr).step()
-    return [round(float(o["loss"]), 4) for o in out], qk_grads_differ
+    return losses, qk_grads_differ
 
 
 def full_state(model) -> dict:
