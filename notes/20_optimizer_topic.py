@@ -337,10 +337,10 @@ def fp16_steps(opt_kwargs, inject_at, steps, stop_at_first_update=False):
         scaled_norm = torch.cat([p.main_grad.float().flatten() for p in ddp.parameters()]).norm().item()
         before = by_global_name([ddp], "param")
         update_successful, norm, _ = optimizer.step()
-        rows.append([step, scale, step in inject_at, update_successful, "-" if norm is None else norm,
+        rows.append([step, scale, step in inject_at, update_successful, "-" if norm is None else round(norm, 2),
                      "-" if norm is None else round(scaled_norm / scale / norm, 3),
                      max_abs_diff(before, by_global_name([ddp], "param")) > 0,
-                     optimizer.get_loss_scale().item(), scaler._growth_tracker, scaler._hysteresis_tracker, loss])
+                     optimizer.get_loss_scale().item(), scaler._growth_tracker, scaler._hysteresis_tracker, round(loss, 2)])
         if stop_at_first_update and update_successful:
             break
     return rows
