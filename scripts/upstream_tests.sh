@@ -34,8 +34,9 @@ declare -A FILES=(
   [serialization]="tests/unit_tests/dist_checkpointing/test_serialization.py"
   [dispatchers]="tests/unit_tests/transformer/moe/test_token_dispatcher.py tests/unit_tests/transformer/moe/test_a2a_token_dispatcher.py"
 )
+# pytest-mock (test_schedules.py's `mocker`) is pinned in the [test] extra that scripts/setup.sh installs
 "$ROOT/.venv/bin/python" -c "import pytest_mock" 2>/dev/null ||
-  echo "note: pipeline_parallel/test_schedules.py needs pytest-mock (.venv/bin/pip install pytest-mock)" >&2
+  { echo "error: pytest-mock is missing from .venv (run bash scripts/setup.sh)" >&2; exit 2; }
 RUN="$(mktemp -d)"
 OUT="${OUT:-$RUN/junit}"
 mkdir -p "$OUT"
