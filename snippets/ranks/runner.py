@@ -112,11 +112,7 @@ def main(argv=None) -> int:
             print(listing())
             return 0
         nproc = _nproc(all_args)
-        if nproc is not None and "torch" not in sys.modules:
-            import snippets
-
-            snippets.fork_ranks_from_this_process()  # before check() imports torch: ranks are forked
-        jobs, headers = check(all_args, nproc)
+        jobs, headers = check(all_args, nproc)  # imports torch only on a host with NVIDIA devices
     except Refused as exc:
         return _refuse(exc)
     if any(args.estimate for args in all_args):
@@ -124,6 +120,10 @@ def main(argv=None) -> int:
             print("\n\n".join(headers))
         return 0
     if nproc is not None:  # checked for a world of nproc: now start them (torch's elastic launcher)
+        if "torch" not in sys.modules:  # a CPU host: torch is pinned now, before its import, so the
+            import snippets  # ranks can be forked from here (snippets/__init__.py)
+
+            snippets.fork_ranks_from_this_process()
         from snippets.ranks.elastic import launch
 
         rest = [arg for segment in split(argv) for arg in [SEPARATOR, *_without_nproc(segment)]][1:]

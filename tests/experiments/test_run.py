@@ -353,14 +353,14 @@ def test_without_a_gpu_the_verdict_needs_no_torch():
         "print('exit', rc, 'torch imported:', 'torch' in sys.modules)"
     )
 
-    def main_in_rank_0_of_2(*args):
+    def main_in_rank_0_of_2(*args, env=AS_RANK_0_OF_2):
         return subprocess.run(
             [sys.executable, "-c", code, *args],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, **AS_RANK_0_OF_2},
+            env={**os.environ, **env},
         )
 
     refused = main_in_rank_0_of_2("pipeline", "--dims", "qwen3-8b", "--pp", "2")
@@ -369,6 +369,9 @@ def test_without_a_gpu_the_verdict_needs_no_torch():
     estimate = main_in_rank_0_of_2("tp-layer", "--tp", "2", "--estimate")
     assert estimate.stdout.rstrip().endswith("exit 0 torch imported: False"), estimate.stderr
     assert "gloo on cpu, snippets.cpu" in estimate.stdout
+    # the one command refuses before it imports torch for the ranks it would have started
+    before_launch = main_in_rank_0_of_2("--nproc-per-node", "4", "groups", "--tp", "3", env={})
+    assert before_launch.stdout.strip() == "exit 2 torch imported: False", before_launch.stderr
 
 
 def test_estimate_and_list_start_nothing():
