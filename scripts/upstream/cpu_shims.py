@@ -56,6 +56,12 @@ SHIMS = [
     ),
     ("ensure_test_data", "the conftest's dataset download (no network) is skipped"),
     (
+        "remove_sharded_tensors in test modules",
+        "the test calls it on rank 0 only, the others wait in a barrier: if it raises, rank 0 joins that "
+        "barrier before re-raising, so the failure stays this test's and does not break the world's gloo "
+        "connections for every later test (the test still fails on every rank)",
+    ),
+    (
         "megatron.training",
         "not in megatron-core and needs triton: training_stub.py gives _set_random_seed, refuses the rest",
     ),
@@ -288,6 +294,19 @@ def pytest_make_collect_report(collector):
         utils.is_te_min_version = real
 
 
+def _barrier_on_error(fn):
+    """A call the test makes on one rank while the others wait in a barrier: on error, meet them."""
+
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            torch.distributed.barrier()
+            raise
+
+    return wrapper
+
+
 class _TestDeviceMesh:
     """torch's DeviceMesh as a test module sees it: a "cuda" mesh is built on the CPU."""
 
@@ -300,6 +319,7 @@ class _TestDeviceMesh:
 
 
 def pytest_collection_modifyitems(session, config, items):
+    from megatron.core.dist_checkpointing import remove_sharded_tensors
     from megatron.core.utils import is_te_min_version
 
     for name, module in list(sys.modules.items()):
@@ -311,6 +331,8 @@ def pytest_collection_modifyitems(session, config, items):
             module.DeviceMesh = _TestDeviceMesh
         if getattr(module, "is_te_min_version", None) is is_te_min_version:
             module.is_te_min_version = _te_min_version
+        if getattr(module, "remove_sharded_tensors", None) is remove_sharded_tensors:
+            module.remove_sharded_tensors = _barrier_on_error(remove_sharded_tensors)
     for item in items:
         for node in item.listchain():
             node.own_markers[:] = [m for m in node.own_markers if not _is_cuda_skip(m)]
