@@ -20,11 +20,11 @@ import logging
 import torch
 
 from snippets.cpu.base import (
-    CpuUnsupported,
     ModuleProxy,
     Patch,
     Site,
     cuda_view,
+    refuse,
     replace_once,
     scope_torch,
 )
@@ -46,16 +46,35 @@ def _device_manual_seed(seed):
         STREAMS.manual_seed(seed)
 
 
+_GRAPH_SAFE = "use_cudagraphable_rng (graph-safe CUDA RNG states)"
+_refuse_graph_safe = refuse(_GRAPH_SAFE)
+
+
 def _device_set_rng_state(new_state, device=-1, graph_safe=False):
     if graph_safe:
-        raise CpuUnsupported(
-            "use_cudagraphable_rng (graph-safe CUDA RNG states): not supported by "
-            "the CPU layer (snippets.cpu); it needs a GPU"
-        )
+        _refuse_graph_safe()
     if _adding:
         STREAMS.set_state(new_state)
     else:
         torch.set_rng_state(new_state)
+
+
+def _graph_safe_get_refused(get):
+    def wrapper(device="cuda", clone=False, graph_safe=False):
+        if graph_safe:
+            _refuse_graph_safe()  # else torch.cuda._lazy_init: "Torch not compiled with CUDA enabled"
+        return get(device, clone, graph_safe)
+
+    return wrapper
+
+
+def _cudagraphable_tracker_refused(init):
+    def wrapper(self, use_cudagraphable_rng=False, *args, **kwargs):
+        if use_cudagraphable_rng:
+            _refuse_graph_safe()  # else Megatron's assert that torch lacks CUDA graph generators
+        return init(self, use_cudagraphable_rng, *args, **kwargs)
+
+    return wrapper
 
 
 def _streams_in_their_own_generator(add):
@@ -94,6 +113,13 @@ def _patch_rng_tracker():
         logger.addFilter(_SameGeneratorWarning())
 
 
+def _patch_cudagraph_rng():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    replace_once(mrandom, "_get_cuda_rng_state", _graph_safe_get_refused)
+    replace_once(mrandom.CudaRNGStatesTracker, "__init__", _cudagraphable_tracker_refused)
+
+
 def _patch_rerun_state_rng():
     # The rerun state machine saves and restores the CUDA generator next to the CPU one, to replay
     # a step; on a CPU the device generator is the default one, which it saves as well.
@@ -124,6 +150,21 @@ PATCHES = (
         proof="同一个 `torch.manual_seed`、不同的 Megatron 种子：`use_cpu_initialization` 的权重在 TP=1、2、4 "
         "下拼起来是同一个矩阵；`fork()` 里的流同一 TP rank 相同、不同 TP rank 不同，`fork()` 外的 dropout "
         "各 TP rank 相同，默认生成器不被 `model_parallel_cuda_manual_seed` 和 `fork()` 改变",
+    ),
+    Patch(
+        name="cudagraph_rng_refused",
+        scope="megatron.core.tensor_parallel.random",
+        what="`use_cudagraphable_rng=True` 的 tracker 和 graph-safe 的读、设 RNG 状态报一行 `CpuUnsupported`",
+        why="CUDA graph 用的生成器状态（`graphsafe_get_state`、`clone_state`、`CUDAGraph.register_generator_state`）"
+        "只有 GPU 上有；CPU 版 torch 上建这种 tracker 是 Megatron 的断言，转换状态是 CUDA 初始化错误。"
+        "笔记不用 CUDA graph，与其报这两种错，不如直接说清缺的是什么。",
+        sites=(
+            Site("megatron/core/tensor_parallel/random.py", 57, "_lazy_init()"),
+            Site("megatron/core/tensor_parallel/random.py", 177, 'hasattr(torch.cuda.CUDAGraph, "register_'),
+        ),
+        apply=_patch_cudagraph_rng,
+        proof="`CudaRNGStatesTracker(use_cudagraphable_rng=True)` 和 `convert_cuda_rng_state(..., to_graphable=True)` "
+        "各抛出一行 `CpuUnsupported`，点名 `use_cudagraphable_rng`；不用 CUDA graph 的 tracker 照常工作",
     ),
     Patch(
         name="rerun_state_rng",
