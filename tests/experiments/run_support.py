@@ -144,11 +144,10 @@ AS_RANK_0_OF_2 = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORL
 process with this environment takes the same path (and no peer is needed to refuse)."""
 
 
-def runner_tables(name: str, world: int, **parallel) -> list[str]:
-    """What ``python -m snippets.run name --dims tiny`` prints as tables, computed in-process with
-    ``run_ranks`` (the same ``run`` and ``tables``; no torchrun start, so cheap)."""
+def _runner_items(name: str, world: int, **parallel) -> list:
+    """The items (tables and lines) rank 0 of ``python -m snippets.run name --dims tiny`` renders,
+    computed in-process with ``run_ranks`` (the same ``run`` and ``tables``; no job to start, so cheap)."""
     from snippets.ranks.launch import run_ranks
-    from snippets.record.tables import Table
 
     exp = EXPERIMENTS[name]
     run, make_tables = exp.functions()
@@ -156,4 +155,19 @@ def runner_tables(name: str, world: int, **parallel) -> list[str]:
     results = run_ranks(
         run, world, exp.tiny, par, grid={k: v for k, v in parallel.items() if k in ("tp", "pp", "cp")}
     )
-    return [tables(t.markdown())[0] for t in make_tables(results, exp.tiny, par) if isinstance(t, Table)]
+    return make_tables(results, exp.tiny, par)
+
+
+def runner_tables(name: str, world: int, **parallel) -> list[str]:
+    """What ``python -m snippets.run name --dims tiny`` prints as tables (see :func:`_runner_items`)."""
+    from snippets.record.tables import Table
+
+    return [tables(t.markdown())[0] for t in _runner_items(name, world, **parallel) if isinstance(t, Table)]
+
+
+def runner_output(name: str, world: int, **parallel) -> str:
+    """What ``python -m snippets.run name --dims tiny`` prints after its header line, as the runner
+    renders it (:func:`snippets.ranks.runner.render`), computed in-process."""
+    from snippets.ranks.runner import render
+
+    return render(_runner_items(name, world, **parallel))

@@ -10,9 +10,10 @@ configuration. Then the refusals -- a bad flag, an unknown experiment, a world s
 cannot divide, a job too big for this machine -- each checked both ways for its exact line on
 stderr, exit status 2 and no traceback, before any process group exists.
 
-Every job start imports torch and megatron.core in each rank (~5 s of CPU each), so the jobs are
-few: one per world size runs its experiments one after the other (``+``), and each job serves
-several assertions (cached per test session).
+Every job start imports torch and megatron.core (~5 s of CPU each), so the jobs are few: one
+one-command job of 4 ranks runs its experiments one after the other (``+``) and one raw torchrun
+job; each serves several assertions (cached per test session). The other tables come from the
+runner's path in-process (``runner_tables`` / ``runner_output``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from run_support import (
     plain,
     refusals,
     rows_of,
+    runner_output,
     runner_tables,
     tables,
     torchrun,
@@ -43,25 +45,6 @@ from run_support import (
 
 from snippets.models import presets
 
-TWO_RANKS = (
-    "tp-layer",
-    "--dims",
-    "tiny",
-    "--tp",
-    "2",
-    "+",
-    "pipeline",
-    "--dims",
-    "tiny",
-    "--pp",
-    "2",
-    "+",
-    "refit",
-    "--dims",
-    "tiny",
-    "--pp",
-    "2",
-)
 FOUR_RANKS = (
     "groups",
     "--tp",
@@ -91,8 +74,10 @@ FOUR_RANKS = (
     "--pp",
     "2",
 )
-"""One job per world size runs the experiments one after the other (``+``): the ranks start once,
-the one-command way (``python -m snippets.run --nproc-per-node N``)."""
+"""The one-command job (``python -m snippets.run --nproc-per-node 4``) runs the experiments one
+after the other (``+``): the ranks start once. The 2-rank tables (notes 11, 13, 22 at their sizes)
+come from the same experiments' ``run`` and ``tables`` on ranks forked in-process
+(:func:`run_support.runner_output`), which is what each rank of such a job executes."""
 RAW = ("mappings", "--tp", "2")
 """The job under a raw ``torchrun``: the same tables from spawned ranks (each imports torch and
 megatron.core itself, ~5 s of CPU), so it is the smallest one."""
@@ -132,7 +117,7 @@ def test_groups_4_ranks_prints_note_02_tables():
 
 
 def test_tp_layer_2_ranks_prints_note_11_tables():
-    weights, per_submodule, tp2, sp, finalize = tables(section(2, TWO_RANKS, "tp-layer"))
+    weights, per_submodule, tp2, sp, finalize = tables(runner_output("tp-layer", 2, tp=2))
     for table in (per_submodule, tp2, sp, finalize):
         assert_in_note(table, "11_transformer_layer")
     # The weight table at tiny sizes is not in the note (it shows Qwen3-8B's): its parameter column
@@ -152,7 +137,7 @@ def test_tp_layer_4_ranks_fewer_groups_than_tp_prints_note_11_table():
 
 
 def test_pipeline_2_ranks_prints_note_13_tables():
-    out = section(2, TWO_RANKS, "pipeline")
+    out = runner_output("pipeline", 2, pp=2)
     stages, func, phases, order, p2p, meanings, bubble = tables(out)
     for table in (stages, func, bubble):
         assert_in_note(table, "13_pipeline_schedules", whole=False)
@@ -207,7 +192,7 @@ def test_refit_4_ranks_prints_note_22_tables():
 def test_refit_2_ranks_syncs_and_moves_each_rank_its_shard():
     """TP1·PP2 → rollout TP2 (no stored table): every check holds, and the plan delivers each rank
     exactly its rollout weights; the model has the parameters :func:`presets.parameter_count` says."""
-    out = section(2, TWO_RANKS, "refit")
+    out = runner_output("refit", 2, pp=2)
     checks, _, sizes, traffic, per_rank, *_ = tables(out)
     for row in rows_of(checks)[1][1:]:
         stale_is_new = "不同步：rollout == 新 policy" in row
@@ -279,9 +264,11 @@ def test_one_command_refusal_is_one_line_and_status_2(nproc, args, expected):
     assert "torch" not in proc.stderr.split(":", 1)[0] and proc.seconds < 20
 
 
-RAW_REFUSALS = [2, 3]
-"""Under a raw torchrun, the two refusals that each rank decides from its own world: the sizes, and
-its host's memory (a bad flag or an unknown experiment is the same path, checked above)."""
+RAW_REFUSALS = [3]
+"""Under a raw torchrun, the refusal each rank decides from its own world and host: its share of the
+host's memory. The other refusals take the same path (``runner_checks.Refused`` -> ``_refuse``, which
+picks rank 0 to print and exits 2 on every rank) and are checked above the one-command way; the
+world-size one also as rank 0 of a torchrun world (``AS_RANK_0_OF_2``, test_impossible_sizes...)."""
 
 
 @pytest.mark.parametrize(
@@ -390,9 +377,9 @@ def test_estimate_and_list_start_nothing():
 
 
 def test_one_command_job_is_quiet_and_leaves_nothing_in_tmp():
-    """The one-command job of the 2-rank tables ran in a TMPDIR of its own: the launcher removed
+    """The one-command job of the 4-rank tables ran in a TMPDIR of its own: the launcher removed
     its per-rank directories, and no line of torch's elastic agent reached stderr."""
-    proc = one_command(2, *TWO_RANKS)
+    proc = one_command(4, *FOUR_RANKS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.leftovers == []
     assert "torch/distributed/elastic" not in proc.stderr and "Traceback" not in proc.stderr
