@@ -165,14 +165,18 @@ def pytest_collection_finish(session):
 def pytest_sessionstart(session):
     """Start building the site at once, in the background of the process that runs the session
     (under pytest-xdist, the otherwise idle controller): by the time a worker reaches a site test
-    the build is done or under way, instead of starting then while the other worker waits."""
+    the build is done or under way, instead of starting then while the other worker waits. The
+    controller also starts the notebooks' shared kernel zygote, before the workers exist."""
     config = session.config
 
     def uses_site(arg: str) -> bool:
         path = Path(arg.split("::")[0]).resolve()
         return path in (ROOT / "tests", ROOT / "tests" / "site") or path.name in SITE_TESTS
 
-    if os.environ.get("PYTEST_XDIST_WORKER") or not any(uses_site(arg) for arg in config.args):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _share_the_kernel_zygote(config)
+    if not any(uses_site(arg) for arg in config.args):
         return
     tmp = _site_dir(config._tmp_path_factory.getbasetemp())
     lock = open(tmp / "lock", "w")
@@ -185,6 +189,18 @@ def pytest_sessionstart(session):
             lock.close()
 
     threading.Thread(target=build, name="early-site-build", daemon=True).start()
+
+
+def _share_the_kernel_zygote(config) -> None:
+    """Under pytest-xdist with the ``megatron-study`` kernel, start the one kernel zygote the
+    workers' notebooks share (``snippets.ranks.kernel_zygote.share``): it imports torch and Megatron
+    once for the run, beside the site build, instead of once in each worker."""
+    if not config.getoption("numprocesses", None) or config.getoption("nbval_kernel_name", None) is None:
+        return
+    from snippets.ranks import kernel_zygote
+
+    if config.getoption("nbval_kernel_name") == kernel_zygote.KERNEL_NAME:
+        kernel_zygote.share()
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,16 @@
 
 Every notebook nbval checks gets a fresh kernel, and every fresh kernel used to spend ~5 s of CPU
 importing torch and ``megatron.core`` before its first cell did anything: 23 notebooks, ~2 minutes
-of the test command's CPU. Here one *zygote* process per client (a pytest worker, a Jupyter server)
-imports them once -- ``ipykernel`` first, then ``snippets`` (so torch is pinned to one thread, as
-in any note's kernel), then torch and the Megatron modules the notes use -- and forks a kernel for
-each request. The child is a new session (its own process group, as ``jupyter_client`` gives any
-kernel), takes the launch's working directory, environment and arguments, and runs ``ipykernel``
-exactly as ``python -m ipykernel_launcher`` would. No torch code runs in the zygote before a fork
-(importing is all it does), which is the condition under which forking after ``import torch`` is
-safe -- the same one :mod:`snippets.ranks.launch` relies on to fork ranks from a kernel.
+of the test command's CPU. Here one *zygote* process per client (a Jupyter server, a pytest process;
+under pytest-xdist one for the whole run, started by the controller and shared by its workers
+through :data:`SHARED`) imports them once -- ``ipykernel`` first, then ``snippets`` (so torch is
+pinned to one thread, as in any note's kernel), then torch and the Megatron modules the notes use --
+and forks a kernel for each request. The child is a new session (its own process group, as
+``jupyter_client`` gives any kernel), takes the launch's working directory, environment and
+arguments, and runs ``ipykernel`` exactly as ``python -m ipykernel_launcher`` would. No torch code
+runs in the zygote before a fork (importing is all it does), which is the condition under which
+forking after ``import torch`` is safe -- the same one :mod:`snippets.ranks.launch` relies on to
+fork ranks from a kernel.
 
 The kernel spec ``megatron-study`` (``python -m snippets.ranks.kernel_zygote install``, run by
 ``scripts/setup.sh``) names :class:`ZygoteProvisioner`, a ``jupyter_client`` kernel provisioner
@@ -21,7 +23,8 @@ Jupyter runs them in a plain kernel.
 
 Lifetimes: the zygote exits when the process that started it exits (it checks every second), and a
 forked kernel exits when the zygote does (``ipykernel``'s parent poller, via ``JPY_PARENT_PID``).
-Nothing outlives a killed pytest worker.
+Nothing outlives a killed pytest process (a killed xdist worker's kernel is shut down by nbval or,
+at the latest, with the shared zygote when the run ends).
 """
 
 from __future__ import annotations
@@ -77,8 +80,15 @@ def serve(socket_path: str, parent_pid: str, *preload: str) -> None:
     """Import ``preload`` (:data:`PRELOAD`), listen on ``socket_path``, fork a kernel per request;
     exit when ``parent_pid`` is gone."""
     parent_pid = int(parent_pid)
-    for module in preload or PRELOAD:
-        importlib.import_module(module)
+    try:
+        for module in preload or PRELOAD:
+            importlib.import_module(module)
+    except BaseException:
+        # say why, and remove the client's directory: a client waiting for the socket sees it gone
+        traceback.print_exc()
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
+        sys.stderr.flush()
+        os._exit(1)
     # What the imports made stays for the kernels' lifetime: out of every later full collection
     # (each one would otherwise walk torch's and megatron's objects again, in every kernel).
     gc.collect()
@@ -182,12 +192,41 @@ def _become_kernel(args: list[str], env: dict, cwd: str) -> None:
 
 _zygotes: dict[tuple, tuple[subprocess.Popen, str]] = {}
 
+SHARED = "MEGATRON_STUDY_ZYGOTE"
+"""Environment variable naming the socket of a zygote that a parent process started for the
+processes it starts to share (:func:`share`): the test command's pytest-xdist controller starts
+one, and its workers' kernels all come from it, instead of each worker importing torch and
+Megatron into a zygote of its own (~5 s of CPU each, at the busiest moment of the run)."""
+
 
 def zygote(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> str:
-    """The socket path of this process's zygote for ``python``, started on first use."""
+    """The socket path of the zygote for ``python``: the shared one (:data:`SHARED`) when there is
+    one for this Python and preload, else this process's own, started on first use."""
+    shared = os.environ.get(SHARED)
+    if shared and (python, tuple(preload)) == (sys.executable, PRELOAD):
+        return _listening(shared, None)
     known = _zygotes.get((python, preload))
     if known and known[0].poll() is None:
         return known[1]
+    proc, path = _start(python, preload)
+    _listening(path, proc)
+    _zygotes[python, preload] = (proc, path)
+    atexit.register(_stop, proc)
+    return path
+
+
+def share() -> str:
+    """Start this process's zygote (this Python, :data:`PRELOAD`) without waiting for its imports,
+    and name its socket in :data:`SHARED`: processes started from here afterwards use it. It
+    exits with this process, as any zygote exits with its client."""
+    proc, path = _start(sys.executable, PRELOAD)
+    _zygotes[sys.executable, PRELOAD] = (proc, path)
+    atexit.register(_stop, proc)
+    os.environ[SHARED] = path
+    return path
+
+
+def _start(python: str, preload: tuple[str, ...]) -> tuple[subprocess.Popen, str]:
     directory = tempfile.mkdtemp(prefix="zygote-")
     path = os.path.join(directory, "sock")
     # Not `-m snippets.ranks.kernel_zygote`: that would import `snippets` before ipykernel, and
@@ -196,18 +235,23 @@ def zygote(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> 
     proc = subprocess.Popen(
         [python, "-c", boot, path, str(os.getpid()), *preload], stdin=subprocess.DEVNULL, cwd=directory
     )
+    return proc, path
+
+
+def _listening(path: str, proc: subprocess.Popen | None) -> str:
+    """Wait until the zygote listens on ``path``; fail in one line if it exited (its error is on
+    its stderr) or did not finish its imports in time."""
     deadline = time.monotonic() + START_TIMEOUT_S
+    which = "the kernel zygote" if proc is not None else f"the shared kernel zygote ({SHARED}={path})"
     while not os.path.exists(path):
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the kernel zygote exited with status {proc.returncode} while importing {', '.join(PRELOAD)}"
-            )
+        if (proc is not None and proc.poll() is not None) or not os.path.isdir(os.path.dirname(path)):
+            status = f" with status {proc.returncode}" if proc is not None else ""
+            raise RuntimeError(f"{which} exited{status} while importing {', '.join(PRELOAD)}")
         if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the kernel zygote did not listen within {START_TIMEOUT_S:.0f} s")
+            if proc is not None:
+                proc.kill()
+            raise RuntimeError(f"{which} did not listen within {START_TIMEOUT_S:.0f} s")
         time.sleep(0.05)
-    _zygotes[python, preload] = (proc, path)
-    atexit.register(_stop, proc)
     return path
 
 

@@ -147,3 +147,24 @@ def test_a_killed_client_takes_its_zygote_and_kernels_with_it(tmp_path):
     assert not kernel_zygote.alive(zygote), "the zygote outlived its client"
     assert not kernel_zygote.alive(kernel), "a forked kernel outlived its zygote"
     assert not os.path.exists(os.path.dirname(socket_path)), "the zygote left its socket directory"
+
+
+@pytest.mark.skipif(
+    kernel_zygote.SHARED not in os.environ, reason="not under the test command's pytest-xdist controller"
+)
+def test_the_workers_share_the_controllers_zygote():
+    """Under ``scripts/test.sh`` (pytest-xdist) the controller started one zygote before the
+    workers existed (tests/conftest.py); a worker's kernels come from it, and the worker has
+    started none of its own."""
+    shared = os.environ[kernel_zygote.SHARED]
+    assert kernel_zygote.zygote() == shared and os.path.exists(shared)
+    assert (sys.executable, kernel_zygote.PRELOAD) not in kernel_zygote._zygotes
+
+
+def test_a_shared_zygote_that_is_gone_fails_in_one_line(tmp_path, monkeypatch):
+    gone = tmp_path / "zygote-gone" / "sock"  # its directory was removed when it exited
+    monkeypatch.setenv(kernel_zygote.SHARED, str(gone))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^the shared kernel zygote \(MEGATRON_STUDY_ZYGOTE=.*\) exited "):
+        kernel_zygote.zygote()
+    assert time.monotonic() - start < 60  # not the 120 s a zygote gets to finish its imports
