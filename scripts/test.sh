@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . scripts/env.sh
+# Bytecode caches on (the environment may turn them off): the test processes, the runner's
+# subprocesses, the kernels and the site builds then compile the project's modules once per run
+# (__pycache__/ is git-ignored) instead of once per process.
+unset PYTHONDONTWRITEBYTECODE
 
 # The browser tests drive Debian's Chromium (no browser download is possible here). Install it
 # when we can (root with apt); otherwise they skip with a message -- except under CI, where a
