@@ -322,10 +322,24 @@ def test_world_of_one_says_how_to_start_more_ranks():
         (["--nproc-per-node", "2", "groups"], "--nproc-per-node is for starting the ranks here"),
     ],
 )
-def test_impossible_sizes_are_refused_in_one_line(args, says):
-    proc = plain(*args, env=AS_RANK_0_OF_2)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert says in one_line(proc.stderr)
+def test_impossible_sizes_are_refused_in_one_line(args, says, monkeypatch, capsys):
+    """The runner's ``main`` as rank 0 of a 2-rank torchrun world (that environment), called in this
+    process: it refuses in one line with status 2 before anything starts. (The command line itself,
+    as a user runs it, is checked by the refusal tests above; nothing here may start a job.)"""
+    from snippets.ranks import elastic, runner
+
+    def no_job(*_, **__):
+        raise AssertionError(f"{args} was not refused: a job was about to start")
+
+    for name, value in AS_RANK_0_OF_2.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(runner, "run_jobs", no_job)
+    monkeypatch.setattr(elastic, "launch", no_job)
+    assert runner.main(list(args)) == 2
+    out, err = capsys.readouterr()
+    assert out == "", out
+    assert says in one_line(err)
 
 
 @pytest.mark.skipif(
