@@ -14,6 +14,7 @@ events only; each part says in its docstring what it does and why:
 - ``site_cells``: offline (no CDN scripts), the download button, folded cells, inline SVGs.
 - ``site_css``: page weight (one shared, purged copy of nbconvert's stylesheet).
 - ``site_search``: Chinese search words, the query segmenter, a smaller search index.
+- ``site_load``: load time (material's script starts after a note page's load event).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from site_generated import (
     what_it_runs,
 )
 from site_headings import ANY_ID, fix_headings
+from site_load import run_material_after_load
 from site_nav import NOTE_NAME, NOTES_DIR, PLAN, ROUNDS, _first_h1, _notes_present, is_note, note_sections
 from site_note_links import link_note_numbers
 from site_render import FocusableMarkup, speed_up_notebook_rendering
@@ -134,6 +136,10 @@ def on_page_content(content, page, config, files):
     site_css.note_uses(content)
     # include_source copies the .ipynb into the page's own directory
     return download_button(Path(page.file.abs_src_path).name) + content
+
+
+def on_post_page(output, page, config):
+    return run_material_after_load(output) if is_note(page) else output
 
 
 def on_post_build(config):

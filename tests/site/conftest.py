@@ -32,6 +32,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SHOTS = Path("/tmp/shots")
+# a note page starts material's script after its load event (hooks/site_load.py): ready when it ran
+MATERIAL_READY = (
+    "() => !document.querySelector('script[type=\"text/x-ms-after-load\"]') || !!window.msMaterialReady"
+)
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
@@ -90,15 +94,29 @@ def browser_context(browser):
         context.close()
 
 
+# Material's search worker fetches the search index and builds the same lunr index on every page
+# load (~0.3-0.4 s of CPU, more than the page's own main thread). A test that searches, and the
+# first page a tab opens at each depth of the site (where the worker's relative URLs would break),
+# get the real worker; elsewhere this stand-in takes its messages and answers none (the search box
+# then stays "initializing"; nothing else on a page waits for it).
+STUB_WORKER_COOKIE = "ms-search-worker"
+STUB_WORKER = f"""if (document.cookie.includes('{STUB_WORKER_COOKIE}=stub'))
+  window.Worker = class extends EventTarget {{ postMessage() {{}} terminate() {{}} }};"""
+
+
 class Tab:
     """One tab reused by all tests of a module. Each page load starts a fresh record of console
     errors, page errors, failed requests and off-machine requests."""
 
     def __init__(self, context, site_url):
+        self.site_url = site_url
         self.origin = urlsplit(site_url).netloc
         self.errors: list[str] = []
         self.external: list[str] = []
+        self.depths: set[int] = set()  # site depths opened with the real search worker
+        self.stubbed = False  # the page shown has the stand-in worker
         self.page = page = context.new_page()
+        page.add_init_script(STUB_WORKER)
         page.on("request", self._request)
         page.on(
             "console",
@@ -125,10 +143,26 @@ class Tab:
 
     def goto(self, url, idle=False):
         """Open ``url``, unless the tab already shows it (a fragment aside): then the page and its
-        record since it loaded are kept, and the load is not paid again."""
-        if self.page.url.split("#")[0] != url:
+        record since it loaded are kept, and the load is not paid again. ``idle``: the test
+        searches, so the page runs the real search worker and its fetches are waited for."""
+        if self.page.url.split("#")[0] != url or (idle and self.stubbed):
             self.errors, self.external = [], []
+            page = url.split("#")[0]
+            depth = page[len(self.site_url) :].count("/") if page.startswith(self.site_url) else None
+            self.stubbed = not idle and depth is not None and depth in self.depths
+            if depth is not None:
+                self.depths.add(depth)
+                self.page.context.add_cookies(
+                    [
+                        {
+                            "name": STUB_WORKER_COOKIE,
+                            "value": "stub" if self.stubbed else "real",
+                            "url": self.site_url,
+                        }
+                    ]
+                )
             self.page.goto(url, wait_until="load")
+            self.page.wait_for_function(MATERIAL_READY)
         if idle:  # wait for the search worker's fetches too (costs ~0.5 s)
             self.page.wait_for_load_state("networkidle")
 
@@ -158,9 +192,14 @@ def phone(browser, site_url):
         context.close()
 
 
+# a promise that resolves after two frames (what a scroll or a class change needs to be drawn)
+TWO_FRAMES = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+
+
 def shot(page, name):
+    """A screenshot for a reader of the test run (not a check); CSS transitions shown finished."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / name))
+    page.screenshot(path=str(SHOTS / name), animations="disabled")
 
 
 _shot = shot  # the name test modules used before

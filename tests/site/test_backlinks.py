@@ -23,7 +23,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import pytest
 from test_site import load_hook
 
-from conftest import DESKTOP, PHONE  # browser fixtures: tests/site/conftest.py
+from conftest import DESKTOP, PHONE, TWO_FRAMES  # browser fixtures: tests/site/conftest.py
 from conftest import shot as _shot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -465,8 +465,8 @@ def test_graph_page_in_browser(tab, site_url, built, note_names):  # noqa: F811
     note.hover()
     after = float(edge.evaluate("e => getComputedStyle(e).opacity"))
     assert after == 1.0 and before < 1.0, (before, after)
-    page.evaluate("document.getElementById('全图').scrollIntoView()")
-    page.wait_for_timeout(300)  # material's header fades the title in on scroll
+    # two frames for material's header to swap its title in on scroll (the screenshot ends the fade)
+    page.evaluate(f"() => {{ document.getElementById('全图').scrollIntoView(); return {TWO_FRAMES}; }}")
     _shot(page, "graph.png")
     # on a phone the picture gives way to the list, which names every page
     page.set_viewport_size(PHONE)
@@ -491,7 +491,8 @@ def test_note_sections_in_browser(tab, site_url, note_names):  # noqa: F811
     toc = page.locator("nav.md-nav--secondary a.md-nav__link")
     hrefs = [unquote(h) for h in toc.evaluate_all("as => as.map(a => a.getAttribute('href'))")]
     assert hrefs[-2:] == ["#关系图谱", "#反向链接"], hrefs
-    page.evaluate("document.querySelector('section.link-graph').scrollIntoView()")
-    page.wait_for_timeout(300)
+    page.evaluate(
+        f"() => {{ document.querySelector('section.link-graph').scrollIntoView(); return {TWO_FRAMES}; }}"
+    )
     _shot(page, f"note-{stem}-bottom.png")
     tab.assert_clean()

@@ -8,6 +8,7 @@ summary tests at the end of the module. Screenshots go to /tmp/shots/.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -57,6 +58,9 @@ LAYOUT_JS = r"""window.__msLayout = (() => {
   drawAll.textContent = '.jupyter-wrapper .jp-Cell { content-visibility: visible !important; }';
   document.head.append(drawAll);
   const art = () => document.querySelector('article');
+  // TOC hrefs whose target heading does not exist on the page (ids keep CJK: percent-decoded)
+  const tocMissing = hrefs => hrefs.filter(h => !/^H[1-6]$/.test(
+      document.getElementById(decodeURIComponent(h.slice(1)))?.tagName));
   const shown = el => el.checkVisibility ? el.checkVisibility() : !!el.offsetParent;
   const scrollsX = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
   const clipsX = el => getComputedStyle(el).overflowX !== 'visible';
@@ -180,11 +184,31 @@ LAYOUT_JS = r"""window.__msLayout = (() => {
     }).map(label);
     return {pageWidth: document.documentElement.scrollWidth, vw, loose, gutter, still, unpinned};
   }
-  return {blocks, codeShare, spoilers, svgs, phone,
-          column: () => art().getBoundingClientRect().width,
+  const column = () => art().getBoundingClientRect().width;
+  function desktop() {
+    // everything the 1400 px checks of a note page read, in one call
+    const toc = [...document.querySelectorAll('TOC_LINKS')].map(a => a.getAttribute('href'));
+    const download = [...art().querySelectorAll('a.nb-download')]
+      .map(a => ({href: a.getAttribute('href'), text: a.innerText}));
+    return {blocks: blocks(), code: codeShare(), spoilers: spoilers(), svgs: svgs(), column: column(),
+            render: (RENDER_CHECKS)(), toc, tocMissing: tocMissing(toc), download,
+            tables: art().querySelectorAll('table').length,
+            material: document.documentElement.classList.contains('js'),
+            // material's bundle is fetched once the load event has started (hooks/site_load.py)
+            bundleAfterLoad: performance.getEntriesByType('resource')
+              .filter(e => /assets\/javascripts\/bundle\.[0-9a-f]+\.min\.js$/.test(e.name))
+              .map(e => e.startTime >= performance.getEntriesByType('navigation')[0].loadEventStart)};
+  }
+  // the page as the site draws it again (far-off cells skipped); the next check adds the script anew
+  const undraw = () => { drawAll.remove(); delete window.__msLayout; };
+  return {blocks, codeShare, spoilers, svgs, phone, column, desktop, undraw,
+          narrow: () => ({phone: phone(), svgs: svgs()}),
           height: () => art().getBoundingClientRect().height};
 })();
 """
+
+
+LAYOUT_JS = LAYOUT_JS.replace("TOC_LINKS", TOC_LINKS).replace("(RENDER_CHECKS)", f"({RENDER_CHECKS})")
 
 
 def layout(page, check: str):
@@ -202,14 +226,9 @@ MAX_CODE_SHARE = 0.15  # of a note page's height, with every fold closed
 STATS: dict[str, dict] = {}  # note stem -> figures measured by the note tests, for the summaries
 
 
-def _toc_lands(page) -> list[str]:
-    """TOC hrefs whose target heading does not exist on the page."""
-    hrefs = page.locator(TOC_LINKS).evaluate_all("as => as.map(a => a.getAttribute('href'))")
-    return page.evaluate(
-        """hrefs => hrefs.filter(h => !/^H[1-6]$/.test(
-               document.getElementById(decodeURIComponent(h.slice(1)))?.tagName))""",
-        hrefs,
-    )
+# TOC hrefs whose target heading does not exist on the page (ids keep CJK: hrefs are percent-decoded)
+TOC_MISSING = f"""() => [...document.querySelectorAll('{TOC_LINKS}')].map(a => a.getAttribute('href'))
+    .filter(h => !/^H[1-6]$/.test(document.getElementById(decodeURIComponent(h.slice(1)))?.tagName))"""
 
 
 @pytest.mark.parametrize("path", _doc_pages())
@@ -218,10 +237,10 @@ def test_every_markdown_page_renders_clean(tab, site_url, path):
     every TOC entry lands on a heading."""
     tab.goto(f"{site_url}{path}")
     page = tab.page
-    got = page.evaluate(RENDER_CHECKS)
+    got, missing = page.evaluate(f"() => [({RENDER_CHECKS})(), ({TOC_MISSING})()]")
     assert not got["broken"], f"images that did not load: {got['broken']}"
     assert not got["flat"], f"tables rendered without height: {got['flat']}"
-    assert not _toc_lands(page), f"TOC links to missing headings: {_toc_lands(page)}"
+    assert not missing, f"TOC links to missing headings: {missing}"
     _shot(page, f"page-{path.strip('/') or 'home'}.png")
     tab.assert_clean()
 
@@ -233,12 +252,13 @@ def test_home_page_loads_clean(tab, site_url):
     tab.assert_clean()
 
 
-def _rare_terms(site, stem: str, limit: int = 6) -> list[str]:
-    """Words of this note's search-index text that the fewest other pages share: jieba's
-    Chinese words and plain English words, rarest (then two-character Chinese) first."""
-    index = load_hook().read_search_index(site.dir)
+@functools.cache
+def _index_words(site_dir: Path) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """The built search index, read once: the pages each word is on (lower case), and each
+    page's words in index order (jieba's Chinese words and plain English words)."""
+    index = load_hook().read_search_index(site_dir)
     pages: dict[str, set[str]] = {}
-    mine: list[str] = []
+    words_of: dict[str, dict[str, None]] = {}  # an ordered set per page
     for doc in index["docs"]:
         text = re.sub(r"<[^>]+>", " ", doc["title"] + "\u200b" + doc["text"])
         words = {w for w in re.split(r"[\u200b\s]+", text) if CJK_WORD.fullmatch(w)}
@@ -246,14 +266,44 @@ def _rare_terms(site, stem: str, limit: int = 6) -> list[str]:
         location = doc["location"].split("#")[0]
         for w in words:
             pages.setdefault(w.lower(), set()).add(location)
-        if location == f"notes/{stem}/":
-            mine.extend(w for w in sorted(words) if w not in mine)
+        words_of.setdefault(location, {}).update(dict.fromkeys(sorted(words)))
+    return pages, {location: list(words) for location, words in words_of.items()}
+
+
+def _rare_terms(site, stem: str, limit: int = 6) -> list[str]:
+    """Words of this note's search-index text that the fewest other pages share: jieba's
+    Chinese words and plain English words, rarest (then two-character Chinese) first."""
+    pages, words_of = _index_words(site.dir)
+    mine = words_of.get(f"notes/{stem}/", [])
     assert mine, f"no words for notes/{stem} in the search index"
     return sorted(mine, key=lambda w: (len(pages[w.lower()]), len(w) != 2, -len(w)))[:limit]
 
 
 RESULT_META = ".md-search-result__meta"
 PENDING = "searching…"
+QUERY_JS = """async ([query, meta, pending]) => {
+  // Mark the result count, type the query, and wait until material has rewritten the count: then
+  // the list is this query's answer, hit or miss (a miss costs no timeout). One round trip.
+  const box = document.querySelector('input.md-search__input');
+  const count = document.querySelector(meta);
+  count.textContent = pending;
+  box.value = query;
+  // material searches on a key press (seen): its query component listens for keyup
+  box.dispatchEvent(new KeyboardEvent('keyup', {key: 'End', bubbles: true}));
+  const start = performance.now();
+  while (count.textContent === pending) {
+    if (performance.now() - start > 5000) throw new Error('no search answer for ' + query);
+    await new Promise(requestAnimationFrame);
+  }
+  const links = sel => [...document.querySelectorAll(sel)].map(a => new URL(a.href).pathname);
+  return {top: links('.md-search-result__item > a'), all: links('.md-search-result__item a')};
+}"""
+
+
+def _query(page, query: str) -> dict[str, list[str]]:
+    """Search for ``query`` in the open search box: the result links' paths, the top-level ones
+    (one per result, best first) and all (their section links too)."""
+    return page.evaluate(QUERY_JS, [query, RESULT_META, PENDING])
 
 
 def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
@@ -264,26 +314,13 @@ def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
     note's rarest words are tried, and the test fails if none finds the note."""
     tab.goto(site_url, idle=True)
     page = tab.page
-    box = page.locator("input.md-search__input")
-    box.click()
+    page.locator("input.md-search__input").click()
     misses = []
     for name in note_names:
         stem = Path(name).stem
         tried = []
         for word in _rare_terms(site, stem):
-            # Mark the result count, search, and wait until material has rewritten it: then the
-            # list is this query's answer, hit or miss (a miss no longer costs a timeout).
-            page.evaluate(f"() => {{ document.querySelector('{RESULT_META}').textContent = '{PENDING}'; }}")
-            box.fill(word)
-            box.press("End")  # filled text fires no keyup; material searches on a key press (seen)
-            page.wait_for_function(
-                f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000
-            )
-            if page.evaluate(
-                """s => Array.from(document.querySelectorAll('.md-search-result__item a'))
-                                    .some(a => a.href.includes('/notes/' + s + '/'))""",
-                stem,
-            ):
+            if any(f"/notes/{stem}/" in h for h in _query(page, word)["all"]):
                 break
             tried.append(word)
         else:
@@ -296,18 +333,9 @@ def test_search_finds_a_word_from_every_note(tab, site_url, site, note_names):
 
 def _search(page, query: str) -> list[str]:
     """Type ``query`` into material's search; the pages of the results, best first."""
-    box = page.locator("input.md-search__input")
-    box.click()
-    page.evaluate(f"() => {{ document.querySelector('{RESULT_META}').textContent = '{PENDING}'; }}")
-    box.fill(query)
-    box.press("End")  # filled text fires no keyup; material searches on a key press (seen)
-    page.wait_for_function(
-        f"() => document.querySelector('{RESULT_META}').textContent !== '{PENDING}'", timeout=5000
-    )
-    hrefs = page.evaluate("""() => Array.from(document.querySelectorAll('.md-search-result__item > a'))
-                               .map(a => new URL(a.href).pathname)""")
+    page.locator("input.md-search__input").click()
     pages = []
-    for h in hrefs:
+    for h in _query(page, query)["top"]:
         if h not in pages:
             pages.append(h)
     return pages
@@ -350,41 +378,49 @@ def test_note_page_renders(tab, site_url, note_names, name):
     if name == note_names[0]:
         _shot(page, f"note-{stem}.png")
 
-    blocks = layout(page, "blocks")
-    STATS[stem] = dict(wide=blocks["wide"], code=layout(page, "codeShare"), spoilers=layout(page, "spoilers"))
-    assert page.locator("article table").count() >= 1, "no <table> rendered"
-    download = page.locator("article a.nb-download")
-    assert download.count() == 1, "no .ipynb download button"
-    assert "下载 .ipynb" in download.inner_text(), "the download button has no label"
-    got = download.evaluate(
-        "a => fetch(a.href).then(async r => [r.status, (await r.text()).includes('nbformat')])"
+    # every 1400 px figure in one call (each call is a round trip to the browser), and the
+    # download fetched by the page
+    got = page.evaluate(
+        f"""async () => {{ {LAYOUT_JS};
+            const d = window.__msLayout.desktop();
+            const a = document.querySelector('article a.nb-download');
+            d.fetched = a ? await fetch(a.href).then(async r => [r.status, (await r.text()).includes('nbformat')])
+                          : null;
+            return d; }}"""
     )
-    assert got == [200, True], f"download {download.get_attribute('href')} -> {got}"
-    got = page.evaluate(RENDER_CHECKS)
-    assert not got["broken"] and not got["flat"], got
+    blocks = got["blocks"]
+    STATS[stem] = dict(wide=blocks["wide"], code=got["code"], spoilers=got["spoilers"])
+    assert got["material"], "material's script did not run"
+    assert got["bundleAfterLoad"] == [True], (
+        f"material's bundle before the load event: {got['bundleAfterLoad']}"
+    )
+    assert got["tables"] >= 1, "no <table> rendered"
+    assert len(got["download"]) == 1, "no .ipynb download button"
+    assert "下载 .ipynb" in got["download"][0]["text"], "the download button has no label"
+    assert got["fetched"] == [200, True], f"download {got['download'][0]['href']} -> {got['fetched']}"
+    assert not got["render"]["broken"] and not got["render"]["flat"], got["render"]
     # every TOC link names a heading that exists (ids keep CJK: hrefs are percent-decoded)
-    hrefs = page.locator(TOC_LINKS).evaluate_all("as => as.map(a => a.getAttribute('href'))")
+    hrefs = got["toc"]
     assert hrefs, "empty TOC"
-    assert not _toc_lands(page), f"TOC links to missing headings: {_toc_lands(page)}"
+    assert not got["tocMissing"], f"TOC links to missing headings: {got['tocMissing']}"
     chinese = [h for h in hrefs if CJK_WORD.search(unquote(h))]
     assert chinese, "no Chinese heading in the TOC"
 
     problems = []
-    column = layout(page, "column")
-    if column < MIN_COLUMN:
-        problems.append(f"content column {column:.0f} px at 1400 px (want >= {MIN_COLUMN})")
+    if got["column"] < MIN_COLUMN:
+        problems.append(f"content column {got['column']:.0f} px at 1400 px (want >= {MIN_COLUMN})")
     if blocks["clipped"]:
         problems.append(f"cut off without a scroll bar: {blocks['clipped']}")
     if blocks["comm"]:
         problems.append(f"communication tables that hide columns: {blocks['comm']}")
-    pictures = layout(page, "svgs")
-    if pictures["count"] < 1:
+    if got["svgs"]["count"] < 1:
         problems.append("no picture drawn (the page's own 关系图谱 at least)")
-    problems += pictures["problems"]
+    problems += got["svgs"]["problems"]
 
     page.set_viewport_size(PHONE)
     try:
-        got = layout(page, "phone")
+        narrow = page.evaluate("() => window.__msLayout.narrow()")
+        got = narrow["phone"]
         if got["pageWidth"] > got["vw"]:
             problems.append(f"[390 px] the page scrolls sideways: {got['pageWidth']} > {got['vw']} px")
         if got["loose"]:
@@ -395,10 +431,13 @@ def test_note_page_renders(tab, site_url, note_names, name):
             problems.append(f"[390 px] tables that do not scroll: {got['still'][:5]}")
         if got["unpinned"]:
             problems.append(f"[390 px] tables whose first column is not pinned: {got['unpinned'][:5]}")
-        problems += ["[390 px] " + p for p in layout(page, "svgs")["problems"]]
+        problems += ["[390 px] " + p for p in narrow["svgs"]["problems"]]
         if name == note_names[0]:
             _shot(page, f"phone-{stem}.png")
     finally:
+        # back to skipping far-off cells first: the page is then laid out again at 1400 px for
+        # the cells near the viewport only
+        page.evaluate("() => window.__msLayout && window.__msLayout.undraw()")
         page.set_viewport_size(DESKTOP)
     assert not problems, "\n".join(problems)
 

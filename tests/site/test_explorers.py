@@ -98,9 +98,23 @@ def layout_hash(world, tp, pp, cp, ep, etp, order, rank, kind="tp") -> str:
     return f"#w={world}&tp={tp}&pp={pp}&cp={cp}&ep={ep}&etp={etp}&order={order}&rank={rank}&kind={kind}"
 
 
-def show(page, root: str, hash_: str):
-    page.evaluate("h => { location.hash = h; }", hash_)
-    page.wait_for_function("([sel, h]) => document.querySelector(sel).dataset.shown === h", arg=[root, hash_])
+SHOW = """async ([sel, h]) => {
+  // select by the URL hash, as a shared link does, and wait until the explorer has drawn it
+  location.hash = h;
+  const start = performance.now();
+  while (document.querySelector(sel).dataset.shown !== h) {
+    if (performance.now() - start > 10000) throw new Error(sel + ' did not show ' + h);
+    await new Promise(requestAnimationFrame);
+  }
+}"""
+
+
+def show(page, root: str, hash_: str, read: str | None = None):
+    """Show ``hash_``; with ``read`` (a READ_* script), what the page then shows, in the same
+    round trip to the browser."""
+    if read is None:
+        return page.evaluate(SHOW, [root, hash_])
+    return page.evaluate(f"async arg => {{ await ({SHOW})(arg); return ({read})(); }}", [root, hash_])
 
 
 def groups_of(text: str) -> list[list[int]]:
@@ -137,8 +151,7 @@ def test_layout_explorer_shows_megatrons_groups(tab, site_url):
     page = tab.page
     compared = 0
     for layout in LAYOUTS:
-        show(page, "#ms-layout", layout_hash(*layout))
-        shown = page.evaluate(READ_LAYOUT)
+        shown = show(page, "#ms-layout", layout_hash(*layout), READ_LAYOUT)
         expected = expected_layout(*layout[:-1])
         if isinstance(expected, str):
             assert shown["state"] == "error" and expected in shown["error"], (layout, shown["error"])
@@ -158,8 +171,10 @@ def test_layout_explorer_shows_megatrons_groups(tab, site_url):
         compared += 1
     assert compared == len(LAYOUTS) >= 20
     # seed 000: rank 5 and 13 of TP=2 PP=2 DP=4 on 16 GPUs
-    show(page, "#ms-layout", layout_hash(*LAYOUTS[0]))
-    mine = {kind: cells[1] for kind, cells in page.evaluate(READ_LAYOUT)["mine"]}
+    mine = {
+        kind: cells[1]
+        for kind, cells in show(page, "#ms-layout", layout_hash(*LAYOUTS[0]), READ_LAYOUT)["mine"]
+    }
     assert (mine["tp"], mine["dp"], mine["pp"]) == ("[4, 5]", "[1, 3, 5, 7]", "[5, 13]")
     # tapping a rank selects it and puts it in the URL; a kind button recolors the grid
     page.click('#ms-layout .ms-grid g[data-name="rank 13"] rect')
@@ -180,8 +195,9 @@ def test_schedule_explorer_draws_the_recording(tab, site_url):
     tab.goto(f"{site_url}explorers/schedules/#pp=4&vp=1&m=8")
     page = tab.page
     for pp, vp, m, g in SCHEDULES:
-        show(page, "#ms-schedule", f"#pp={pp}&vp={vp}&m={m}" + (f"&g={g}" if g else ""))
-        shown = page.evaluate(READ_SCHEDULE)
+        shown = show(
+            page, "#ms-schedule", f"#pp={pp}&vp={vp}&m={m}" + (f"&g={g}" if g else ""), READ_SCHEDULE
+        )
         entry = data[f"{pp}.{vp}.{m}.{g}"]
         assert shown["state"] == "ok", shown["error"]
         assert shown["lanes"] == [r["ops"].split(" ") for r in entry["ranks"]], (pp, vp, m, g)
@@ -196,8 +212,7 @@ def test_schedule_explorer_draws_the_recording(tab, site_url):
         else:
             assert not shown["finding"]
     pp, vp, m, g = REFUSED_SCHEDULE
-    show(page, "#ms-schedule", f"#pp={pp}&vp={vp}&m={m}&g={g}")
-    shown = page.evaluate(READ_SCHEDULE)
+    shown = show(page, "#ms-schedule", f"#pp={pp}&vp={vp}&m={m}&g={g}", READ_SCHEDULE)
     assert shown["state"] == "error" and data[f"{pp}.{vp}.{m}.{g}"]["error"] in shown["error"]
     assert "should range in [PP=4 , M=8]" in shown["error"]
     show(page, "#ms-schedule", "#pp=4&vp=2&m=8&g=4")
