@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import training_stub
+from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 import snippets  # noqa: F401  (warning filters, before Megatron warns)
@@ -55,6 +56,18 @@ SHIMS = [
         "module is imported, the only time megatron.core.utils's name is swapped)",
     ),
     ("ensure_test_data", "the conftest's dataset download (no network) is skipped"),
+    (
+        "caplog as in pytest 8.3.5",
+        "Megatron pins pytest==8.3.5, whose log capture sees only what reaches the root logger; pytest "
+        "9.2 also attaches to non-propagating loggers, so torch's own DEBUG records (dcp_logger, meant "
+        "for a NullHandler) land in caplog.text: capture is attached to the root logger only again",
+    ),
+    (
+        "process groups after each test",
+        "Megatron's destroy_model_parallel drops its groups without destroying them (only the *_GLOO "
+        "ones); on GPUs NCCL groups cost little until used, here every one is a gloo group with its own "
+        "threads: after a test, groups that parallel_state no longer holds are destroyed",
+    ),
     (
         "remove_sharded_tensors in test modules",
         "the test calls it on rank 0 only, the others wait in a barrier: if it raises, rank 0 joins that "
@@ -339,6 +352,57 @@ def pytest_collection_modifyitems(session, config, items):
         pytestmark = getattr(getattr(item, "module", None), "pytestmark", None)
         if isinstance(pytestmark, list):
             pytestmark[:] = [m for m in pytestmark if not _is_cuda_skip(m)]
+
+
+# --------------------------------------------------------------- log capture as the tests expect it
+
+
+def _capture_at_root_only():
+    from _pytest import logging as pytest_logging
+
+    enter = pytest_logging.catching_logs.__enter__
+    if getattr(enter, "_root_only", False):
+        return
+
+    def root_only(self):
+        handler = enter(self)
+        for logger in self.attached_loggers[1:]:  # [0] is the root logger
+            logger.removeHandler(self.handler)
+        del self.attached_loggers[1:]
+        return handler
+
+    root_only._root_only = True
+    pytest_logging.catching_logs.__enter__ = root_only
+
+
+_capture_at_root_only()
+
+
+# --------------------------------------------------------------- process groups between tests
+
+
+def _groups_parallel_state_holds() -> set:
+    from megatron.core import parallel_state as ps
+
+    held = {c10d.GroupMember.WORLD}
+    for value in vars(ps).values():
+        if isinstance(value, dict):
+            value = list(value.values())
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        held.update(v for v in value if isinstance(v, c10d.ProcessGroup))
+    return held
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # Seen without this: after 20 tests of test_serialization.py each rank had ~1100 threads
+    # (730 pt_gloo_runloop, 366 gloo_tcp_loop), the load average passed 2500, one test took minutes.
+    yield
+    if torch.distributed.is_initialized():
+        held = _groups_parallel_state_holds()
+        for group in [g for g in list(c10d._world.pg_map) if g not in held]:
+            torch.distributed.destroy_process_group(group)
 
 
 # --------------------------------------------------------------- results, as they happen
