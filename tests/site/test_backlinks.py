@@ -295,11 +295,15 @@ plugins:
 """
 
 
-def _build_tiny(project: Path, alpha_links_beta: bool) -> Path:
-    link = "先读 [笔记 09](../09_beta/)。" if alpha_links_beta else "先读笔记 09。"
+def _build_tiny(project: Path) -> Path:
+    """Three notes: 01 links to 09, 05 names 09 only in plain text, 09 links nowhere."""
     notes = project / "docs" / "notes"
     (notes / "01_alpha.ipynb").write_text(
-        _notebook("# 01 Alpha：第一轮的笔记", f"## 阅读目标\n\n{link}"), encoding="utf-8"
+        _notebook("# 01 Alpha：第一轮的笔记", "## 阅读目标\n\n先读 [笔记 09](../09_beta/)。"),
+        encoding="utf-8",
+    )
+    (notes / "05_gamma.ipynb").write_text(
+        _notebook("# 05 Gamma：第一轮的另一篇", "## 阅读目标\n\n先读笔记 09。"), encoding="utf-8"
     )
     (notes / "09_beta.ipynb").write_text(
         _notebook("# 09 Beta：第二轮的笔记", "## 阅读目标\n\n没有链接。"), encoding="utf-8"
@@ -318,7 +322,8 @@ def _build_tiny(project: Path, alpha_links_beta: bool) -> Path:
 
 
 def test_link_between_two_notes_in_a_real_build(tmp_path):
-    """mkdocs build of index + graph page + two notes; the link from 01 to 09 comes and goes."""
+    """mkdocs build of index + graph page + three notes: the link from 01 to 09 is a backlink and an
+    edge; 05's plain-text mention of 09 is neither."""
     project = tmp_path / "project"
     (project / "hooks").mkdir(parents=True)
     for path in [*(ROOT / "hooks").glob("*.py"), ROOT / "hooks" / "jieba_userdict.txt"]:
@@ -330,24 +335,31 @@ def test_link_between_two_notes_in_a_real_build(tmp_path):
     (project / "docs" / "graph.md").write_bytes((ROOT / "docs" / "graph.md").read_bytes())
     (project / "mkdocs.yml").write_text(TINY_CONFIG, encoding="utf-8")
 
-    for with_link in (True, False):
-        site = _build_tiny(project, with_link)
-        beta = parse(site / "notes" / "09_beta" / "index.html")
-        alpha = parse(site / "notes" / "01_alpha" / "index.html")
-        graph = parse(site / "graph" / "index.html")
-        edges = set(graph.svgs["lg-site"]["edges"])
+    site = _build_tiny(project)
+    beta = parse(site / "notes" / "09_beta" / "index.html")
+    alpha = parse(site / "notes" / "01_alpha" / "index.html")
+    gamma = parse(site / "notes" / "05_gamma" / "index.html")
+    graph = parse(site / "graph" / "index.html")
+    edges = set(graph.svgs["lg-site"]["edges"])
 
-        assert [unquote(h) for h in beta.backlinks] == (["../01_alpha/"] if with_link else [])
-        assert (("notes/01_alpha/", "notes/09_beta/") in edges) is with_link
-        assert ("notes/09_beta/" in graph.table["notes/01_alpha/"]) is with_link
-        # the Markdown page's link is found as well, in both builds
-        assert [unquote(h) for h in alpha.backlinks] == ["../../"]
-        assert ("", "notes/01_alpha/") not in edges  # the home page is a hub: listed, not drawn
-        assert {n["page"] for n in graph.svgs["lg-site"]["nodes"]} == {"notes/01_alpha/", "notes/09_beta/"}
-        # the hook's edges are the links the built pages show
-        pages, truth = links_in_html(site, "graph/")
-        assert pages == {"", "notes/01_alpha/", "notes/09_beta/"}
-        assert {(s, t) for s, t in truth if "" not in (s, t)} == edges
+    assert [unquote(h) for h in beta.backlinks] == ["../01_alpha/"]  # 01's link; not 05's mention
+    assert ("notes/01_alpha/", "notes/09_beta/") in edges
+    assert ("notes/05_gamma/", "notes/09_beta/") not in edges
+    assert "notes/09_beta/" in graph.table["notes/01_alpha/"]
+    assert "notes/09_beta/" not in graph.table.get("notes/05_gamma/", ())
+    # the Markdown page's link is found as well; nobody links 05
+    assert [unquote(h) for h in alpha.backlinks] == ["../../"]
+    assert gamma.backlinks == []
+    assert ("", "notes/01_alpha/") not in edges  # the home page is a hub: listed, not drawn
+    assert {n["page"] for n in graph.svgs["lg-site"]["nodes"]} == {
+        "notes/01_alpha/",
+        "notes/05_gamma/",
+        "notes/09_beta/",
+    }
+    # the hook's edges are the links the built pages show
+    pages, truth = links_in_html(site, "graph/")
+    assert pages == {"", "notes/01_alpha/", "notes/05_gamma/", "notes/09_beta/"}
+    assert {(s, t) for s, t in truth if "" not in (s, t)} == edges
 
 
 # ---------------------------------------------------------------------------- the real site
