@@ -63,6 +63,7 @@ _PRELOAD = [
     "megatron.core.rerun_state_machine",
     "megatron.core.tensor_parallel",
     "megatron.core.tensor_parallel.data",
+    "megatron.core.tensor_parallel.utils",
     "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.resharding.copy_services.gloo_copy_service",

@@ -437,3 +437,24 @@ def test_broadcast_data_cuda_tp2_rank1_receives_rank0_batch():
     # broadcasts it over the TP group; rank 1 passes no data and gets the same tensors.
     for got, restored in run_ranks(_broadcast_batch, 2):
         assert got == {"tokens": (torch.int64, True), "labels": (torch.int64, True)} and restored
+
+
+def _gather_split_1d():
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import gather_split_1d_tensor, split_tensor_into_1d_equal_chunks
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    rank = dist.get_rank()
+    piece = torch.arange(8.0).view(2, 4) + 10 * rank  # not flat: the shape Megatron's own test passes
+    gathered = gather_split_1d_tensor(piece)
+    full = torch.arange(16.0).view(4, 4)
+    round_trip = gather_split_1d_tensor(split_tensor_into_1d_equal_chunks(full))
+    return gathered.tolist(), torch.equal(round_trip, full.view(-1))
+
+
+def test_gather_split_1d_all_gather_counts_elements_as_nccl():
+    # gather_split_1d_all_gather: a (2, 4) piece per TP rank lands flat, in TP-rank order (gloo
+    # alone refuses the shapes); a flat split and gather is the identity.
+    expected = [float(v) for v in range(8)] + [float(v) + 10 for v in range(8)]
+    assert run_ranks(_gather_split_1d, 2) == [(expected, True)] * 2
