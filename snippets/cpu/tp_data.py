@@ -33,11 +33,14 @@ def _patch_broadcast_data_cuda():
 def _all_gather_by_element_count(all_gather):
     # NCCL's all_gather_into_tensor checks only that the output holds world_size times the input's
     # elements; gloo also wants the output shaped as the inputs concatenated along dim 0. For a flat
-    # output that is the flat input: the same bytes, gathered in the same order.
+    # output that is the flat input: the same bytes, gathered in the same order. The collective is
+    # looked up by name at call time, so whatever wraps torch.distributed's (the recorder) sees it.
+    name = all_gather.__name__
+
     def all_gather_into_tensor(output, input, group=None, async_op=False):
         if output.dim() == 1 and input.dim() != 1 and torch.distributed.get_backend(group) != "nccl":
             input = input.reshape(-1)
-        return all_gather(output, input, group=group, async_op=async_op)
+        return getattr(torch.distributed, name)(output, input, group=group, async_op=async_op)
 
     return all_gather_into_tensor
 
@@ -74,8 +77,16 @@ PATCHES = (
         "NCCL 只核对元素个数，gloo 还要求输出的形状是各输入沿第 0 维拼起来，于是对一个 `(2, 4)` 的输入报 "
         "`invalid tensor size`。摊平后是同样的字节、同样的顺序。",
         sites=(
-            Site("megatron/core/tensor_parallel/utils.py", 89, "numel_gathered = torch.numel(tensor) * tp_group.size()"),
-            Site("megatron/core/tensor_parallel/utils.py", 93, "dist_all_gather_func(gathered, tensor, group=tp_group)"),
+            Site(
+                "megatron/core/tensor_parallel/utils.py",
+                89,
+                "numel_gathered = torch.numel(tensor) * tp_group.size()",
+            ),
+            Site(
+                "megatron/core/tensor_parallel/utils.py",
+                93,
+                "dist_all_gather_func(gathered, tensor, group=tp_group)",
+            ),
         ),
         apply=_patch_gather_split_1d_all_gather,
         proof="TP=2：每个 rank 交出一个 `(2, 4)` 的张量，"
