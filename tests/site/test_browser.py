@@ -242,6 +242,13 @@ def test_every_markdown_page_renders_clean(tab, site_url, path):
     assert not got["flat"], f"tables rendered without height: {got['flat']}"
     assert not missing, f"TOC links to missing headings: {missing}"
     _shot(page, f"page-{path.strip('/') or 'home'}.png")
+    # on a phone the page may not scroll sideways (a wide table scrolls inside its own box)
+    page.set_viewport_size(PHONE)
+    try:
+        width, screen = page.evaluate("() => [document.documentElement.scrollWidth, innerWidth]")
+    finally:
+        page.set_viewport_size(DESKTOP)
+    assert width <= screen, f"[390 px] the page scrolls sideways: {width} > {screen} px"
     tab.assert_clean()
 
 
