@@ -30,10 +30,11 @@ LINK_RE = re.compile(
 """A markdown link to the pinned tag, with an optional ``#L<line>`` or range ``#L<line>-L<end>``."""
 
 STATEMENT_RE = re.compile(
-    r"`?(?P<path>[\w/.]+\.(?:py|cpp))`?(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?"
+    r"`?(?P<path>[\w/.]+\.(?:py|cpp|sh))`?(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?"
     r"| 第 (?P<line_zh>\d+)(?:[-–](?P<end_zh>\d+))? 行)`?"
 )
-"""The text of a link to a statement: ``file.py:N``, ``file.py:N-M``, ``file.py 第 N 行``, ``file.py 第 N–M 行``."""
+"""The text of a link to a statement: ``file.py:N``, ``file.py:N-M``, ``file.py 第 N 行``,
+``file.py 第 N–M 行`` (also ``.cpp`` and ``.sh`` files)."""
 
 
 def pinned_url(path: str, line: int | None = None) -> str:
