@@ -2,13 +2,15 @@
 # Megatron-LM's own unit tests on CPU ranks (gloo), with the project's CPU layer (snippets.cpu) as
 # the only patch of megatron.core; test-side shims are in scripts/upstream/cpu_shims.py (SHIMS).
 #
-#   scripts/upstream_tests.sh --megatron-src PATH [--nproc 8] [--timeout 600] [--out DIR] [AREA...]
+#   scripts/upstream_tests.sh --megatron-src PATH [--nproc 8] [--timeout 600] [--out DIR]
+#                             [--with-flaky] [AREA...]
 #
 # PATH is a checkout of core_v0.16.1 (only its tests/ directory is used; megatron.core is the
 # installed megatron-core==0.16.1). AREAs default to all of: parallel_state tensor_parallel
 # schedules serialization dispatchers. One torchrun per area, one after another, each bounded by
 # --timeout seconds (tests not reached by then are counted as such); rank 0 records each test's outcome
-# in --out as it ends, and a table of counts per file is printed.
+# in --out as it ends, and a table of counts per file is printed. Tests marked both flaky and
+# flaky_in_dev are deselected, as Megatron's CI never runs them (run_ci_test.sh); --with-flaky runs them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SRC="" NPROC=8 TIMEOUT=600 OUT="" AREAS=()
@@ -18,7 +20,8 @@ while [[ $# -gt 0 ]]; do
     --nproc) NPROC="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    --with-flaky) export UPSTREAM_WITH_FLAKY=1; shift ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     *) AREAS+=("$1"); shift ;;
   esac
 done

@@ -26,6 +26,7 @@ import snippets  # noqa: F401  (warning filters, before Megatron warns)
 from snippets import cpu
 from snippets.cpu.base import ModuleProxy, NoStream, on_cpu
 
+os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # SHIMS: "gloo groups connect on first use"
 cpu.apply()  # the one and only patch of megatron.core
 torch.set_num_threads(1)  # eight ranks share the host's cores
 
@@ -36,6 +37,13 @@ SHIMS = [
     (
         "Utils.initialize_distributed",
         "the tests' start-up joins the world over gloo, not NCCL, and picks no GPU",
+    ),
+    (
+        "gloo groups connect on first use",
+        "NCCL makes a group's communicator at its first collective, gloo connects every pair when the "
+        "group is made (TORCH_GLOO_LAZY_INIT=1 makes it wait, as NCCL does). test_schedules' *_with_custom_pgs "
+        "tests call dist.new_group with their own PP group's ranks, so two groups of different ranks are "
+        "made under one name and their eager connects wait on each other; they never talk over them",
     ),
     ("Utils.set_world_size", "asks torch.cuda.device_count() for the world size: the torchrun world instead"),
     ("skipif CUDA not available", "markers whose reason names CUDA / GPU availability are dropped"),
@@ -352,6 +360,18 @@ def pytest_collection_modifyitems(session, config, items):
         pytestmark = getattr(getattr(item, "module", None), "pytestmark", None)
         if isinstance(pytestmark, list):
             pytestmark[:] = [m for m in pytestmark if not _is_cuda_skip(m)]
+    if os.environ.get("UPSTREAM_WITH_FLAKY") != "1":
+        never = [item for item in items if _MEGATRON_CI_NEVER <= {m.name for m in item.iter_markers()}]
+        if never:
+            items[:] = [item for item in items if item not in never]
+            config.hook.pytest_deselected(items=never)
+            _record([{"id": item.nodeid, "outcome": "deselected", "message": _NEVER_WHY} for item in never])
+
+
+# Megatron's CI (tests/unit_tests/run_ci_test.sh) runs `-m "not flaky"` in its lts environment and
+# `-m "not flaky_in_dev"` in dev: a test with both markers runs in neither.
+_MEGATRON_CI_NEVER = {"flaky", "flaky_in_dev"}
+_NEVER_WHY = "marked flaky and flaky_in_dev: Megatron's CI runs it in neither environment"
 
 
 # --------------------------------------------------------------- log capture as the tests expect it
@@ -410,11 +430,14 @@ def pytest_runtest_teardown(item, nextitem):
 _RESULTS = os.environ.get("UPSTREAM_RESULTS")  # rank 0 appends one line per test (a timeout keeps them)
 
 
-def pytest_collection_finish(session):
+def _record(rows: list[dict]) -> None:
     if _RESULTS and os.environ.get("LOCAL_RANK", "0") == "0":
         with open(_RESULTS, "a") as out:
-            for item in session.items:
-                out.write(json.dumps({"id": item.nodeid, "outcome": "collected"}) + "\n")
+            out.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def pytest_collection_finish(session):
+    _record([{"id": item.nodeid, "outcome": "collected"} for item in session.items])
 
 
 def pytest_runtest_logreport(report):
@@ -429,5 +452,4 @@ def pytest_runtest_logreport(report):
         message = report.longrepr.reprcrash.message if hasattr(report.longrepr, "reprcrash") else ""
         if report.skipped and isinstance(report.longrepr, tuple):
             message = report.longrepr[2]
-        with open(_RESULTS, "a") as out:
-            out.write(json.dumps({"id": report.nodeid, "outcome": outcome, "message": message[:300]}) + "\n")
+        _record([{"id": report.nodeid, "outcome": outcome, "message": message[:300]}])

@@ -1,6 +1,7 @@
 """Counts per test file from rank 0's results (``*.jsonl``, one line per test as it ends):
 ``python summary.py OUT_DIR`` prints a markdown table (passed / failed / skipped / not reached, when
-an area hit its time bound) and, per failure, the first line of its message."""
+an area hit its time bound, deselected as Megatron's CI deselects it) and, per failure, the first line
+of its message."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def main(out: Path) -> None:
             if kind == "failed":
                 first = (row.get("message") or "").strip().splitlines()
                 failures.append(f"`{test_id.split('unit_tests/', 1)[-1]}`: {first[0][:160] if first else ''}")
-    kinds = ("passed", "failed", "skipped", "not reached")
+    kinds = ("passed", "failed", "skipped", "deselected", "not reached")
     print("| file | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
     for path in sorted(counts):
         print(f"| `{path}` | " + " | ".join(str(counts[path][k]) for k in kinds) + " |")
