@@ -12,6 +12,10 @@ as stderr in a notebook (a rank's stderr reaches the cell).
 import sys as _sys
 import warnings
 
+from snippets import import_gc as _import_gc
+
+_import_gc.install()  # torch and megatron.core import without the cyclic collector (~2.3 CPU s less)
+
 _KNOWN_WARNINGS = (
     # megatron.core without Transformer Engine / Apex: "Falling back to Torch Norm" and the like.
     r"Transformer Engine and Apex are not installed",
