@@ -1,12 +1,18 @@
-"""snippets.import_gc: torch imports with the collector off, collected once at the end, and the
-module keeps torch's own loader."""
+"""snippets.import_gc: torch imports with the collector off and is collected once at the end; the
+module keeps its own loader; a process that turned the collector off keeps it off."""
 
 from __future__ import annotations
 
+import gc
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from snippets import import_gc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,6 +50,44 @@ def test_torch_imports_with_one_collection_at_the_end():
     assert quiet["loader"] == quiet["spec_loader"] == plain["loader"] == "SourceFileLoader"
 
 
+def _exec_through_the_finder(collector_on: bool) -> dict:
+    seen = {}
+
+    class Real(importlib.abc.Loader):
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            seen["on while it runs"] = gc.isenabled()
+
+    spec = importlib.machinery.ModuleSpec("torch_like", Real())
+    module = importlib.util.module_from_spec(spec)
+    frozen = gc.get_freeze_count()
+    was = gc.isenabled()
+    (gc.enable if collector_on else gc.disable)()
+    try:
+        import_gc._Loader(spec.loader, import_gc._Finder()).exec_module(module)
+        seen["on after"] = gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    seen["froze"] = gc.get_freeze_count() > frozen
+    seen["own loader"] = module.__loader__ is spec.loader and module.__spec__.loader is spec.loader
+    return seen
+
+
+def test_the_module_runs_with_the_collector_off_and_keeps_its_loader():
+    assert _exec_through_the_finder(True) == {
+        "on while it runs": False,
+        "on after": True,
+        "froze": True,
+        "own loader": True,
+    }
+
+
 def test_the_collector_stays_off_if_the_process_turned_it_off():
-    off = probe("import snippets; gc.disable()")
-    assert off["collections"] == [] and not off["enabled"] and off["frozen"] == 0
+    assert _exec_through_the_finder(False) == {
+        "on while it runs": False,
+        "on after": False,
+        "froze": False,
+        "own loader": True,
+    }
