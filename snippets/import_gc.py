@@ -11,11 +11,6 @@ submodule) is imported and no such import is already under way, the collector is
 module runs; at the end, one collection frees what the import left in cycles and ``gc.freeze()``
 moves what survives out of later collections' way. The module keeps its own loader: nothing of
 this finder stays on it afterwards.
-
-Frozen objects also drop out of the rule that spaces full collections (one waits until the objects
-new since the last one are a quarter of those it kept), so in a process with a frozen heap a full
-collection came every 10th middle one, walking everything made since the freeze: ~5 CPU s per
-test run in the pytest workers alone. :data:`FULL_EVERY` spaces them ten times wider.
 """
 
 from __future__ import annotations
@@ -23,9 +18,6 @@ from __future__ import annotations
 import gc
 import importlib.abc
 import sys
-
-FULL_EVERY = 100
-"""A full collection after this many middle ones (Python's default: 10)."""
 
 LARGE = ("torch", "megatron", "transformers", "matplotlib", "numpy", "PIL")
 """Top-level packages whose imports create most of a process's long-lived objects."""
@@ -73,9 +65,6 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Put the finder first on ``sys.meta_path`` and space full collections by :data:`FULL_EVERY`
-    (once per process; forked children inherit both)."""
+    """Put the finder first on ``sys.meta_path`` (once per process; forked children inherit it)."""
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, FULL_EVERY)
