@@ -289,11 +289,7 @@ def _dense_moe(x, router_weight, fc1, fc2, topk):
 
 
 def _moe_layer_against_dense(ep):
-    import warnings
-
     import torch.distributed as dist
-
-    warnings.filterwarnings("ignore", message="Apex is not installed|full scope is deprecated")
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig

@@ -30,36 +30,17 @@ def test_local_expert_state_keeps_the_router_and_renames_this_ranks_experts():
 
 
 def _moe(ep, state):
-    import warnings
-
     import torch.distributed as dist
-
-    warnings.filterwarnings("ignore", message="Apex is not installed|full scope is deprecated")
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.moe.moe_layer import MoELayer
 
+    from snippets.experiments import EXPERIMENTS
+    from snippets.experiments.n17_moe import build_moe_layer
     from snippets.moe.tables import local_expert_state, pop_aux_loss, watch
     from snippets.record import recorder
 
     ps.initialize_model_parallel(expert_model_parallel_size=ep)
-    config = TransformerConfig(
-        num_layers=1,
-        hidden_size=8,
-        num_attention_heads=2,
-        add_bias_linear=False,
-        num_moe_experts=4,
-        moe_router_topk=2,
-        moe_ffn_hidden_size=16,
-        moe_aux_loss_coeff=0.01,
-        expert_model_parallel_size=ep,
-        moe_token_dispatcher_type="alltoall",
-        use_cpu_initialization=True,
-    )
-    torch.manual_seed(0)
-    layer = MoELayer(config, get_gpt_layer_local_spec(num_experts=4).submodules.mlp.submodules)
-    layer.set_layer_number(1)
+    torch.manual_seed(0)  # hidden 8, 4 experts of FFN 16, top-2, all-to-all, aux loss 0.01
+    layer = build_moe_layer(EXPERIMENTS["moe"].tiny, ep)
     if state is not None:
         layer.load_state_dict(local_expert_state(state, layer.local_expert_indices))
     seen = watch(layer)
