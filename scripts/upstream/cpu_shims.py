@@ -339,6 +339,12 @@ class _TestDeviceMesh:
         return DeviceMesh(on_cpu(device_type), *args, **kwargs)
 
 
+# Megatron's CI (tests/unit_tests/run_ci_test.sh) runs `-m "not flaky"` in its lts environment and
+# `-m "not flaky_in_dev"` in dev: a test with both markers runs in neither.
+_MEGATRON_CI_NEVER = {"flaky", "flaky_in_dev"}
+_NEVER_WHY = "marked flaky and flaky_in_dev: Megatron's CI runs it in neither environment"
+
+
 def pytest_collection_modifyitems(session, config, items):
     from megatron.core.dist_checkpointing import remove_sharded_tensors
     from megatron.core.utils import is_te_min_version
@@ -361,17 +367,13 @@ def pytest_collection_modifyitems(session, config, items):
         if isinstance(pytestmark, list):
             pytestmark[:] = [m for m in pytestmark if not _is_cuda_skip(m)]
     if os.environ.get("UPSTREAM_WITH_FLAKY") != "1":
-        never = [item for item in items if _MEGATRON_CI_NEVER <= {m.name for m in item.iter_markers()}]
+        keep, never = [], []
+        for item in items:
+            (never if _MEGATRON_CI_NEVER <= {m.name for m in item.iter_markers()} else keep).append(item)
         if never:
-            items[:] = [item for item in items if item not in never]
+            items[:] = keep
             config.hook.pytest_deselected(items=never)
             _record([{"id": item.nodeid, "outcome": "deselected", "message": _NEVER_WHY} for item in never])
-
-
-# Megatron's CI (tests/unit_tests/run_ci_test.sh) runs `-m "not flaky"` in its lts environment and
-# `-m "not flaky_in_dev"` in dev: a test with both markers runs in neither.
-_MEGATRON_CI_NEVER = {"flaky", "flaky_in_dev"}
-_NEVER_WHY = "marked flaky and flaky_in_dev: Megatron's CI runs it in neither environment"
 
 
 # --------------------------------------------------------------- log capture as the tests expect it
