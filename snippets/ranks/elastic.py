@@ -84,15 +84,12 @@ def launch(nproc: int, module: str, args: list[str], refused: int = 2, entry=Non
 
 def _may_fork(preload) -> bool:
     """Whether ranks may be forked from this process: see the module docstring."""
-    import importlib
-
     import snippets
     from snippets.ranks import launch as ranks_launch
 
     if not (snippets.FORKS_RANKS and ranks_launch._torch_single_threaded()):
         return False
-    for name in [*ranks_launch._PRELOAD, *preload]:
-        importlib.import_module(name)
+    ranks_launch.prepare_to_fork(preload)
     return True
 
 

@@ -122,14 +122,24 @@ def _context() -> mp.context.BaseContext:
 
     if snippets.FORKS_RANKS and _torch_single_threaded():
         # a notebook kernel (or a test process) whose torch never ran multi-threaded
-        # (snippets/__init__.py); what the fork server would preload is imported here once, not in
-        # every forked rank
-        for module in _PRELOAD:
-            importlib.import_module(module)
+        # (snippets/__init__.py)
+        prepare_to_fork()
         return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx
+
+
+def prepare_to_fork(extra: Sequence[str] = ()) -> None:
+    """In a process that forks ranks itself: import what the fork server would preload
+    (:data:`_PRELOAD`, then ``extra``) once here instead of in every rank, and install the
+    collective recorder here, so that each rank inherits the wrapped collectives and finds its
+    own ``recorder.install()`` done (a pass over every Megatron module per rank otherwise)."""
+    for module in [*_PRELOAD, *extra]:
+        importlib.import_module(module)
+    from snippets.record import recorder
+
+    recorder.install()
 
 
 _MULTI_THREADED_SEEN = False
@@ -360,8 +370,11 @@ def _trim_stack(text: str) -> str:
 
 
 def warm_up() -> None:
-    """Start the fork server now (pays the one-time import), so later launches are fast."""
-    run_ranks(_noop, 1)
+    """Pay the one-time imports now, so later launches are fast: start the fork server, or, in a
+    process that forks its ranks itself, import what they need (no rank is started then)."""
+    ctx = _context()
+    if ctx.get_start_method() != "fork":
+        run_ranks(_noop, 1)
 
 
 def _noop():

@@ -90,14 +90,35 @@ def install() -> None:
     _rebind_copies()
 
 
+_rebound: dict[str, int] = {}
+"""Megatron modules whose copies are already rebound: name -> ``id`` of the module object."""
+_modules_seen = 0
+"""``len(sys.modules)`` after the last full pass; 0 forces the next one.
+
+Both are inherited by a forked rank. The process that forks ranks installs the recorder first
+(:func:`snippets.ranks.launch.prepare_to_fork`), so a rank's own :func:`install` finds nothing new
+and skips the pass. Even reading every module's namespace (``vars(module).items()`` takes a
+reference to each value) writes to pages the rank shares with its parent; the kernel then copies
+them, ~3,700 pages and ~13 ms per rank here, again at every :func:`record` block."""
+
+
 def _rebind_copies() -> None:
+    global _modules_seen
+    if len(sys.modules) == _modules_seen:
+        return  # nothing imported since the last pass (imports only add modules)
     by_id = {id(orig): _wrappers[name] for name, orig in _originals.items()}
+    complete = True
     for mod_name, module in list(sys.modules.items()):
-        if not mod_name.startswith("megatron") or module is None:
+        if not mod_name.startswith("megatron") or module is None or _rebound.get(mod_name) == id(module):
             continue
         for attr, value in list(vars(module).items()):
             if id(value) in by_id and callable(value):
                 setattr(module, attr, by_id[id(value)])
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            complete = False  # still being imported: more names may follow, look again next time
+        else:
+            _rebound[mod_name] = id(module)
+    _modules_seen = len(sys.modules) if complete else 0
 
 
 @contextlib.contextmanager
