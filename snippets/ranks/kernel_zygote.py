@@ -56,8 +56,6 @@ PRELOAD = (
     "snippets.ranks.launch",
     "snippets.record.tables",
     "snippets.record.recorder",
-    "megatron.core.models.gpt",
-    "megatron.core.models.gpt.gpt_layer_specs",
     "megatron.core.pipeline_parallel",
     "megatron.core.distributed",
     "megatron.core.optimizer",

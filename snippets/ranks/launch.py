@@ -77,11 +77,18 @@ _PRELOAD = [
     "megatron.core.transformer.moe.token_dispatcher",
     "megatron.core.models.common.language_module.language_module",
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    # what most ranks import on their own: the GPT model and its layer specs (~0.4 s of CPU per
+    # rank), and the text tokenizers behind ``MegatronTokenizer.from_pretrained``, which bring
+    # transformers and huggingface_hub (~1 s per rank: every rank of notes 01, 03, 18 and 23
+    # builds a null tokenizer)
+    "megatron.core.models.gpt",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.tokenizers.text",
 ]
 """Modules the process that forks the ranks (the fork server, or a kernel or test process that
 forks its own) imports once, so ranks start with them already loaded instead of each importing
 them again (``snippets`` first: it installs the warning filters before Megatron warns). The
-second half costs ~0.03 s of CPU per rank when left to the ranks; a test run starts ~700."""
+second half costs ~0.03 s of CPU per rank when left to the ranks; a test run starts ~850."""
 
 
 class RankError(RuntimeError):
