@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -110,6 +111,14 @@ class BuiltPage(HTMLParser):
 
 
 def parse(path: Path) -> BuiltPage:
+    """The page's parse, once per version of the file (several tests read every built page; the
+    tiny build rewrites its pages in place, which changes their modification time)."""
+    stat = path.stat()
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=None)
+def _parse(path: Path, mtime_ns: int, size: int) -> BuiltPage:
     p = BuiltPage()
     p.feed(path.read_text(encoding="utf-8"))
     p.close()
