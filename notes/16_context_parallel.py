@@ -360,8 +360,6 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # 每个 DP rank 读一条 8 个 token 的样本，`get_batch_on_this_cp_rank` 把它切给两个 CP rank。`loss_func` 有四种写法：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-import megatron.core.transformer.multi_token_prediction  # noqa: F401  the schedule imports it: once here, not in every rank
-
 from snippets.experiments.n16_loss_contracts import MASKS, VARIANTS, TinyAttentionLM, contracts_step
 
 Table(["写法", "返回几项", "loss 怎么算", "calculate_per_token_loss"],

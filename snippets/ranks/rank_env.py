@@ -1,8 +1,9 @@
 """What every CPU rank does before it runs a note's function.
 
-The fork server imports this module (and with it torch and megatron.core) once; each rank then
-only joins the gloo world. Kept apart from :mod:`snippets.ranks.launch` so that a ``torchrun`` entry
-point can reuse :func:`init_rank` without the local launcher.
+The process that forks the ranks imports this module once (it is in ``launch._PRELOAD``, after
+torch and megatron.core); each rank then only joins the gloo world. Kept apart from
+:mod:`snippets.ranks.launch` so that a ``torchrun`` entry point can reuse :func:`init_rank` without
+the local launcher.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import gc
 import os
 from datetime import timedelta
 
-import megatron.core  # noqa: F401 - imported here so the fork server pays for it once
 import torch
 import torch.distributed as dist
 
