@@ -34,21 +34,21 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`run_simple_mcore_train_loop.py::initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L32) | `init_process_group` + `initialize_model_parallel` |
-# | [`run_simple_mcore_train_loop.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L60) | 2 层、hidden 12、vocab 100 的 `GPTModel` |
-# | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L85) | `MockGPTDataset` + torch `DataLoader` |
-# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L120) | 取 batch、forward、返回带 loss mask 的 `loss_func` |
-# | [`run_simple_mcore_train_loop.py::save_distributed_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L160) | `sharded_state_dict` + `dist_checkpointing.save` |
-# | [`run_simple_mcore_train_loop.py::load_distributed_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L180) | `dist_checkpointing.load` + `load_state_dict` |
-# | [`run_simple_mcore_train_loop.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L227) | 优化器：`torch.optim.Adam(gpt_model.parameters())` |
-# | [`run_simple_mcore_train_loop.py:251`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L251) | `finalize_model_grads([gpt_model])` |
-# | [`run_simple_mcore_train_loop.py:253`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L253) | `optim.step()` |
-# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L166) | 正式入口的 forward_step |
-# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L702) | 正式入口总控 |
-# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L41) | 解析参数、建群、设种子 |
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1438) | `get_model`（含 DDP）+ `get_megatron_optimizer` + `load_checkpoint` |
-# | [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2417) | 训练循环：每步 `train_step`，按间隔 `save_checkpoint` |
-# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 清零 buffer → schedule → `optimizer.step()` |
+# | [`run_simple_mcore_train_loop.py::initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L29) | `init_process_group` + `initialize_model_parallel` |
+# | [`run_simple_mcore_train_loop.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L57) | 2 层、hidden 12、vocab 100 的 `GPTModel` |
+# | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L82) | `MockGPTDataset` + torch `DataLoader` |
+# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L124) | 取 batch、forward、返回带 loss mask 的 `loss_func` |
+# | [`run_simple_mcore_train_loop.py::save_distributed_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L169) | `sharded_state_dict` + `dist_checkpointing.save` |
+# | [`run_simple_mcore_train_loop.py::load_distributed_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L193) | `dist_checkpointing.load` + `load_state_dict` |
+# | [`run_simple_mcore_train_loop.py:243`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L243) | 优化器：`torch.optim.Adam(gpt_model.parameters())` |
+# | [`run_simple_mcore_train_loop.py:267`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L267) | `finalize_model_grads([gpt_model])` |
+# | [`run_simple_mcore_train_loop.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L269) | `optim.step()` |
+# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | 正式入口的 forward_step |
+# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1014) | 正式入口总控 |
+# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L42) | 解析参数、建群、设种子 |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | `get_model`（含 DDP）+ `get_megatron_optimizer` + `load_checkpoint` |
+# | [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3342) | 训练循环：每步 `train_step`，按间隔 `save_checkpoint` |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 清零 buffer → schedule → `optimizer.step()` |
 
 # %% [markdown]
 # ## 调用链
@@ -86,9 +86,9 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::pretrain` | 数据集 provider、`model_provider`、`model_type`、`forward_step`（外加命令行参数） | 无（返回 `None`；训练结果在 checkpoint 里） | 经 `initialize_megatron`（[training.py:768](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L768)）调 `parallel_state.initialize_model_parallel` 与 `model_parallel_cuda_manual_seed`；`setup_model_and_optimizer`（[training.py:903](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L903)）；`build_train_valid_test_data_iterators`（[training.py:998](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L998)）里的 `BlendedMegatronDatasetBuilder`；`train`（[training.py:1031](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1031)） | 是：`initialize_megatron` 建全部群 | 不直接切：交给下面两个函数与数据迭代器 | 是：从头到尾 | 整个 `__main__` |
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:1589](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1589)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:1463](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1463)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:1537](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1537)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
-# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:1616](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)）、schedule 的 `forward_backward_func`（[training.py:1652](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1652)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:1703](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:1730](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1730)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
+# | `training.py::pretrain` | 数据集 provider、`model_provider`、`model_type`、`forward_step`（外加命令行参数） | 无（返回 `None`；训练结果在 checkpoint 里） | 经 `initialize_megatron`（[training.py:1091](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1091)）调 `parallel_state.initialize_model_parallel` 与 `model_parallel_cuda_manual_seed`；`setup_model_and_optimizer`（[training.py:1228](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1228)）；`build_train_valid_test_data_iterators`（[training.py:1362](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1362)）里的 `BlendedMegatronDatasetBuilder`；`train`（[training.py:1423](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1423)） | 是：`initialize_megatron` 建全部群 | 不直接切：交给下面两个函数与数据迭代器 | 是：从头到尾 | 整个 `__main__` |
+# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:2361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)）、schedule 的 `forward_backward_func`（[training.py:2407](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2407)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:2474](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:2528](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2528)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
@@ -138,8 +138,8 @@ log_table(as_published)
 # **权重一步也没动。** 原因在代码里：
 #
 # 1. Megatron 的 DDP 在 backward 里把梯度累加进 `param.main_grad` 后把 `param.grad` 置为 `None`（笔记 06）。
-#    `torch.optim.Adam` 只看 `param.grad`，遇到 `None` 就跳过这个参数——于是 [`run_simple_mcore_train_loop.py:253`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L253) 的 `optim.step()` 什么也不做。
-# 2. 循环里从不调用 `zero_grad_buffer()`；[`run_simple_mcore_train_loop.py:235`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L235) 的 `optim.zero_grad()` 只清 `param.grad`，
+#    `torch.optim.Adam` 只看 `param.grad`，遇到 `None` 就跳过这个参数——于是 [`run_simple_mcore_train_loop.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L269) 的 `optim.step()` 什么也不做。
+# 2. 循环里从不调用 `zero_grad_buffer()`；[`run_simple_mcore_train_loop.py:251`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L251) 的 `optim.zero_grad()` 只清 `param.grad`，
 #    所以 `main_grad` 一步步累加：范数 ≈ 0.50、0.96、1.42、1.88、2.30，近似线性增长。
 # 3. loss 只在 4.60 附近随 batch 波动：权重不变，变的只是数据（vocab 100 的均匀分布交叉熵是 ln 100 ≈ 4.6052）。
 #
@@ -173,10 +173,10 @@ print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["
 # ### 没有 `torch.manual_seed` 时，每个 TP rank 读到什么
 #
 # 原脚本里唯一的种子是 `model_parallel_cuda_manual_seed(123)`。它给 CUDA 默认生成器设种子
-# （[`random.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L422)），再在 tracker 里建 TP / EP 的 RNG 流；
+# （[`random.py:490`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L490)），再在 tracker 里建 TP / EP 的 RNG 流；
 # CPU 默认生成器它不碰。而 torch 在每个新进程里用操作系统的随机数给 CPU 默认生成器设种子，`torchrun` 起的每个 rank
 # 都是新进程。于是两件事都取决于一个没人设过的种子：`use_cpu_initialization=True` 的初值，和
-# `DataLoader(shuffle=True)`（[`run_simple_mcore_train_loop.py:113`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L113)）
+# `DataLoader(shuffle=True)`（[`run_simple_mcore_train_loop.py:117`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L117)）
 # 每轮打乱用的种子——它在第一次取 batch 时从 CPU 默认生成器抽出来。
 #
 # `first_batches` 按原脚本的顺序走到前两个 batch，开头用 `torch.seed()` 让每个 rank 像新进程一样从不确定的种子开始；
@@ -197,9 +197,9 @@ reads_table(wired)
 # ### `finalize_model_grads` 在 TP 群里同步哪些梯度
 #
 # 原脚本在 `finalize_model_grads([gpt_model])` 上面的注释
-# （[`run_simple_mcore_train_loop.py:248`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L248)）说它在 TP rank 间同步
+# （[`run_simple_mcore_train_loop.py:264`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L264)）说它在 TP rank 间同步
 # LayerNorm 这类不切分参数的梯度。代码里做这件事的是 `_allreduce_non_tensor_model_parallel_grads`
-# （[`finalize_model_grads.py:318`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318)）：它只挑出标了
+# （[`finalize_model_grads.py:416`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416)）：它只挑出标了
 # `sequence_parallel` 的参数（开 SP 时的 norm 与 RowParallel 的 bias）、开 `qk_layernorm` 时 q / k 的 norm（这两类求和），以及标了 `average_gradients_across_tp_domain` 的参数（求平均）。
 # 不开 SP 时，norm 的输入在每个 TP rank 上是同一份完整激活，反向传回的梯度也已在 ColumnParallel 的 backward 里
 # all-reduce 过，所以各 rank 的 norm 梯度本来就相同，不需要再同步。`layernorm_sync` 在 TP=2 上各跑一次 forward / backward
@@ -233,9 +233,9 @@ layernorm_table(wired)
 # ## 机制解释
 #
 # 正式入口与 simple loop 做的是同一串 Core 调用，差别在"谁负责让它们配合"：`train_step` 每步先对每个模型块 `zero_grad_buffer()`
-# （[`training.py:1616`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)），再 `optimizer.zero_grad()`；`finalize_model_grads` 由 schedule
+# （[`training.py:2361`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)），再 `optimizer.zero_grad()`；`finalize_model_grads` 由 schedule
 # 在最后一个 micro-batch 之后经 `config.finalize_model_grads_func` 调用，而 simple loop 手动调用；
-# `optimizer.step()`（[`training.py:1703`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)）返回 `(update_successful, grad_norm, num_zeros)`，
+# `optimizer.step()`（[`training.py:2474`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)）返回 `(update_successful, grad_norm, num_zeros)`，
 # 它来自 `get_megatron_optimizer`，认得 DDP 的 `main_grad`。
 
 # %% [markdown]
@@ -253,11 +253,11 @@ layernorm_table(wired)
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **simple loop 的优化器不更新权重（运行确认）。** [`run_simple_mcore_train_loop.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L227) 的 `torch.optim.Adam`
+# 1. **simple loop 的优化器不更新权重（运行确认）。** [`run_simple_mcore_train_loop.py:243`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L243) 的 `torch.optim.Adam`
 #    与 DDP 的 `main_grad` 不配合，5 步后权重与初值完全相同；`main_grad` 因从不 `zero_grad_buffer()` 而一直累加。修法见上：换 `get_megatron_optimizer`
 #    并每步清零 buffer（或在 `optim.step()` 前把 `main_grad` 赋给 `param.grad`）。
 # 2. **CPU 生成器没有种子（运行确认）。** 原脚本只调用 `model_parallel_cuda_manual_seed(123)`，它只设 CUDA 与模型并行的 RNG
-#    （[`random.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L422)）；`use_cpu_initialization=True` 的初值和 `DataLoader` 的打乱
+#    （[`random.py:490`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L490)）；`use_cpu_initialization=True` 的初值和 `DataLoader` 的打乱
 #    都来自每个进程各不相同的 CPU 默认生成器，两个 TP rank 读不同的样本。本篇为可复现加了 `torch.manual_seed(123)`。
 # 3. **tokenizer 的词表与模型不一致。** 数据集用 `vocab_size=_SEQUENCE_LENGTH`（64）的 null tokenizer，模型 vocab 是 100；mock 数据的 token
 #    只落在前 64 个 id，不出错，但读代码时容易误会。

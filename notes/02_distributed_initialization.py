@@ -41,19 +41,19 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L702) | 正式入口，第一件事就是 `initialize_megatron` |
-# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L41) | 解析参数、设全局变量，再调内部的 `finish_mpu_init` |
-# | [`arguments.py::validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L293) | 在任何群存在之前先算一次 `data_parallel_size` |
-# | [`initialize.py::_initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L315) | 设 GPU、`init_process_group`、调 `initialize_model_parallel` |
-# | [`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L405) | 按 PP / DP 坐标偏移种子（要先有群才能读坐标） |
-# | [`run_simple_mcore_train_loop.py::initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L32) | simple loop 的初始化（`__main__` 里第一步） |
-# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L548) | 本篇主角：建全部群 |
-# | [`parallel_state.py::create_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L214) | 对 `torch.distributed.new_group` 的薄包装 |
-# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L447) | 给出每类群的 rank 列表（笔记 08） |
-# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L525) | 默认 embedding 群：每个 PP 群的首、尾 rank |
-# | [`parallel_state.py::destroy_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L2085) | 把全局变量置回 `None`（并不全部，见遗留问题） |
-# | [`random.py::model_parallel_cuda_manual_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L378) | 按 TP / EP 坐标建 RNG 流 |
-# | [`process_groups_config.py::ProcessGroupCollection.use_mpu_process_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/process_groups_config.py#L161) | 把全局群打包成一个对象交给模型和 DDP |
+# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1014) | 正式入口，第一件事就是 `initialize_megatron` |
+# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L42) | 解析参数、设全局变量，再调内部的 `finish_mpu_init` |
+# | [`arguments.py::validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L388) | 在任何群存在之前先算一次 `data_parallel_size` |
+# | [`initialize.py::_initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L265) | 设 GPU、`init_process_group`、调 `initialize_model_parallel` |
+# | [`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L418) | 按 PP / DP 坐标偏移种子（要先有群才能读坐标） |
+# | [`run_simple_mcore_train_loop.py::initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L29) | simple loop 的初始化（`__main__` 里第一步） |
+# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L601) | 本篇主角：建全部群 |
+# | [`parallel_state.py::create_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L232) | 对 `torch.distributed.new_group` 的薄包装 |
+# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L465) | 给出每类群的 rank 列表（笔记 08） |
+# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L560) | 默认 embedding 群：每个 PP 群的首、尾 rank |
+# | [`parallel_state.py::destroy_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2506) | 把全局变量置回 `None`（并不全部，见遗留问题） |
+# | [`random.py::model_parallel_cuda_manual_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L446) | 按 TP / EP 坐标建 RNG 流 |
+# | [`process_groups_config.py::ProcessGroupCollection.use_mpu_process_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/process_groups_config.py#L205) | 把全局群打包成一个对象交给模型和 DDP |
 
 # %% [markdown]
 # ## 调用链
@@ -212,7 +212,7 @@ creation_order(created)
 # - **建群不是 collective。** 期间记录到 0 条 collective：`new_group` 的协调走的是 store（这里是文件，
 #   GPU 集群上是 `MASTER_ADDR` 上的 TCPStore）。通信发生在以后用这些群的时候。
 # - **`dp-cp` 最先建。** 源码注释解释：IB SHARP 只能用在第一个以 `NCCL_COLLNET_ENABLE=1` 创建的
-#   communicator 上，而 DP×CP 群是最可能要它的那个（[parallel_state.py 第 846–850 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L846-L850)）。
+#   communicator 上，而 DP×CP 群是最可能要它的那个（[parallel_state.py 第 958–962 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L958-L962)）。
 #
 # 被改动的全局变量（训练状态之外的"进程状态"）：
 
@@ -222,7 +222,7 @@ print(", ".join(changed))
 # %% [markdown]
 # ### 尺寸不对时
 #
-# `initialize_model_parallel` 在 [parallel_state.py 第 740 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L740) 检查 world size 能否被 `tp·pp·cp` 整除，不能就抛
+# `initialize_model_parallel` 在 [parallel_state.py 第 822 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L822) 检查 world size 能否被 `tp·pp·cp` 整除，不能就抛
 # `RuntimeError`。我们的启动器在**起进程之前**做同样的检查（`Grid`），错误信息直接说出三个数：
 
 # %%
@@ -257,7 +257,7 @@ except RankError as err:
 #
 # **模块全局变量。** 结果全部存在 `parallel_state` 的模块全局变量里（上面列出的 34 个）。
 # 0.16.1 里越来越多的模块接受显式的 `pg_collection`；
-# [`ProcessGroupCollection.use_mpu_process_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/process_groups_config.py#L161)
+# [`ProcessGroupCollection.use_mpu_process_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/process_groups_config.py#L205)
 # 就是把这些全局群打包成一个对象。
 #
 # **每个函数的阅读记录**（roadmap 第一轮的七问）：
@@ -280,13 +280,13 @@ except RankError as err:
 #
 # | getter | 成员 = 哪个网格的哪个 token | 谁用它 |
 # |---|---|---|
-# | [`get_tensor_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1390) | decoder `tp` | TP 层里的 f / g（笔记 09、10） |
-# | [`get_pipeline_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1399) | decoder `pp` | pipeline 的 send / recv（笔记 13） |
-# | [`get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1408) | `dp`；加 `with_context_parallel=True` 为 `dp-cp` | DDP 用 `dp-cp` 归约梯度（笔记 14） |
-# | [`get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1460) | decoder `cp` | attention 里交换 K/V（笔记 16） |
-# | [`get_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1383) | decoder `tp-pp`（不含 CP） | 梯度范数等跨模型并行的归约 |
-# | [`get_embedding_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1495) | 每个 PP 群的首尾 rank | 首尾 stage 同步共享词嵌入的梯度 |
-# | [`get_expert_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1813) | expert `ep` | MoE 的 token all-to-all（笔记 17） |
+# | [`get_tensor_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1704) | decoder `tp` | TP 层里的 f / g（笔记 09、10） |
+# | [`get_pipeline_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1749) | decoder `pp` | pipeline 的 send / recv（笔记 13） |
+# | [`get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1758) | `dp`；加 `with_context_parallel=True` 为 `dp-cp` | DDP 用 `dp-cp` 归约梯度（笔记 14） |
+# | [`get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1828) | decoder `cp` | attention 里交换 K/V（笔记 16） |
+# | [`get_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1697) | decoder `tp-pp`（不含 CP） | 梯度范数等跨模型并行的归约 |
+# | [`get_embedding_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1863) | 每个 PP 群的首尾 rank | 首尾 stage 同步共享词嵌入的梯度 |
+# | [`get_expert_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2237) | expert `ep` | MoE 的 token all-to-all（笔记 17） |
 #
 # `dp` 与 `dp-cp` 的差别要在 CP > 1 时才看得出来。8 个 rank、TP=2、CP=2：
 
@@ -308,7 +308,7 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 #
 # **DP 是推出来的。** 用户只给 TP、PP、CP（以及 EP），DP = world ÷ (TP·PP·CP)。正式入口里这个除法做两次：
 # `validate_args` 在没有任何群时先算（microbatch 计算器要用），`initialize_model_parallel` 再独立算一次
-# （[parallel_state.py 第 743 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L743)）。simple loop 只有后一次。
+# （[parallel_state.py 第 825 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L825)）。simple loop 只有后一次。
 #
 # **embedding 群是 PP 群的子集。** 每建一个 PP 群，就顺手按规则从中挑 rank 建 embedding 群（默认首尾）和
 # position embedding 群（默认首）。`pretrain_gpt.py` 传入自己的规则：只有输入 embedding 与输出层共享权重时
@@ -350,9 +350,9 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 #    文件描述符，这是本站每个实验都用新进程的原因。
 # 2. **不 destroy 就再初始化会断言失败（运行确认）**，报的是第一个被检查的群（DP 群）。
 # 3. **CPU 上正式入口不建子群。** `_initialize_distributed` 只在 `torch.cuda.device_count() > 0` 时调用
-#    `initialize_model_parallel`（[initialize.py 第 360 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L360)）；所以本站像 simple loop 那样直接调它。
+#    `initialize_model_parallel`（[initialize.py 第 281 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L281)）；所以本站像 simple loop 那样直接调它。
 # 4. **docstring 与签名不一致。** `order` 的文档说缺省是 `tp-dp-pp`，签名里的缺省却是 `tp-cp-ep-dp-pp`
-#    （[parallel_state.py 第 562 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L562)），代码实际接受任何包含全部非 1 维度的排列（笔记 08）。
+#    （[parallel_state.py 第 617 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L617)），代码实际接受任何包含全部非 1 维度的排列（笔记 08）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def destroy_then_ask():
@@ -382,7 +382,7 @@ print("不 destroy 再初始化:", again)
 #
 # <details><summary>答案</summary>
 #
-# DP = 16 ÷ (2 × 2 × 1) = 4。正式入口里这个除法做两次：`validate_args` 和 `initialize_model_parallel`（[parallel_state.py 第 743 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L743)）。
+# DP = 16 ÷ (2 × 2 × 1) = 4。正式入口里这个除法做两次：`validate_args` 和 `initialize_model_parallel`（[parallel_state.py 第 825 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L825)）。
 #
 # </details>
 

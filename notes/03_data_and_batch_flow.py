@@ -37,29 +37,29 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L214) | `args` → `GPTDatasetConfig` |
-# | [`pretrain_gpt.py::train_valid_test_datasets_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L282) | 选类（`GPTDataset` / `MockGPTDataset` / SFT），调 builder |
-# | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L205) | 只有首 / 尾 stage 的 TP rank 0 建数据集 |
-# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L65) | 每个 micro-batch：TP 广播，再 CP 切分 |
+# | [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377) | `args` → `GPTDatasetConfig` |
+# | [`pretrain_gpt.py::train_valid_test_datasets_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L444) | 选类（`GPTDataset` / `MockGPTDataset` / SFT），调 builder |
+# | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361) | 只有首 / 尾 stage 的 TP rank 0 建数据集 |
+# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 每个 micro-batch：TP 广播，再 CP 切分 |
 # | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517) | TP 群里的 broadcast（不在 pip 包里，见 `snippets/data/batch_flow.py`） |
 # | [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469) | `--data-path` 等 → `blend` / `blend_per_split` |
-# | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3335) | 调 provider、建 DataLoader |
-# | [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/datasets/data_samplers.py#L96) | 按 DP rank 取 micro-batch 的下标 |
-# | [`gpt_dataset.py::GPTDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L25) | GPT 数据的全部配置 |
-# | [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_config.py#L99) | 没有 blend 时置 `mock = True`、`split = "1,1,1"` |
-# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_builder.py#L29) | 造三个 split |
-# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder.build_generic_dataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_builder.py#L491) | rank 0 先建（写缓存）→ barrier → 其余 rank 再建 |
-# | [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/indexed_dataset.py#L937) | 写 `.bin`（token）和 `.idx`（长度、文档边界） |
-# | [`indexed_dataset.py::IndexedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/indexed_dataset.py#L611) | 读它们（mmap） |
-# | [`gpt_dataset.py::GPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L101) | 把文档拼接、切成定长样本 |
-# | [`gpt_dataset.py::GPTDataset.__getitem__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L225) | 一个样本的五个字段 |
-# | [`gpt_dataset.py::_get_ltor_masks_and_position_ids`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L706) | causal mask、loss mask、position ids（可按 EOD 重置） |
-# | [`gpt_dataset.py::MockGPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L839) | 不读文件的合成数据（simple loop 用它） |
-# | [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_dataset.py#L24) | 按权重从几个数据集里取样本 |
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L1994) | CP：每个 rank 留 2·CP 块里的两块 |
+# | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513) | 调 provider、建 DataLoader |
+# | [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115) | 按 DP rank 取 micro-batch 的下标 |
+# | [`gpt_dataset.py::GPTDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L26) | GPT 数据的全部配置 |
+# | [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L99) | 没有 blend 时置 `mock = True`、`split = "1,1,1"` |
+# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L29) | 造三个 split |
+# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder.build_generic_dataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L491) | rank 0 先建（写缓存）→ barrier → 其余 rank 再建 |
+# | [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L923) | 写 `.bin`（token）和 `.idx`（长度、文档边界） |
+# | [`indexed_dataset.py::IndexedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L597) | 读它们（mmap） |
+# | [`gpt_dataset.py::GPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L106) | 把文档拼接、切成定长样本 |
+# | [`gpt_dataset.py::GPTDataset.__getitem__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L230) | 一个样本的五个字段 |
+# | [`gpt_dataset.py::_get_ltor_masks_and_position_ids`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L765) | causal mask、loss mask、position ids（可按 EOD 重置） |
+# | [`gpt_dataset.py::MockGPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L898) | 不读文件的合成数据（simple loop 用它） |
+# | [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_dataset.py#L25) | 按权重从几个数据集里取样本 |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：每个 rank 留 2·CP 块里的两块 |
 # | [`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041) | packed（THD）：造 `PackedSeqParams` |
-# | [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/packed_seq_params.py#L9) | `cu_seqlens_*`、`max_seqlen_*` 交给 attention |
-# | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L85) | simple loop 的数据：mock + 普通 `DataLoader` |
+# | [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10) | `cu_seqlens_*`、`max_seqlen_*` 交给 attention |
+# | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L82) | simple loop 的数据：mock + 普通 `DataLoader` |
 
 # %% [markdown]
 # ## 调用链
@@ -126,7 +126,7 @@ from megatron.core.tokenizers import MegatronTokenizer
 #
 # ### `args` → `GPTDatasetConfig`
 #
-# `core_gpt_dataset_config_from_args` 是一个显式的字典：每个字段写明取哪个 `args`（[pretrain_gpt.py 第 230–256 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L230-L256)）。
+# `core_gpt_dataset_config_from_args` 是一个显式的字典：每个字段写明取哪个 `args`（[pretrain_gpt.py 第 391–418 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L391-L418)）。
 # 下表是其中主要的几项（"来自"一列是读代码的记录）；后两列由运行算出：这个名字确实是 `GPTDatasetConfig` 的构造参数，
 # 以及不传时的缺省值。
 

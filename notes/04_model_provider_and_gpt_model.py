@@ -36,29 +36,29 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1438) | 造模型、优化器、学习率调度器 |
-# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1161) | 按 PP / VPP 决定 `pre_process` / `post_process`，调 provider；补默认 TP 属性、搬 GPU、包 DDP |
-# | [`model_provider.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/model_provider.py#L24) | 薄包装：取 `args`，调 builder |
-# | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/gpt_builders.py#L28) | config + spec → `GPTModel(...)` |
-# | [`gpt_builders.py::_get_transformer_layer_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/gpt_builders.py#L117) | `--transformer-impl` 选 TE / local spec |
-# | [`arguments.py::_add_network_size_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1536) | 由 `TransformerConfig` 的字段生成命令行参数（带排除表） |
-# | [`argument_utils.py::ArgumentGroupFactory`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/argument_utils.py#L21) | 字段 → `--flag` 的命名规则 |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 造模型、优化器、学习率调度器 |
+# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1706) | 按 PP / VPP 决定 `pre_process` / `post_process`，调 provider；补默认 TP 属性、搬 GPU、包 DDP |
+# | [`model_provider.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/model_provider.py#L20) | 薄包装：取 `args`，调 builder |
+# | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L25) | config + spec → `GPTModel(...)` |
+# | [`gpt_builders.py::_get_transformer_layer_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L108) | `--transformer-impl` 选 TE / local spec |
+# | [`arguments.py::_add_network_size_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2195) | 由 `TransformerConfig` 的字段生成命令行参数（带排除表） |
+# | [`argument_utils.py::ArgumentGroupFactory`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L45) | 字段 → `--flag` 的命名规则 |
 # | [`arguments.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1306) | `args` → `TransformerConfig`：同名拷贝 + 手工覆盖 |
-# | [`transformer_config.py::TransformerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L34) | 模型结构的全部超参数 |
-# | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/model_parallel_config.py#L11) | 它的父类：并行、精度、通信重叠 |
-# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L306) | 只用 Megatron Core 自己的模块 |
-# | [`gpt_layer_specs.py::get_gpt_layer_with_transformer_engine_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L171) | 用 TE 模块（正式入口的缺省） |
-# | [`gpt_layer_specs.py::get_mlp_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L479) | backend 能融合 norm 时 `linear_fc1` 用带 LayerNorm 的列并行 linear |
-# | [`transformer_engine_spec_provider.py::TESpecProvider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine_spec_provider.py#L25) | TE backend：每个槽位给哪个 TE 类 |
-# | [`spec_utils.py::ModuleSpec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/spec_utils.py#L12) | "哪个类、什么参数、哪些子模块"的数据 |
-# | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/spec_utils.py#L73) | 按 spec 实例化 |
-# | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L197) | 一层的槽位；没给的槽位缺省 `IdentityOp` |
-# | [`gpt_model.py::GPTModel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L88) | embedding、decoder、output layer |
-# | [`layers.py::VocabParallelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L195) | 词嵌入按词表切 |
-# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149) | CPU 初始化：造整块权重再按 `partition_dim`、`stride` 切 |
-# | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L101) | 在参数上记下 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
-# | [`layers.py::set_defaults_if_not_set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L112) | `get_model` 给其余参数补上"不切"的属性 |
-# | [`run_simple_mcore_train_loop.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L60) | simple loop：手写 config + local spec |
+# | [`transformer_config.py::TransformerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L54) | 模型结构的全部超参数 |
+# | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L46) | 它的父类：并行、精度、通信重叠 |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 只用 Megatron Core 自己的模块 |
+# | [`gpt_layer_specs.py::get_gpt_layer_with_transformer_engine_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L351) | 用 TE 模块（正式入口的缺省） |
+# | [`gpt_layer_specs.py::get_mlp_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L521) | backend 能融合 norm 时 `linear_fc1` 用带 LayerNorm 的列并行 linear |
+# | [`transformer_engine_spec_provider.py::TESpecProvider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine_spec_provider.py#L36) | TE backend：每个槽位给哪个 TE 类 |
+# | [`spec_utils.py::ModuleSpec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L13) | "哪个类、什么参数、哪些子模块"的数据 |
+# | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L74) | 按 spec 实例化 |
+# | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L243) | 一层的槽位；没给的槽位缺省 `IdentityOp` |
+# | [`gpt_model.py::GPTModel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L94) | embedding、decoder、output layer |
+# | [`layers.py::VocabParallelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L230) | 词嵌入按词表切 |
+# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184) | CPU 初始化：造整块权重再按 `partition_dim`、`stride` 切 |
+# | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L136) | 在参数上记下 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
+# | [`layers.py::set_defaults_if_not_set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L147) | `get_model` 给其余参数补上"不切"的属性 |
+# | [`run_simple_mcore_train_loop.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L57) | simple loop：手写 config + local spec |
 
 # %% [markdown]
 # ## 调用链
@@ -94,7 +94,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:1589](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1589)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:1463](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1463)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:1537](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1537)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
 # | `get_model` | provider、model type | 模型 chunk 的 list（已包 DDP） | provider、`set_defaults_if_not_set_...`、`Float16Module`、DDP | 读 PP / VPP 坐标；DDP 用 DP 群 | 间接（provider） | 是：建参数 | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` |
 # | `model_provider` | builder、`pre_process`、`post_process`、`vp_stage` | 模型 | 无（转交 builder） | 否 | 否 | 否 | `model_provider()` |
 # | `gpt_builder` | `args`、`pre_process`、`post_process` | `GPTModel` | `TransformerConfig`、layer spec、`GPTModel` | 否 | 间接 | 是：建参数 | `model_provider()` 的函数体 |

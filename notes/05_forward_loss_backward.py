@@ -36,27 +36,27 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 调 schedule；之后把各 micro-batch 的报告归约成日志里的 loss |
-# | [`training.py:1753`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1753) | 报告为 `[sum, count]` 时：DP 上求和后 sum / count |
-# | [`training.py:1756`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1756) | 报告为单个数时：对 micro-batch 取平均 |
-# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L166) | 取 batch、跑模型、返回 `(output, partial(loss_func, loss_mask, model=model))` |
-# | [`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L104) | 返回 `(sum, num_tokens, {'lm loss': [sum, num_tokens]})` |
-# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L120) | simple loop：`loss_func` 返回 `(mean, {'lm loss': 同一个张量})` |
-# | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L45) | 按 PP / VPP 选 schedule；PP=1 是 `forward_backward_no_pipelining` |
-# | [`schedules.py::forward_backward_no_pipelining`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L518) | 逐个 micro-batch：forward、backward；最后 `finalize_model_grads_func` |
-# | [`schedules.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L311) | 调用户的 `forward_step_func`，再调下一行 |
-# | [`schedules.py::forward_step_calc_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L218) | 调 `loss_func`，按返回值个数**原地**缩放 loss |
-# | [`schedules.py:262`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L262) | 3 个值：`/= num_tokens`、`/= num_microbatches`（除非 `calculate_per_token_loss`） |
-# | [`schedules.py:268`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L268) | 2 个值：`*= cp_size`、`/= num_microbatches` |
-# | [`schedules.py::backward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L446) | 从缩放后的 loss 反向（`grad_scale_func` 乘 loss scale） |
-# | [`gpt_model.py::GPTModel.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L470) | embedding → decoder → `_postprocess` |
-# | [`gpt_model.py::GPTModel._postprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L559) | 输出层；有 labels 时返回逐 token loss `[b, s]` |
-# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L954) | 输出层：`gather_output=False` 时每个 rank 留 `V/TP` 列 |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L495) | 列并行层的输入梯度 all-reduce（与权重梯度计算重叠） |
-# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L128) | `[b, s]` ↔ `[s, b]`，调 vocab-parallel 交叉熵 |
-# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L124) | 3 次 all-reduce：max、目标 logit、Σexp |
-# | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L192) | softmax − one-hot，本地计算，不通信 |
-# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L396) | DP 梯度归约；`calculate_per_token_loss` 时再除以全局 token 数（第 484–497 行） |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 调 schedule；之后把各 micro-batch 的报告归约成日志里的 loss |
+# | [`training.py:2548`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2548) | 报告为 `[sum, count]` 时：DP 上求和后 sum / count |
+# | [`training.py:2551`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2551) | 报告为单个数时：对 micro-batch 取平均 |
+# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | 取 batch、跑模型、返回 `(output, partial(loss_func, loss_mask, model=model))` |
+# | [`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L209) | 返回 `(sum, num_tokens, {'lm loss': [sum, num_tokens]})` |
+# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L124) | simple loop：`loss_func` 返回 `(mean, {'lm loss': 同一个张量})` |
+# | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L48) | 按 PP / VPP 选 schedule；PP=1 是 `forward_backward_no_pipelining` |
+# | [`schedules.py::forward_backward_no_pipelining`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L696) | 逐个 micro-batch：forward、backward；最后 `finalize_model_grads_func` |
+# | [`schedules.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L397) | 调用户的 `forward_step_func`，再调下一行 |
+# | [`schedules.py::forward_step_calc_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L290) | 调 `loss_func`，按返回值个数**原地**缩放 loss |
+# | [`schedules.py:334`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L334) | 3 个值：`/= num_tokens`、`/= num_microbatches`（除非 `calculate_per_token_loss`） |
+# | [`schedules.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L340) | 2 个值：`*= cp_size`、`/= num_microbatches` |
+# | [`schedules.py::backward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L532) | 从缩放后的 loss 反向（`grad_scale_func` 乘 loss scale） |
+# | [`gpt_model.py::GPTModel.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L519) | embedding → decoder → `_postprocess` |
+# | [`gpt_model.py::GPTModel._postprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L620) | 输出层；有 labels 时返回逐 token loss `[b, s]` |
+# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1100) | 输出层：`gather_output=False` 时每个 rank 留 `V/TP` 列 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L583) | 列并行层的输入梯度 all-reduce（与权重梯度计算重叠） |
+# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155) | `[b, s]` ↔ `[s, b]`，调 vocab-parallel 交叉熵 |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L121) | 3 次 all-reduce：max、目标 logit、Σexp |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L186) | softmax − one-hot，本地计算，不通信 |
+# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L563) | DP 梯度归约；`calculate_per_token_loss` 时再除以全局 token 数（第 484–497 行） |
 
 # %% [markdown]
 # ## 调用链
@@ -90,7 +90,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:1616](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)）、schedule 的 `forward_backward_func`（[training.py:1652](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1652)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:1703](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:1730](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1730)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
+# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:2361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)）、schedule 的 `forward_backward_func`（[training.py:2407](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2407)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:2474](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:2528](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2528)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 # | `get_forward_backward_func` | （读 PP / VPP 大小） | 一个 schedule 函数 | `parallel_state` | 只读大小 | 否 | 否 | `get_forward_backward_func()` |
 # | `forward_backward_no_pipelining` | forward_step_func、iterator、model、micro-batch 数… | 每个 micro-batch 的报告 list | `forward_step`、`backward_step`、`finalize_model_grads_func` | 经模型（TP）、经 finalize（DP） | 否 | 是：累加 `.grad` / `main_grad` | `forward_backward_func(...)` |
 # | `pretrain_gpt.forward_step` | iterator、model | `(逐 token loss [b, s], partial(loss_func, loss_mask, model=model))` | `get_batch`、`GPTModel` | 经 `get_batch` 与模型 | 经 `get_batch`（CP） | 推进 iterator | `forward_step_func` |
@@ -119,8 +119,8 @@ from snippets.record.tables import Table
 # ### `forward_step` 与 `loss_func` 的契约
 #
 # 正式入口的 `pretrain_gpt.py::forward_step` 返回的是 `(output_tensor, partial(loss_func, loss_mask, model=model))`
-# （[`pretrain_gpt.py:202`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L202)）：`loss_mask` 和 `model` 先绑好，
-# schedule 只需再传 `output_tensor`；`model` 只在 ModelOpt 蒸馏打开时被 `loss_func` 用到（[`pretrain_gpt.py:123`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L123)），
+# （[`pretrain_gpt.py:358`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L358)）：`loss_mask` 和 `model` 先绑好，
+# schedule 只需再传 `output_tensor`；`model` 只在 ModelOpt 蒸馏打开时被 `loss_func` 用到（[`pretrain_gpt.py:239`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L239)），
 # 平常是个空着的关键字参数。
 #
 # schedule 对用户代码只有一个要求：`forward_step_func(data_iterator, model)` 返回 `(output_tensor, loss_func)`，
@@ -308,16 +308,16 @@ pictures.draw_loss_division(divides, tokens=[16, 6])
 # 逐行读：
 #
 # 1. **3 个值（正式入口缺省）**：schedule 把 `sum` 原地除以本 micro-batch 的 token 数、再除以 micro-batch 数
-#    （[`schedules.py:262`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L262)），
+#    （[`schedules.py:334`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L334)），
 #    所以**优化的是 micro-batch 平均的平均**（3.4724）；日志却记全局 token 平均（3.4675）。两者只在各 micro-batch
 #    token 数不同时不一样——packing、`eod_mask_loss`、SFT 的 prompt mask 都会造成这种不同。报告是一份拷贝，不受原地除法影响。
 # 2. **2 个值、报告就是 loss 本身**（simple loop 的写法）：schedule 原地 `*= cp_size`、`/= num_microbatches`
-#    （[`schedules.py:268`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L268)），
+#    （[`schedules.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L340)），
 #    报告是同一个张量，也被除了：日志里的 loss 是真实值的一半（1.7362 = 3.4724 / 2）。梯度没错。
 # 3. **`loss.detach()`**：detach 出来的张量与原张量共享存储，原地除法照样改到它——结果与第 2 行相同。
 # 4. **`loss.detach().clone()`**：独立的存储，报告正确。`snippets/models/tiny_gpt.py` 的 `loss_func` 就是这么写的。
 # 5. **`calculate_per_token_loss=True`**：schedule 不除；`finalize_model_grads` 把全局 token 数在 DP×CP 群里求和后，
-#    用 `scale_gradients(1 / num_tokens)` 缩放梯度（[finalize_model_grads.py 第 484–497 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L484-L497)）。这时优化的才是全局 token 平均，
+#    用 `scale_gradients(1 / num_tokens)` 缩放梯度（[finalize_model_grads.py 第 680–696 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L680-L696)）。这时优化的才是全局 token 平均，
 #    与日志一致。
 #
 # 还有一处除法不在这里：DDP 归约梯度时乘 `1 / (DP×CP 群大小)`（`calculate_per_token_loss` 时不乘），笔记 06 再看。
@@ -363,7 +363,7 @@ pictures.draw_loss_division(divides, tokens=[16, 6])
 #    （与被反向的张量是同一个），schedule 的原地 `/= num_microbatches` 也改了日志值。simple loop 用 `num_microbatches=1`，
 #    所以看不出来；把它改成 2 就会看到 loss 减半。
 # 2. **缺省设置下，日志与优化目标不是同一个数（运行确认）。** 正式入口缺省优化"micro-batch 平均的平均"，日志记
-#    "全局 token 平均"。只有 `--calculate-per-token-loss` 让两者一致（hybrid CP 要求打开它，[arguments.py 第 923 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L923)）。
+#    "全局 token 平均"。只有 `--calculate-per-token-loss` 让两者一致（hybrid CP 要求打开它，[arguments.py 第 1409 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1409)）。
 # 3. **CP 在两种契约里的处理不同。** 2 个值时 schedule 乘 `cp_size`；3 个值时不乘——因为 token 数已经是本 CP rank 的 token 数，
 #    `sum / num_tokens` 本身就是局部平均，DDP 在 DP×CP 群里再平均。两条路径在 CP>1 时是否给出同样的梯度，留到[笔记 16](../16_context_parallel/) 用运行核对。
 

@@ -34,14 +34,14 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`distributed_data_parallel.py::DistributedDataParallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L22) | 建 grad buffer，给每个参数挂 `main_grad` 和累加 hook |
-# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L396) | DP 归约 + 共享 embedding / 序列并行的 TP 归约 |
-# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L505) | 分参数组，建 torch Adam 并包装，返回 `ChainedOptimizer` |
-# | [`optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1308) | 全部子优化器一起算范数、裁剪、更新 |
-# | [`optimizer.py::FP32Optimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L961) | fp32 参数：`main_grad` → `.grad`，范数，裁剪，`Adam.step` |
-# | [`clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L51) | 本地平方和，在模型并行群里 all-reduce |
-# | [`clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L138) | 范数超过 `clip_grad` 时整体缩放 |
-# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 正式入口：清零 buffer → schedule → `optimizer.step()` |
+# | [`distributed_data_parallel.py::DistributedDataParallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L22) | 建 grad buffer，给每个参数挂 `main_grad` 和累加 hook |
+# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L563) | DP 归约 + 共享 embedding / 序列并行的 TP 归约 |
+# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 分参数组，建 torch Adam 并包装，返回 `ChainedOptimizer` |
+# | [`optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1855) | 全部子优化器一起算范数、裁剪、更新 |
+# | [`optimizer.py::FP32Optimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1303) | fp32 参数：`main_grad` → `.grad`，范数，裁剪，`Adam.step` |
+# | [`clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 本地平方和，在模型并行群里 all-reduce |
+# | [`clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L143) | 范数超过 `clip_grad` 时整体缩放 |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 正式入口：清零 buffer → schedule → `optimizer.step()` |
 
 # %% [markdown]
 # ## 调用链
@@ -70,7 +70,7 @@
 # | `get_megatron_optimizer` | `OptimizerConfig`、model chunk 列表 | `ChainedOptimizer` | 参数分组、`FP32Optimizer` 或分布式优化器 | 取 dp-cp、tp-pp 群 | 分布式优化器时切状态 | 是：建优化器状态 | simple loop 没有调用它：它用 `torch.optim.Adam` |
 # | `ChainedOptimizer.step` | 无（读 `main_grad`） | `(update_successful, grad_norm, num_zeros)` | 范数、裁剪、Adam | tp-pp（范数） | 否 | 是：参数与 Adam 状态 | `optim.step()` |
 # | `get_grad_norm_fp32` | 梯度列表、范数类型、群 | 总范数（float） | multi-tensor L2 | tp-pp | 每个 rank 只算自己的切片 | 否 | — |
-# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:1616](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1616)）、schedule 的 `forward_backward_func`（[training.py:1652](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1652)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:1703](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1703)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:1730](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1730)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
+# | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:2361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)）、schedule 的 `forward_backward_func`（[training.py:2407](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2407)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:2474](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:1749](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1749)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:2528](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2528)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.record import recorder
@@ -216,7 +216,7 @@ Table(["量", "值"], [
 #    若梯度某元素恰好接近 0，Adam 会放大噪声（`snippets/models/tiny_gpt.py` 去掉 bias 就是为此）。
 # 2. **CPU 上裁剪原本会断言失败（运行确认）。** `clip_grad > 0` 时 `ChainedOptimizer.step` 调用
 #    `clip_grad_by_total_norm_fp32`，它逐个断言 `param.grad.type() == 'torch.cuda.FloatTensor'`
-#    （[`clip_grads.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L167)），
+#    （[`clip_grads.py:174`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L174)），
 #    CPU 上的 fp32 梯度答 `torch.FloatTensor`。本站的补丁 `clip_grads_type_check` 只在这个函数运行期间让无参数的
 #    `Tensor.type()` 返回 CUDA 类型名，并替换 `optimizer.py` 按名字导入的那份引用；它的测试对照 `torch.nn.utils.clip_grad_norm_`。
 #    `get_megatron_optimizer` 和 `get_grad_norm_fp32` 写死的 `device='cuda'` 由 `optimizer_device`、`grad_norm_device` 两个补丁处理，见 [CPU 页](../../cpu/)。

@@ -34,23 +34,23 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`checkpointing.py::save_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L471) | 正式入口的保存：拼 state dict，选格式，写 tracker 文件 |
-# | [`checkpointing.py::generate_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L877) | 把 args、iteration、model、optimizer、scheduler、rng 放进一个 dict |
+# | [`checkpointing.py::save_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L552) | 正式入口的保存：拼 state dict，选格式，写 tracker 文件 |
+# | [`checkpointing.py::generate_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1296) | 把 args、iteration、model、optimizer、scheduler、rng 放进一个 dict |
 # | [`checkpointing.py:635`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635) | `torch_dist` 格式时调用 `dist_checkpointing.save` |
-# | [`checkpointing.py::get_checkpoint_name`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L162) | `iter_0000100` 这样的子目录名 |
-# | [`checkpointing.py::get_checkpoint_tracker_filename`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L277) | `latest_checkpointed_iteration.txt` |
-# | [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1479) | 正式入口的加载：读 tracker，按当前模型生成 sharded state dict，加载后 `load_state_dict` |
+# | [`checkpointing.py::get_checkpoint_name`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L195) | `iter_0000100` 这样的子目录名 |
+# | [`checkpointing.py::get_checkpoint_tracker_filename`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L340) | `latest_checkpointed_iteration.txt` |
+# | [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2066) | 正式入口的加载：读 tracker，按当前模型生成 sharded state dict，加载后 `load_state_dict` |
 # | [`checkpointing.py:1130`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1130) | 调用 `dist_checkpointing.load` |
-# | [`serialization.py::save`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L314) | Core 的保存入口 |
-# | [`serialization.py::load`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L61) | Core 的加载入口 |
-# | [`mapping.py::ShardedTensor`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L52) | 本地 tensor + 它在全局 tensor 里的位置 |
-# | [`mapping.py::ShardedObject`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L360) | 不是 tensor 的状态（`_extra_state`） |
-# | [`gpt_model.py::GPTModel.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L803) | 模型级入口 |
-# | [`transformer_block.py::TransformerBlock.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L805) | 把每层的 key 去掉层号，加一个"层"维偏移 |
-# | [`layers.py::ColumnParallelLinear.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1060) | 权重沿第 0 维按 TP 切 |
-# | [`layers.py::RowParallelLinear.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1303) | 权重沿第 1 维按 TP 切 |
-# | [`utils.py::make_sharded_tensors_for_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/utils.py#L75) | 给出 `replica_id = (0, tp_rank, dp_cp_rank)` 这类编号 |
-# | [`gpt_layer_specs.py:417`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L417) | local spec 的 `sharded_state_dict_keys_map`：norm 存成 TE 的名字 |
+# | [`serialization.py::save`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L349) | Core 的保存入口 |
+# | [`serialization.py::load`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L69) | Core 的加载入口 |
+# | [`mapping.py::ShardedTensor`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L52) | 本地 tensor + 它在全局 tensor 里的位置 |
+# | [`mapping.py::ShardedObject`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L360) | 不是 tensor 的状态（`_extra_state`） |
+# | [`gpt_model.py::GPTModel.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L873) | 模型级入口 |
+# | [`transformer_block.py::TransformerBlock.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L711) | 把每层的 key 去掉层号，加一个"层"维偏移 |
+# | [`layers.py::ColumnParallelLinear.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1217) | 权重沿第 0 维按 TP 切 |
+# | [`layers.py::RowParallelLinear.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1496) | 权重沿第 1 维按 TP 切 |
+# | [`utils.py::make_sharded_tensors_for_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L95) | 给出 `replica_id = (0, tp_rank, dp_cp_rank)` 这类编号 |
+# | [`gpt_layer_specs.py:459`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L459) | local spec 的 `sharded_state_dict_keys_map`：norm 存成 TE 的名字 |
 
 # %% [markdown]
 # ## 调用链
@@ -144,7 +144,7 @@ entries_table(results)
 # - **replica_id = (0, tp_rank, dp_cp_rank)**。TP 切开的 tensor 在两个 rank 上都是 `(0, 0, 0)`——各自是自己那片的主副本；
 #   没被 TP 切的 tensor（position embedding、norm）两个 rank 各有一份完整副本，rank 1 的编号是 `(0, 1, 0)`。
 # - **norm 改了名**。local spec 的 `input_layernorm.weight` 存成 `self_attention.linear_qkv.layer_norm_weight`：
-#   这是 Transformer Engine spec 里 norm 融进 QKV 线性层后的名字，见 [`gpt_layer_specs.py:417`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L417)。两种 spec 因此能互相加载。
+#   这是 Transformer Engine spec 里 norm 融进 QKV 线性层后的名字，见 [`gpt_layer_specs.py:459`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L459)。两种 spec 因此能互相加载。
 #
 # 一个 rank 只写 `replica_id` 全为 0 的那些片。每个 rank 写多少个 tensor：
 
@@ -281,7 +281,7 @@ Table(optim_reshard.COMPARED, optim_reshard.rows(resharded, optim_reshard.COMPAR
 # ## 遗留问题
 #
 # 1. **local spec 存的是 TE 的名字（运行确认）。** 上面的 `.metadata` 里没有 `input_layernorm`，只有
-#    `linear_qkv.layer_norm_weight`——来自 [`gpt_layer_specs.py:417`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L417) 的 `sharded_state_dict_keys_map`。好处是 local 与 TE spec 互通；
+#    `linear_qkv.layer_norm_weight`——来自 [`gpt_layer_specs.py:459`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L459) 的 `sharded_state_dict_keys_map`。好处是 local 与 TE spec 互通；
 #    代价是直接读 `.metadata` 的外部工具看到的名字和 `model.state_dict()` 不同。
 # 2. **保存需要 psutil（CPU 上运行确认）。** `torch_dist` 默认用 fork 出的写进程，没有 psutil 时它们静默死掉、`save()` 永远等待，
 #    见 [CPU 页](../../cpu/)。

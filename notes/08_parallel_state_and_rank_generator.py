@@ -36,14 +36,14 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L447) | 一个带顺序的五维网格 |
-# | [`parallel_state.py::RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L450) | 校验 order、补齐大小为 1 的维、得到 `ordered_size` |
-# | [`parallel_state.py::RankGenerator.get_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L491) | token → 布尔掩码 |
-# | [`parallel_state.py::RankGenerator.get_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L506) | token → 这一类的全部群 |
-# | [`parallel_state.py::generate_masked_orthogonal_rank_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L251) | 混合进制分解，核心算术 |
-# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L548) | 造两个生成器，按 token 建群 |
-# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L525) | 从每个 PP 群挑 embedding 群 |
-# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/hyper_comm_grid.py#L33) | 另一套 n 维网格建群的实现（遗留问题） |
+# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L465) | 一个带顺序的五维网格 |
+# | [`parallel_state.py::RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L468) | 校验 order、补齐大小为 1 的维、得到 `ordered_size` |
+# | [`parallel_state.py::RankGenerator.get_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L519) | token → 布尔掩码 |
+# | [`parallel_state.py::RankGenerator.get_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L534) | token → 这一类的全部群 |
+# | [`parallel_state.py::generate_masked_orthogonal_rank_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L269) | 混合进制分解，核心算术 |
+# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L601) | 造两个生成器，按 token 建群 |
+# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L560) | 从每个 PP 群挑 embedding 群 |
+# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/hyper_comm_grid.py#L46) | 另一套 n 维网格建群的实现（遗留问题） |
 
 # %% [markdown]
 # ## 调用链

@@ -37,28 +37,28 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`mappings.py::copy_to_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L469) | f：正向恒等，反向 all-reduce |
-# | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L475) | g：正向 all-reduce，反向恒等 |
-# | [`mappings.py::scatter_to_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L481) | 最后一维：正向切分，反向 all-gather |
-# | [`mappings.py::gather_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L487) | 最后一维：正向 all-gather，反向切分 |
-# | [`mappings.py::scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L493) | 第一维：正向切分，反向 all-gather |
-# | [`mappings.py::gather_from_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L499) | 第一维：正向 all-gather，反向 reduce-scatter（或切分） |
-# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L513) | 第一维：正向 reduce-scatter，反向 all-gather |
-# | [`mappings.py::all_gather_last_dim_from_tensor_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L523) | 最后一维：正向 all-gather，反向 reduce-scatter |
-# | [`mappings.py::reduce_scatter_last_dim_to_tensor_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L529) | 最后一维：正向 reduce-scatter，反向 all-gather |
-# | [`mappings.py::all_to_all`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L535) | 第一维 all-to-all（可不等分），反向交换两张 split 表 |
-# | [`mappings.py::all_to_all_sp2hp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L541) | `[tokens/TP, H]` → `[tokens, H/TP]` |
-# | [`mappings.py::all_to_all_hp2sp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L570) | `[tokens, H/TP]` → `[tokens/TP, H]` |
-# | [`mappings.py::_CopyToModelParallelRegion`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L197) | f 背后的 autograd Function（其余 9 个同构，见调用链） |
-# | [`mappings.py::_GatherFromSequenceParallelRegion.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L328) | 按 `tensor_parallel_output_grad` 选 reduce-scatter 还是切分 |
-# | [`mappings.py::_AllToAll.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L454) | 反向再做一次 all-to-all，输入输出 split 对调 |
-# | [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L22) | 原地 all-reduce（f 的反向、g 的正向） |
-# | [`mappings.py::_gather_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L80) | 沿第一维 all-gather，再切块、沿最后一维拼 |
-# | [`mappings.py::_reduce_scatter_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L99) | 先把最后一维的块竖着摞起来，再沿第一维 reduce-scatter |
-# | [`mappings.py::_gather_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L114) | `all_gather_into_tensor`；给了 split 时用 `all_gather` |
-# | [`mappings.py::_reduce_scatter_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L155) | `reduce_scatter_tensor`；给了 split 时用 `reduce_scatter` |
-# | [`mappings.py::_split_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L36) / [`_split_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L56) | 本地切片，不通信 |
-# | [`utils.py::get_tensor_model_parallel_group_if_none`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L489) | 没传 `group` 时取全局 TP 群（并警告将来必须传） |
+# | [`mappings.py::copy_to_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L492) | f：正向恒等，反向 all-reduce |
+# | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L498) | g：正向 all-reduce，反向恒等 |
+# | [`mappings.py::scatter_to_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L504) | 最后一维：正向切分，反向 all-gather |
+# | [`mappings.py::gather_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L510) | 最后一维：正向 all-gather，反向切分 |
+# | [`mappings.py::scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L516) | 第一维：正向切分，反向 all-gather |
+# | [`mappings.py::gather_from_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L522) | 第一维：正向 all-gather，反向 reduce-scatter（或切分） |
+# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L536) | 第一维：正向 reduce-scatter，反向 all-gather |
+# | [`mappings.py::all_gather_last_dim_from_tensor_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L546) | 最后一维：正向 all-gather，反向 reduce-scatter |
+# | [`mappings.py::reduce_scatter_last_dim_to_tensor_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L552) | 最后一维：正向 reduce-scatter，反向 all-gather |
+# | [`mappings.py::all_to_all`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L558) | 第一维 all-to-all（可不等分），反向交换两张 split 表 |
+# | [`mappings.py::all_to_all_sp2hp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L566) | `[tokens/TP, H]` → `[tokens, H/TP]` |
+# | [`mappings.py::all_to_all_hp2sp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L595) | `[tokens, H/TP]` → `[tokens/TP, H]` |
+# | [`mappings.py::_CopyToModelParallelRegion`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L201) | f 背后的 autograd Function（其余 9 个同构，见调用链） |
+# | [`mappings.py::_GatherFromSequenceParallelRegion.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L332) | 按 `tensor_parallel_output_grad` 选 reduce-scatter 还是切分 |
+# | [`mappings.py::_AllToAll.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L470) | 反向再做一次 all-to-all，输入输出 split 对调 |
+# | [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L22) | 原地 all-reduce（f 的反向、g 的正向） |
+# | [`mappings.py::_gather_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L84) | 沿第一维 all-gather，再切块、沿最后一维拼 |
+# | [`mappings.py::_reduce_scatter_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L103) | 先把最后一维的块竖着摞起来，再沿第一维 reduce-scatter |
+# | [`mappings.py::_gather_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L118) | `all_gather_into_tensor`；给了 split 时用 `all_gather` |
+# | [`mappings.py::_reduce_scatter_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L159) | `reduce_scatter_tensor`；给了 split 时用 `reduce_scatter` |
+# | [`mappings.py::_split_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L40) / [`_split_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L60) | 本地切片，不通信 |
+# | [`utils.py::get_tensor_model_parallel_group_if_none`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L573) | 没传 `group` 时取全局 TP 群（并警告将来必须传） |
 
 # %% [markdown]
 # ## 调用链
@@ -262,7 +262,7 @@ Table(["函数", "正向 = 参考", "反向 = 参考", "x 被原地改写", "dy 
         any(runs[r][name]["dy_overwritten"] for r in range(2))] for name in MAPPINGS])
 
 # %% [markdown]
-# 13 行全对。最后两列是两个副作用，都来自 [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L22)：
+# 13 行全对。最后两列是两个副作用，都来自 [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L22)：
 # 它对传进来的张量**原地** all-reduce 再原样返回。g 的正向因此把调用方的输入 `x` 改成了全和；f 的反向把
 # autograd 递来的上游梯度 `dy` 改成了全和。在 `RowParallelLinear` 里，g 的输入是矩阵乘的临时结果，没有别人再用，
 # 所以无害；自己调用 g 时要记得输入会被覆盖。
@@ -402,14 +402,14 @@ Table(["函数", "调用处个数", "文件"], [[n, len(callers(n)), ", ".join(c
 # ## 遗留问题
 #
 # 1. **非连续输入会让 g 悄悄不求和（运行确认）。** [`mappings.py:31`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L31)
-#    对 `input_.contiguous()` 做 all-reduce，[`mappings.py:33`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L33)
+#    对 `input_.contiguous()` 做 all-reduce，[`mappings.py:37`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L37)
 #    却返回原来的 `input_`。输入连续时 `contiguous()` 返回它自己，原地求和生效；输入不连续（例如转置过）时，
 #    求和写进了一个临时副本，返回的还是本 rank 的部分和。下面的单元格把转置过的张量交给 g：每个 rank 拿回的是自己的输入，
 #    不是两个 rank 之和。Megatron 自己的调用处传的都是矩阵乘的连续输出，所以没有触发。
 # 2. **docstring 与代码不一致（运行确认）。** `scatter_to_tensor_model_parallel_region` 的 docstring
-#    （[`mappings.py:482`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L482)）
+#    （[`mappings.py:505`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L505)）
 #    说正向是 RS（reduce-scatter），记录表里它的正向根本不通信，只是本地切片；`scatter_to_sequence_parallel_region`
-#    的 docstring（[`mappings.py:494`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L494)）
+#    的 docstring（[`mappings.py:517`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L517)）
 #    说反向沿最后一维 all-gather，记录表里是沿第一维（token ×2）。
 # 3. **`IN_CONTEXT` 说明了 recorder 的一个局限。** recorder 用"最内层的 Megatron 函数"给 collective 命名，
 #    所以最后一维的 reduce-scatter 被记成 `_reduce_scatter_along_first_dim`，f 的反向和 g 的正向都记成 `_reduce`；

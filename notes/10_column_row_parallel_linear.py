@@ -37,25 +37,25 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`layers.py::ColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L751) | 按输出切：每个 rank `[out/tp, in]` |
-# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L800) | 分配、初始化权重；决定 `allreduce_dgrad` |
-# | [`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920) | `allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce` |
-# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L954) | 选择是否调用 f；矩阵乘；可选 gather |
-# | [`layers.py:993`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L993) | 四个条件任一成立就**跳过** f |
-# | [`layers.py::RowParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1088) | 按输入切：每个 rank `[out, in/tp]`，bias 不切 |
-# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1124) | SP 要求 `input_is_parallel`；bias 标上 `sequence_parallel` |
-# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1245) | 可选 scatter；矩阵乘；g 或 reduce-scatter；最后加 bias |
-# | [`layers.py:1263`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1263) | row 层写死 `allreduce_dgrad = False` |
-# | [`layers.py::linear_with_grad_accumulation_and_async_allreduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L629) | 两种层共用的矩阵乘入口 |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L443) | 自己写正反向的 autograd Function |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L448) | SP 时先 all-gather 输入；只存本 rank 的输入分片 |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L495) | 输入梯度的 all-reduce（= f 的反向）或 SP 的 all-gather + reduce-scatter |
-# | [`layers.py:544`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L544) | 异步 all-reduce 输入梯度，与权重梯度的矩阵乘重叠 |
-# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149) | 造完整主权重，按 `partition_dim`、`stride` 切出本 rank 的块 |
-# | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L134) | 只在本 rank 的块上、用 TP 专用 RNG 流初始化 |
-# | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L101) | 给参数挂上 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
-# | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/model_parallel_config.py#L11) | `tensor_model_parallel_size`、`sequence_parallel`、`use_cpu_initialization` |
-# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318) | SP 时把标了 `sequence_parallel` 的参数梯度在 TP 群里加起来 |
+# | [`layers.py::ColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L869) | 按输出切：每个 rank `[out/tp, in]` |
+# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L918) | 分配、初始化权重；决定 `allreduce_dgrad` |
+# | [`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066) | `allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce` |
+# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1100) | 选择是否调用 f；矩阵乘；可选 gather |
+# | [`layers.py:1139`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1139) | 四个条件任一成立就**跳过** f |
+# | [`layers.py::RowParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1249) | 按输入切：每个 rank `[out, in/tp]`，bias 不切 |
+# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1285) | SP 要求 `input_is_parallel`；bias 标上 `sequence_parallel` |
+# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1430) | 可选 scatter；矩阵乘；g 或 reduce-scatter；最后加 bias |
+# | [`layers.py:1448`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1448) | row 层写死 `allreduce_dgrad = False` |
+# | [`layers.py::linear_with_grad_accumulation_and_async_allreduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L755) | 两种层共用的矩阵乘入口 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L525) | 自己写正反向的 autograd Function |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L530) | SP 时先 all-gather 输入；只存本 rank 的输入分片 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L583) | 输入梯度的 all-reduce（= f 的反向）或 SP 的 all-gather + reduce-scatter |
+# | [`layers.py:639`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639) | 异步 all-reduce 输入梯度，与权重梯度的矩阵乘重叠 |
+# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184) | 造完整主权重，按 `partition_dim`、`stride` 切出本 rank 的块 |
+# | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L169) | 只在本 rank 的块上、用 TP 专用 RNG 流初始化 |
+# | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L136) | 给参数挂上 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
+# | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L46) | `tensor_model_parallel_size`、`sequence_parallel`、`use_cpu_initialization` |
+# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416) | SP 时把标了 `sequence_parallel` 的参数梯度在 TP 群里加起来 |
 
 # %% [markdown]
 # ## 调用链
@@ -180,7 +180,7 @@ layout_table(layouts)
 # - `RowParallelLinear(16, 8)` 的 rank `r` 拿所有行、第 `r` 段**列**（输入）：`[8, 16/tp]`；bias `[8]` 不切，
 #   每个 rank 一份完整的。
 # - 最后一列是 CPU 初始化的代价：每个 rank 都先在内存里造出完整的 `[out, in]` 主权重
-#   （[`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149)），
+#   （[`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184)），
 #   再切出自己那块。好处是结果与 TP 大小无关：用同一个种子，把分片拼回去就是单进程初始化的那个矩阵。下面用真正的
 #   `init_method_normal(0.02)` 验证（TP=2、TP=4 各跑一次，后面的数值比较也复用这两次运行）。
 
@@ -249,9 +249,9 @@ pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
 # %% [markdown]
 # ### `allreduce_dgrad`：f 其实不在 `ColumnParallelLinear` 里
 #
-# [`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)
+# [`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)
 # 在构造时决定 `allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce`；
-# [`layers.py:993`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L993)
+# [`layers.py:1139`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1139)
 # 在 forward 里只要 `allreduce_dgrad`、`sequence_parallel`（或 expert、`disable_grad_reduce`）任一为真就跳过 f。
 # 换句话说，只有 TP=1 时才调用 f，而那时 f 什么也不做。把 f 换成一个计数的探针，TP=1、TP=2、TP=2+SP 各跑一次：
 
@@ -280,10 +280,10 @@ Table(["TP", "sequence_parallel", "allreduce_dgrad", "f 被调用次数", "反�
 
 # %% [markdown]
 # TP=2 时 f 一次也没被调用，输入梯度的 all-reduce 由
-# [`layers.py:544`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L544)
+# [`layers.py:639`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639)
 # 在 `LinearWithGradAccumulationAndAsyncCommunication.backward` 里以 `async_op=True` 发出，随后才算权重梯度
 # `dW = dYᵀ X`，最后才等它完成：通信和权重梯度的矩阵乘重叠。这要求 GPU 按发出顺序执行 kernel，所以 Megatron 建议
-# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 [layers.py 第 738 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L738) 警告）。
+# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 [layers.py 第 848 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L848) 警告）。
 # 数学上它仍然是 f 的反向：各 rank 对同一份输入的梯度相加。
 
 # %% [markdown]
@@ -352,7 +352,7 @@ print("两个 rank 的 db 相加等于 dense:", torch.allclose(row_sp[0]["db"] +
 # %% [markdown]
 # 开 SP 后 row 层的输出按 sequence 切开，每个 rank 只拿到自己那几个位置的输出梯度，bias 梯度 `Σ dY` 也就只覆盖这些位置。
 # Megatron 在构造时给 row 层的 bias 标上 `sequence_parallel=True`，训练时由
-# [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318)
+# [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416)
 # 在 TP 群里把它们加起来（LayerNorm 的参数同理）。层本身给出的只是部分和。
 
 # %% [markdown]
@@ -415,7 +415,7 @@ kinds_table(results[2])
 # 训练时它们都在 `forward_backward_func` 的模型 forward / backward 里，通信就是上面录到的那些：每个 column→row 对
 # 正向 1 次、反向 1 次 all-reduce，开 SP 后换成 AG/RS（一层里的计数见笔记 11）。之后 `finalize_model_grads` 处理
 # 标了 `sequence_parallel` 的参数梯度，优化器按 `tensor_model_parallel` 属性区分切分与复制的参数（例如梯度范数里
-# 复制的参数只算一次，见 [`layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L89)）。把一个 MLP 对（column → gelu → row）在 TP=2 上录一遍，不开和开 SP：
+# 复制的参数只算一次，见 [`layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95)）。把一个 MLP 对（column → gelu → row）在 TP=2 上录一遍，不开和开 SP：
 
 # %%
 def mlp_pair(sequence_parallels):
@@ -454,12 +454,12 @@ Table(["MLP（TP=2）", "正向", "反向"],
 # 1. **seed 000 说 "f 在 `linear_qkv` 内部"，运行显示它被融合掉了。** 只有 TP=1 时 `ColumnParallelLinear` 才调用 f
 #    （此时不通信）；TP>1 时输入梯度的 all-reduce 由 linear 的 backward 直接发出（上面的探针表）。
 #    读 profiler 时要在 `LinearWithGradAccumulationAndAsyncCommunication` 里找它，不是在 `_CopyToModelParallelRegion` 里。
-# 2. **row 层忽略自己的 `tp_group` 去找全局群。** [`layers.py:1281`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1281)
+# 2. **row 层忽略自己的 `tp_group` 去找全局群。** [`layers.py:1466`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1466)
 #    给 linear 函数传 `tp_group=None`，后者再经 `get_tensor_model_parallel_group_if_none` 取全局 TP 群（并在 rank 0 发弃用警告）。
 #    因为 row 层在 linear 函数里既不 all-reduce 也不开 SP，这个群不被使用，结果不受影响；但即使构造时给了显式的
 #    `tp_group`，linear 函数内部仍会去查全局的 `parallel_state`。
 # 3. **`ModelParallelConfig.tensor_model_parallel_size` 不决定切几份（运行确认）。** 切分大小来自 TP 群的大小
-#    （[`layers.py:839`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L839)
+#    （[`layers.py:958`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L958)
 #    的 `get_pg_size(self.tp_group)`），config 里的数只在 `__post_init__` 里用来检查 SP。下面的单元格在 TP=2 的群里
 #    用 `tensor_model_parallel_size=1` 的 config 构造 column 层：照样切成两半，不报错。
 # 4. **GPU 初始化路径本篇没有跑。** `use_cpu_initialization=False` 时 `_initialize_affine_weight_gpu` 在 TP 专用的 RNG 流
@@ -497,7 +497,7 @@ print({d["kind"]: (d["weight"], d["bias"]) for d in layouts[4][0]})
 #
 # <details><summary>答案</summary>
 #
-# True，在 [layers.py 第 920 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920) 由 `world_size > 1 and not sequence_parallel and not disable_grad_reduce` 决定；
+# True，在 [layers.py 第 1066 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066) 由 `world_size > 1 and not sequence_parallel and not disable_grad_reduce` 决定；
 # 开 SP 后是 False，输入梯度改由 reduce-scatter 处理。
 #
 # </details>
@@ -539,7 +539,7 @@ for sp, calls in mlp_calls.items():
     print(f"SP={sp}: 正向 {kinds(calls, 'forward')}；反向 {kinds(calls, 'backward')}")
 
 # %% [markdown]
-# **5. SwiGLU 的 `linear_fc1` 用 `stride=2`（[`mlp.py:109`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L109)）。
+# **5. SwiGLU 的 `linear_fc1` 用 `stride=2`（[`mlp.py:210`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L210)）。
 # TP=2、输出 16 行时，CPU 初始化给 rank 0 的是主权重的哪些行？**
 #
 # <details><summary>答案</summary>
@@ -596,7 +596,7 @@ print("f, g:", copy_to_tensor_model_parallel_region.__module__, reduce_from_tens
 #
 # Both layers store the weight as `[out, in]`, like `nn.Linear`. `ColumnParallelLinear` splits dim 0: each rank
 # owns `[out/tp, in]` and a slice of the bias, computes its slice of Y, and the input gradient is all-reduced in
-# backward — fused into the linear's backward (`allreduce_dgrad`, decided at [layers.py:920](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)), so f itself is
+# backward — fused into the linear's backward (`allreduce_dgrad`, decided at [layers.py:1066](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)), so f itself is
 # never called at TP>1. `RowParallelLinear` splits dim 1, all-reduces partial outputs (g), then adds the unsplit
 # bias once. With sequence parallel, all-gather and reduce-scatter along the sequence replace both all-reduces.
 # At TP 2 and 4, outputs and every gradient equal one dense `nn.Linear`.

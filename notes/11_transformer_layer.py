@@ -36,28 +36,28 @@
 #
 # | 符号 | 在本篇里的角色 |
 # |---|---|
-# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L306) | 用 Megatron Core 自己的模块拼出一层的 spec |
-# | [`backends.py::LocalSpecProvider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/backends.py#L85) | local spec 的零件：列/行并行 linear、`DotProductAttention`、norm |
-# | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/spec_utils.py#L73) | 按 spec 实例化模块（函数原样返回） |
-# | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L197) | 一层有哪些槽位 |
-# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L263) | 按槽位逐个 `build_module` |
-# | [`transformer_layer.py::TransformerLayer.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L502) | `_forward_attention` 再 `_forward_mlp` |
-# | [`transformer_layer.py::TransformerLayer._forward_attention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L521) | norm → attention → bias-dropout-add |
-# | [`transformer_layer.py::TransformerLayer._forward_mlp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L683) | norm → MLP → bias-dropout-add |
-# | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1245) | `linear_qkv` 的输出宽度 = Q + 2·KV |
-# | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L245) | 每卡几个 head、几个 query group |
-# | [`attention.py::Attention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L875) | 切 QKV → RoPE → core attention → `linear_proj` |
-# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1371) | 按 query group 把融合的输出切成 Q、K、V |
-# | [`dot_product_attention.py::DotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L142) | 本卡的 head 上算 softmax(QKᵀ)V |
-# | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L76) | GLU 时 `linear_fc1` 宽度翻倍、stride 2 |
-# | [`mlp.py::MLP.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L155) | fc1 → 激活（`glu`）→ fc2 |
-# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L954) | `linear_qkv`、`linear_fc1` |
-# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1245) | `linear_proj`、`linear_fc2`，末尾 all-reduce 或 reduce-scatter |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L495) | 列并行 linear 的 backward：输入梯度 all-reduce（或 SP 的 reduce-scatter） |
-# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149) | CPU 初始化：先建完整 weight，再按 `partition_dim`、`stride` 切 |
-# | [`fused_bias_dropout.py::get_bias_dropout_add`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/fusions/fused_bias_dropout.py#L81) | `self_attn_bda`、`mlp_bda` |
-# | [`torch_norm.py::WrappedTorchNorm.__new__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/torch_norm.py#L15) | 没有 Apex / TE 时的 norm（拒绝 SP，见遗留问题） |
-# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318) | 在 TP 群里对 norm 的梯度求和 |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 用 Megatron Core 自己的模块拼出一层的 spec |
+# | [`backends.py::LocalSpecProvider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/backends.py#L99) | local spec 的零件：列/行并行 linear、`DotProductAttention`、norm |
+# | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L74) | 按 spec 实例化模块（函数原样返回） |
+# | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L243) | 一层有哪些槽位 |
+# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 按槽位逐个 `build_module` |
+# | [`transformer_layer.py::TransformerLayer.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L733) | `_forward_attention` 再 `_forward_mlp` |
+# | [`transformer_layer.py::TransformerLayer._forward_attention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L569) | norm → attention → bias-dropout-add |
+# | [`transformer_layer.py::TransformerLayer._forward_mlp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L802) | norm → MLP → bias-dropout-add |
+# | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1651) | `linear_qkv` 的输出宽度 = Q + 2·KV |
+# | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L296) | 每卡几个 head、几个 query group |
+# | [`attention.py::Attention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1278) | 切 QKV → RoPE → core attention → `linear_proj` |
+# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 把融合的输出切成 Q、K、V |
+# | [`dot_product_attention.py::DotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L142) | 本卡的 head 上算 softmax(QKᵀ)V |
+# | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L172) | GLU 时 `linear_fc1` 宽度翻倍、stride 2 |
+# | [`mlp.py::MLP.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L258) | fc1 → 激活（`glu`）→ fc2 |
+# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1100) | `linear_qkv`、`linear_fc1` |
+# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1430) | `linear_proj`、`linear_fc2`，末尾 all-reduce 或 reduce-scatter |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L583) | 列并行 linear 的 backward：输入梯度 all-reduce（或 SP 的 reduce-scatter） |
+# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184) | CPU 初始化：先建完整 weight，再按 `partition_dim`、`stride` 切 |
+# | [`fused_bias_dropout.py::get_bias_dropout_add`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fusions/fused_bias_dropout.py#L83) | `self_attn_bda`、`mlp_bda` |
+# | [`torch_norm.py::WrappedTorchNorm.__new__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L33) | 没有 Apex / TE 时的 norm（拒绝 SP，见遗留问题） |
+# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416) | 在 TP 群里对 norm 的梯度求和 |
 
 # %% [markdown]
 # ## 调用链
@@ -298,7 +298,7 @@ Table(["", "TP=2 backward 后", "TP=2 finalize 后", "SP backward 后", "SP fina
 #
 # - **QK norm**（不开 SP 也是）：`q_layernorm` 作用在每个 head 上，每卡只有自己那 16 个（小层 4 个）head，
 #   所以每卡的梯度只是部分和。`_allreduce_non_tensor_model_parallel_grads` 按**参数名**里有没有 `q_layernorm`/`k_layernorm`
-#   把它们挑出来在 TP 群求和（[`finalize_model_grads.py:354`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L354)）。
+#   把它们挑出来在 TP 群求和（[`finalize_model_grads.py:452`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L452)）。
 # - **开 SP 时的两个 norm**：每卡只看到一半 token，梯度也是部分和；靠参数上的 `sequence_parallel` 标记被挑出来。
 #   local spec 的 torch norm 本来拒绝 SP，我们的 CPU 补丁 `torch_norm_sequence_parallel` 让它照常建、并打上这个标记
 #   （见[在 CPU 上运行](../../cpu/)和遗留问题 3）。
@@ -397,10 +397,10 @@ sp[0]["comm"]
 # **为什么每个 block 只要一次 forward 通信。** attention 和 MLP 都是"列并行 linear → 本地计算 → 行并行 linear"。
 # 列并行的输出按输出维切开，正好是下一步需要的切法（attention 按 head、SwiGLU 按 ffn 维都是逐列独立的），
 # 所以中间不用拼；行并行把各卡的部分和相加，才是完整结果——这就是 forward 里唯一的 all-reduce（g，
-# [`layers.py:1294`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1294)）。
+# [`layers.py:1480`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1480)）。
 # backward 反过来：行并行输入梯度天然是切好的，列并行的输入被每卡用了一次，输入梯度要把各卡的部分和相加（f 的 backward）。
 # 注意这个 f 不是 `copy_to_tensor_model_parallel_region`：不开 SP、TP>1 时 `allreduce_dgrad` 为真
-# （[`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)），
+# （[`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)），
 # 输入原样进 `linear_with_grad_accumulation_and_async_allreduce`，all-reduce 在它的 backward 里发出，好和 weight 梯度的计算重叠
 # （记录表里 issued by 是 `layers.py::backward`）。
 #
@@ -411,7 +411,7 @@ sp[0]["comm"]
 # 每次 all-gather 的 backward 是 reduce-scatter（2 次，`layers.py::backward`）；**多出来的 2 次 all-gather**
 # 也在列并行 linear 的 backward 里：forward 只保存了本卡 `[s/2]` 的输入（`ctx.save_for_backward(input, weight)`），
 # 算 weight 梯度 `grad_outputᵀ · total_input` 需要完整的 `[s]` 输入，于是再 all-gather 一次
-# （[`layers.py:522`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L522)）。
+# （[`layers.py:617`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L617)）。
 # 这是用通信换内存：不存 all-gather 之后的大输入。
 #
 # **为什么 GQA 的 weight 按 query group 交错。** 一个 Q head 只和它所在 group 的 K、V head 做 attention。
@@ -448,11 +448,11 @@ sp[0]["comm"]
 #    （[`attention.py:1411`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1411)）：
 #    一个 group 被两张卡分着算、又各自拿回整组，K、V 在两卡上重复。Qwen3-8B 只有 8 个 KV head，TP=16 就会走这条路。
 #    下面用 8 个 Q head、2 个 group、TP=4 跑一遍：forward 多一次 all-gather，backward 多一次 reduce-scatter，结果仍等于 TP=1。
-# 3. **local spec 的 torch norm 不支持 SP。** [`torch_norm.py:32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/torch_norm.py#L32)
+# 3. **local spec 的 torch norm 不支持 SP。** [`torch_norm.py:50`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L50)
 #    直接断言；Megatron 期望 SP 用 Apex 的 `FusedLayerNorm` 或 TE 的 norm，它们都把参数标成 `sequence_parallel`。
 #    我们的补丁只在 SP 时绕过断言并补上同样的标记，上面"SP finalize 后"那一列全是 True 说明标记被 `finalize_model_grads` 用上了。
 # 4. **不传 `attention_mask` 会在 CPU 上失败。** mask 为 `None` 时 softmax 用
-#    [`utils.py:35`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/utils.py#L35) 现建一个
+#    [`utils.py:39`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L39) 现建一个
 #    `device="cuda"` 的因果 mask。本篇显式传 causal mask（GPT 的数据管线本来就给）。
 # 5. **每个 `TransformerConfig` 都会发一条弃用警告。** `cuda_graph_scope` 的缺省值就是 `"full"`
 #    （[`transformer_config.py:784`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），

@@ -36,21 +36,21 @@
 #
 # | 符号 | 在本篇里的角色 |
 # |---|---|
-# | [`utils.py::VocabUtility.vocab_range_from_global_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/utils.py#L114) | 全局 V → 本卡 `range(start, end)`，要求 V 被 TP 整除 |
-# | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)` |
+# | [`utils.py::VocabUtility.vocab_range_from_global_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L114) | 全局 V → 本卡 `range(start, end)`，要求 V 被 TP 整除 |
+# | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)` |
 # | [`tokenizer.py::_vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/tokenizer/tokenizer.py#L117) | 正式入口：V 向上取整到 `make_vocab_size_divisible_by · TP` |
-# | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L210) | 本卡 weight `[V/TP, h]`（CPU 初始化：建完整表再切） |
-# | [`layers.py::VocabParallelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L268) | mask → 查表 → 清零 → all-reduce / reduce-scatter |
-# | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L475) | forward all-reduce，backward 原样 |
-# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L513) | SP：forward reduce-scatter，backward all-gather |
-# | [`language_model_embedding.py::LanguageModelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/language_model_embedding.py#L14) | GPT 的 embedding：决定要不要 `reduce_scatter_embeddings`，`[b, s, h] → [s, b, h]` |
-# | [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L219) | 入口：`[s, b, V/TP]` 的 logits、`[s, b]` 的 label |
-# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L124) | 3 次 all-reduce；label smoothing 分支 |
-# | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L192) | softmax − one-hot，只在本卡 |
-# | [`cross_entropy.py::VocabParallelCrossEntropy.calculate_predicted_logits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L35) | 本卡的 target logit（不归本卡的置 0）和 Σexp |
-# | [`fused_cross_entropy.py::fused_vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/fusions/fused_cross_entropy.py#L136) | `cross_entropy_loss_fusion` 时用的版本 |
-# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L128) | GPT 的 loss：选融合或非融合版本 |
-# | [`gpt_model.py::GPTModel._postprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L559) | output layer → 有 label 就算 loss |
+# | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L245) | 本卡 weight `[V/TP, h]`（CPU 初始化：建完整表再切） |
+# | [`layers.py::VocabParallelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L330) | mask → 查表 → 清零 → all-reduce / reduce-scatter |
+# | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L498) | forward all-reduce，backward 原样 |
+# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L536) | SP：forward reduce-scatter，backward all-gather |
+# | [`language_model_embedding.py::LanguageModelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/language_model_embedding.py#L14) | GPT 的 embedding：决定要不要 `reduce_scatter_embeddings`，`[b, s, h] → [s, b, h]` |
+# | [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213) | 入口：`[s, b, V/TP]` 的 logits、`[s, b]` 的 label |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L121) | 3 次 all-reduce；label smoothing 分支 |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L186) | softmax − one-hot，只在本卡 |
+# | [`cross_entropy.py::VocabParallelCrossEntropy.calculate_predicted_logits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L32) | 本卡的 target logit（不归本卡的置 0）和 Σexp |
+# | [`fused_cross_entropy.py::fused_vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fusions/fused_cross_entropy.py#L136) | `cross_entropy_loss_fusion` 时用的版本 |
+# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155) | GPT 的 loss：选融合或非融合版本 |
+# | [`gpt_model.py::GPTModel._postprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L620) | output layer → 有 label 就算 loss |
 
 # %% [markdown]
 # ## 调用链
@@ -111,7 +111,7 @@ from megatron.core.tensor_parallel.utils import VocabUtility
 #
 # `VocabUtility` 是纯算术：本卡宽度 `V/TP`，rank r 管 `range(r·V/TP, (r+1)·V/TP)`，连续的一段。V 必须能被 TP 整除，
 # 所以正式入口先把 tokenizer 的词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数
-# （[`arguments.py:1678`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1678) 缺省 128）。
+# （[`arguments.py:2358`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2358) 缺省 128）。
 # 这个函数在 `megatron/training` 里、不在 pip 包中，下面按它的公式算；多出来的"假 token"只是永远不会出现的类别。
 #
 # 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/n12_vocab.py` 里，
@@ -277,15 +277,15 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 
 # %% [markdown]
 # 融合版的梯度被**截到了 bf16**：`calculate_gradients` 最后无条件 `.to(torch.bfloat16)`
-# （[`fused_cross_entropy.py:82`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/fusions/fused_cross_entropy.py#L82)），
+# （[`fused_cross_entropy.py:82`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fusions/fused_cross_entropy.py#L82)），
 # autograd 再把它转回输入的 fp32。用 bf16 训练时无所谓；用 fp32 logits 时，这一步悄悄丢了精度（遗留问题 3）。
 
 # %% [markdown]
 # ## 机制解释
 #
 # **embedding：每个 token 只有一张卡查得到。** 本卡先把不属于自己的 token 记成掩码，下标改成 0 去查表
-# （[`layers.py:279`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L279)），
-# 查完再把这些位置清零（[`layers.py:290`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L290)）。
+# （[`layers.py:341`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L341)），
+# 查完再把这些位置清零（[`layers.py:359`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L359)）。
 # 于是对每个 token，恰好一张卡给出它的向量，其余给 0，all-reduce（求和）就是完整的 embedding。
 # backward：`reduce_from_tensor_model_parallel_region` 的 backward 原样传梯度，每卡拿到完整的 `[b, s, h]` 梯度，
 # 但 embedding 的 backward 只会往本卡的行里累加——被清零的位置梯度也是 0，所以不会错加到第 0 行。不需要通信。
@@ -321,19 +321,19 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # 1. **label smoothing 在 TP>1 时是 bug，不是定义（运行确认）。** 源码注释写明的目标是"label `1−α`、其余各 `α/(K−1)`"，K 是词表大小，
 #    TP=1 时代码也确实这样算（上面与 `smoothed_loss` 相等）。TP>1 时有两行把本卡当成了整个词表：
 #    `vocab_size = exp_logits.size(-1)` 取的是本卡宽度 `V/TP`
-#    （[`cross_entropy.py:164`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L164)，
-#    进入 [`cross_entropy.py:176`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L176) 的系数），
+#    （[`cross_entropy.py:158`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L158)，
+#    进入 [`cross_entropy.py:170`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L170) 的系数），
 #    `log_probs.mean(dim=-1)` 只对本卡一段求平均、之后没有 all-reduce
-#    （[`cross_entropy.py:181`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L181)）；
-#    backward 用同一个本卡宽度（[`cross_entropy.py:206`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L206)）。
+#    （[`cross_entropy.py:175`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L175)）；
+#    backward 用同一个本卡宽度（[`cross_entropy.py:200`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L200)）。
 #    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度，
 #    拼起来不是任何一个统一 loss 的梯度。上游已有报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)（2024 年提出，查阅时仍开放）。
 #    影响面：0.16.1 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
 #    所以正式 GPT 训练碰不到；直接调这个函数的外部代码会碰到。
 # 2. **`parallel_output=False` 时带 label 算 loss，多出 `log(TP)`（运行确认）。** output layer 以 `gather_output=not parallel_output` 构造
-#    （[`gpt_model.py:248`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L248)），
+#    （[`gpt_model.py:280`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L280)），
 #    于是每卡拿到**完整的** `[s, b, V]` logits，却照样交给 `vocab_parallel_cross_entropy`
-#    （[`gpt_model.py:714`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L714) →
+#    （[`gpt_model.py:794`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L794) →
 #    [`language_module.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L167)）。
 #    函数把"本卡宽度"V 当作一段，Σexp 被 TP 张卡各加一遍，loss 多出 `log(TP)`；backward 用的 softmax 也小了 TP 倍，梯度跟着错。
 #    下面用真实的小 `GPTModel`（fp32）验证：TP=2 时 loss 正好多 `log 2`，backward 照常跑完，梯度却和 `parallel_output=True` 不同。
@@ -345,7 +345,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # 4. **V 必须被 TP 整除。** `VocabUtility` 用 `divide` 断言整除，core 自己不 pad；pad 只在 `megatron/training` 的 tokenizer 构建里做。
 #    直接用 Megatron Core 搭模型时要自己 pad（自测 4）。
 # 5. **fp32 logits 会被就地改写（运行确认）。** `calculate_logits_max` 里的 `.float()` 对 fp32 张量返回它自己
-#    （[`cross_entropy.py:28`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L28)），
+#    （[`cross_entropy.py:25`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L25)），
 #    之后减最大值、`exp(out=...)`、除以和都是就地操作，backward 又在保存下来的同一块内存上就地算梯度。
 #    结果：forward 之后，调用方手里的 logits 变成了 softmax；backward 之后又变成了梯度（下面最后一格）。
 #    GPT 训练不会再读 logits，所以无害；自己调这个函数、之后还想用 logits（算准确率、打日志）时，先 `clone()`。

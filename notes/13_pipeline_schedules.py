@@ -38,23 +38,23 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L45) | 按 PP 和 VP 大小三选一 |
-# | [`schedules.py::forward_backward_no_pipelining`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L518) | PP=1：逐个 micro-batch 做 forward 再 backward |
-# | [`schedules.py::forward_backward_pipelining_without_interleaving`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L1972) | 1F1B：warm-up、steady、cool-down 三个循环 |
-# | [`schedules.py::forward_backward_pipelining_with_interleaving`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L828) | interleaved 1F1B：每个 rank 有 v 个 model chunk |
-# | [`schedules.py::get_pp_rank_microbatches`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L738) | 每个 rank 的 warm-up 步数公式 |
-# | [`schedules.py::get_schedule_table`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L798) | interleaved：第 k 个 forward 是哪个 micro-batch、哪个 chunk |
-# | [`schedules.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L311) | 一次 forward（最后一个 stage 顺带算 loss） |
-# | [`schedules.py::backward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L446) | 一次 backward，返回对本 stage 输入的梯度 |
-# | [`p2p_communication.py::P2PCommunicator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L139) | 相邻 stage 的收发，前后邻居按 PP 群取模 |
-# | [`p2p_communication.py::P2PCommunicator._communicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L254) | 所有收发方法的公共实现：建接收缓冲、选批量或逐个发送 |
-# | [`p2p_communication.py::_batched_p2p_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L16) | `batch_p2p_comm=True`：一次 `batch_isend_irecv` |
-# | [`p2p_communication.py::_p2p_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L54) | `batch_p2p_comm=False`：逐个 `isend` / `irecv` |
-# | [`transformer_layer.py::get_transformer_layer_offset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L39) | 本 stage（本 chunk）的第一层是全局第几层 |
-# | [`gpt_model.py::GPTModel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L45) | `pre_process` / `post_process` 决定本段有没有 embedding、输出层 |
-# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1161) | 正式入口：每个 vp_stage 建一个 model chunk |
-# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 正式入口：每步调一次 `forward_backward_func` |
-# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/examples/run_simple_mcore_train_loop.py#L120) | simple loop 交给 schedule 的 `forward_step_func` |
+# | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L48) | 按 PP 和 VP 大小三选一 |
+# | [`schedules.py::forward_backward_no_pipelining`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L696) | PP=1：逐个 micro-batch 做 forward 再 backward |
+# | [`schedules.py::forward_backward_pipelining_without_interleaving`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L2120) | 1F1B：warm-up、steady、cool-down 三个循环 |
+# | [`schedules.py::forward_backward_pipelining_with_interleaving`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L992) | interleaved 1F1B：每个 rank 有 v 个 model chunk |
+# | [`schedules.py::get_pp_rank_microbatches`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L902) | 每个 rank 的 warm-up 步数公式 |
+# | [`schedules.py::get_schedule_table`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L962) | interleaved：第 k 个 forward 是哪个 micro-batch、哪个 chunk |
+# | [`schedules.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L397) | 一次 forward（最后一个 stage 顺带算 loss） |
+# | [`schedules.py::backward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L532) | 一次 backward，返回对本 stage 输入的梯度 |
+# | [`p2p_communication.py::P2PCommunicator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L140) | 相邻 stage 的收发，前后邻居按 PP 群取模 |
+# | [`p2p_communication.py::P2PCommunicator._communicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L275) | 所有收发方法的公共实现：建接收缓冲、选批量或逐个发送 |
+# | [`p2p_communication.py::_batched_p2p_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L17) | `batch_p2p_comm=True`：一次 `batch_isend_irecv` |
+# | [`p2p_communication.py::_p2p_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L55) | `batch_p2p_comm=False`：逐个 `isend` / `irecv` |
+# | [`transformer_layer.py::get_transformer_layer_offset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L57) | 本 stage（本 chunk）的第一层是全局第几层 |
+# | [`gpt_model.py::GPTModel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L51) | `pre_process` / `post_process` 决定本段有没有 embedding、输出层 |
+# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1706) | 正式入口：每个 vp_stage 建一个 model chunk |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 正式入口：每步调一次 `forward_backward_func` |
+# | [`run_simple_mcore_train_loop.py::forward_step_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L124) | simple loop 交给 schedule 的 `forward_step_func` |
 
 # %% [markdown]
 # ## 调用链
@@ -181,7 +181,7 @@ Table(["配置", "rank", "chunk", "pre_process", "post_process", "全局层号"]
 #
 # ### 三选一
 #
-# `get_forward_backward_func` 只看两个数（[schedules.py 第 144–150 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L144-L150)）：PP 大小 > 1 吗？VP 大小是 `None` 吗？
+# `get_forward_backward_func` 只看两个数（[schedules.py 第 156–162 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L156-L162)）：PP 大小 > 1 吗？VP 大小是 `None` 吗？
 
 # %%
 Table(["配置", "get_forward_backward_func() 返回"],
@@ -213,7 +213,7 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 
 # %% [markdown]
 # 逐位相同：流水线只改变**什么时候**算哪一段，不改变**算什么**。每个 micro-batch 的
-# loss 在 `forward_step` 里被除以 m（[schedules.py 第 269 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L269)），所以 m 个 micro-batch 的梯度累加起来正好是
+# loss 在 `forward_step` 里被除以 m（[schedules.py 第 335 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L335)），所以 m 个 micro-batch 的梯度累加起来正好是
 # 整个 batch 平均 loss 的梯度。
 #
 # ### warm-up、steady、cool-down
@@ -221,7 +221,7 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 # 非 interleaved：rank r 先做 `p−r−1` 个只有 forward 的 warm-up（[schedules.py 第 2093–2097 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L2093-L2097)，
 # 不超过 m），然后 `m − warm-up` 个"一个 forward 接一个 backward"的 steady 步，最后补做 warm-up 那么多个
 # backward（cool-down）。interleaved 的 warm-up 是 `(p−r−1)·2 + (v−1)·g`（g = `microbatch_group_size_per_vp_stage`，
-# 缺省等于 p；[schedules.py 第 773–774 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L773-L774)），总数变成 v·m。下表左边是代码的公式（在每个 rank 上调用
+# 缺省等于 p；[schedules.py 第 937–938 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L937-L938)），总数变成 v·m。下表左边是代码的公式（在每个 rank 上调用
 # `get_pp_rank_microbatches`），右边是从运行记录里数出来的：一个 forward 之后紧接着做 backward、中间只隔着
 # `send_forward_recv_backward`（interleaved 时什么也不隔），算一个 steady 步——这正是 steady 循环的写法。
 
@@ -376,17 +376,17 @@ print("梯度与 PP=1 最大差超过 1:", max_abs_diff(all_grads(vpp2_batched),
 # 原因在三处代码的组合：
 #
 # - PP=2 时前后邻居是同一个 rank：`P2PCommunicator.__init__` 按 PP 群取模算邻居
-#   （[`p2p_communication.py:154`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L154)、
-#   [`p2p_communication.py:155`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L155)），
+#   （[`p2p_communication.py:155`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L155)、
+#   [`p2p_communication.py:156`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L156)），
 #   rank 0 的 prev 和 next 都是 rank 1。
 # - interleaved 的 steady 步用 `send_forward_backward_recv_forward_backward`
-#   （[`schedules.py:1762`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L1762)），
+#   （[`schedules.py:1618`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L1618)），
 #   一次同时"向后发梯度、从前收激活、向前发激活、从后收梯度"。非 interleaved 的 1F1B 从不在一次调用里两个方向都发，所以不受影响。
 # - `_batched_p2p_ops` 把这四个操作按 send_prev、recv_prev、send_next、recv_next 的顺序放进一批
-#   （[`p2p_communication.py:31`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L31)、
-#   [`p2p_communication.py:36`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L36)、
-#   [`p2p_communication.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L41)、
-#   [`p2p_communication.py:46`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L46)）。
+#   （[`p2p_communication.py:32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L32)、
+#   [`p2p_communication.py:37`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L37)、
+#   [`p2p_communication.py:42`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L42)、
+#   [`p2p_communication.py:47`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L47)）。
 #   两条发往同一个 rank 的消息按发出顺序与对方的接收配对：rank 0 先发的是**梯度**（send_prev），
 #   rank 1 先收的却是**激活**（recv_prev）。两个方向的张量互换了，形状又一样，所以不报错，只是算错。
 #
@@ -419,16 +419,16 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 
 # %% [markdown]
 # rank 0 应当从 rank 1 收到激活 101、梯度 201。批量时收反了；逐个发送时正确，因为
-# [`_p2p_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L54)
+# [`_p2p_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L55)
 # 在 PP 群只有 2 个 rank 时把一个方向改走 WORLD 群
-# （[`p2p_communication.py:74`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L74)）：
+# （[`p2p_communication.py:75`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L75)）：
 # 表的最后一列里，rank 0 → rank 1 的消息都在 `pp` 群上，rank 1 → rank 0 的都在 `world` 群上；每个方向上
 # 发送方和接收方又都按"先激活、后梯度"的同一顺序排队，所以配得上。
 #
 # **不是 gloo 的错**：NCCL 的文档同样规定，一组调用里发往同一个 peer 的点对点操作按顺序执行
 # （[NCCL user guide: point-to-point communication](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/p2p.html)），
 # 同一批在 GPU 上也会这样配对。Megatron 自己知道这个限制：正式入口在
-# [`arguments.py:579`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L579)
+# [`arguments.py:972`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L972)
 # 断言"interleaved 且不开 p2p overlap 时 PP 必须大于 2，以免同一对 rank 在一批里有多个收发"；而正式入口默认开
 # overlap，于是 `batch_p2p_comm = not overlap_p2p_comm` 为 False
 # （[`arguments.py:1326`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1326)），
@@ -436,7 +436,7 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 # `ModelParallelConfig.batch_p2p_comm=True` 的缺省值，`ModelParallelConfig` 和 schedule 都不检查，结果静默出错。
 #
 # **2. loss 被原地除以 m。** `forward_step_calc_loss` 对 `loss_func` 返回的 loss 做 `output_tensor /= num_microbatches`
-# （[`schedules.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L269)）。
+# （[`schedules.py:335`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L335)）。
 # 如果日志字典里放的是 `loss.detach()`（与 loss 共享存储），记下来的值也会被除以 m。`snippets/models/tiny_gpt.py`
 # 的 `loss_func` 因此用 `detach().clone()`。
 #
@@ -445,7 +445,7 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 #
 # **4. 共享词嵌入 + PP>1 在 CPU 上要一个补丁。** 最后一个 stage 构造 `GPTModel` 时，`setup_embeddings_and_output_layer`
 # 先把词嵌入副本清零，再执行 `weight.data = weight.data.cuda()`
-# （[`language_module.py:244`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L244)），
+# （[`language_module.py:307`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L307)），
 # 之后才在 embedding 群里 all-reduce 出初值。CPU 版 torch 在 `.cuda()` 上报错，而这是 Tensor 方法，模块级代理管不到。
 # CPU 层的补丁 `shared_embedding_cuda` 只在这个方法运行期间让 `.cuda()` 返回张量本身，all-reduce 照常在 gloo 上做：
 # 两个 stage 的两份词嵌入开始时逐位相同，`finalize_model_grads` 之后两份的梯度都等于两个 stage 梯度之和（[CPU 补丁一览](../../cpu/)）。

@@ -37,24 +37,24 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`distributed_data_parallel.py::DistributedDataParallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L22) | 包装模型：建 buffer、注册 hook |
-# | [`distributed_data_parallel.py::DistributedDataParallel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L41) | 决定 bucket 大小、按 dtype 分组、算缩放因子 |
-# | [`distributed_data_parallel.py::DistributedDataParallel._make_backward_post_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L420) | 每个参数的梯度算好后：累加进 `main_grad`，报告"就绪" |
-# | [`distributed_data_parallel.py::DistributedDataParallel.no_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L451) | 非最后一个 micro-batch：只累加，不通信 |
-# | [`distributed_data_parallel.py::DistributedDataParallel.zero_grad_buffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L542) | 每步开始清零 buffer、复位 bucket group |
-# | [`distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel_config.py#L8) | `overlap_grad_reduce`、`bucket_size`、`use_distributed_optimizer` 等 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBuffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L564) | 一块连续 buffer：倒序排放参数、切 bucket、`main_grad` 视图 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucket`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L68) | buffer 的一段 + 其中的参数 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L113) | 一起通信的 bucket；记账"哪些参数的梯度齐了" |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L364) | 乘缩放因子，发 all-reduce（或 reduce-scatter，笔记 15） |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L507) | 不 overlap：现在发；overlap：等它完成 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L539) | overlap：bucket 里所有参数就绪时立刻发通信 |
-# | [`param_and_grad_buffer.py::partition_buckets`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L997) | 把 bucket 编成 bucket group（没有 fp8 时一组一个） |
-# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L396) | schedule 结束后：完成 DP 归约，再做 TP / PP 上的特殊归约 |
-# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L318) | SP 下 norm 等非 TP 参数的梯度在 TP 群求和 |
-# | [`finalize_model_grads.py::_allreduce_word_embedding_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L164) | PP>1 共享词嵌入时首尾 stage 的梯度求和 |
-# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1161) | 正式入口：建模型后用 DDP 包装 |
-# | [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2417) | 正式入口：把 `no_sync`、`finalize_model_grads` 挂到 config 上 |
+# | [`distributed_data_parallel.py::DistributedDataParallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L22) | 包装模型：建 buffer、注册 hook |
+# | [`distributed_data_parallel.py::DistributedDataParallel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L44) | 决定 bucket 大小、按 dtype 分组、算缩放因子 |
+# | [`distributed_data_parallel.py::DistributedDataParallel._make_backward_post_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L468) | 每个参数的梯度算好后：累加进 `main_grad`，报告"就绪" |
+# | [`distributed_data_parallel.py::DistributedDataParallel.no_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L504) | 非最后一个 micro-batch：只累加，不通信 |
+# | [`distributed_data_parallel.py::DistributedDataParallel.zero_grad_buffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L603) | 每步开始清零 buffer、复位 bucket group |
+# | [`distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel_config.py#L12) | `overlap_grad_reduce`、`bucket_size`、`use_distributed_optimizer` 等 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBuffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L998) | 一块连续 buffer：倒序排放参数、切 bucket、`main_grad` 视图 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucket`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L92) | buffer 的一段 + 其中的参数 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L179) | 一起通信的 bucket；记账"哪些参数的梯度齐了" |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L594) | 乘缩放因子，发 all-reduce（或 reduce-scatter，笔记 15） |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L781) | 不 overlap：现在发；overlap：等它完成 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L857) | overlap：bucket 里所有参数就绪时立刻发通信 |
+# | [`param_and_grad_buffer.py::partition_buckets`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L1652) | 把 bucket 编成 bucket group（没有 fp8 时一组一个） |
+# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L563) | schedule 结束后：完成 DP 归约，再做 TP / PP 上的特殊归约 |
+# | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416) | SP 下 norm 等非 TP 参数的梯度在 TP 群求和 |
+# | [`finalize_model_grads.py::_allreduce_word_embedding_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L164) | PP>1 共享词嵌入时首尾 stage 的梯度求和 |
+# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1706) | 正式入口：建模型后用 DDP 包装 |
+# | [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3342) | 正式入口：把 `no_sync`、`finalize_model_grads` 挂到 config 上 |
 
 # %% [markdown]
 # ## 调用链
@@ -166,7 +166,7 @@ overlapped = run_ranks(ddp_run, 2, TINY, overlap_grad_reduce=True, bucket_size=1
 # %% [markdown]
 # ### buffer 与 bucket
 #
-# `overlap_grad_reduce=False` 时 DDP 把 `bucket_size` 设成 `None`（[distributed_data_parallel.py 第 68 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L68)），
+# `overlap_grad_reduce=False` 时 DDP 把 `bucket_size` 设成 `None`（[distributed_data_parallel.py 第 72 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L72)），
 # 整块 buffer 是一个 bucket。开 overlap 时缺省 bucket 是 max(4000 万, 100 万 × DP) 个元素——我们的模型一共
 # 不到 1 万个参数，所以这里人为设 `bucket_size=1000` 才切得出多个 bucket。从 rank 0 的真实对象读出：
 
@@ -200,7 +200,7 @@ print("layout() 与真实 buffer 相同:",
 # ### `main_grad`
 #
 # 每个参数多了一个 `main_grad` 属性，它是 buffer 的一段视图；backward hook 把 autograd 算出的 `.grad` 加进去后把
-# `.grad` 置为 `None`（[distributed_data_parallel.py 第 440–441 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L440-L441)）。所以 DDP 之后梯度只在 `main_grad` 里。
+# `.grad` 置为 `None`（[distributed_data_parallel.py 第 493–494 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L493-L494)）。所以 DDP 之后梯度只在 `main_grad` 里。
 # 名字里的 "param and grad" 指它也能把**参数**搬进一块连续 buffer（`param.data` 改指向它）——但只在分布式优化器下这样做，
 # 为的是参数的 all-gather（笔记 15）；这里 `param_data` 是 `None`，参数还在各自原来的存储里：
 
@@ -280,17 +280,17 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # （`main_grad`，bf16 训练时常常是 fp32 的，`grad_reduce_in_fp32`），autograd 算出的 `.grad` 用完即弃。
 #
 # **除以 DP 放在哪。** 每个 rank 的 loss 是自己数据上的平均，要得到全局平均就要对 DP 取平均。
-# `average_in_collective=False`（缺省）时缩放因子是 1/DP（[distributed_data_parallel.py 第 287 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L287)），
-# `start_grad_sync` 在通信前把 bucket 乘上它（[param_and_grad_buffer.py 第 392 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L392)），再做 SUM all-reduce；
+# `average_in_collective=False`（缺省）时缩放因子是 1/DP（[distributed_data_parallel.py 第 212 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L212)），
+# `start_grad_sync` 在通信前把 bucket 乘上它（[param_and_grad_buffer.py 第 661 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L661)），再做 SUM all-reduce；
 # 设为 True 则改用 AVG 归约、不预乘。`calculate_per_token_loss` 时不除 DP，由 `finalize_model_grads` 最后按全局 token 数缩放。
 #
 # **何时发通信。** 每个 bucket group 记账：最后一个 micro-batch 的 backward 里每个参数的 hook 报一次"就绪"，
-# 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（[param_and_grad_buffer.py 第 552–561 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L552-L561)）。标准答案
-# `golden_per_param_grad_ready_counts` 是**第一步**数出来的，在第一步结束的 `reset` 里才存下（[param_and_grad_buffer.py 第 200–210 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L200-L210)）；
-# 第一步的 hook 只数不发，`finish_grad_sync` 看到 `is_first_batch` 就在那里补发（[param_and_grad_buffer.py 第 524–525 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L524-L525)）。这就是上面第 1 步
+# 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（[param_and_grad_buffer.py 第 870–801 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L870-L801)）。标准答案
+# `golden_per_param_grad_ready_counts` 是**第一步**数出来的，在第一步结束的 `reset` 里才存下（[param_and_grad_buffer.py 第 288–298 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L288-L298)）；
+# 第一步的 hook 只数不发，`finish_grad_sync` 看到 `is_first_batch` 就在那里补发（[param_and_grad_buffer.py 第 809–801 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L809-L801)）。这就是上面第 1 步
 # 全部在 finalize 里、第 2 步才进入 backward 的原因：记账要先知道"齐了"是什么样子（一个参数可能被用两次）。
 #
-# **PP 的其他 stage。** `pp_rank > 0` 时 DDP 不分 bucket（[distributed_data_parallel.py 第 101–102 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L101-L102)）：后面的 stage 晚开始 backward、早结束，
+# **PP 的其他 stage。** `pp_rank > 0` 时 DDP 不分 bucket（[distributed_data_parallel.py 第 105–106 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L105-L106)）：后面的 stage 晚开始 backward、早结束，
 # DP 通信不在关键路径上，一个大 bucket 更省事。
 #
 # **`finalize_model_grads` 的其余几件事**（本篇的配置里都是空操作）：SP 时 norm 等未切分参数的梯度只是各 TP rank
@@ -301,7 +301,7 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # ## 与训练主链路的关系
 #
 # 正式入口的 `get_model` 建好模型后用 DDP 包装；`train` 把 `no_sync`（开 overlap 时）和 `finalize_model_grads`
-# 挂到 config 上（[training.py 第 2554 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2554)、[training.py 第 2565 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2565)），schedule 在最后一个 micro-batch 前后用它们。`train_step` 每步开头
+# 挂到 config 上（[training.py 第 3537 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3537)、[training.py 第 3550 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3550)），schedule 在最后一个 micro-batch 前后用它们。`train_step` 每步开头
 # `zero_grad_buffer`，schedule 结束时梯度已在 DP 群里平均好；优化器只读 `main_grad`（笔记 15）。simple loop 没有挂
 # `no_sync`，而是在 `forward_backward_func` 之后自己调用 `finalize_model_grads([gpt_model])`——本篇的写法与它相同。
 
@@ -321,7 +321,7 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 #
 # **2. simple loop 的优化器一步也没有更新权重。** `examples/run_simple_mcore_train_loop.py` 用 DDP 包装模型，
 # 却把 `torch.optim.Adam(gpt_model.parameters())` 当优化器。DDP 的 hook 把每个 `.grad` 置为 `None`
-# （[`distributed_data_parallel.py:441`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L441)），
+# （[`distributed_data_parallel.py:494`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L494)），
 # torch 的 Adam 跳过没有 `.grad` 的参数；它也从不调用 `zero_grad_buffer`，`optim.zero_grad()` 清的是 `.grad`，
 # 所以 `main_grad` 一步步累加下去。按它的写法跑两步：
 

@@ -37,25 +37,25 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L505) | 入口：分参数组、取 DDP 的 buffer，返回 `ChainedOptimizer` |
-# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L267) | 建 torch 的 Adam，再按配置包成 `DistributedOptimizer` / `FP32Optimizer` / … |
-# | [`optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer_config.py#L139) | `use_distributed_optimizer`、`lr`、`clip_grad`… |
-# | [`distrib_optimizer.py::DistributedOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L97) | ZeRO-1 的实现 |
-# | [`distrib_optimizer.py::DistributedOptimizer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L459) | 算分片、建 shard、把 Adam 的参数组换成 shard |
-# | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_range`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L174) | 每个 bucket 均分成 DP 段，取本 rank 那段 |
-# | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_param_range_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L112) | 本段与每个参数求交：三种区间 |
-# | [`distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L307) | shard = 参数展平后的一段（fp32 是视图，16 位时另建 fp32 拷贝） |
-# | [`distrib_optimizer.py::DistributedOptimizer._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2386) | 把 buffer 里已归约的那段交给 shard 的 `.grad` |
-# | [`distrib_optimizer.py::DistributedOptimizer._copy_main_params_to_model_params`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2429) | 把更新后的 shard 写回参数 buffer |
-# | [`distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2598) | Adam 之后发起参数 all-gather |
-# | [`optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1308) | 每一步：准备梯度、算范数、（裁剪）、更新 |
-# | [`clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L51) | 各 rank 的平方和跨 rank 相加 |
-# | [`param_and_grad_buffer.py::shard_buffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L56) | 把一个 bucket 切成 DP 个等长视图 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L364) | 分布式优化器时发 reduce-scatter |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L250) | 参数 all-gather |
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1438) | 正式入口：建模型、DDP、`get_megatron_optimizer` |
+# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 入口：分参数组、取 DDP 的 buffer，返回 `ChainedOptimizer` |
+# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 Adam，再按配置包成 `DistributedOptimizer` / `FP32Optimizer` / … |
+# | [`optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `use_distributed_optimizer`、`lr`、`clip_grad`… |
+# | [`distrib_optimizer.py::DistributedOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L113) | ZeRO-1 的实现 |
+# | [`distrib_optimizer.py::DistributedOptimizer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L633) | 算分片、建 shard、把 Adam 的参数组换成 shard |
+# | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_range`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L200) | 每个 bucket 均分成 DP 段，取本 rank 那段 |
+# | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_param_range_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L134) | 本段与每个参数求交：三种区间 |
+# | [`distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L347) | shard = 参数展平后的一段（fp32 是视图，16 位时另建 fp32 拷贝） |
+# | [`distrib_optimizer.py::DistributedOptimizer._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2746) | 把 buffer 里已归约的那段交给 shard 的 `.grad` |
+# | [`distrib_optimizer.py::DistributedOptimizer._copy_main_params_to_model_params`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2792) | 把更新后的 shard 写回参数 buffer |
+# | [`distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3158) | Adam 之后发起参数 all-gather |
+# | [`optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1855) | 每一步：准备梯度、算范数、（裁剪）、更新 |
+# | [`clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 各 rank 的平方和跨 rank 相加 |
+# | [`param_and_grad_buffer.py::shard_buffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L69) | 把一个 bucket 切成 DP 个等长视图 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L594) | 分布式优化器时发 reduce-scatter |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L377) | 参数 all-gather |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 正式入口：建模型、DDP、`get_megatron_optimizer` |
 #
-# Megatron 自己的说明页：[docs/user-guide/features/dist_optimizer.md](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/docs/user-guide/features/dist_optimizer.md)。
+# Megatron 自己的说明页：[docs/user-guide/features/dist_optimizer.md](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/docs/user-guide/features/dist_optimizer.md)。
 
 # %% [markdown]
 # ## 调用链
@@ -95,7 +95,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:1589](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1589)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:1463](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1463)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:1537](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1537)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
 # | `get_megatron_optimizer` | `OptimizerConfig`、DDP 包装后的 model chunk | `ChainedOptimizer` | `_get_param_groups_and_buffers`、`DistributedOptimizer` / `FP32Optimizer` | 取 dp-cp、tp-pp 等群，不通信 | 否 | 是：建优化器 | simple loop 用 torch 的 `Adam`，没有调用它（笔记 14 遗留问题 2） |
 # | `DistributedOptimizer.__init__` | torch Adam、config、各 chunk 的 buffers、DP 群 | 优化器 | `_build_*` 几个 classmethod | 只取 DP 群的大小和序号 | **是**：按 DP 序号切 buffer | 是：Adam 的参数组换成 shard | 同上 |
 # | `_build_model_gbuf_range` | buffer、bucket 序号 | 本 rank 的参数区间表 | `_build_model_gbuf_param_range_map` | 只读 DP 大小 / 序号 | **是**：均分 bucket | 否 | 同上 |
@@ -305,7 +305,7 @@ Table(["参数 / 梯度 dtype", "不分片", "分布式优化器，d=2", "d=8", 
 
 # %% [markdown]
 # 一个 8B 参数的模型、bf16 权重 + fp32 梯度（正式入口开 `--bf16` 时梯度缺省就在 fp32 里累加和归约，
-# [`arguments.py:723`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L723)）、DP=8，每个 rank 上的模型 + 优化器状态
+# [`arguments.py:1193`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1193)）、DP=8，每个 rank 上的模型 + 优化器状态
 # （不含激活；TP / PP 还会再除）：
 
 # %%
@@ -386,11 +386,11 @@ print("max |grad|  q bias:", round(q, 4), " v bias:", round(v, 4), " k bias < 1e
 # **2. CPU 上的三个补丁，和没加的那个。** 本篇依赖 CPU 层（`snippets/cpu/optimizer.py`、`snippets/cpu/distributed.py`）里为它加的三个补丁
 # （[在 CPU 上运行](../../cpu/) 有表和测试）：优化器构造时写死的 `device='cuda'`；每步算梯度范数时两处写死的
 # `device='cuda'`（`ChainedOptimizer.step` 不管 `clip_grad` 是多少都算范数）；以及
-# [`distrib_optimizer.py:420`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L420)
+# [`distrib_optimizer.py:466`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L466)
 # 要求 `param.type()` 是 `'torch.cuda.FloatTensor'`——CPU 参数答 `'torch.FloatTensor'`，就抛 `TypeError`。
 # 最后这个是 Tensor 的方法，模块级代理管不到，补丁只在 `_build_model_and_main_param_groups` 运行期间改变无参数的
 # `Tensor.type()`。`clip_grad > 0` 还会走到
-# [`clip_grads.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L167)
+# [`clip_grads.py:174`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L174)
 # 的同类检查，本篇用 `clip_grad=0` 没有走到，所以没有为它加补丁。
 #
 # **3. 一个 Megatron 自己知道的警告。** `DistributedOptimizer.zero_grad` 也清 shard 的 `.grad`，而 shard 是视图、不是叶子，
@@ -481,7 +481,7 @@ print([r["memory"]["main_weights"] for r in zero1])
 # 所以 FSDP 不切的是：激活、一个样本内部的计算（一层的整份权重在用它的那一刻必须凑齐在每个 rank 上），以及 batch 的下限
 # （DP=N 至少要 N 条序列）。Megatron Core 多给的正是切开一个样本的那几种并行——TP / SP、CP（切序列）、PP（切层）、EP（切 MoE 专家）——
 # 以及能和它们组合的分片：本篇的分布式优化器，和它自己包装 FSDP2 的 `TorchFullyShardedDataParallel`
-# （[`torch_fully_sharded_data_parallel.py:28`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/torch_fully_sharded_data_parallel.py#L28)）。
+# （[`torch_fully_sharded_data_parallel.py:28`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/torch_fully_sharded_data_parallel.py#L28)）。
 #
 # </details>
 

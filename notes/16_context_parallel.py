@@ -36,18 +36,18 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L1994) | 本篇主角：按 2·CP 块切 batch 的每个字段 |
-# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L65) | 正式入口：先 TP 广播，再调上一行（[`pretrain_gpt.py:89`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L89)） |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | 本篇主角：按 2·CP 块切 batch 的每个字段 |
+# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 正式入口：先 TP 广播，再调上一行（[`pretrain_gpt.py:89`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L89)） |
 # | [`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041) | packed（THD）序列的切法，索引由 TE 算 |
-# | [`parallel_state.py::get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1460) | CP 群：K/V 在其中传递 |
-# | [`parallel_state.py::get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1408) | `with_context_parallel=True` 时是 DP×CP 群：梯度在其中归约 |
-# | [`transformer_engine.py::TEDotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1140) | 把 `cp_group`、`cp_global_ranks`、`cp_stream`、`cp_comm_type` 交给 TE |
-# | [`transformer_config.py:732`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L732) | `cp_comm_type`：`p2p`（环）、`all_gather`、`a2a`、`a2a+p2p` |
-# | [`dot_product_attention.py:57`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L57) | 本地实现的 attention 断言 CP = 1 |
-# | [`rope_utils.py::get_pos_emb_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rope_utils.py#L48) | RoPE 表按同样的两块切 |
-# | [`rotary_pos_embedding.py:253`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L253) | RoPE 表的长度乘回 CP（本地只有 s/CP 个 token） |
-# | [`finalize_model_grads.py:493`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L493) | token 数在 DP×CP 群里求和 |
-# | [`distributed_data_parallel.py:175`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L175) | DDP 的梯度缩放是 1 / (DP×CP 群大小) |
+# | [`parallel_state.py::get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1828) | CP 群：K/V 在其中传递 |
+# | [`parallel_state.py::get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1758) | `with_context_parallel=True` 时是 DP×CP 群：梯度在其中归约 |
+# | [`transformer_engine.py::TEDotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1770) | 把 `cp_group`、`cp_global_ranks`、`cp_stream`、`cp_comm_type` 交给 TE |
+# | [`transformer_config.py:987`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L987) | `cp_comm_type`：`p2p`（环）、`all_gather`、`a2a`、`a2a+p2p` |
+# | [`dot_product_attention.py:57`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L57) | 本地实现的 attention 断言 CP = 1 |
+# | [`rope_utils.py::get_pos_emb_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L48) | RoPE 表按同样的两块切 |
+# | [`rotary_pos_embedding.py:261`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L261) | RoPE 表的长度乘回 CP（本地只有 s/CP 个 token） |
+# | [`finalize_model_grads.py:689`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L689) | token 数在 DP×CP 群里求和 |
+# | [`distributed_data_parallel.py:228`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L228) | DDP 的梯度缩放是 1 / (DP×CP 群大小) |
 
 # %% [markdown]
 # ## 调用链
@@ -314,7 +314,7 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # - **CP 群内求和就够还原一条样本。** 两个 CP rank 的梯度相加，恰好等于单进程整条序列的梯度。
 # - **DDP 用 DP×CP 群。** 再把不同样本相加，就是 DP 的那一份工作；两件事都是"对持有同一份权重的 rank 求和"，
 #   所以 Megatron 把它们合成一个群 `dp-cp`（这里 `[0, 1, 2, 3]`），DDP 按 `1 / 群大小` 缩放
-#   （[distributed_data_parallel.py 第 175 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L175)），`finalize_model_grads` 也在这个群里把 token 数加起来（[finalize_model_grads.py 第 493 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L493)）。
+#   （[distributed_data_parallel.py 第 228 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L228)），`finalize_model_grads` 也在这个群里把 token 数加起来（[finalize_model_grads.py 第 689 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L689)）。
 #   数据采样却用**不含** CP 的 DP 坐标：rank 0 和 1 的 `dp` 坐标都是 0，读同一条样本，才能各切一半。
 
 # %% [markdown]
@@ -347,7 +347,7 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # packed 序列走 `get_thd_batch_on_this_cp_rank`）。之后整个模型只处理 `s/CP` 个 token，激活显存按 CP 缩小——
 # 这是长序列训练要 CP 的原因。attention 里每层前向、反向各绕一圈环；`loss_func` 只对本地 token 求和并返回本地 token 数：
 # 按 token 归一（`calculate_per_token_loss`）时 token 数在 DP×CP 群里相加，否则 schedule 先除以本地 token 数；
-# 只返回两项的旧式 `loss_func` 则由 schedule 把 loss 乘以 CP 大小（[`schedules.py:268`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L268)）。
+# 只返回两项的旧式 `loss_func` 则由 schedule 把 loss 乘以 CP 大小（[`schedules.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L340)）。
 # DDP 在同一个群里归约梯度（[笔记 02](../02_distributed_initialization/) 展示了 `dp` 与 `dp-cp` 群的区别）。
 # 优化器与 checkpoint 不知道 CP 的存在：CP 各 rank 的权重和优化器状态本来就是副本（分布式优化器按 `dp-cp` 切分状态，笔记 15）。
 #
@@ -412,16 +412,16 @@ Table(["mask", "写法", "= 各样本 token 平均的平均", "= 全体 token �
 # ## 遗留问题
 #
 # 1. **本地 attention 不支持 CP（运行确认）。** 本地 spec 的 `DotProductAttention` 在构造时断言
-#    `context_parallel_size == 1`（[dot_product_attention.py 第 57 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L57)）：CP 只有 TE 这一条路，local spec 不能训练 CP。
+#    `context_parallel_size == 1`（[dot_product_attention.py 第 57 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L57)）：CP 只有 TE 这一条路，local spec 不能训练 CP。
 # 2. **RoPE 的 CP 切分在 CPU 上跑不了（运行确认）。** `get_pos_emb_on_this_cp_rank` 用 `pin_memory=True` 建索引再 `.cuda()`
-#    （[rope_utils.py 第 62–64 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rope_utils.py#L62-L64)），没有 GPU 时第一步就报错。本站的补丁都没有覆盖它（本篇的例子不用 RoPE）；
+#    （[rope_utils.py 第 62–64 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L62-L64)），没有 GPU 时第一步就报错。本站的补丁都没有覆盖它（本篇的例子不用 RoPE）；
 #    要在 CPU 上跑带 RoPE 的 CP 模型，需要再加一个只作用于 `rope_utils` 的补丁。
 # 3. **TE 替我们做了什么。** 真实的 CP attention 在 TE 里：把每步的 send / recv 放在 `cp_stream` 上与计算重叠、
 #    每步只算可见的半块、支持 GQA / packed THD（`get_thd_batch_on_this_cp_rank` 的索引由 TE 的
-#    `thd_get_partitioned_indices` 计算，[utils.py 第 2070 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2070)）、以及 `all_gather` / `a2a` 两种变体。
+#    `thd_get_partitioned_indices` 计算，[utils.py 第 2441 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2441)）、以及 `all_gather` / `a2a` 两种变体。
 #    本站的 ring attention 只复现了数学和通信的形状，不复现这些优化。
 # 4. **`TransformerConfig` 的缺省值触发它自己的弃用警告。** `cuda_graph_scope` 缺省是 `"full"`
-#    （[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），`__post_init__` 见到 `"full"` 就警告它已弃用（[transformer_config.py 第 1705 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L1705)），
+#    （[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），`__post_init__` 见到 `"full"` 就警告它已弃用（[transformer_config.py 第 2167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2167)），
 #    所以 0.16.1 里每次构造 `TransformerConfig` 都会警告一次；下面的单元格把这条警告滤掉，免得它写进 stderr。
 
 # %%
@@ -474,7 +474,7 @@ print(len(positions), [positions[i].item() for i in (0, 511, 512, 1023)])
 # <details><summary>答案</summary>
 #
 # 6 不能被 2·CP = 4 整除。`get_batch_on_this_cp_rank` 不检查，`view` 成 `[1, 4, 1]` 时直接抛 `RuntimeError`。
-# 正式入口在参数校验时断言 `seq_length % (2·CP) == 0`（[`arguments.py:818`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L818)），自己调它时要自己保证。
+# 正式入口在参数校验时断言 `seq_length % (2·CP) == 0`（[`arguments.py:1296`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1296)），自己调它时要自己保证。
 #
 # </details>
 

@@ -36,25 +36,25 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`moe_layer.py::MoELayer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_layer.py#L129) | 组装 router、dispatcher、experts |
-# | [`moe_layer.py::BaseMoELayer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_layer.py#L78) | 按 EP 坐标算 `local_expert_indices` |
-# | [`moe_layer.py::MoELayer.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_layer.py#L357) | route → dispatch → experts → combine |
-# | [`router.py::TopKRouter`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/router.py#L131) | 路由；`routing` 在 [`TopKRouter.routing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/router.py#L545) |
-# | [`router.py::TopKRouter._apply_aux_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/router.py#L275) | load balancing loss，在 `tp_cp` 群里数 token |
-# | [`moe_utils.py::topk_routing_with_score_function`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L608) | top-k 与 score function |
-# | [`moe_utils.py::switch_load_balancing_loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L46) | Switch Transformer 的 aux loss |
-# | [`moe_utils.py::MoEAuxLossAutoScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L236) | 前向原样返回，反向给 aux loss 一个梯度 |
-# | [`moe_utils.py::permute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L289) / [`moe_utils.py::unpermute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L380) | 按 expert 排好 / 加回原位置 |
-# | [`token_dispatcher.py::MoEAlltoAllTokenDispatcher`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/token_dispatcher.py#L348) | all-to-all dispatcher |
-# | [`token_dispatcher.py::MoEAlltoAllTokenDispatcher.preprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/token_dispatcher.py#L469) | 算 `input_splits`、`output_splits` |
-# | [`token_dispatcher.py::MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/token_dispatcher.py#L862) | 把 split sizes 拷回主机 |
-# | [`token_dispatcher.py::MoEAllGatherTokenDispatcher`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/token_dispatcher.py#L208) | allgather dispatcher |
-# | [`mappings.py::all_to_all`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L535) | 带反向的 `all_to_all_single`（反向交换两组 split sizes） |
-# | [`experts.py::SequentialMLP`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/experts.py#L820) | 每个本地 expert 一个 `MLP`，逐个算 |
-# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L306) | `num_experts` 不为空时 MLP 槽位是 MoE |
-# | [`parallel_state.py::get_expert_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1813) | EP 群 |
-# | [`parallel_state.py::get_expert_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L1943) | 持有同一组 expert 的 rank |
-# | [`distributed_data_parallel.py:289`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L289) | expert 梯度的缩放：缺省分支是 1/(DP×CP)；`average_in_collective` 时见 [`distributed_data_parallel.py:283`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L283) |
+# | [`moe_layer.py::MoELayer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_layer.py#L213) | 组装 router、dispatcher、experts |
+# | [`moe_layer.py::BaseMoELayer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_layer.py#L160) | 按 EP 坐标算 `local_expert_indices` |
+# | [`moe_layer.py::MoELayer.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_layer.py#L607) | route → dispatch → experts → combine |
+# | [`router.py::TopKRouter`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/router.py#L141) | 路由；`routing` 在 [`TopKRouter.routing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/router.py#L741) |
+# | [`router.py::TopKRouter._apply_aux_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/router.py#L407) | load balancing loss，在 `tp_cp` 群里数 token |
+# | [`moe_utils.py::topk_routing_with_score_function`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L710) | top-k 与 score function |
+# | [`moe_utils.py::switch_load_balancing_loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L56) | Switch Transformer 的 aux loss |
+# | [`moe_utils.py::MoEAuxLossAutoScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L284) | 前向原样返回，反向给 aux loss 一个梯度 |
+# | [`moe_utils.py::permute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L337) / [`moe_utils.py::unpermute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L470) | 按 expert 排好 / 加回原位置 |
+# | [`token_dispatcher.py::MoEAlltoAllTokenDispatcher`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L372) | all-to-all dispatcher |
+# | [`token_dispatcher.py::MoEAlltoAllTokenDispatcher.preprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L495) | 算 `input_splits`、`output_splits` |
+# | [`token_dispatcher.py::MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L913) | 把 split sizes 拷回主机 |
+# | [`token_dispatcher.py::MoEAllGatherTokenDispatcher`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L230) | allgather dispatcher |
+# | [`mappings.py::all_to_all`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L558) | 带反向的 `all_to_all_single`（反向交换两组 split sizes） |
+# | [`experts.py::SequentialMLP`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/experts.py#L1260) | 每个本地 expert 一个 `MLP`，逐个算 |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | `num_experts` 不为空时 MLP 槽位是 MoE |
+# | [`parallel_state.py::get_expert_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2237) | EP 群 |
+# | [`parallel_state.py::get_expert_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2382) | 持有同一组 expert 的 rank |
+# | [`distributed_data_parallel.py:289`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L289) | expert 梯度的缩放：缺省分支是 1/(DP×CP)；`average_in_collective` 时见 [`distributed_data_parallel.py:208`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208) |
 # | [`schedules.py:292`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L292) | 给 aux loss 的反向设缩放 |
 
 # %% [markdown]
@@ -275,7 +275,7 @@ Table(["rank", "本地参数（略去 .weight）", "EP=1 里的名字", "allredu
 # ### allgather dispatcher：换了什么
 #
 # `moe_token_dispatcher_type="allgather"`（这也是 `TransformerConfig` 的缺省值，
-# [`transformer_config.py:675`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L675)）
+# [`transformer_config.py:862`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L862)）
 # 时不交换计数、不做 all-to-all：把 `tp_ep` 群里**所有** token、
 # 它们的 `routing_map` 和 `probs` 都 all-gather 到每个 rank，每个 rank 从中挑出选了本地 expert 的行，
 # 算完后用 reduce-scatter 把结果加回并切回各自的 token。rank 0 的记录：
@@ -316,14 +316,14 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 # 每段的长度，这些都是主机上的决定。GPU 上 Megatron 在一条旁路 stream 上把计数拷回主机（`cuda_dtoh_stream`），
 # 并选择最晚的同步点，尽量不阻塞计算；这是 dispatcher 里 stream 代码的来历。
 #
-# **aux loss 是局部的。** `_apply_aux_loss` 在 `tp_cp` 群里数 token（[router.py 第 290 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/router.py#L290)）：只有同一条序列被 TP / CP
+# **aux loss 是局部的。** `_apply_aux_loss` 在 `tp_cp` 群里数 token（[router.py 第 422 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/router.py#L422)）：只有同一条序列被 TP / CP
 # 切开的 rank 才合并计数，EP 和 DP 的 rank 各算各的。所以上表里 EP=2 每个 rank 的 aux loss 与 EP=1 处理同一个
 # micro-batch 时完全相同；想在整个 global batch 上均衡要用 `global_aux_loss`（在 `tp_dp_cp` 群里累计）。
 # 反向时 aux loss 的梯度比例由 schedule 设定（[schedules.py 第 292 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L292)：`loss_scale × CP / num_microbatches`），与主 loss 一致。
 #
 # **梯度归约的两套群。** 稠密参数（router、attention）在每个 rank 上都有副本，梯度在 `dp-cp` 群求和；expert 参数
 # 只在 `edp` 群的 rank 上有副本。DDP 按参数的 `allreduce` 标记分两组 buffer，expert 那组的缩放因子是
-# `edp 大小 / dp-cp 大小`（`average_in_collective` 时，[distributed_data_parallel.py 第 283 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L283)；缺省分支两组都是 1/(DP×CP)，[distributed_data_parallel.py 第 289 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L289)）：
+# `edp 大小 / dp-cp 大小`（`average_in_collective` 时，[distributed_data_parallel.py 第 208 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208)；缺省分支两组都是 1/(DP×CP)，[distributed_data_parallel.py 第 289 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L289)）：
 # 一个 expert 的梯度已经含有 EP 个 rank 的 token，求平均时分母仍要是全部 DP×CP 副本数。
 
 # %% [markdown]
@@ -352,16 +352,16 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 #    （`moe_permute_fusion`）、融合的 top-k 与 aux loss（`moe_router_fusion`）、grouped GEMM 的 `TEGroupedMLP`、
 #    DeepEP / HybridEP 的 `MoEFlexTokenDispatcher`。本篇走的全是纯 torch 分支：`SequentialMLP` 逐个 expert 做矩阵乘。
 # 2. **在 CPU 上需要的三个补丁**（[在 CPU 上运行](../../cpu/)，每个都有测试）：`moe_te_general_gemm`——`moe_utils`
-#    只在成功导入 TE 时才绑定 `te_general_gemm`，却在 [moe_utils.py 第 1192 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L1192) 无条件判断它，缺 TE 时 `NameError`；
-#    `moe_dispatcher_streams`——dispatcher 构造时建 CUDA stream（[token_dispatcher.py 第 445 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/token_dispatcher.py#L445)）；
-#    `moe_host_split_sizes`——`maybe_move_tensor_to_cpu` 只转换 CUDA 张量（[moe_utils.py 第 1093 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/moe/moe_utils.py#L1093)），CPU 上 split sizes
+#    只在成功导入 TE 时才绑定 `te_general_gemm`，却在 [moe_utils.py 第 1326 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1326) 无条件判断它，缺 TE 时 `NameError`；
+#    `moe_dispatcher_streams`——dispatcher 构造时建 CUDA stream（[token_dispatcher.py 第 469 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L469)）；
+#    `moe_host_split_sizes`——`maybe_move_tensor_to_cpu` 只转换 CUDA 张量（[moe_utils.py 第 1184 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1184)），CPU 上 split sizes
 #    留成 torch 张量，`all_to_all_single` 拒收。三者都不改变计算，上面 EP=2 = EP=1 的逐项相等就是证据。
 # 3. **`MoELayer(layer_number=1)` 不会告诉 router（运行确认）。** 构造函数只把 `layer_number` 存在自己身上；
 #    router 的 `layer_number` 要等 `TransformerLayer` 调 `set_layer_number` 才设。单独用 `MoELayer` 时 router 的
 #    `layer_number` 是 `None`，`save_to_aux_losses_tracker` 直接返回，aux loss 照常进梯度却不进日志（下面的单元格）。
 # 4. **反向的 all-to-all 次数取决于输入要不要梯度（运行确认）。** 上面 `micro_batch` 的 `x` 要梯度（真实模型里它来自上一层）；
 #    若 `x` 不要梯度，autograd 跳过 token 的 all-to-all 的反向，反向只剩 2 次（下面的单元格）。数通信次数时要用真实的条件。
-# 5. **`TransformerConfig` 的缺省值触发它自己的弃用警告**（`cuda_graph_scope="full"`，[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)、[transformer_config.py 第 1705 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L1705)），
+# 5. **`TransformerConfig` 的缺省值触发它自己的弃用警告**（`cuda_graph_scope="full"`，[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)、[transformer_config.py 第 2167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2167)），
 #    每个 rank 每次构造都打印一次；local spec 在没有 Apex 时也警告一次。两条都只是提示，本站在导入 `snippets` 时统一滤掉。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}

@@ -39,41 +39,41 @@
 #
 # **核心文件**（路线图"数据专题"下留空的那一栏）：
 #
-# - [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/indexed_dataset.py#L937)、[`indexed_dataset.py::IndexedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/indexed_dataset.py#L611)：`.bin/.idx` 的写与读
-# - [`gpt_dataset.py::GPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L101)：三张索引表、样本、五个字段
-# - [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_builder.py#L29)：split、blend、谁先建
-# - [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_dataset.py#L24)：按权重交错
-# - [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_config.py#L16)：`split` → `split_matrix`、`mock`
-# - [`helpers.py::build_sample_idx`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/helpers.py#L12) 与 [`megatron/core/datasets/helpers.cpp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/helpers.cpp)：C++ 写的 sample index 与 blend index（pip 包里是编译好的 `helpers_cpp`，CPU 上直接可用）
-# - [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L214)、[`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L65)、[`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L104)
-# - [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517)（training）、[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L1994)、[`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041)（core）
-# - [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/packed_seq_params.py#L9)
-# - [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/datasets/data_samplers.py#L96)、[`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3335)
+# - [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L923)、[`indexed_dataset.py::IndexedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L597)：`.bin/.idx` 的写与读
+# - [`gpt_dataset.py::GPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L106)：三张索引表、样本、五个字段
+# - [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L29)：split、blend、谁先建
+# - [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_dataset.py#L25)：按权重交错
+# - [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L16)：`split` → `split_matrix`、`mock`
+# - [`helpers.py::build_sample_idx`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.py#L12) 与 [`megatron/core/datasets/helpers.cpp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.cpp)：C++ 写的 sample index 与 blend index（pip 包里是编译好的 `helpers_cpp`，CPU 上直接可用）
+# - [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377)、[`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97)、[`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L209)
+# - [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517)（training）、[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612)、[`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041)（core）
+# - [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10)
+# - [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115)、[`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513)
 #
 # **本篇逐条读到的符号：**
 #
 # - [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469)：`--data-path` / `--*-data-path` → `blend` / `blend_per_split`
-# - [`utils.py::get_blend_from_list`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/utils.py#L49)：`["0.7", "a", "0.3", "b"]` → `(["a", "b"], [0.7, 0.3])`
-# - [`training.py::get_train_valid_test_num_samples`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3290)：三个 split 各要多少样本
-# - [`blended_megatron_dataset_config.py::convert_split_vector_to_split_matrix`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_config.py#L175)：`"6,2,2"` → 三段区间
-# - [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder._build_blended_dataset_splits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_builder.py#L136)：单语料 / blend / 按 split 的 blend 三条路
-# - [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder._build_megatron_dataset_splits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_builder.py#L416)：按 `split_matrix` 切出文档区间
-# - [`blended_megatron_dataset_builder.py::_get_size_per_split_per_dataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_megatron_dataset_builder.py#L553)：blend 里每个语料要多少样本（含 surplus）
-# - [`gpt_dataset.py::GPTDataset._build_document_sample_shuffle_indices`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L381)：三张索引表
-# - [`gpt_dataset.py::GPTDataset._get_num_epochs`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L617)：要几个 epoch 才够 `num_samples`
-# - [`gpt_dataset.py::_build_document_index`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L640)、[`gpt_dataset.py::_build_shuffle_index`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L674)：文档打乱、样本打乱（最后一个 epoch 可单独打乱）
-# - [`gpt_dataset.py::GPTDataset._query_document_sample_shuffle_indices`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L298)：下标 → 三张表 → token 窗口
-# - [`blended_dataset.py::BlendedDataset._build_indices`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/blended_dataset.py#L110)：`dataset_index`、`dataset_sample_index`（C++ `build_blending_indices`）
-# - [`gpt_model.py::GPTModel.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L470)：五个字段（和 `packed_seq_params`）的入口
-# - [`language_model_embedding.py::LanguageModelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/language_model_embedding.py#L99)：读 `input_ids`；只有 learned_absolute 才读 `position_ids`
-# - [`rotary_pos_embedding.py::RotaryEmbedding.get_rotary_seq_len`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L212)：RoPE 表的长度：packed 时就是 `max_seqlen`
-# - [`rope_utils.py::_apply_rotary_pos_emb_thd`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rope_utils.py#L178)：packed 时按 `cu_seqlens` 每段从位置 0 起
-# - [`attention.py::Attention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L875)：THD 时去掉 batch 维、挑 `cu_seqlens`、调 core attention
-# - [`dot_product_attention.py::DotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L142)：本地 attention：断言没有 packed 参数
-# - [`transformer_engine.py::TEDotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1333)：TE attention：把 `PackedSeqParams` 的字段原样交给 TE
-# - [`data_samplers.py::build_pretraining_data_loader`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/datasets/data_samplers.py#L19)：`DataLoader(batch_sampler=MegatronPretrainingSampler(consumed_samples=...))`
-# - [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2417)：每步 `consumed_train_samples += dp × mbs × m`（[`training.py:2869`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2869)）
-# - [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1479)：从 checkpoint 里的 `args` 取回 `consumed_train_samples`（[`checkpointing.py:1749`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749)）
+# - [`utils.py::get_blend_from_list`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/utils.py#L49)：`["0.7", "a", "0.3", "b"]` → `(["a", "b"], [0.7, 0.3])`
+# - [`training.py::get_train_valid_test_num_samples`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4464)：三个 split 各要多少样本
+# - [`blended_megatron_dataset_config.py::convert_split_vector_to_split_matrix`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L175)：`"6,2,2"` → 三段区间
+# - [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder._build_blended_dataset_splits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L136)：单语料 / blend / 按 split 的 blend 三条路
+# - [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder._build_megatron_dataset_splits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L416)：按 `split_matrix` 切出文档区间
+# - [`blended_megatron_dataset_builder.py::_get_size_per_split_per_dataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L553)：blend 里每个语料要多少样本（含 surplus）
+# - [`gpt_dataset.py::GPTDataset._build_document_sample_shuffle_indices`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L440)：三张索引表
+# - [`gpt_dataset.py::GPTDataset._get_num_epochs`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L676)：要几个 epoch 才够 `num_samples`
+# - [`gpt_dataset.py::_build_document_index`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L699)、[`gpt_dataset.py::_build_shuffle_index`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L733)：文档打乱、样本打乱（最后一个 epoch 可单独打乱）
+# - [`gpt_dataset.py::GPTDataset._query_document_sample_shuffle_indices`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L353)：下标 → 三张表 → token 窗口
+# - [`blended_dataset.py::BlendedDataset._build_indices`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_dataset.py#L111)：`dataset_index`、`dataset_sample_index`（C++ `build_blending_indices`）
+# - [`gpt_model.py::GPTModel.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L519)：五个字段（和 `packed_seq_params`）的入口
+# - [`language_model_embedding.py::LanguageModelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/language_model_embedding.py#L99)：读 `input_ids`；只有 learned_absolute 才读 `position_ids`
+# - [`rotary_pos_embedding.py::RotaryEmbedding.get_rotary_seq_len`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L212)：RoPE 表的长度：packed 时就是 `max_seqlen`
+# - [`rope_utils.py::_apply_rotary_pos_emb_thd`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L189)：packed 时按 `cu_seqlens` 每段从位置 0 起
+# - [`attention.py::Attention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1278)：THD 时去掉 batch 维、挑 `cu_seqlens`、调 core attention
+# - [`dot_product_attention.py::DotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L142)：本地 attention：断言没有 packed 参数
+# - [`transformer_engine.py::TEDotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1972)：TE attention：把 `PackedSeqParams` 的字段原样交给 TE
+# - [`data_samplers.py::build_pretraining_data_loader`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L19)：`DataLoader(batch_sampler=MegatronPretrainingSampler(consumed_samples=...))`
+# - [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3342)：每步 `consumed_train_samples += dp × mbs × m`（[`training.py:3942`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3942)）
+# - [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2066)：从 checkpoint 里的 `args` 取回 `consumed_train_samples`（[`checkpointing.py:1749`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749)）
 
 # %% [markdown]
 # ## 调用链
@@ -190,9 +190,9 @@ print("b 的文档长度（含 EOD）:", indexed_b.sequence_lengths.tolist())
 #
 # 1. [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469)：
 #    `--data-path`（或 `--train/valid/test-data-path`，或写在文件里的同样内容）交给 core 的 `get_blend_from_list`；
-# 2. [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L214)：
+# 2. [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377)：
 #    一个 `字段: args.x` 的字典字面量，原样传给 `GPTDatasetConfig`；
-# 3. [`training.py::get_train_valid_test_num_samples`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3290)：
+# 3. [`training.py::get_train_valid_test_num_samples`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4464)：
 #    三个 split 各要多少样本。
 #
 # 下面这条命令行就是本篇的训练配置：DP=2、micro-batch 1、global batch 4（所以每步 2 个 micro-batch）、训练 4 步、每 2 步验证 1 步：
@@ -299,7 +299,7 @@ print("全部 18 个样本都一致:", all(window(train, i)[1] == train[i]["toke
 
 # %% [markdown]
 # **最后一个 epoch 单独打乱。** 若最后一个 epoch 只用到不足 80% 的样本，`_build_document_sample_shuffle_indices` 把它单独处理
-# （[gpt_dataset.py 第 477–478 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L477-L478) 定阈值，[gpt_dataset.py 第 535–541 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/gpt_dataset.py#L535-L541) 分两段打乱）：前面完整的 epoch 混在一起打乱，最后一个 epoch 自己打乱、
+# （[gpt_dataset.py 第 536–537 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L536-L537) 定阈值，[gpt_dataset.py 第 594–600 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L594-L600) 分两段打乱）：前面完整的 epoch 混在一起打乱，最后一个 epoch 自己打乱、
 # 排在 `shuffle_index` 末尾。这样训练读到的前若干样本只来自完整的 epoch，不会偏向最后那个 epoch 里碰巧被选中的文档。
 # 换几个 `--train-iters`，用真实的 `shuffle_index` 检查它是否分成了两段：
 
@@ -363,7 +363,7 @@ Table(["split", "size（要的）", "BlendedDataset 长度", "a: num_samples / l
 
 # %% [markdown]
 # train 要 16 个，blend 却有 17 个：ceil(16·0.7) + ceil(16·0.3) = 12 + 5。`dataset_index` 是 C++ `build_blending_indices`
-# （[helpers.cpp 第 77 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/helpers.cpp#L77)）的**贪心**结果：每一步选"目标数 − 已取数"最大的那个语料。它不依赖 seed；
+# （[helpers.cpp 第 77 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.cpp#L77)）的**贪心**结果：每一步选"目标数 − 已取数"最大的那个语料。它不依赖 seed；
 # 随机性只在每个语料自己的 `shuffle_index` 里。`dataset_sample_index` 则在每个语料里依次数 0, 1, 2, …
 #
 # 把 train 的 17 个样本画成一条：颜色是 `dataset_index`（来自哪个语料），格里是 `dataset_sample_index`（该语料的第几个样本）；
@@ -409,7 +409,7 @@ print("换 seed 后 dataset_index 相同:", numpy.array_equal(reseeded.dataset_i
 # ### 4. 五个字段怎样进 `forward`
 #
 # `pretrain_gpt.py::forward_step` 的调用是 `model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask,
-# packed_seq_params=...)`（[`pretrain_gpt.py:197`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L197)）。
+# packed_seq_params=...)`（[`pretrain_gpt.py:348`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L348)）。
 # 在 `GPTModel` 里给每个可能的"读者"挂一个探针（`snippets/data/forward_fields.py`：forward pre-hook 与包一层的 loss 方法），
 # 看每个字段被谁读到。batch 来自真实的 `GPTDataset`（序列长 8、`--eod-mask-loss`，micro-batch 2），
 # 模型是 2 层的真实 `GPTModel`（local spec），分别用两种位置编码（另建一个 3 层的 RoPE 模型，留给第 5 节的 pipeline 对照）：
@@ -496,14 +496,14 @@ Table(["改动", "learned_absolute", "rope"],
 #
 # - `tokens` 只进词嵌入（首 stage）；`labels` 只进 `compute_language_model_loss`（尾 stage），它把 logits 换成每 token 的 loss `[b, s]`。
 # - `attention_mask` 进每一层的 core attention；local spec 在 softmax 前按它屏蔽。传 `None` 时 local attention 会自己造一个
-#   因果 mask——但那一行（[`utils.py:35`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/utils.py#L35)）
+#   因果 mask——但那一行（[`utils.py:39`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L39)）
 #   写死了 `device="cuda"`，所以在 CPU 上失败；GPU 上它与数据集给的因果 mask 相同。
 # - **`position_ids` 在 RoPE 下没有任何模块读。** 只有 learned_absolute 的位置嵌入读它
-#   （[`language_model_embedding.py:44`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/language_model_embedding.py#L44)
+#   （[`language_model_embedding.py:44`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/language_model_embedding.py#L44)
 #   只在这种类型下建 `position_embeddings`）；RoPE 只向 `rotary_pos_emb` 要一个长度，位置永远是 0…s−1。
 #   所以 `--reset-position-ids` 在 RoPE 模型上不起作用（遗留问题 2）。
 # - **`loss_mask` 模型也不读**（不开 MTP 时）：全 0 和全 1 的输出一模一样。它在 `forward_step` 绑进 `loss_func`：
-#   [`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L104) 返回
+#   [`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L209) 返回
 #   `sum(losses · loss_mask)` 和 `num_tokens = loss_mask.sum()`，除法留给 schedule 与 DP 归约（[笔记 05](../05_forward_loss_backward/)）。
 #   本 batch 开了 `--eod-mask-loss`，EOD 位置的 loss 不计：
 
@@ -593,7 +593,7 @@ Table(["rank", "stage", "get_batch 留下的字段", "模型里真被读到的",
 #   和 `attention_mask`；`loss_mask` 模型不读，只进 `loss_func`。
 # - 首 stage 收到三个字段，真正读的只有 `tokens` 和 `attention_mask`：RoPE 下 `position_ids` 白白广播了一次。
 # - 中间 stage 的 `get_batch` 直接返回 6 个 `None`（[`pretrain_gpt.py:72`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L72)），
-#   它的 attention 收到 `attention_mask=None`，于是自己造一个普通的因果 mask（上表第 5 列：CPU 上在 [`transformer/utils.py:35`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/utils.py#L35) 失败，
+#   它的 attention 收到 `attention_mask=None`，于是自己造一个普通的因果 mask（上表第 5 列：CPU 上在 [`transformer/utils.py:39`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L39) 失败，
 #   GPU 上静默成功）。数据集若用 `--reset-attention-mask` 造了块对角 mask，中间 stage 看不到它（遗留问题 3）。
 #   为了让 schedule 在 CPU 上跑完，本格的 `forward_step` 在 mask 为 `None` 时补上同一个因果 mask。
 #
@@ -681,17 +681,17 @@ Table(["调用栈（megatron/core 内，由外到内）", "行", "函数"],
       [[path.removeprefix("megatron/core/"), line, name] for path, line, name in frames if name != "__call__"])
 
 # %% [markdown]
-# 本地 `DotProductAttention` 在 [dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L153) 断言 `packed_seq_params is None`：在 CPU 上，packed batch 走到这里为止。
+# 本地 `DotProductAttention` 在 [dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L153) 断言 `packed_seq_params is None`：在 CPU 上，packed batch 走到这里为止。
 # 但在它之前，`packed_seq_params` 已经在两个地方起了作用，这两处都是纯 torch、在 CPU 上真实运行过了：
 #
 # 1. `GPTModel._preprocess` 问 `RotaryEmbedding.get_rotary_seq_len` 要 RoPE 表长，packed 时它直接返回
-#    `max(max_seqlen_q, max_seqlen_kv)`（[`rotary_pos_embedding.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L241)）；
-# 2. `Attention.forward` 去掉 batch 维（q、k、v 变成 `[t, heads, head_dim]`，[`attention.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1066)），
-#    取出 `cu_seqlens`（[attention.py 第 1081–1089 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1081-L1089)）交给 `apply_rotary_pos_emb`，后者走 `_apply_rotary_pos_emb_thd`：**每段都从 RoPE 表的第 0 行起**。
+#    `max(max_seqlen_q, max_seqlen_kv)`（[`rotary_pos_embedding.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L241)）；
+# 2. `Attention.forward` 去掉 batch 维（q、k、v 变成 `[t, heads, head_dim]`，[`attention.py:1468`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1468)），
+#    取出 `cu_seqlens`（[attention.py 第 1468–1491 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1468-L1491)）交给 `apply_rotary_pos_emb`，后者走 `_apply_rotary_pos_emb_thd`：**每段都从 RoPE 表的第 0 行起**。
 #
-# 在 GPU 上，[dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L153) 这一步换成 `TEDotProductAttention.forward`：它把 `PackedSeqParams` 的字段原样作为关键字参数交给 TE
-# （[`transformer_engine.py:1373`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1373)），
-# THD 时把 `causal` 改成 `padding_causal`（[transformer_engine.py 第 1397–1402 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/extensions/transformer_engine.py#L1397-L1402)），TE 的 kernel 只在每段内部做因果 attention。
+# 在 GPU 上，[dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L153) 这一步换成 `TEDotProductAttention.forward`：它把 `PackedSeqParams` 的字段原样作为关键字参数交给 TE
+# （[`transformer_engine.py:2012`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L2012)），
+# THD 时把 `causal` 改成 `padding_causal`（[transformer_engine.py 第 2036–2041 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L2036-L2041)），TE 的 kernel 只在每段内部做因果 attention。
 # 为了在 CPU 上看到完整的结果，`snippets/data/thd_attention.py` 的 `ThdCoreAttention` 坐到 core attention 的位置上，做同样的"段内因果"计算
 # （与 Megatron 自己的 `DotProductAttention` 加块对角 mask 的结果相同）；模型的其余部分——embedding、
 # RoPE 的 THD 路径、线性层、loss——都是真实的 Megatron：
@@ -733,10 +733,10 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # ### 7. 续训：跳过已消费的样本
 #
 # 状态只有一个整数：`train` 每步把 `dp × micro_batch_size × num_microbatches` 加到 `args.consumed_train_samples`
-# （[`training.py:2869`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2869)）；
-# `save_checkpoint` 把整个 `args` 存进 checkpoint（[`checkpointing.py:892`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L892)）；
+# （[`training.py:3942`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3942)）；
+# `save_checkpoint` 把整个 `args` 存进 checkpoint（[`checkpointing.py:1311`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1311)）；
 # `load_checkpoint` 取回它（[checkpointing.py 第 1749 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749)）；`build_train_valid_test_data_loaders` 把它交给
-# `build_pretraining_data_loader`（[`training.py:3387`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3387)），
+# `build_pretraining_data_loader`（[`training.py:4569`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4569)），
 # `MegatronPretrainingSampler` 从这个下标接着切块。数据集本身不存状态：三张索引表由 seed 和 sizes 决定，重启后重建（或读缓存）出同样的表。
 #
 # sampler 在 `megatron/training` 里，不在 pip 包中：`snippets/data/pretraining_sampler.py` 按 tag 重写了它。
@@ -827,14 +827,14 @@ build_table(resume)
 # ## 遗留问题
 #
 # 1. **`get_blend_from_list` 的一致性检查从不生效（运行确认）。** 它把 `is_none` 建成一个 `map` 迭代器
-#    （[`utils.py:84`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/utils.py#L84)），`any(is_none)`
-#    消费到第一个 True 就停，接着的 `assert all(is_none)`（[utils.py 第 86 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/utils.py#L86)）只检查剩下的元素。`0.5 a b c` 这种"只写了一个权重"的写法
+#    （[`utils.py:84`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/utils.py#L84)），`any(is_none)`
+#    消费到第一个 True 就停，接着的 `assert all(is_none)`（[utils.py 第 86 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/utils.py#L86)）只检查剩下的元素。`0.5 a b c` 这种"只写了一个权重"的写法
 #    因此被静默当成 4 个无权重的前缀（第 1 节的表）。
 # 2. **RoPE 忽略 `position_ids`（运行确认）。** 第 4 节：RoPE 模型里没有模块读 `position_ids`，倒序后输出不变；`--reset-position-ids`
 #    只对 learned_absolute 有效。上游 [issue #453](https://github.com/NVIDIA/Megatron-LM/issues/453) 报告过同一件事（2024 年有人确认 MCore 的 `GPTModel` 仍如此）。
 #    packed（THD）格式不受影响：它的位置按 `cu_seqlens` 重置（第 6 节）。
 # 3. **中间 pipeline stage 收不到 `attention_mask`（运行确认）。** `get_batch` 对中间 stage 返回 None，它们的 local attention
-#    改用 [`get_default_causal_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/utils.py#L33)；
+#    改用 [`get_default_causal_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L37)；
 #    用 `--reset-attention-mask` 时，首尾 stage 按文档屏蔽而中间 stage 跨文档 attention。TE 的 attention 在 `causal` 类型下
 #    本来就不看 mask 参数（TE 的约定，本机无 TE，未验证），那时 `--reset-attention-mask` 对哪个 stage 都不起作用——要隔开文档，用 packed 格式。
 # 4. **正式入口给模型的 `cu_seqlens` 是二维的（运行确认非融合 RoPE 会失败）。** `get_batch_on_this_tp_rank` 断言
@@ -850,7 +850,7 @@ build_table(resume)
 #    只要求 `size == len(dataset)`，不要求等于 sizes 里的数。训练只取前 `train_iters × gbs` 个，无害，但 `len()` 不是你要的数。
 # 7. **`IndexedDataset` 的数组活不过它的对象（运行确认）。** `sequence_lengths`、`document_indices` 是 `.idx` 文件 mmap 上的
 #    numpy 视图，而 `_IndexReader.__del__` 会主动关闭这个 mmap
-#    （[`indexed_dataset.py:336`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/datasets/indexed_dataset.py#L336)）。
+#    （[`indexed_dataset.py:332`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L332)）。
 #    `IndexedDataset(prefix).sequence_lengths.tolist()` 这样一行里，对象在 `.tolist()` 之前就被回收，读到的是已解除映射的内存：
 #    进程被 SIGSEGV 杀死，没有 Python 异常（本篇初稿的 kernel 就是这样死的，所以第一格把两个对象留在变量里）。在一个 rank 里重现：
 

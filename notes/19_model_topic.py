@@ -41,34 +41,34 @@
 #
 # | 核心文件 · 先看的符号 | 回答哪个关注点 |
 # |---|---|
-# | [`gpt_model.py::GPTModel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L88) | 构造链的起点：embedding（[`gpt_model.py:150`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L150)）、decoder（[`gpt_model.py:209`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L209)）、output layer（[`gpt_model.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L241)） |
-# | [`language_model_embedding.py::LanguageModelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/language_model_embedding.py#L29) | 词嵌入（TP 切）+ 位置嵌入（复制）；SP 时是否 reduce-scatter |
-# | [`language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L173) | 共享词嵌入与输出层权重 |
-# | [`transformer_block.py::TransformerBlock.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L269) | 拿到 spec，建本 stage 的层 |
-# | [`transformer_block.py::_get_block_submodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L225) | 一个层 spec → `[spec] × 层数`；block spec 原样用 |
-# | [`transformer_block.py::TransformerBlockSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L206) | 每层一个 spec + final norm 的类 |
-# | [`transformer_block.py::TransformerBlock._build_layers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L328) | 对每个层 spec 调 `build_module` |
-# | [`spec_utils.py::ModuleSpec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/spec_utils.py#L12) | spec 是数据：`module`、`params`、`submodules` |
-# | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/spec_utils.py#L73) | 函数原样返回；类则带上 `submodules` 和 `params` 实例化；出错时在消息后追加类名（[`spec_utils.py:126`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/spec_utils.py#L126)） |
-# | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L197) | 一层的槽位；没给的槽位是 `IdentityOp` / `IdentityFuncOp` |
-# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L263) | 逐槽位 `build_module`；MoE 与 dense MLP 传不同的群参数 |
-# | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L245) | 先建 `core_attention`、`linear_proj`（[`attention.py:349`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L349)） |
-# | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1245) | 后建 `linear_qkv`（[`attention.py:1267`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1267)）和 QK norm |
-# | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L76) | `linear_fc1`（列并行）、`linear_fc2`（行并行） |
-# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L306) | 用 Megatron Core 自己的模块拼一层：attention、MLP / MoE、norm |
-# | [`gpt_layer_specs.py::get_mlp_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L479) | `num_experts` 是 None 就是 `MLP`，否则 MoE spec |
-# | [`moe_module_specs.py::get_moe_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/moe_module_specs.py#L32) | `MoELayer`：router + experts（本机 `SequentialMLP`） |
-# | [`gpt_layer_specs.py::get_gpt_decoder_block_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L612) | 按 `moe_layer_freq` 给每层挑 dense 或 MoE spec（正式入口 `--num-experts` 时走这里） |
-# | [`backends.py::LocalSpecProvider.layer_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/backends.py#L104) | local backend 的 norm 类（会改模块全局变量，见遗留问题） |
-# | [`torch_norm.py::WrappedTorchNorm.__new__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/torch_norm.py#L15) | 实例化时按 `config.normalization` 选 `LayerNorm` / `RMSNorm` |
-# | [`transformer_config.py::TransformerConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L909) | 推导缺省字段、拒绝不合法的组合 |
-# | [`model_parallel_config.py::ModelParallelConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/model_parallel_config.py#L404) | 先于上一行执行：SP 需要 TP、ETP 跟随 TP |
-# | [`layers.py::VocabParallelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L195) | 按词表切的 embedding |
-# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L800) | `gather_output`、`allreduce_dgrad`（[`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)）、`explicit_expert_comm`（[`layers.py:841`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L841)） |
-# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1124) | `input_is_parallel`、`skip_bias_add` |
+# | [`gpt_model.py::GPTModel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L94) | 构造链的起点：embedding（[`gpt_model.py:168`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L168)）、decoder（[`gpt_model.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L227)）、output layer（[`gpt_model.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L241)） |
+# | [`language_model_embedding.py::LanguageModelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/language_model_embedding.py#L29) | 词嵌入（TP 切）+ 位置嵌入（复制）；SP 时是否 reduce-scatter |
+# | [`language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L202) | 共享词嵌入与输出层权重 |
+# | [`transformer_block.py::TransformerBlock.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L264) | 拿到 spec，建本 stage 的层 |
+# | [`transformer_block.py::_get_block_submodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L220) | 一个层 spec → `[spec] × 层数`；block spec 原样用 |
+# | [`transformer_block.py::TransformerBlockSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L201) | 每层一个 spec + final norm 的类 |
+# | [`transformer_block.py::TransformerBlock._build_layers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L324) | 对每个层 spec 调 `build_module` |
+# | [`spec_utils.py::ModuleSpec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L13) | spec 是数据：`module`、`params`、`submodules` |
+# | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L74) | 函数原样返回；类则带上 `submodules` 和 `params` 实例化；出错时在消息后追加类名（[`spec_utils.py:127`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L127)） |
+# | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L243) | 一层的槽位；没给的槽位是 `IdentityOp` / `IdentityFuncOp` |
+# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 逐槽位 `build_module`；MoE 与 dense MLP 传不同的群参数 |
+# | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L296) | 先建 `core_attention`、`linear_proj`（[`attention.py:349`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L349)） |
+# | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1651) | 后建 `linear_qkv`（[`attention.py:1681`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1681)）和 QK norm |
+# | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L172) | `linear_fc1`（列并行）、`linear_fc2`（行并行） |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 用 Megatron Core 自己的模块拼一层：attention、MLP / MoE、norm |
+# | [`gpt_layer_specs.py::get_mlp_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L521) | `num_experts` 是 None 就是 `MLP`，否则 MoE spec |
+# | [`moe_module_specs.py::get_moe_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/moe_module_specs.py#L65) | `MoELayer`：router + experts（本机 `SequentialMLP`） |
+# | [`gpt_layer_specs.py::get_gpt_decoder_block_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L676) | 按 `moe_layer_freq` 给每层挑 dense 或 MoE spec（正式入口 `--num-experts` 时走这里） |
+# | [`backends.py::LocalSpecProvider.layer_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/backends.py#L118) | local backend 的 norm 类（会改模块全局变量，见遗留问题） |
+# | [`torch_norm.py::WrappedTorchNorm.__new__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L33) | 实例化时按 `config.normalization` 选 `LayerNorm` / `RMSNorm` |
+# | [`transformer_config.py::TransformerConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1294) | 推导缺省字段、拒绝不合法的组合 |
+# | [`model_parallel_config.py::ModelParallelConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L497) | 先于上一行执行：SP 需要 TP、ETP 跟随 TP |
+# | [`layers.py::VocabParallelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L230) | 按词表切的 embedding |
+# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L918) | `gather_output`、`allreduce_dgrad`（[`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)）、`explicit_expert_comm`（[`layers.py:960`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L960)） |
+# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1285) | `input_is_parallel`、`skip_bias_add` |
 # | [`arguments.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1306) | args → config（笔记 04 的表） |
-# | [`arguments.py::validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L293) | 在 config 之前先填 `ffn_hidden_size`（[`arguments.py:809`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L809)）、`kv_channels`（[`arguments.py:814`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L814)） |
-# | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/gpt_builders.py#L28) | 用 `args.num_experts` 选 block spec（[`gpt_builders.py:55`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/gpt_builders.py#L55)） |
+# | [`arguments.py::validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L388) | 在 config 之前先填 `ffn_hidden_size`（[`arguments.py:1287`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1287)）、`kv_channels`（[`arguments.py:1292`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1292)） |
+# | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L25) | 用 `args.num_experts` 选 block spec（[`gpt_builders.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L41)） |
 
 # %% [markdown]
 # ## 调用链
@@ -171,14 +171,14 @@ Table(["字段", "传入", "`__post_init__` 之后", "命令行 flag"],
 # %% [markdown]
 # 按作用分三组：
 #
-# - **形状**：`ffn_hidden_size = 4·h`（[`transformer_config.py:930`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L930)）、
-#   `kv_channels = h // heads`（[`transformer_config.py:933`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L933)）、
-#   `num_query_groups = heads`（[`transformer_config.py:936`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L936)，即 MHA）。
+# - **形状**：`ffn_hidden_size = 4·h`（[`transformer_config.py:1329`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1329)）、
+#   `kv_channels = h // heads`（[`transformer_config.py:1332`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1332)）、
+#   `num_query_groups = heads`（[`transformer_config.py:1335`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1335)，即 MHA）。
 # - **初始化**：`init_method = N(0, init_method_std)`；`output_layer_init_method` 的 std 再除以 `√(2·num_layers)`
-#   （[`transformer_config.py:1581`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L1581)），2 层时是 0.01；
+#   （[`transformer_config.py:2263`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2263)），2 层时是 0.01；
 #   embedding 的 std 缺省跟随 `init_method_std`。三个 init 方法本身没有命令行参数，只能由 `--init-method-std`
 #   （和 `--embedding-init-method-std`）间接决定。
-# - **并行**：`expert_tensor_parallel_size` 跟随 TP（[`model_parallel_config.py:414`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/model_parallel_config.py#L414)），
+# - **并行**：`expert_tensor_parallel_size` 跟随 TP（[`model_parallel_config.py:507`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L507)），
 #   `autocast_dtype` 跟随 `params_dtype`；`cuda_graph_scope` 的缺省 `"full"` 已废弃，被改成空列表。
 #
 # 右列按笔记 04 的规则算出：多数字段有同名 flag；"无"的几个只能由别的参数间接决定；`num_query_groups`、`init_method`
@@ -189,7 +189,7 @@ Table(["字段", "传入", "`__post_init__` 之后", "命令行 flag"],
 # ### 同一个缺省值，两套算法
 #
 # `--swiglu` 且不给 `--ffn-hidden-size` 时，`validate_args` 取 `4h` 的三分之二、向下取到 64 的倍数（门控 MLP 有两个
-# 输入矩阵，这样参数量与 `4h` 的普通 MLP 相当，[`arguments.py:809`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L809)）；
+# 输入矩阵，这样参数量与 `4h` 的普通 MLP 相当，[`arguments.py:1287`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1287)）；
 # `TransformerConfig` 不看 `gated_linear_unit`，一律 `4h`。`megatron/training` 不在 pip 包里，`cli_default_ffn_hidden_size`
 # 把那一行重写成一个函数；右列是真实的 `TransformerConfig`：
 
@@ -244,14 +244,14 @@ Table(["组合", "结果", "第一行"], [[what, *first_line(kwargs)] for what, 
 
 # %% [markdown]
 # - 前两条保证 TP 能整齐地切 attention：每个 rank 拿整数个 head，并且要么拿整数个 query group，要么几个 rank 共享一个
-#   group（[`transformer_config.py:924`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L924)、
-#   [`transformer_config.py:940`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L940)）。
-# - 第三条来自父类（[`model_parallel_config.py:411`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/model_parallel_config.py#L411)）：
+#   group（[`transformer_config.py:1323`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1323)、
+#   [`transformer_config.py:1339`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1339)）。
+# - 第三条来自父类（[`model_parallel_config.py:504`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L504)）：
 #   SP 沿 sequence 切的是 TP 群里的激活，没有 TP 就无从切起。
-# - 第五条不是 `ValueError` 而是 `AssertionError`（[`transformer_config.py:1588`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L1588)）：
+# - 第五条不是 `ValueError` 而是 `AssertionError`（[`transformer_config.py:2279`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2279)）：
 #   `add_bias_linear` 缺省为 True，ETP 又缺省跟随 TP，所以"TP=2 的 MoE"不关掉 bias 就建不了 config。本篇的 MoE 模型都传 `add_bias_linear=False`。
 # - 最后一条**不报错**：Core 允许 `heads × kv_channels ≠ hidden`（有的模型确实这样设计），`kv_channels` 取整除。
-#   命令行入口则在 `validate_args` 里断言 `hidden % heads == 0`（[`arguments.py:814`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L814)），
+#   命令行入口则在 `validate_args` 里断言 `hidden % heads == 0`（[`arguments.py:1292`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1292)），
 #   除非显式给 `--kv-channels`。
 #
 # ### 初始化：`output_layer_init_method` 给了谁
@@ -541,7 +541,7 @@ print("词表范围 [start, end):", {rank: tp[rank]["TP=2"]["vocab_range"] for r
 # - **`skip_bias_add=True`**（`linear_proj`、`linear_fc1`、`linear_fc2`）：bias 不在 linear 里加，而是交给下一步融合——
 #   `linear_fc1` 的 bias 与激活函数一起算，`linear_proj` / `linear_fc2` 的 bias 在 bias-dropout-add 里与 residual 一起加。
 #   `linear_qkv` 后面没有可融合的操作，`skip_bias_add=False`。
-# - **`allreduce_dgrad`** 不是参数而是推出来的：TP > 1 且不开 SP 时为 True（[`layers.py:920`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L920)），
+# - **`allreduce_dgrad`** 不是参数而是推出来的：TP > 1 且不开 SP 时为 True（[`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)），
 #   即"列并行层 backward 时在 TP 群 all-reduce 输入梯度"（[笔记 10](../10_column_row_parallel_linear/)）。
 #
 # 开 SP（`+SP`）、再把位置编码换成 RoPE（`+SP+RoPE`），哪些标志变了（只列有变化的）：
@@ -626,7 +626,7 @@ Table(["phase", "发出它的层", "API · group", "shape before → after", "me
 expert_rows
 
 # %% [markdown]
-# 它们切在 **expert TP 群**（ETP 缺省 = TP = 2）上，`explicit_expert_comm=True`（[`layers.py:841`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L841)）：
+# 它们切在 **expert TP 群**（ETP 缺省 = TP = 2）上，`explicit_expert_comm=True`（[`layers.py:960`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L960)）：
 # forward / backward 里不再自己做 f / g（`allreduce_dgrad` 虽然是 True，forward 时被 `explicit_expert_comm` 覆盖成 False），
 # token 的收集与归约交给 token dispatcher（[笔记 17](../17_moe_expert_parallel/)）。同一个类，放在 expert 里就换了一套通信责任。
 
@@ -674,17 +674,17 @@ expert_rows
 #
 # 1. **spec 的 `normalization` 参数在没有 Apex / TE 时不起作用；有 Apex 时还有副作用（只读代码）。** 本机冲突实验表明 norm 的种类
 #    只看 `config.normalization`。`LocalSpecProvider.layer_norm(rms_norm=True)` 会把 `backends.py` 的模块全局变量 `LNImpl`
-#    改成 `WrappedTorchNorm`（[`backends.py:110`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/backends.py#L110)，代码旁的注释自己也在问为什么）。
+#    改成 `WrappedTorchNorm`（[`backends.py:126`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/backends.py#L126)，代码旁的注释自己也在问为什么）。
 #    装了 Apex 时 `LNImpl` 原本是 `FusedLayerNorm`，那么同一进程里一旦造过 RMSNorm 的 local spec，之后所有 local spec 的 LayerNorm
 #    都会变成 torch 版。本机没有 Apex，无法运行验证。
 # 2. **config 里的 `num_moe_experts`、`qk_layernorm` 可能被静默忽略（运行确认）。** dense spec 配 `num_moe_experts=2` 建出普通 `MLP`，
-#    没有任何提示。正式入口用同一个 `args.num_experts` 选 spec（[`gpt_builders.py:55`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/gpt_builders.py#L55)），
+#    没有任何提示。正式入口用同一个 `args.num_experts` 选 spec（[`gpt_builders.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L41)），
 #    不会踩到；自己写 provider 时（simple loop 那样）要让两者一致。
 # 3. **`ffn_hidden_size` 的两套缺省（运行 + 读代码）。** 命令行 `--swiglu` 时是 `⌊(8h/3)/64⌋·64`，Core 是 `4h`；
 #    hidden < 24 时命令行得 0，`TransformerConfig` 接受 `ffn_hidden_size=0` 不报错（下面一格）。
 # 4. **`output_layer_init_method` 不是输出层的初始化（运行确认）。** 见上文的标准差表。
 # 5. **`allreduce_dgrad` 对 expert linear 是 True，但不生效。** 属性按 TP 大小推出，forward 时才被 `explicit_expert_comm`
-#    覆盖（[`layers.py:1011`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1011)）；
+#    覆盖（[`layers.py:1157`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1157)）；
 #    读模块属性判断通信会被误导，本篇对 expert 的通信没有录制，留给笔记 17 的录制结果。
 
 # %%

@@ -44,33 +44,33 @@
 #
 # | 文件 :: 符号 | 做什么 | 本篇 |
 # |---|---|---|
-# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L505) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` | 1 |
-# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L267) | 建 torch 的 AdamW / SGD，选 grad scaler，选外层的类 | 1 |
-# | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… | 1、3 |
+# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` | 1 |
+# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 AdamW / SGD，选 grad scaler，选外层的类 | 1 |
+# | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… | 1、3 |
 # | [`optimizer/optimizer.py::MegatronOptimizer.get_main_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L136) | 过滤：跳过共享的、TP 复制的参数 | 5 |
-# | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L437) | 16 位与分布式优化器的共同父类：拷梯度、unscale、查 inf | 2、3 |
-# | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L496) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX | 3 |
-# | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L524) | 拷梯度 → unscale → `grad_scaler.update` | 3 |
-# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L640) | 为每个 16 位参数建 fp32 主参数，换进 AdamW 的参数组 | 2 |
-# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L754) | `main_param.grad = main_grad.float()` | 2 |
-# | [`optimizer/optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1308) | 每一步：prepare → 溢出则返回 → 范数 → 裁剪 → 更新 | 3、5 |
-# | [`optimizer/grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L108) | 动态 loss scale 的策略 | 3 |
-# | [`optimizer/grad_scaler.py::ConstantGradScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L38) | 给了 `loss_scale` 时的固定 scale | 1 |
-# | [`optimizer/clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L51) | 本地平方和，在 grad-stats 群里求和 | 5 |
-# | [`optimizer/clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/clip_grads.py#L138) | 范数超过 `clip_grad` 时就地缩放 | 5 |
-# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L89) | TP 切过的参数，或 TP rank 0 | 5 |
-# | [`transformer/module.py::param_is_not_shared`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/module.py#L25) | 没有 `shared=True` | 5 |
-# | [`transformer/module.py::Float16Module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/module.py#L412) | 把模型转成 bf16 / fp16，输入转 16 位、输出转回 fp32 | 2 |
-# | [`models/common/language_module/language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L173) | PP>1 共享词嵌入：最后一个 stage 的副本标 `shared=True` | 5 |
-# | [`optimizer/distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L307) | 16 位参数：只为本 rank 那段建 fp32 主参数 | 4 |
-# | [`optimizer/distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2598) | 不 overlap 时在这里 all-gather 参数 | 6 |
-# | [`distributed/distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel_config.py#L8) | `overlap_grad_reduce`、`overlap_param_gather`、`grad_reduce_in_fp32` | 2、6 |
-# | [`distributed/distributed_data_parallel.py::DistributedDataParallel._make_forward_pre_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L384) | 模块 forward 前：等本模块参数所在 bucket 的 all-gather | 6 |
-# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L302) | 没发就发、等完成、再发下一个 bucket 的 all-gather | 6 |
-# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L539) | backward 里 bucket 的梯度齐了就发 reduce-scatter | 6 |
-# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L507) | 不 overlap（或第一步）时在这里发，否则只等 | 6 |
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1438) | 正式入口：`get_model`（含 `Float16Module`、DDP）后调 `get_megatron_optimizer` | 全篇 |
-# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1603) | 正式入口的一步：`update_successful` 为假时不推进学习率 | 3 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L654) | 16 位与分布式优化器的共同父类：拷梯度、unscale、查 inf | 2、3 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L713) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX | 3 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) | 拷梯度 → unscale → `grad_scaler.update` | 3 |
+# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L978) | 为每个 16 位参数建 fp32 主参数，换进 AdamW 的参数组 | 2 |
+# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1092) | `main_param.grad = main_grad.float()` | 2 |
+# | [`optimizer/optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1855) | 每一步：prepare → 溢出则返回 → 范数 → 裁剪 → 更新 | 3、5 |
+# | [`optimizer/grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L131) | 动态 loss scale 的策略 | 3 |
+# | [`optimizer/grad_scaler.py::ConstantGradScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L43) | 给了 `loss_scale` 时的固定 scale | 1 |
+# | [`optimizer/clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 本地平方和，在 grad-stats 群里求和 | 5 |
+# | [`optimizer/clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L143) | 范数超过 `clip_grad` 时就地缩放 | 5 |
+# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95) | TP 切过的参数，或 TP rank 0 | 5 |
+# | [`transformer/module.py::param_is_not_shared`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L25) | 没有 `shared=True` | 5 |
+# | [`transformer/module.py::Float16Module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L436) | 把模型转成 bf16 / fp16，输入转 16 位、输出转回 fp32 | 2 |
+# | [`models/common/language_module/language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L202) | PP>1 共享词嵌入：最后一个 stage 的副本标 `shared=True` | 5 |
+# | [`optimizer/distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L347) | 16 位参数：只为本 rank 那段建 fp32 主参数 | 4 |
+# | [`optimizer/distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3158) | 不 overlap 时在这里 all-gather 参数 | 6 |
+# | [`distributed/distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel_config.py#L12) | `overlap_grad_reduce`、`overlap_param_gather`、`grad_reduce_in_fp32` | 2、6 |
+# | [`distributed/distributed_data_parallel.py::DistributedDataParallel._make_forward_pre_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L432) | 模块 forward 前：等本模块参数所在 bucket 的 all-gather | 6 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L532) | 没发就发、等完成、再发下一个 bucket 的 all-gather | 6 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L857) | backward 里 bucket 的梯度齐了就发 reduce-scatter | 6 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L781) | 不 overlap（或第一步）时在这里发，否则只等 | 6 |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 正式入口：`get_model`（含 `Float16Module`、DDP）后调 `get_megatron_optimizer` | 全篇 |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 正式入口的一步：`update_successful` 为假时不推进学习率 | 3 |
 
 # %% [markdown]
 # ## 调用链
@@ -224,9 +224,9 @@ Table(["配置", "返回", "里面（最里层）", "grad_scaler", "loss scale",
 # %% [markdown]
 # 读这张表：
 #
-# - **外面总是 `ChainedOptimizer`**（不用 Megatron FSDP 时，[`__init__.py:689`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L689)）。
+# - **外面总是 `ChainedOptimizer`**（不用 Megatron FSDP 时，[`__init__.py:1136`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1136)）。
 #   它装一个还是两个，取决于有没有 expert 参数：EP>1 时 expert 参数（`allreduce=False`）单独一组、单独一个优化器。
-# - **里面是哪个类**只看三个开关（[`__init__.py:419`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L419)）：
+# - **里面是哪个类**只看三个开关（[`__init__.py:638`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L638)）：
 #   `use_distributed_optimizer` → `DistributedOptimizer`；否则 `fp16` 或 `bf16` → `Float16OptimizerWithFloat16Params`；
 #   都没有 → `FP32Optimizer`。fp32 模型开分布式优化器，走的也是混合精度那一支（只是没有 scaler）。
 # - **grad scaler**：给了 `loss_scale` 就是固定的 `ConstantGradScaler`；否则只有 fp16 才建 `DynamicGradScaler`，初值
@@ -234,7 +234,7 @@ Table(["配置", "返回", "里面（最里层）", "grad_scaler", "loss scale",
 # - **grad-stats 群**（范数和 inf 标志在哪里求和）：不分片时是 `tp-pp` 群（这里 TP=PP=1，只有自己）；分布式优化器时是整个
 #   分布式优化器实例（这里 [0, 1]：梯度分散在 DP rank 上，范数必须跨 DP 求和）；expert 优化器用 expert 的 `tp-ep-pp` 群——
 #   EP=2 时两个 rank 各持不同的 expert，所以即使不分片也要跨 rank 求和。两个子优化器的群不同时，`ChainedOptimizer.get_grad_norm`
-#   各自求范数再平方相加（[`optimizer.py::ChainedOptimizer.get_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1270)）。
+#   各自求范数再平方相加（[`optimizer.py::ChainedOptimizer.get_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1760)）。
 # - 最里层是 torch 的 `AdamW`（`decoupled_weight_decay` 缺省为真）：本机没有 Transformer Engine / Apex 的 FusedAdam。
 #
 # 三个外层类的继承关系：
@@ -252,7 +252,7 @@ for cls in (FP32Optimizer, Float16OptimizerWithFloat16Params, DistributedOptimiz
 # ### 2. 混合精度：权重、梯度、主参数
 #
 # 1 个 rank，同一个 4 层模型分别用 bf16 和 fp16 训练 3 步。bf16 按正式入口的缺省在 fp32 里累加梯度（`grad_reduce_in_fp32=True`，
-# [`arguments.py:723`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L723)）；fp16 用 DDP 的缺省（梯度 buffer 也是 fp16）和固定的
+# [`arguments.py:1193`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1193)）；fp16 用 DDP 的缺省（梯度 buffer 也是 fp16）和固定的
 # `loss_scale=1024`。学习率特意取得很小（1e-4），看 16 位权重能不能记住这么小的更新。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
@@ -296,7 +296,7 @@ Table(["模型", "参数个数", "权重", "main_grad", "main_param", "主参数
 # %% [markdown]
 # - **三份数**：模型算 forward / backward 用的是 16 位权重；梯度在 DDP 的 buffer 里（`main_grad`，bf16 时 fp32、fp16 时 fp16）；
 #   `Float16OptimizerWithFloat16Params` 给每个 16 位参数建了一份独立的 fp32 `main_param`，并把 AdamW 参数组里的参数**换成**它
-#   （[`optimizer.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L671) 起）。所以 Adam 的动量也是 fp32，对应的是主参数。
+#   （[`optimizer.py:1009`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1009) 起）。所以 Adam 的动量也是 fp32，对应的是主参数。
 # - **梯度怎么到主参数**：`_copy_model_grads_to_main_grads` 做 `main_param.grad = main_grad.float()`。bf16 配 fp32 buffer 时
 #   `.float()` 什么也不做，主参数的 `.grad` 就是 DDP buffer 的那一段（同一块内存，表中 True）；fp16 时它是一份新的 fp32 拷贝。
 # - **为什么要 fp32 主参数**：lr = 1e-4 时每步每个元素只动约 1e-4。bf16 只有 8 位有效数字（7 位尾数），1 附近的间距是 2⁻⁷ ≈ 0.0078，
@@ -311,7 +311,7 @@ Table(["模型", "参数个数", "权重", "main_grad", "main_param", "主参数
 # 优化器在更新前乘回 1/S。S 太大时某些梯度溢出成 inf：这一步作废、S 减小；一段时间没溢出，S 再变大。
 # 在 Megatron 里这三处分别是：`config.grad_scale_func = optimizer.scale_loss`（正式入口
 # [`training.py:2547`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2547)），schedule 在 backward 前用它乘 loss
-# （[`schedules.py:477`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L477)）；
+# （[`schedules.py:562`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L562)）；
 # `_unscale_main_grads_and_check_for_nan` 乘回 1/S 并查 inf；`DynamicGradScaler.update` 调整 S。
 #
 # 下面在 1 个 rank 上用真实的 fp16 模型和真实的优化器跑两组。第一组是缺省配置（初值 2³²、`hysteresis=2`、`loss_scale_window=1000`），
@@ -359,7 +359,7 @@ Table(header, controlled)
 # 第二张表逐行读：
 #
 # - **step 1 注入 inf**：`update_successful=False`、`grad_norm` 为 `None`、参数一位未变——`ChainedOptimizer.step` 在
-#   `prepare_grads` 报告 inf 后直接返回（[`optimizer.py:1312`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1312)），
+#   `prepare_grads` 报告 inf 后直接返回（[`optimizer.py:1864`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1864)），
 #   不算范数、不裁剪、不更新。但 scale **没有减半**：`hysteresis=2` 允许一次，计数器从 2 减到 1。
 # - **step 2 再注入**：计数器到 0，scale 乘 `backoff_factor=0.5`，1024 → 512。这一步同样被跳过。
 #   loss 列：step 2 与 step 1 用的是不同的 micro-batch，但参数自 step 0 之后没变过。
@@ -501,7 +501,7 @@ Table(["参数", "TP 切分", *[label for label, _ in runs]],
 #   每个 rank 只有自己那片，各自都算。
 # - **PP 共享**：PP=2 时词嵌入在 rank 0（第一个 stage 的 `embedding.word_embeddings.weight`），输出层要用同一个矩阵，于是最后一个 stage
 #   另存一份 `output_layer.weight`，`setup_embeddings_and_output_layer` 给它标上 `shared=True`
-#   （[`language_module.py:223`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L223)）。
+#   （[`language_module.py:283`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L283)）。
 #   `finalize_model_grads` 把两份梯度在 embedding 群里相加，两份一样，`param_is_not_shared` 只让第一份计入。
 #   （CPU 上构造这个最后 stage 需要补丁 `shared_embedding_cuda`，见遗留问题 5。）
 #
@@ -611,7 +611,7 @@ communication_table(overflow[1]["calls"], {
 
 # %% [markdown]
 # rank 1 自己的梯度干净，却也跳过了这一步、scale 也减半：`found_inf` 在 grad-stats 群里做了 MAX all-reduce
-# （[`optimizer.py:512`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L512)）。
+# （[`optimizer.py:729`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L729)）。
 # 溢出时 step 到此为止，所以只有这一次通信，没有范数的那次。
 #
 # ### 8. overlap grad reduce 与 overlap param gather
@@ -657,8 +657,8 @@ dp_pictures.draw_overlap_timeline(section8[0])
 
 # %% [markdown]
 # - **AG 在 forward 里按需发出、预取下一个**：第一个有参数的模块 `word_embeddings` 开始 forward 时，它的 pre-hook 发现自己的 bucket
-#   （bucket 2，buffer 的词嵌入那端）的 AG 还没发，就发出并等它完成（[`param_and_grad_buffer.py:322`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L322)），
-#   随即**异步**发出下一个 bucket 1 的 AG（[param_and_grad_buffer.py 第 338 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L338)）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
+#   （bucket 2，buffer 的词嵌入那端）的 AG 还没发，就发出并等它完成（[`param_and_grad_buffer.py:551`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L551)），
+#   随即**异步**发出下一个 bucket 1 的 AG（[param_and_grad_buffer.py 第 567 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L567)）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
 #   时才等 bucket 1，再发 bucket 0。AG 的顺序与 forward 用参数的顺序一致，和 bucket 的编号相反。第二个 micro-batch 的 forward 不再 AG。
 # - **RS 在 backward 里、紧跟在 bucket 凑齐之后**：backward 从输出层往回算，`output_layer.weight` 到 `layers.2` 的 `linear_fc2` 这 12 个梯度
 #   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。每个 RS
@@ -674,7 +674,7 @@ same
 # %% [markdown]
 # 同步之后逐位相同（0.0）。但**刚做完 step 时**不同：overlap 时 step 只更新了本 rank 那段，另一段要等下一次 forward 的 AG，
 # 这时读参数（存 checkpoint、做评估）读到的是另一半旧值。正式入口存 checkpoint 前因此先 `force_param_sync`
-# （[`training.py:2192`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2192)）；自己调 Megatron Core 时要记得（遗留问题 3）。
+# （[`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)）；自己调 Megatron Core 时要记得（遗留问题 3）。
 
 # %% [markdown]
 # ## 机制解释
@@ -702,12 +702,12 @@ same
 #
 # - **建**：`setup_model_and_optimizer` 先 `get_model`（`--bf16` / `--fp16` 时包 `Float16Module`，再包 DDP），再 `get_megatron_optimizer`；
 #   `--fp16` 且没给 `--loss-scale` 时，正式入口顺手关掉 DDP 的 NaN 检查
-#   （[`arguments.py:707`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L707)），因为 inf 正是 scaler 要的信号。
+#   （[`arguments.py:1177`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1177)），因为 inf 正是 scaler 要的信号。
 # - **每步**：`train` 把 `optimizer.scale_loss` 挂到 `config.grad_scale_func`，schedule 在 backward 前乘 loss；`train_step` 末尾
 #   `optimizer.step()` 返回 `update_successful`，为假时不推进学习率、记一次 skipped iteration。
 # - **overlap**：`--overlap-grad-reduce` 时 `train` 把 `no_sync` 挂到 config；`--overlap-param-gather` 时正式入口在训练开始时先关掉
-#   forward pre-hook，第一步成功之后才打开（[`training.py:2657`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2657)、
-#   [`training.py:2825`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2825)），存 checkpoint 和评估前强制同步参数。
+#   forward pre-hook，第一步成功之后才打开（[`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)、
+#   [`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)），存 checkpoint 和评估前强制同步参数。
 # - simple loop 用 torch 的 Adam、fp32，以上都不涉及（笔记 14 遗留问题 2）。
 
 # %% [markdown]
@@ -724,7 +724,7 @@ same
 #
 # **1. hysteresis 不是"连续"溢出（运行确认）。** `DynamicGradScaler` 的说明写的是连续出现 `hysteresis` 次 NaN 才减小 scale；
 # 代码里 hysteresis 计数器只在增长的那一支里复位
-# （[`grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L108)），干净的一步不复位它。
+# （[`grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L131)），干净的一步不复位它。
 # 第 3 节的序列里两次溢出之间隔着干净的一步，scale 照样减半；而且减半一次之后计数器停在 0 以下，直到下一次增长之前**每一次**溢出都减半，
 # 不再有任何宽容。缺省 `loss_scale_window=1000`，所以这段"不宽容期"可长达上千步。
 #
@@ -732,8 +732,8 @@ same
 # 那时还没有任何 `step()`。原因是 bucket group 的 `param_gather_dispatched` 初值为假，第一个 pre-hook 就会发出。正式入口为此在训练开始时
 # 先关掉 pre-hook、第一次成功的 step 之后再打开（见上），直接用 Megatron Core 的代码没有这层保护。
 # 另外，`step_with_ready_grads` 里的注释说 overlap 时第一个 all-gather 在下一次 `optimizer.zero_grad()` 里发出
-# （[`distrib_optimizer.py:2615`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2615)），
-# 但这个版本的 [`distrib_optimizer.py::DistributedOptimizer.zero_grad`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2269)
+# （[`distrib_optimizer.py:3179`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3179)），
+# 但这个版本的 [`distrib_optimizer.py::DistributedOptimizer.zero_grad`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2558)
 # 只清梯度；记录也显示 AG 出现在 forward 的 pre-hook 里，而 `zero_grad` 期间没有任何通信（第 2 步时间线的开头）。
 #
 # **3. overlap 时 step 之后参数有一半是旧的（运行确认）。** 见第 8 节最后一张表：max |Δ| 0.0101（约一个 lr），直到下一次 forward。
@@ -741,7 +741,7 @@ same
 # 要调 `ddp.start_param_sync(force_sync=True)`。
 #
 # **4. bf16 时优化器不查 inf（运行确认）。** bf16 没有 grad scaler，`MixedPrecisionOptimizer.prepare_grads` 跳过 unscale 和 inf 检查
-# （[`optimizer.py:524`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L524) 里 `if self.grad_scaler:` 那一支）。
+# （[`optimizer.py:741`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) 里 `if self.grad_scaler:` 那一支）。
 # 往 bf16 的一个梯度元素里注入 inf，连跑两步：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
@@ -774,14 +774,14 @@ Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后
 # 梯度归约前检查每个 bucket 的范数，发现 NaN / inf 就报错。只用 Megatron Core、没开这个检查时，一个坏 batch 会静默毁掉 bf16 的权重。
 #
 # **5. 本篇加的 CPU 补丁（[在 CPU 上运行](../../cpu/)）。** `grad_scaler_device`：两个 scaler 用写死的 `device='cuda'` 建 scale 张量
-# （[`grad_scaler.py:15`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/grad_scaler.py#L15)）。
+# （[`grad_scaler.py:20`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L20)）。
 # `float16_optimizer_type_check`：16 位优化器按 `param.type()` 的 CUDA 类型名分类，CPU 上 `TypeError`
-# （[`optimizer.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L671)）。
+# （[`optimizer.py:1009`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1009)）。
 # `distrib_optimizer_init_type_check`：分布式优化器给 16 位参数放 `main_param = None` 占位的那个判断在 CPU 上**静默**不成立
-# （[`distrib_optimizer.py:582`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L582)），
+# （[`distrib_optimizer.py:758`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L758)），
 # 不拥有的参数就没有 `main_param` 属性——不报错，但读它的代码（正式入口的参数范数）会退回用完整权重、在每个 DP rank 上重复计数。
 # `shared_embedding_cuda`：PP>1 共享词嵌入时最后一个 stage 的 `weight.data.cuda()`
-# （[`language_module.py:244`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L244)，
+# （[`language_module.py:307`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L307)，
 # 笔记 13 遗留问题 4 提到过）。fp16 的数值在 CPU 上与 GPU 不同
 # （矩阵乘的累加方式不同），所以第 3 节"缺省配置跳过 16 步"这个数只属于这台机器和这个小模型，不是 Megatron 的性质。
 

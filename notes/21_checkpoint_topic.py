@@ -46,45 +46,45 @@
 #
 # **核心文件**（seed 004「Checkpoint 专题」留空的那一栏）：
 #
-# - `megatron/training/checkpointing.py`：[`save_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L471)、[`load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1479)——正式入口：拼状态、选格式、决定加载哪些部分
-# - `megatron/core/dist_checkpointing/serialization.py`：[`save`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L314)、[`load`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L61)——`torch_dist` 格式的读写
-# - `megatron/core/dist_checkpointing/mapping.py`：[`ShardedTensor`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L52)、[`ShardedObject`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L360)——一个本地值在全局里的坐标
-# - `megatron/core/utils.py`：[`make_tp_sharded_tensor_for_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L925)——坐标从 TP / DP 群里算出来
-# - `megatron/core/optimizer/distrib_optimizer.py`：[`DistributedOptimizer.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1175)——优化器状态的几种存法
-# - `megatron/core/optimizer_param_scheduler.py`：[`OptimizerParamScheduler.state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer_param_scheduler.py#L296)——学习率调度的状态
-# - `megatron/training/datasets/data_samplers.py`：[`MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/datasets/data_samplers.py#L96)——数据进度只靠 `consumed_samples` 恢复
+# - `megatron/training/checkpointing.py`：[`save_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L552)、[`load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2066)——正式入口：拼状态、选格式、决定加载哪些部分
+# - `megatron/core/dist_checkpointing/serialization.py`：[`save`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L349)、[`load`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L69)——`torch_dist` 格式的读写
+# - `megatron/core/dist_checkpointing/mapping.py`：[`ShardedTensor`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L52)、[`ShardedObject`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L360)——一个本地值在全局里的坐标
+# - `megatron/core/utils.py`：[`make_tp_sharded_tensor_for_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L973)——坐标从 TP / DP 群里算出来
+# - `megatron/core/optimizer/distrib_optimizer.py`：[`DistributedOptimizer.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1460)——优化器状态的几种存法
+# - `megatron/core/optimizer_param_scheduler.py`：[`OptimizerParamScheduler.state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer_param_scheduler.py#L302)——学习率调度的状态
+# - `megatron/training/datasets/data_samplers.py`：[`MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115)——数据进度只靠 `consumed_samples` 恢复
 #
 # 逐行：
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`checkpointing.py::generate_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L877) | 外层 dict：args、iteration、model、optimizer、scheduler、rerun、rng |
-# | [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L336) | 五种 RNG 状态，`torch_dist` 下包成坐标为 (PP, TP) 的 `ShardedObject` |
-# | [`checkpointing.py::_build_sharded_state_dict_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L401) | 决定优化器的 sharding type（缺省 `dp_reshardable`） |
-# | [`checkpointing.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L422) | 只有 `--dist-ckpt-optim-fully-reshardable` 才选 `fully_reshardable` |
+# | [`checkpointing.py::generate_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1296) | 外层 dict：args、iteration、model、optimizer、scheduler、rerun、rng |
+# | [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L398) | 五种 RNG 状态，`torch_dist` 下包成坐标为 (PP, TP) 的 `ShardedObject` |
+# | [`checkpointing.py::_build_sharded_state_dict_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L468) | 决定优化器的 sharding type（缺省 `dp_reshardable`） |
+# | [`checkpointing.py:499`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L499) | 只有 `--dist-ckpt-optim-fully-reshardable` 才选 `fully_reshardable` |
 # | [`checkpointing.py:635`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635) | `torch_dist`：调 `dist_checkpointing.save`，`content_metadata` 记下 sharding type |
-# | [`checkpointing.py:694`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L694) | 老的 `torch` 格式：每个 (TP, PP) rank 一个 `torch.save` 文件 |
-# | [`checkpointing.py:916`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L916)、[`checkpointing.py:949`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L949) | `--no-save-optim` 同时去掉 optimizer 和 scheduler；`--no-save-rng` 去掉 RNG |
-# | [`checkpointing.py::maybe_save_dataloader_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L828) | 只有带 `save_state` 的 loader（Energon）才另存数据状态 |
+# | [`checkpointing.py:948`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L948) | 老的 `torch` 格式：每个 (TP, PP) rank 一个 `torch.save` 文件 |
+# | [`checkpointing.py:1338`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1338)、[`checkpointing.py:1374`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1374) | `--no-save-optim` 同时去掉 optimizer 和 scheduler；`--no-save-rng` 去掉 RNG |
+# | [`checkpointing.py::maybe_save_dataloader_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1218) | 只有带 `save_state` 的 loader（Energon）才另存数据状态 |
 # | [`checkpointing.py:1560`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1560) | RNG 只在 (TP, PP) 与 checkpoint 相同时加载 |
 # | [`checkpointing.py:1599`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1599) | (TP, PP) 变了而 sharding type 不是完全可重切的：直接报错 |
-# | [`checkpointing.py:1626`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1626) | rerun 状态只在 world、TP、PP、DP 全部相同时加载 |
+# | [`checkpointing.py:2286`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2286) | rerun 状态只在 world、TP、PP、DP 全部相同时加载 |
 # | [`checkpointing.py:1749`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749) | 从 checkpoint 的 args 取回 `consumed_train_samples` |
-# | [`training.py:1570`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1570) | `--ckpt-convert-format`：加载后立刻按另一种格式 `save_checkpoint` 再退出 |
+# | [`training.py:2267`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2267) | `--ckpt-convert-format`：加载后立刻按另一种格式 `save_checkpoint` 再退出 |
 # | [`training.py:1729`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1729) | scheduler 每步加 global batch 的样本数 |
-# | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L3335) | 用 `consumed_train_samples` 建 sampler |
-# | [`serialization.py::load_common_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L174)、[`serialization.py::load_tensors_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L196)、[`serialization.py::load_sharded_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L227)、[`serialization.py::load_plain_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/serialization.py#L270) | 不建模型就能读 checkpoint 的四个入口 |
-# | [`mapping.py::ShardedTensor.from_rank_offsets`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L190) | "第 i 块，共 n 块" → `global_offset`、`axis_fragmentations` |
-# | [`utils.py::make_sharded_tensor_for_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L994) | 不按 TP 切的参数：`replica_id = (0, tp_rank, dp_cp_rank)` |
-# | [`transformer_block.py::TransformerBlock.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L805) | 层号变成最前面一维的偏移（PP 的坐标） |
-# | [`language_module.py::LanguageModule.tie_embeddings_and_output_weights_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L310) | 最后一个 stage 的输出层 = 第一个 stage 词嵌入的副本，`replica_id` 首位为 1 |
-# | [`optimizer.py::ChainedOptimizer.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L1184) | 只有一个内层优化器时原样转交 |
-# | [`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_dp_reshardable`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1539) | 按桶存：key 带 `dp_group_idx`，DP rank 各写一段 |
-# | [`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_fully_reshardable`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1404) | 先在 DP 群里收齐，再按模型参数的坐标存 |
-# | [`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_dp_zero`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1371)、[`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_fs_model_space`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1689) | 两种已弃用的存法 |
-# | [`distrib_optimizer.py::DistributedOptimizer.get_parameter_state_dp_zero`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L977) | 把各 DP rank 的分片收集成完整的桶 |
-# | [`distrib_optimizer.py::DistributedOptimizer.load_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L690) | 按 `param_state_sharding_type` 选加载函数 |
-# | [`optimizer_param_scheduler.py::OptimizerParamScheduler.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer_param_scheduler.py#L281) | `num_steps` 按样本数累加 |
+# | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513) | 用 `consumed_train_samples` 建 sampler |
+# | [`serialization.py::load_common_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L206)、[`serialization.py::load_tensors_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L240)、[`serialization.py::load_sharded_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L271)、[`serialization.py::load_plain_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L305) | 不建模型就能读 checkpoint 的四个入口 |
+# | [`mapping.py::ShardedTensor.from_rank_offsets`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L190) | "第 i 块，共 n 块" → `global_offset`、`axis_fragmentations` |
+# | [`utils.py::make_sharded_tensor_for_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L1094) | 不按 TP 切的参数：`replica_id = (0, tp_rank, dp_cp_rank)` |
+# | [`transformer_block.py::TransformerBlock.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L711) | 层号变成最前面一维的偏移（PP 的坐标） |
+# | [`language_module.py::LanguageModule.tie_embeddings_and_output_weights_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L464) | 最后一个 stage 的输出层 = 第一个 stage 词嵌入的副本，`replica_id` 首位为 1 |
+# | [`optimizer.py::ChainedOptimizer.sharded_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1541) | 只有一个内层优化器时原样转交 |
+# | [`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_dp_reshardable`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1828) | 按桶存：key 带 `dp_group_idx`，DP rank 各写一段 |
+# | [`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_fully_reshardable`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1690) | 先在 DP 群里收齐，再按模型参数的坐标存 |
+# | [`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_dp_zero`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1657)、[`distrib_optimizer.py::DistributedOptimizer.sharded_param_state_fs_model_space`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1978) | 两种已弃用的存法 |
+# | [`distrib_optimizer.py::DistributedOptimizer.get_parameter_state_dp_zero`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1262) | 把各 DP rank 的分片收集成完整的桶 |
+# | [`distrib_optimizer.py::DistributedOptimizer.load_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L887) | 按 `param_state_sharding_type` 选加载函数 |
+# | [`optimizer_param_scheduler.py::OptimizerParamScheduler.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer_param_scheduler.py#L284) | `num_steps` 按样本数累加 |
 
 # %% [markdown]
 # ## 调用链
@@ -222,7 +222,7 @@ replica_table(entries)
 #
 # - **PP 位 = 1：共享词嵌入的副本。** 最后一个 stage 的 `output_layer.weight` 被改名成 `embedding.word_embeddings.weight`，
 #   编号 `(1, 0, dp)`：它是第一个 stage 词嵌入的一份拷贝（建模型时由 embedding 群的 all-reduce 同步，训练中梯度也在该群里相加），
-#   只由第一个 stage 写（`tie_embeddings_and_output_weights_state_dict`，[language_module.py 第 349 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L349)）。
+#   只由第一个 stage 写（`tie_embeddings_and_output_weights_state_dict`，[language_module.py 第 503 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L503)）。
 # - **TP 位 = tp_rank：TP 里的副本。** position embedding 和 final norm 不按 TP 切，两个 TP rank 各有完整一份，tp=1 的那份不写。
 # - **DP 位 = dp_rank。** 每个条目在 dp=1 上都是副本。
 #
@@ -259,7 +259,7 @@ Table(["rank", "cp", "dp", "dp-cp 序号", "weight 的 replica_id"],
 # %% [markdown]
 # ### 关注 3：打开一个完整的训练 checkpoint（TP=2·DP=2，4 个 rank）
 #
-# 笔记 07 只存了模型。这里按 `generate_state_dict`（[checkpointing.py 第 877–952 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L877-L952)）和 `save_checkpoint`（[checkpointing.py 第 605 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L605)、[checkpointing.py 第 635 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635)）
+# 笔记 07 只存了模型。这里按 `generate_state_dict`（[checkpointing.py 第 1296–1377 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1296-L1377)）和 `save_checkpoint`（[checkpointing.py 第 764 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L764)、[checkpointing.py 第 635 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635)）
 # 拼出正式入口存的整个 dict，用同样的 `metadata`（`_build_sharded_state_dict_metadata` 的缺省：`dp_reshardable`），
 # 交给 `dist_checkpointing.save`。模型是 bf16 的小 GPT，包装同正式入口（`Float16Module` → DDP → `DistributedOptimizer`，
 # `optim_reshard.build`），先用真实的 schedule 训练一步。RNG 用 `get_rng_state` 的五个键（`training_state.rng_state`），
@@ -330,7 +330,7 @@ Table(["全局 key", "global shape", "dtype"],
 
 # %% [markdown]
 # 模型的 13 个 key 与笔记 07 一样（bf16）。优化器多出 6 个 fp32 的 key：`dp_reshardable` 按**桶**存，key 里带着
-# `dp_group_idx_<i>`——i 是这个 rank 在 model-parallel（tp-pp）群里的序号（[optimizer/__init__.py 第 591 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/__init__.py#L591)），
+# `dp_group_idx_<i>`——i 是这个 rank 在 model-parallel（tp-pp）群里的序号（[optimizer/__init__.py 第 1111 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1111)），
 # 所以 TP=2 有两组；每组三种状态（主权重 `param`、`exp_avg`、`exp_avg_sq`），全局长度 3328 是一个 TP rank 的桶去掉末尾补齐后的长度，
 # 两个 DP rank 各写其中连续的一段。`ShardedObject`（`load_sharded_metadata`，不含模型层的 `_extra_state`）：
 
@@ -358,10 +358,10 @@ Table(["部分", "元素", "字节"], run_ranks(read_whole, 1, ckpt)[0])
 # 加载时再按新的坐标取。其中模型权重只占一小部分——bf16 权重 2 字节 / 参数，fp32 主权重和 Adam 两个动量 12 字节 / 参数，
 # 另加每个参数起点对齐到 64 元素的补齐（[笔记 15](../15_distributed_optimizer/)）。"model-only" 不是另一种格式：
 #
-# - 保存时 `--no-save-optim` 去掉 `optimizer` 和 `opt_param_scheduler`（[checkpointing.py 第 916 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L916)），`--no-save-rng` 去掉 `rng_state`（[checkpointing.py 第 949 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L949)），
+# - 保存时 `--no-save-optim` 去掉 `optimizer` 和 `opt_param_scheduler`（[checkpointing.py 第 1338 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1338)），`--no-save-rng` 去掉 `rng_state`（[checkpointing.py 第 1374 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1374)），
 #   剩下 args、iteration 和 model——仍是分片的 `torch_dist`。
 # - 加载时 `--finetune`（或 release checkpoint）把 iteration 置 0，不读优化器和 RNG；`--no-load-optim`、`--no-load-rng` 各关一项。
-# - `--ckpt-convert-format torch|torch_dist` 加 `--ckpt-convert-save`（[training.py 第 1570 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1570)）：照常加载，再按另一种格式
+# - `--ckpt-convert-format torch|torch_dist` 加 `--ckpt-convert-save`（[training.py 第 2267 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2267)）：照常加载，再按另一种格式
 #   `save_checkpoint` 一次然后退出——换的是**格式**，内容还是完整的训练状态（除非同时给 `--no-save-optim`）。
 #
 # 数据进度在哪？common 里的 `args`：
@@ -389,7 +389,7 @@ print("新优化器的 sharded_state_dict(is_loading=True):", fresh[0])
 #   `build_train_valid_test_data_loaders` 把它交给 `MegatronPretrainingSampler`，后者从第 `consumed_samples` 个样本接着切
 #   `micro_batch_size × DP` 的块、每个 DP rank 取自己那段——DP 变了也从同一个全局样本接上。只有带 `save_state` 的 loader
 #   （多模态的 Energon）才由 `maybe_save_dataloader_state` 另存每个 DP rank 一个文件。
-# - 另外还有 `rerun_state_machine`（本篇没放），只在 world、TP、PP、DP 全部不变时加载（[checkpointing.py 第 1626 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1626)）。
+# - 另外还有 `rerun_state_machine`（本篇没放），只在 world、TP、PP、DP 全部不变时加载（[checkpointing.py 第 2286 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2286)）。
 
 # %% [markdown]
 # ### 关注 4：换并行度加载——权重与优化器状态
@@ -406,7 +406,7 @@ print("新优化器的 sharded_state_dict(is_loading=True):", fresh[0])
 # | `fully_sharded_model_space` | 已弃用；Core 在没给 metadata 时的缺省 | 模型空间，每个 DP rank 存参数展平后的一段 |
 # | `fsdp_dtensor` | Megatron FSDP 专用 | DTensor（本篇不涉及） |
 #
-# 更早的 `fully_sharded_bucket_space` 只剩一条弃用日志，随后落进 `Unknown sharding_type`（[distrib_optimizer.py 第 1237 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1237) 起）。
+# 更早的 `fully_sharded_bucket_space` 只剩一条弃用日志，随后落进 `Unknown sharding_type`（[distrib_optimizer.py 第 1523 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1523) 起）。
 #
 # `snippets.ckpt.optim_reshard.reshard_optimizer_state(save_grid, load_grid, sharding_types)` 把实验做成一次调用：
 # 保存方（bf16 GPT + DDP + 分布式优化器）训练两步，每种类型各存一次；加载方新建模型和优化器、把每个状态槽先填成哨兵值，
@@ -442,7 +442,7 @@ Table(["sharding_type", "报错（第一行）"], optim_reshard.error_rows(tp_ch
 #   加载方按自己的模型坐标读一遍，再按自己的 DP 段展平、截取。
 # - **`dp_zero_gather_scatter`** 能换 DP（DP rank 0 读完整桶再 scatter），换 TP 时在 DP rank 0 上断言桶长相等而失败。
 # - **`fully_sharded_model_space`** 在这个 tag 上连保存都不行：它给每片设 `flattened_range`，而 `ShardedTensor` 已经一律拒绝
-#   （[mapping.py 第 134 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L134)）。遗留问题 1。
+#   （[mapping.py 第 134 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L134)）。遗留问题 1。
 # - **`adam_step` 不全是 2（运行确认）。** 保存时走过两步，加载方的优化器原本只有 1 步（遗留问题 2 的 dummy step）。
 #   `fully_reshardable` 和 `dp_zero_gather_scatter` 读回 2；缺省的 `dp_reshardable` 张量全对，步数却还是加载方自己的 1。
 #   遗留问题 8 解释原因：它只在没有 TE / Apex 的 torch Adam 上出现。
@@ -528,7 +528,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # ## 与训练主链路的关系
 #
 # `train` 循环每 `--save-interval` 步经 `save_checkpoint_and_time` 调一次 `save_checkpoint`；`setup_model_and_optimizer`
-# 在建好模型、优化器、scheduler 之后调 `load_checkpoint`（[training.py 第 1537 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1537)），返回的 iteration 和 flops 计数决定循环从哪里继续，
+# 在建好模型、优化器、scheduler 之后调 `load_checkpoint`（[training.py 第 2199 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)），返回的 iteration 和 flops 计数决定循环从哪里继续，
 # `consumed_train_samples` 决定数据从哪里继续。simple loop（笔记 01）只有 `save_distributed_checkpoint` / `load_distributed_checkpoint`
 # 两步、只存模型：它对应的是本篇"model-only"的那一种。
 
@@ -545,28 +545,28 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # ## 遗留问题
 #
 # 1. **`fully_sharded_model_space` 在这个 tag 上不能用（运行确认）。** 它是 `DistributedOptimizer.sharded_state_dict` 在 metadata
-#    里没有类型时的缺省（[distrib_optimizer.py 第 1225 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1225)），但它给每片设 `flattened_range`（[distrib_optimizer.py 第 1748 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1748)），而 `ShardedTensor`
-#    的校验对任何 `flattened_range` 一律抛 `CheckpointingException`（[mapping.py 第 134 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/mapping.py#L134)）。`load_checkpoint` 仍会把没有
+#    里没有类型时的缺省（[distrib_optimizer.py 第 1510 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1510)），但它给每片设 `flattened_range`（[distrib_optimizer.py 第 2037 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2037)），而 `ShardedTensor`
+#    的校验对任何 `flattened_range` 一律抛 `CheckpointingException`（[mapping.py 第 134 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L134)）。`load_checkpoint` 仍会把没有
 #    content metadata、存时开了 `ckpt_fully_parallel_save` 的老 checkpoint 当成这种类型（[checkpointing.py 第 1590 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1590)）。
 #    直接调 Core 的人若不传 metadata，就会撞上。
 # 2. **没有 Transformer Engine / Apex 时，新建的分布式优化器不能直接加载（运行确认）。** 上面 `fresh` 的那一行：
-#    `state_dict()` 要从 torch Adam 的每参数状态里取出唯一的 step（[distrib_optimizer.py 第 642 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L642)），新优化器还没有状态，断言失败；
+#    `state_dict()` 要从 torch Adam 的每参数状态里取出唯一的 step（[distrib_optimizer.py 第 839 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L839)），新优化器还没有状态，断言失败；
 #    `load_checkpoint` 在恢复训练时正是先要这个 sharded state dict。本篇的加载方先调 Megatron 自己的
-#    `_init_optimizer_states_with_dummy_values()`（它在 `fsdp_dtensor` 路径里也这么做，[distrib_optimizer.py 第 1357 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1357)）。GPU 上有 TE 的 FusedAdam 时
+#    `_init_optimizer_states_with_dummy_values()`（它在 `fsdp_dtensor` 路径里也这么做，[distrib_optimizer.py 第 1643 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1643)）。GPU 上有 TE 的 FusedAdam 时
 #    step 存在 param_groups 里，不走这个分支。
 # 3. **同样因为 torch Adam 的 `step`，`fully_reshardable` 和 `dp_zero_gather_scatter` 加载时在 `step` 上 `KeyError`。**
 #    `_set_main_param_and_optimizer_states` 逐键拷贝优化器状态（[distrib_optimizer.py 第 938–940 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L938-L940)），而这两种格式只带回 param / exp_avg / exp_avg_sq。
 #    CPU 补丁 `distrib_optimizer_torch_adam_step` 让缺失的 step 保持原值（[CPU 页](../../cpu/)）；它们保存时的 `.cuda()` 由
 #    `distrib_optimizer_gather_cuda` 处理。
 # 4. **fp32 参数 + `dp_reshardable` 的加载要在 `torch.no_grad()` 下（运行确认）。** fp32 时主权重是模型参数的 view
-#    （[distrib_optimizer.py 第 421 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L421)，没有 `detach`），`load_parameter_state_from_dp_reshardable`（[distrib_optimizer.py 第 1772 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1772)）原地拷贝却没有 `@torch.no_grad()`，
-#    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（[distrib_optimizer.py 第 2069 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2069)、[distrib_optimizer.py 第 1806 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1806)）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响：
+#    （[distrib_optimizer.py 第 467 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L467)，没有 `detach`），`load_parameter_state_from_dp_reshardable`（[distrib_optimizer.py 第 2061 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2061)）原地拷贝却没有 `@torch.no_grad()`，
+#    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)、[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响：
 #    fp32 下不包 `no_grad` 地调用，这次原地拷贝就是对需要梯度的叶子参数的 view 做 in-place 操作，autograd 报错。
 # 5. **过时的提示。** (TP, PP) 变了时的 `RuntimeError`（[checkpointing.py 第 1599 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1599)）建议"保存时用 `--ckpt-fully-parallel-save`"，
-#    但这个参数已经弃用、不起作用（[arguments.py 第 1117 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1117)）；真正决定可否重切的是
+#    但这个参数已经弃用、不起作用（[arguments.py 第 1712 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1712)）；真正决定可否重切的是
 #    [`training_config.py:476`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training_config.py#L476) 的
-#    `dist_ckpt_optim_fully_reshardable`。[arguments.py 第 1125 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1125) 那条"非并行保存就不能换并行度"的警告也来自旧的实现。
-# 6. **`dp_zero_gather_scatter` 换 TP 且 DP>1 时会挂住。** 桶长的比较只在 DP rank 0 上做（[distrib_optimizer.py 第 2001 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2001)），其余 rank 已经进了 scatter，
+#    `dist_ckpt_optim_fully_reshardable`。[arguments.py 第 1720 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1720) 那条"非并行保存就不能换并行度"的警告也来自旧的实现。
+# 6. **`dp_zero_gather_scatter` 换 TP 且 DP>1 时会挂住。** 桶长的比较只在 DP rank 0 上做（[distrib_optimizer.py 第 2290 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2290)），其余 rank 已经进了 scatter，
 #    rank 0 抛错后它们永远等下去。`optim_reshard` 先让 rank 0 把存下的桶长广播给同组的 rank，不符时一起停下，再把 rank 0 上 Megatron 的原话报出来。
 # 7. **每个保存过的进程多一个 Python 进程。** `torch_dist` 的写入器第一次用时 spawn 一个 multiprocessing Manager 来建结果队列
 #    （[filesystem_async.py 第 54 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/strategies/filesystem_async.py#L54)），为的是异步保存时别的进程也能写回结果；它一直活到进程结束。同步保存时写入就在本进程里，
@@ -574,9 +574,9 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 #    省下约 2 秒（本机），rank 以 `os._exit` 结束时也不会留下孤儿 Manager。
 #
 # 8. **没有 TE / Apex 时，`dp_reshardable` 不恢复 Adam 的步数（运行确认）。** torch Adam 把 `step` 存在每个参数的状态里。
-#    `load_state_dict` 先按 checkpoint 的 param_groups 把每个状态的 `step` 设成保存时的值（[distrib_optimizer.py 第 825 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L825)）；
+#    `load_state_dict` 先按 checkpoint 的 param_groups 把每个状态的 `step` 设成保存时的值（[distrib_optimizer.py 第 1032 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1032)）；
 #    随后 `load_parameter_state_from_dp_reshardable` 把 `step` 也逐键拷回——而这个 `step` 是保存格式里的
-#    `LocalNonpersistentObject`（[distrib_optimizer.py 第 1664–1667 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L1664-L1667)），装的是**加载方**在生成请求时自己的旧张量，于是步数被改回旧值。
+#    `LocalNonpersistentObject`（[distrib_optimizer.py 第 1953–1951 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1953-L1951)），装的是**加载方**在生成请求时自己的旧张量，于是步数被改回旧值。
 #    步数进入 Adam 的偏差修正（1 − β^t），续训的第一步因此算错。上面两张表的 `adam_step` 列就是它；TE 的 FusedAdam 把
 #    step 放在 param_groups 里，不受影响。
 

@@ -46,25 +46,25 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L61) | 公开入口：按名字取 copy service，交给下一行 |
-# | [`refit.py::get_or_create_service`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L29) | `"gloo"` / `"nccl"` / `"nvshmem"` → 进程内缓存的 `CopyService` |
-# | [`refit.py::reshard_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L82) | 第一次算 plan 并挂在目标模型上，之后每次只执行 |
-# | [`planner.py::build_centralized_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L213) | 收集全部元数据，rank 0 算出所有 rank 的 plan 再广播 |
-# | [`utils.py::extract_param_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L247) | 一个参数的 shape、TP 维、stride、所在的 TP / DP / PP 群 |
-# | [`utils.py::_build_layer_module_prefix_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L196) | stage 内的 `layers.0` → 全局层号；两种切法靠它配对同一个参数 |
-# | [`utils.py::select_src_metadata_balanced`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L322) | 源有多份副本时按目标 rank 轮流挑一份 |
-# | [`planner.py::_build_descriptors_for_param`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L24) | 判断参数是否按 TP 切、切在哪一维，并核对两边总长相等 |
+# | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L339) | 公开入口：按名字取 copy service，交给下一行 |
+# | [`refit.py::get_or_create_service`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L117) | `"gloo"` / `"nccl"` / `"nvshmem"` → 进程内缓存的 `CopyService` |
+# | [`refit.py::reshard_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L461) | 第一次算 plan 并挂在目标模型上，之后每次只执行 |
+# | [`planner.py::build_centralized_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L503) | 收集全部元数据，rank 0 算出所有 rank 的 plan 再广播 |
+# | [`utils.py::extract_param_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L310) | 一个参数的 shape、TP 维、stride、所在的 TP / DP / PP 群 |
+# | [`utils.py::_build_layer_module_prefix_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L259) | stage 内的 `layers.0` → 全局层号；两种切法靠它配对同一个参数 |
+# | [`utils.py::select_src_metadata_balanced`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L532) | 源有多份副本时按目标 rank 轮流挑一份 |
+# | [`planner.py::_build_descriptors_for_param`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L31) | 判断参数是否按 TP 切、切在哪一维，并核对两边总长相等 |
 # | [`planner.py::_plan_multi_dim_lcm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L70) | TP 参数：按两边份数的最小公倍数切成小片，逐片找源 |
-# | [`planner.py::_finalize_dp_transfers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L154) | 不按 TP 切的参数：整块来自某份副本（同一 rank 就是本地拷贝） |
-# | [`utils.py::TransferOp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L17)、[`utils.py::ReshardPlan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/utils.py#L93) | 一片的收或发；一个 rank 的全部 send / recv |
-# | [`execution.py::execute_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/execution.py#L16) | 按 plan 提交每一片，执行，barrier，写回目标参数 |
-# | [`gloo_copy_service.py::GlooCopyService.run`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/copy_services/gloo_copy_service.py#L75) | 本地片直接 `copy_`，远端片一次 `batch_isend_irecv` |
-# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/hyper_comm_grid.py#L33) | 给 rollout 模型另建一套群，不碰 `parallel_state` 的全局群 |
-# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1371) | 按 query group 把 `linear_qkv` 的输出拆成 Q、K、V |
+# | [`planner.py::_finalize_dp_transfers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L247) | 不按 TP 切的参数：整块来自某份副本（同一 rank 就是本地拷贝） |
+# | [`utils.py::TransferOp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L20)、[`utils.py::ReshardPlan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L101) | 一片的收或发；一个 rank 的全部 send / recv |
+# | [`execution.py::execute_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L58) | 按 plan 提交每一片，执行，barrier，写回目标参数 |
+# | [`gloo_copy_service.py::GlooCopyService.run`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L52) | 本地片直接 `copy_`，远端片一次 `batch_isend_irecv` |
+# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/hyper_comm_grid.py#L46) | 给 rollout 模型另建一套群，不碰 `parallel_state` 的全局群 |
+# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 把 `linear_qkv` 的输出拆成 Q、K、V |
 #
-# Megatron 自己的单元测试 [`test_model_swap.py::test_swap_gpt_parametrized`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L162)
+# Megatron 自己的单元测试 [`test_model_swap.py::test_swap_gpt_parametrized`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L297)
 # 在同一批 rank 上各建一个源模型和一个目标模型（各自的 `pg_collection` 由
-# [`test_model_swap.py::_build_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L35)
+# [`test_model_swap.py::_build_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L48)
 # 用 `HyperCommGrid` 建），换完 weight 比较输出。本篇照这个思路写自己的实验；遗留问题 2 说它的 PP 用例其实没切层。
 
 # %% [markdown]
@@ -334,7 +334,7 @@ communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
 # `lcm(Ns, Nd)` 个等长小片：每个小片完整地属于一个源分片、也完整地属于一个目标分片，于是逐片写一条 send / recv 即可。
 # 上面 TP 2 → 4：`lcm = 4`，每个源分片贡献 2 片、每个目标分片收 1 片。反过来 4 → 2 时每个目标分片从两个源各收 1 片。
 # stride 用于一个 rank 的分片本身由几段拼成的参数：SwiGLU 的 `linear_fc1` 每个 rank 存的是 `[gate 的一段; up 的一段]`，
-# Megatron 给它 `partition_stride=2`（[mlp.py 第 109 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L109)），planner 才知道要分段对齐。本篇的小 GPT 用 GeLU，stride 都是 1。
+# Megatron 给它 `partition_stride=2`（[mlp.py 第 210 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L210)），planner 才知道要分段对齐。本篇的小 GPT 用 GeLU，stride 都是 1。
 #
 # ### 复制的参数：整块、轮流挑源
 #
@@ -370,7 +370,7 @@ pictures.draw_qkv_layout(labels, num_query_groups=4, tp_sizes=(2, 4))
 # %% [markdown]
 # 这样排的理由在后两列：TP 按行把 `linear_qkv` 切成连续的几段，每段恰好是**整数个 query group**——本 rank 的
 # attention 需要的 Q、K、V 全在本地，不用通信（`get_query_key_value_tensors` 只在 TP 份数多于 group 数时才 all-gather，
-# [attention.py 第 1398 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1398)）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
+# [attention.py 第 1839 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1839)）。也正因为如此，上面 TP 2 → 4 的 refit 对 `linear_qkv` 只是连续切片，不需要重排。
 #
 # Hugging Face（`q_proj`、`k_proj`、`v_proj`）和 vLLM 的权重加载器按"全部 Q、全部 K、全部 V"分开存。
 # 从 Megatron 送过去，就要按 group 拆开、重排、改名；`snippets/rl/qkv_layout.py` 做这件事（和它的逆）。
@@ -518,19 +518,19 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 # **Megatron-LM 自己也做 refit。** 同一个 tag 的 `train_rl.py` 调的就是 `pretrain`，命令行带上 `--perform-rl-step`
 # （`examples/rl/README.md` 的启动示例）。只要再给
 # `--rl-inference-tensor-model-parallel-size` 等任何一个推理端并行度，`pretrain` 就在同一个 world 里按这套并行度
-# 另建一个推理模型（[training.py 第 911–964 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L911-L964)，群来自
+# 另建一个推理模型（[training.py 第 1245–1323 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1245-L1323)，群来自
 # [`parallel_utils.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/parallel_utils.py#L16)）——和本篇 CPU 上的做法一样，
 # 两个模型在同一批 rank 上。之后有三处调用 `swap_model_weights(model, inference_model, args.refit_method)`：
 #
-# - 每次收集新 rollout 之前：`train` 调 [`rl_utils.py::get_grpo_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/rl_utils.py#L1343)，
-#   它调 [`rl_utils.py::get_environment_rollouts`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/rl_utils.py#L446)，后者在生成之前先同步
-#   （[rl_utils.py 第 475 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/rl_utils.py#L475)）；
-# - 训练循环里每次 RL 评估之前（[training.py 第 2935 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2935)）；
-# - 训练结束后的验证之前（[training.py 第 1077 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1077)）。
+# - 每次收集新 rollout 之前：`train` 调 [`rl_utils.py::get_grpo_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/rl/rl_utils.py#L1835)，
+#   它调 [`rl_utils.py::get_environment_rollouts`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/rl/rl_utils.py#L598)，后者在生成之前先同步
+#   （[rl_utils.py 第 634 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/rl/rl_utils.py#L634)）；
+# - 训练循环里每次 RL 评估之前（[training.py 第 4028 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4028)）；
+# - 训练结束后的验证之前（[training.py 第 1471 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1471)）。
 #
 # 没有单独的推理模型时，三处都跳过同步，训练模型自己生成。`--refit-method` 的缺省是 `gloo`，另两个选项是 `nccl`、
-# `nvshmem`（[arguments.py 第 1980 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1980)，在
-# [`arguments.py::_add_rl_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1868) 里）：缺省走的正是本篇在 CPU 上跑的
+# `nvshmem`（[arguments.py 第 2698 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2698)，在
+# [`arguments.py::_add_rl_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2565) 里）：缺省走的正是本篇在 CPU 上跑的
 # `GlooCopyService`。
 #
 # ### 一个命令：这份 verl 配置每轮怎么同步 weight
@@ -622,9 +622,9 @@ weight_sync("tests/fixtures/nemo_rl/recipes/grpo_llama8b_megatron_separate.yaml"
 #
 # 1. **rollout 模型自己算 loss 会用错群（运行确认）。** `GPTModel` 的每一层都从 `pg_collection` 取 TP 群，唯独
 #    带 `labels` 时的 loss 不是：
-#    [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L128)
+#    [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155)
 #    在非融合路径上调用不带群参数的
-#    [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L219)
+#    [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213)
 #    （[language_module.py 第 167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L167)），它用 `parallel_state` 的全局 TP 群（[cross_entropy.py 第 131 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L131)）。同一进程里
 #    训练端是全局群（TP=2），rollout 模型的 logits 却按 TP=4 切：下面的 loss 和用它自己完整 logits 算的交叉熵对不上，
 #    两组 rank 之间也不一致。rollout 端只取 logits 没问题；要在推理布局上算 log-prob，得自己从 logits 算。
@@ -673,10 +673,10 @@ Table(["rank", "rollout 模型带 labels 算的 loss", "用它完整 logits 算�
 
 # %% [markdown]
 # 2. **Megatron 自己的 refit 单元测试，PP 用例没有切层（运行确认）。** `test_swap_gpt_parametrized` 把 PP 群放进
-#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`（[test_model_swap.py 第 192 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L192)），
+#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`（[test_model_swap.py 第 327 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L327)），
 #    每个 stage 又都是 `pre_process=True, post_process=True`（[test_model_swap.py 第 100 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L100)）。而每个 stage 建几层由
-#    [`transformer_block.py::get_num_layers_to_build`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L75)
-#    按 **config** 里的 PP 大小算（[transformer_block.py 第 158 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L158)）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
+#    [`transformer_block.py::get_num_layers_to_build`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L70)
+#    按 **config** 里的 PP 大小算（[transformer_block.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L153)）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
 #    "两份完整副本 → 一份"，跨 stage 按全局层号配对（本篇训练端真的切了层）那条路径没被这个测试覆盖。
 
 # %%
@@ -701,7 +701,7 @@ Table(["群", "RankGenerator（tp-cp-ep-dp-pp）", "HyperCommGrid 同序",
 #    [megatron_worker.py 第 35 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L35)），
 #    训练和推理可以在两个 world、一个自建的 refit 群里：non-colocated 的 Megatron 推理靠的是 0.16.1 之后的 Megatron。
 # 5. **gloo 后端在 CPU 上也要一个 CUDA stream。** `GlooCopyService.__init__` 建 `torch.cuda.Stream()`，`run()` 结尾
-#    让当前 stream 等它（[gloo_copy_service.py 第 46 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/copy_services/gloo_copy_service.py#L46)、[gloo_copy_service.py 第 146 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/copy_services/gloo_copy_service.py#L146)）；传输本身全是 CPU 张量上的 gloo。CPU 版 torch 建 stream
+#    让当前 stream 等它（[gloo_copy_service.py 第 34 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L34)、[gloo_copy_service.py 第 128 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L128)）；传输本身全是 CPU 张量上的 gloo。CPU 版 torch 建 stream
 #    直接报错，所以需要 `refit_streams` 补丁（只作用于这一个模块）。
 # 6. **没读到的部分**：NVSHMEM copy service（`nvshmem_copy_service/`，GPU 内核直接搬）、EP 参数的重切
 #    （`resolved_name` 把本地 expert 编号改成全局编号）、`NCCLCopyService` 怎么用 stream 与计算重叠——都要 GPU。

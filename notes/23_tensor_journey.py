@@ -39,27 +39,27 @@
 #
 # | 符号（固定到 tag 的行） | 哪一站 · 在本篇里的角色 |
 # |---|---|
-# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L149) | ① 每个 TP rank 造完整的 master weight，留下自己那一片 |
-# | [`layers.py::ColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L751) | ① `linear_fc1`：weight 按输出维（行）切 |
-# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L954) | ② SP 时输入是序列分片 |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L448) | ② 只存分片，all-gather 成整段再乘 |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L495) | ② backward 再 all-gather 一次输入，输入梯度 reduce-scatter |
-# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L1245) | ② `linear_fc2`：部分和 reduce-scatter 回序列分片 |
-# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L513) | ② SP 的 g |
-# | [`schedules.py::forward_backward_pipelining_without_interleaving`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L1972) | ③ 1F1B |
-# | [`schedules.py::get_tensor_shapes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L1946) | ③ p2p 的 shape：`s` 先除以 CP，SP 时再除以 TP |
-# | [`p2p_communication.py::P2PCommunicator.recv_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L403) | ③ stage 1 收激活 |
-# | [`p2p_communication.py::P2PCommunicator.send_backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/p2p_communication.py#L486) | ③ stage 1 把输入梯度发回 |
-# | [`distributed_data_parallel.py::DistributedDataParallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L22) | ④ 连续的梯度 buffer，`main_grad` 是它的视图 |
-# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/finalize_model_grads.py#L396) | ④ DP 同步 + SP norm 梯度的 TP all-reduce |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L364) | ④ 分布式优化器时 reduce-scatter |
-# | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_range`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L174) | ⑤ bucket 均分成 DP 段 |
-# | [`distrib_optimizer.py::DistributedOptimizer._get_model_param_range_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L610) | ⑤ 一个参数被本 rank 拥有的那段 |
-# | [`distrib_optimizer.py::DistributedOptimizer._get_main_param_and_optimizer_states`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L883) | ⑤ 那段的主参数和 `exp_avg` / `exp_avg_sq` |
-# | [`distrib_optimizer.py::DistributedOptimizer.get_grad_stats_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L620) | ⑤ 梯度范数在哪个群里求和 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L250) | ⑤ 更新后的参数 all-gather |
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L1994) | CP：batch 沿序列切成 2·CP 块（遗留问题 1） |
-# | [`dot_product_attention.py::DotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L26) | CP：local spec 的 attention 拒绝 CP；GQA 时拷贝 K、V（遗留问题 2） |
+# | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184) | ① 每个 TP rank 造完整的 master weight，留下自己那一片 |
+# | [`layers.py::ColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L869) | ① `linear_fc1`：weight 按输出维（行）切 |
+# | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1100) | ② SP 时输入是序列分片 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L530) | ② 只存分片，all-gather 成整段再乘 |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L583) | ② backward 再 all-gather 一次输入，输入梯度 reduce-scatter |
+# | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1430) | ② `linear_fc2`：部分和 reduce-scatter 回序列分片 |
+# | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L536) | ② SP 的 g |
+# | [`schedules.py::forward_backward_pipelining_without_interleaving`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L2120) | ③ 1F1B |
+# | [`schedules.py::get_tensor_shapes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L2088) | ③ p2p 的 shape：`s` 先除以 CP，SP 时再除以 TP |
+# | [`p2p_communication.py::P2PCommunicator.recv_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L424) | ③ stage 1 收激活 |
+# | [`p2p_communication.py::P2PCommunicator.send_backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L507) | ③ stage 1 把输入梯度发回 |
+# | [`distributed_data_parallel.py::DistributedDataParallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L22) | ④ 连续的梯度 buffer，`main_grad` 是它的视图 |
+# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L563) | ④ DP 同步 + SP norm 梯度的 TP all-reduce |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L594) | ④ 分布式优化器时 reduce-scatter |
+# | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_range`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L200) | ⑤ bucket 均分成 DP 段 |
+# | [`distrib_optimizer.py::DistributedOptimizer._get_model_param_range_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L786) | ⑤ 一个参数被本 rank 拥有的那段 |
+# | [`distrib_optimizer.py::DistributedOptimizer._get_main_param_and_optimizer_states`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1090) | ⑤ 那段的主参数和 `exp_avg` / `exp_avg_sq` |
+# | [`distrib_optimizer.py::DistributedOptimizer.get_grad_stats_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L796) | ⑤ 梯度范数在哪个群里求和 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L377) | ⑤ 更新后的参数 all-gather |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：batch 沿序列切成 2·CP 块（遗留问题 1） |
+# | [`dot_product_attention.py::DotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L26) | CP：local spec 的 attention 拒绝 CP；GQA 时拷贝 K、V（遗留问题 2） |
 
 # %% [markdown]
 # ## 调用链
@@ -245,8 +245,8 @@ sp_calls_table(summaries)
 # - forward：`linear_fc1` 一次 all-gather `[4, 2, 16] → [8, 2, 16]`，`linear_fc2` 一次 reduce-scatter 回 `[4, 2, 16]`。
 # - backward：`linear_fc2` 先把输出梯度 all-gather 成整段（g 的反向）；`linear_fc1` 再 all-gather 一次**输入**——
 #   forward 只存了分片（`ctx.save_for_backward(input, weight)` 里的 `input` 是分片，
-#   [`layers.py:465`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L465)），
-#   算 weight 梯度时要整段，于是在 [`layers.py:522`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L522)
+#   [`layers.py:548`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L548)），
+#   算 weight 梯度时要整段，于是在 [`layers.py:617`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L617)
 #   重新拼——多一次通信，省下这份输入的 `(TP−1)/TP`（后面的内存表里能看到）；输入梯度则 reduce-scatter 回序列分片。
 # - 这些都在 `tp` 群里：SP 切的是 TP 群内部的序列维，不牵涉别的群。
 #
@@ -266,7 +266,7 @@ p2p_table(summaries)
 
 # %% [markdown]
 # - 传的 shape 是 `[4, 2, 16]` = `[s/TP, b, h]`，不是 `[8, 2, 16]`：`get_tensor_shapes` 先把 `s` 除以 CP 大小，
-#   开 SP 时再除以 TP 大小（[`schedules.py:1965`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L1965)），
+#   开 SP 时再除以 TP 大小（[`schedules.py:2113`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L2113)），
 #   接收方按这个 shape 预先建好缓冲。SP 因此把 PP 的通信量也除以了 TP。
 # - 激活向前走（stage 0 → 1，`isend→4` / `irecv←0`），它的梯度原路返回（stage 1 → 0）。1F1B 下 rank 4 的
 #   `send_backward_recv_forward` 一次调用里同时发回 micro-batch 0 的梯度、收下 micro-batch 1 的激活。
@@ -431,7 +431,7 @@ stage_table(summaries, TINY, PAR)
 # **1. CP 在这个栈上只能切 batch，模型建不起来（运行确认）。** 真实的 `get_batch_on_this_cp_rank` 在 CPU 上能跑：
 # 把序列切成 2·CP 块，CP rank 0 拿第 0、3 块，rank 1 拿第 1、2 块（负载均衡，[笔记 16](../16_context_parallel/)）。但 local spec 的
 # `DotProductAttention` 在构造时断言 `context_parallel_size == 1`
-# （[`dot_product_attention.py:57`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L57)），
+# （[`dot_product_attention.py:57`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L57)），
 # CP 的 attention 只有 Transformer Engine 的 `TEDotProductAttention` 一条路，而 TE 需要 CUDA。所以本篇的旅程里没有 CP 那一站；
 # 若有，它发生在 SP 之前：CP=2、TP=2 时每个 rank 的层输入是 `[s/(CP·TP), b, h]`，p2p 的 shape 也按 `get_tensor_shapes` 再除以 CP，
 # DP 梯度同步换成 `dp-cp` 群（CP rank 持有相同的 weight，见[笔记 08](../08_parallel_state_and_rank_generator/)）。
@@ -458,8 +458,8 @@ for cp_rank, (positions, shape, built) in enumerate(run_ranks(context_parallel_a
 # %% [markdown]
 # **2. GQA 在 local spec 的 attention 里不省激活（运行确认）。** 直觉上 GQA 的 K、V 只有 g 个 head，存下的激活应当更少。
 # 但 `DotProductAttention.forward` 在算 score 之前把 K、V 用 `repeat_interleave` 扩成 a 个 head
-# （[`dot_product_attention.py:170`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L170)），
-# 旁边的注释说这会得到一个"视图"（[`dot_product_attention.py:165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L165)），
+# （[`dot_product_attention.py:170`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L170)），
+# 旁边的注释说这会得到一个"视图"（[`dot_product_attention.py:165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L165)），
 # 而 `repeat_interleave` 其实是拷贝；q 从交错排列的 qkv 输出里 reshape 成 `[s, b·np, hn]` 时也得拷贝一份。
 # 于是 autograd 存下的是 q 的拷贝和扩到 a 个 head 的 K、V——与 MHA 时同样的 `3·s·b·a·d/TP`。同样 4 个 query head，
 # 一层存下的字节数（实测 / 公式），以及 `linear_qkv` 的输出本来有多大：

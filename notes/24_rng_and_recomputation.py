@@ -55,28 +55,28 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_par
 #
 # | 符号 | 在本篇里的角色 |
 # |---|---|
-# | [`random.py::CudaRNGStatesTracker`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L161) | 名字 → 生成器状态的字典，外加用过的种子集合 |
-# | [`random.py::CudaRNGStatesTracker.add`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L217) | 用种子造一条新流：临时 `manual_seed`、读出状态、再把设备生成器还原 |
-# | [`random.py::CudaRNGStatesTracker.fork`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L243) | 把一条流换进设备生成器，退出时把走过的状态写回流、换回原来的 |
-# | [`random.py::get_cuda_rng_tracker`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L346) | 全进程唯一的 tracker（第一次调用时建） |
-# | [`random.py::model_parallel_cuda_manual_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L378) | 三条流的种子；[`random.py:412`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L412) 起算 `seed + 2718 + tp_rank` 等 |
-# | [`random.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L422) | 把设备默认生成器设成 `seed`（CPU 层不做这一步，见"机制解释"） |
-# | [`random.py::_get_all_rng_states`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L444) | CPU 生成器、设备生成器、tracker 的全部流，一次取出 |
-# | [`random.py::_fork_rng`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L464) | 重算外面包的一层：重算结束后把三者都放回 backward 当时的状态 |
-# | [`random.py::CheckpointFunction.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L506) | 记下全部 RNG 状态，`no_grad` 跑一遍，只 `save_for_backward` 输入 |
-# | [`random.py::CheckpointFunction.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L535) | 拨回 forward 时的 RNG 状态，带 grad 重跑，再对重跑的图 backward |
-# | [`random.py::checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L573) | 入口：`checkpoint(function, distribute_saved_activations, *args)` |
-# | [`random.py::CheckpointWithoutOutput`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L621) | 连输出也不留：输出的存储释放为 0 字节，由后一个算子的梯度 hook 触发重算 |
-# | [`random.py:636`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L636) | `self.fp8 = fp8 is not None`：缺省的 `fp8=False` 也得到 True |
-# | [`random.py::CheckpointWithoutOutput._recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L664) | hook 里：拨回 RNG、重跑、把结果拷回原来那块（已释放的）存储 |
-# | [`random.py::CheckpointWithoutOutput.discard_output_and_register_recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L724) | `resize_(0)` 释放输出，在 `hook_tensor` 上注册 `_recompute` |
-# | [`dot_product_attention.py:217`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L217) | attention dropout 在 `fork()` 里抽（不开 SP 时） |
-# | [`transformer_block.py:707`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L707) | 开 SP 时整个 block 的 forward 都在 `fork()` 里 |
+# | [`random.py::CudaRNGStatesTracker`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L229) | 名字 → 生成器状态的字典，外加用过的种子集合 |
+# | [`random.py::CudaRNGStatesTracker.add`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L285) | 用种子造一条新流：临时 `manual_seed`、读出状态、再把设备生成器还原 |
+# | [`random.py::CudaRNGStatesTracker.fork`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L311) | 把一条流换进设备生成器，退出时把走过的状态写回流、换回原来的 |
+# | [`random.py::get_cuda_rng_tracker`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L414) | 全进程唯一的 tracker（第一次调用时建） |
+# | [`random.py::model_parallel_cuda_manual_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L446) | 三条流的种子；[`random.py:480`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L480) 起算 `seed + 2718 + tp_rank` 等 |
+# | [`random.py:490`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L490) | 把设备默认生成器设成 `seed`（CPU 层不做这一步，见"机制解释"） |
+# | [`random.py::_get_all_rng_states`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L525) | CPU 生成器、设备生成器、tracker 的全部流，一次取出 |
+# | [`random.py::_fork_rng`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L545) | 重算外面包的一层：重算结束后把三者都放回 backward 当时的状态 |
+# | [`random.py::CheckpointFunction.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L591) | 记下全部 RNG 状态，`no_grad` 跑一遍，只 `save_for_backward` 输入 |
+# | [`random.py::CheckpointFunction.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L625) | 拨回 forward 时的 RNG 状态，带 grad 重跑，再对重跑的图 backward |
+# | [`random.py::checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L663) | 入口：`checkpoint(function, distribute_saved_activations, *args)` |
+# | [`random.py::CheckpointWithoutOutput`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L725) | 连输出也不留：输出的存储释放为 0 字节，由后一个算子的梯度 hook 触发重算 |
+# | [`random.py:740`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L740) | `self.fp8 = fp8 is not None`：缺省的 `fp8=False` 也得到 True |
+# | [`random.py::CheckpointWithoutOutput._recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L768) | hook 里：拨回 RNG、重跑、把结果拷回原来那块（已释放的）存储 |
+# | [`random.py::CheckpointWithoutOutput.discard_output_and_register_recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L830) | `resize_(0)` 释放输出，在 `hook_tensor` 上注册 `_recompute` |
+# | [`dot_product_attention.py:217`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L217) | attention dropout 在 `fork()` 里抽（不开 SP 时） |
+# | [`transformer_block.py:596`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L596) | 开 SP 时整个 block 的 forward 都在 `fork()` 里 |
 # | [`transformer_block.py::TransformerBlock._checkpointed_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L446) | `recompute_granularity='full'`：按层调用 `tensor_parallel.checkpoint`（[`transformer_block.py:521`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L521)） |
-# | [`transformer_layer.py:577`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L577) | selective `layernorm` 重算：`CheckpointWithoutOutput()` 包住 `input_layernorm` |
-# | [`transformer_layer.py:614`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L614) | attention 之后丢掉 norm 的输出，hook 挂在 attention 输出上 |
-# | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L134) | GPU 上初始化本 rank 的权重块：在 `fork()` 里（expert 权重用 `expert-parallel-rng`） |
-# | [`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L405) | 正式入口：`seed + 100·pp_rank`（可选 `+ 10·dp_rank`），CPU 生成器和 tracker 用同一个种子 |
+# | [`transformer_layer.py:619`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L619) | selective `layernorm` 重算：`CheckpointWithoutOutput()` 包住 `input_layernorm` |
+# | [`transformer_layer.py:670`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L670) | attention 之后丢掉 norm 的输出，hook 挂在 attention 输出上 |
+# | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L169) | GPU 上初始化本 rank 的权重块：在 `fork()` 里（expert 权重用 `expert-parallel-rng`） |
+# | [`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L418) | 正式入口：`seed + 100·pp_rank`（可选 `+ 10·dp_rank`），CPU 生成器和 tracker 用同一个种子 |
 
 # %% [markdown]
 # ## 调用链
@@ -172,7 +172,7 @@ streams = [r["streams"] for r in results]
 seeds_table(streams)
 
 # %% [markdown]
-# 最后一列把反查到的种子与 `formula_seeds`（[`random.py:412-428`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L412-L428) 的三行公式）比较。TP=2、EP=2 放在 4 个 rank 上：
+# 最后一列把反查到的种子与 `formula_seeds`（[`random.py:480-496`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L480-L496) 的三行公式）比较。TP=2、EP=2 放在 4 个 rank 上：
 # rank 0、2 是 TP rank 0，rank 1、3 是 TP rank 1；expert 一侧 ETP 缺省等于 TP，所以 etp 序号与 tp 序号相同，EP 把 rank 0、1 和 2、3 分开。
 
 # %% [markdown]
@@ -189,7 +189,7 @@ sharing_table(streams)
 # - `model-parallel-rng`：种子相同的 rank 恰好是 DP 群 `[0, 2]`、`[1, 3]`——同一个 TP 位置的副本抽同样的数，TP 群内各不相同。
 #   DP 副本持有同一块权重切片，必须做同样的事（同样的初始化、同样的 dropout），梯度才能在 DP 群里平均。
 # - `expert-parallel-rng`：每个 (ep, etp) 位置一个种子，这里 4 个 rank 全不同；它只在 expert 权重初始化
-#   （[`layers.py:145`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/layers.py#L145)）
+#   （[`layers.py:180`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L180)）
 #   这类 expert 专属的地方 `fork`，让不同 rank 上的不同 expert 拿到不同的初值。
 #
 # 唯一与群有关的通信来自 `checkpoint(..., distribute_saved_activations=True)`（"机制解释"里一层的第三种跑法）：
@@ -221,11 +221,11 @@ pairs_table(streams)
 #   单卡模型。所以这里用默认生成器，6 对 rank 全部 True。
 # - **TP 区域里**（attention 的头、MLP 的 ffn 列）每个 TP rank 持有**不同的切片**。mask 若相同，头 0 和头 2（分在两张卡上）
 #   就会在同样的位置被丢弃——dropout 不再是逐元素独立的，与单卡模型的统计性质不同。所以
-#   [`dot_product_attention.py:217`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/dot_product_attention.py#L217)
+#   [`dot_product_attention.py:217`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L217)
 #   在 `fork()` 里抽：同一 TP rank（rank 0–2、1–3）相同，不同 TP rank 不同。
 #
 # 开 sequence parallel 时，TP 区域外的激活也按 s 切给了各 rank，于是"各 rank 持有同一份副本"不再成立：
-# [`transformer_block.py:707`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L707)
+# [`transformer_block.py:596`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L596)
 # 把整个 block 放进 `fork()`，attention 那一处也就不再单独 `fork`。
 #
 # 下图是同样的 mask（绿色：默认生成器，4 个 rank 一个图样；蓝色两种：两条 TP 流）：
@@ -263,7 +263,7 @@ recompute
 #
 # 1. **Megatron 的重算逐位等于不重算**：输出、输入梯度、每个参数的梯度都 `torch.equal`。层在 backward 里多跑了一遍 forward
 #    （"1 / 1"），两遍抽出的 attention dropout 和 hidden dropout 完全一样，因为重跑前
-#    [`CheckpointFunction.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L535)
+#    [`CheckpointFunction.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L625)
 #    把 CPU 生成器、设备生成器和 tracker 的**每一条流**都拨回了 forward 开始时的状态。
 # 2. **PyTorch 的重算输出相同、梯度不同**：它只恢复默认生成器，tracker 的 `model-parallel-rng` 在第一遍 forward 里已经前进过，
 #    重算时 attention dropout 抽到另一个 mask，backward 用的是另一张图。输出没错（forward 只跑了一次真的），错的是梯度——
@@ -296,8 +296,8 @@ Table(["方式", "backward 前后默认生成器不变", "backward 前后 `model
 # selective `layernorm` 重算用 `CheckpointWithoutOutput`：norm 在 `no_grad` 里跑、只存输入；attention 照常存下 norm 输出的引用；
 # attention 算完后 `discard_output_and_register_recompute` 把 norm 输出的**存储** `resize_(0)`，张量的形状等元数据还在；
 # backward 走到 attention 输出的梯度时，hook 触发 `_recompute`，拨回 RNG、重跑 norm，再把结果拷回那块存储，attention 的 backward
-# 读到的就是原值。这里照 [`transformer_layer.py:577`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L577)
-# 到 [`transformer_layer.py:614`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_layer.py#L614) 的写法，对同一层的 `input_layernorm` → `self_attention` 跑一遍（用 `fp8=None`，原因见下一节）：
+# 读到的就是原值。这里照 [`transformer_layer.py:619`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L619)
+# 到 [`transformer_layer.py:670`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L670) 的写法，对同一层的 `input_layernorm` → `self_attention` 跑一遍（用 `fp8=None`，原因见下一节）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(without_output_run)
@@ -311,7 +311,7 @@ without_output_table(results[0]["without_output"])
 #
 # ### `self.fp8 = fp8 is not None`
 #
-# [`random.py:636`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L636)
+# [`random.py:740`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L740)
 # 把参数与 `None` 比较，而参数的缺省值是 `False`。于是只有显式传 `fp8=None` 时 `self.fp8` 才为假：
 
 # %%
@@ -343,7 +343,7 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # - `add` 在一个专用的 `torch.Generator`（`snippets.cpu.rng.STREAMS`）里播种、读状态，不碰默认生成器；
 # - `fork()` 把流**借给**默认生成器，退出时由 Megatron 自己的保存 / 还原代码换回：默认生成器在 `fork()` 外扮演 CUDA 默认生成器，
 #   在 `fork()` 里扮演换进来的流；
-# - [`random.py:422`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L422)
+# - [`random.py:490`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L490)
 #   那一步（把设备默认生成器设成 `seed`）不做：CPU 上它会重设用户的 `torch.manual_seed`。所以实验像正式入口一样两个都设（`reseed`）。
 #
 # 对本篇的含义：`_get_all_rng_states` 取到的"CPU 状态"和"CUDA 状态"在这里是同一个生成器的两份拷贝，恢复时设了两遍，
@@ -355,7 +355,7 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 #
 # - **初始化**：`initialize_megatron` → `_set_random_seed`，每个 PP stage 一个种子，`torch.manual_seed` 与
 #   `model_parallel_cuda_manual_seed` 同时设。此后整个训练不再重设；存 checkpoint 时
-#   [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L336)
+#   [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L398)
 #   把 CPU、CUDA 生成器和 tracker 的 `get_states()` 一起存下，恢复训练时放回（[笔记 07](../07_checkpointing/)）。
 # - **每个 micro-batch 的 forward**（`forward_step`）：每层的 attention dropout 在 `fork()` 里，hidden dropout 在外面；SP 时整个 block 在 `fork()` 里。
 # - **重算**：`--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N` 让 `TransformerBlock`
@@ -378,14 +378,14 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # ## 遗留问题
 #
 # 1. **没有 TE 时 selective `layernorm` / `moe_act` 重算跑不起来。** 缺省的 `CheckpointWithoutOutput()`（`self.fp8` 为真）
-#    直接用 TE 的名字（[`random.py:587`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/random.py#L587)），
+#    直接用 TE 的名字（[`random.py:691`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L691)），
 #    上面的运行是 `NameError`。这是有意保留的行为（见"机制解释"）；CPU 上只能像本篇这样自己传 `fp8=None`。
 # 2. **`distribute_saved_activations` 只在不开 SP 时可用**（开 SP 时 `TransformerConfig` 拒绝它：SP 下输入本来就按 s 切了）；
 #    它靠替换存下张量的 `.data` 工作，与 `saved_tensors_hooks`（CPU offload 一类工具的基础）不相容，见上面重算一节。
 # 3. **CPU 上 tracker 的流不是 CUDA 的 Philox 状态。** 种子和"谁与谁相同"与 GPU 上一致，但抽出来的具体 mask 不同；
 #    `use_cudagraphable_rng=True`（graph-safe 的状态）CPU 层直接拒绝。
 # 4. **正式入口在没有 GPU 时不调用 `model_parallel_cuda_manual_seed`**
-#    （[`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/initialize.py#L405) 里有
+#    （[`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L418) 里有
 #    `torch.cuda.device_count() > 0` 的判断）。本篇的实验直接调用它，因为 CPU 层让它在 CPU 上也有意义。
 
 # %% [markdown]

@@ -32,8 +32,8 @@ PATCHES = (
         why="TP 的通信函数和各种层用 `device=torch.cuda.current_device()` 分配输出缓冲，"
         "散落在许多文件的几十处，只能全局替换。",
         sites=(
-            Site("megatron/core/tensor_parallel/mappings.py", 91, "device=torch.cuda.current_device()"),
-            Site("megatron/core/tensor_parallel/layers.py", 261, "device=torch.cuda.current_device()"),
+            Site("megatron/core/tensor_parallel/mappings.py", 95, "device=torch.cuda.current_device()"),
+            Site("megatron/core/tensor_parallel/layers.py", 305, "device=torch.cuda.current_device()"),
             Site(
                 "megatron/core/models/common/embeddings/rotary_pos_embedding.py",
                 162,
@@ -41,7 +41,7 @@ PATCHES = (
             ),
             Site(
                 "megatron/core/pipeline_parallel/p2p_communication.py",
-                313,
+                334,
                 "device=torch.cuda.current_device()",
             ),
         ),
@@ -54,10 +54,10 @@ PATCHES = (
         what="`torch.cuda.synchronize()` 什么也不做",
         why="CPU 上没有 CUDA stream 可等；pipeline 的 p2p 和 checkpoint 的写盘线程无条件调用它。",
         sites=(
-            Site("megatron/core/pipeline_parallel/p2p_communication.py", 398, "torch.cuda.synchronize()"),
+            Site("megatron/core/pipeline_parallel/p2p_communication.py", 419, "torch.cuda.synchronize()"),
             Site(
                 "megatron/core/dist_checkpointing/strategies/filesystem_async.py",
-                230,
+                248,
                 "torch.cuda.synchronize()",
             ),
         ),

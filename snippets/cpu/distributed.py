@@ -97,7 +97,7 @@ PATCHES = (
         sites=(
             Site(
                 "megatron/core/optimizer/distrib_optimizer.py",
-                420,
+                466,
                 "model_param.type() == 'torch.cuda.FloatTensor'",
             ),
         ),
@@ -117,7 +117,7 @@ PATCHES = (
         sites=(
             Site(
                 "megatron/core/optimizer/distrib_optimizer.py",
-                582,
+                758,
                 "param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']",
             ),
         ),
@@ -134,7 +134,7 @@ PATCHES = (
         "每个 DP rank 把自己那段优化器状态拷进 CPU 缓冲，不用 gloo 群时先 `.cuda()` 再在 DP 群里 all-gather / gather。"
         "搬到 GPU 是唯一与 CUDA 有关的一步，收集照常在 gloo 上做（笔记 21）。",
         sites=(
-            Site("megatron/core/optimizer/distrib_optimizer.py", 1089, "send_tensor = send_tensor.cuda()"),
+            Site("megatron/core/optimizer/distrib_optimizer.py", 1374, "send_tensor = send_tensor.cuda()"),
         ),
         apply=_patch_distrib_optimizer_gather_cuda,
         proof="DP=2：每个 rank 只拥有一半 fp32 main params，"
@@ -156,7 +156,7 @@ PATCHES = (
                 938,
                 'dst_tensors = {"param": main_param, **optim_state}',
             ),
-            Site("megatron/core/optimizer/distrib_optimizer.py", 940, "dst_tensors[key].copy_(tensors[key])"),
+            Site("megatron/core/optimizer/distrib_optimizer.py", 1225, "dst_tensors[key].copy_(tensors[key])"),
         ),
         apply=_patch_distrib_optimizer_torch_adam_step,
         proof="torch Adam 的状态带 `step`，加载来的张量不带：param、"
@@ -171,10 +171,10 @@ PATCHES = (
         sites=(
             Site(
                 "megatron/core/distributed/distributed_data_parallel.py",
-                226,
+                292,
                 "num_distributed_optimizer_instances > 1",
             ),
-            Site("megatron/core/distributed/distributed_data_parallel.py", 230, "torch.cuda.Stream("),
+            Site("megatron/core/distributed/distributed_data_parallel.py", 297, "torch.cuda.Stream("),
         ),
         apply=_patch_partial_distributed_optimizer,
         proof="DP=2、两个优化器实例：建 DDP 时抛出一行 `CpuUnsupported`，点名 "

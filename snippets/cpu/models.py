@@ -53,11 +53,11 @@ PATCHES = (
         "norm 逐 token 计算，对序列分片照样正确，SP 真正需要的是 Apex / TE 的 norm 都做的标记："
         "各 TP rank 只有本片 token 的部分梯度，`finalize_model_grads` 按这个标记在 TP 群里求和。",
         sites=(
-            Site("megatron/core/transformer/torch_norm.py", 32, "assert not config.sequence_parallel"),
-            Site("megatron/core/models/backends.py", 22, "LNImpl = WrappedTorchNorm"),
+            Site("megatron/core/transformer/torch_norm.py", 50, "assert not config.sequence_parallel"),
+            Site("megatron/core/models/backends.py", 37, "LNImpl = WrappedTorchNorm"),
             Site(
                 "megatron/core/distributed/finalize_model_grads.py",
-                354,
+                452,
                 'getattr(param, "sequence_parallel", False)',
             ),
         ),
@@ -79,7 +79,7 @@ PATCHES = (
         sites=(
             Site(
                 "megatron/core/models/common/language_module/language_module.py",
-                244,
+                307,
                 "weight.data = weight.data.cuda()",
             ),
         ),

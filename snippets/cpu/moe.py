@@ -69,8 +69,8 @@ PATCHES = (
         "router 的 gating 线性层却无条件地判断它是否为 `None`：没有 TE 时这个名字不存在，"
         "每个 MoE 层的第一步就 `NameError`。设为 `None` 即走函数自带的 `torch.mm` 分支。",
         sites=(
-            Site("megatron/core/transformer/moe/moe_utils.py", 1192, "te_general_gemm is not None"),
-            Site("megatron/core/transformer/moe/moe_utils.py", 1225, "te_general_gemm is not None"),
+            Site("megatron/core/transformer/moe/moe_utils.py", 1326, "te_general_gemm is not None"),
+            Site("megatron/core/transformer/moe/moe_utils.py", 1359, "te_general_gemm is not None"),
         ),
         apply=_patch_moe_te_general_gemm,
         proof="一个 rank 上 `moe_utils.router_gating_linea"
@@ -87,11 +87,11 @@ PATCHES = (
         why="`MoEAlltoAllTokenDispatcher` 在构造时建一条类级的 device-to-host stream，"
         "每次 dispatch 都切到它上面把 split sizes 拷回主机、记一个事件再等它；CPU 版 torch 建 stream 直接报错。",
         sites=(
-            Site("megatron/core/transformer/moe/token_dispatcher.py", 445, "torch.cuda.Stream()"),
-            Site("megatron/core/transformer/moe/token_dispatcher.py", 871, "torch.cuda.current_stream()"),
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 469, "torch.cuda.Stream()"),
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 922, "torch.cuda.current_stream()"),
             Site(
                 "megatron/core/transformer/moe/token_dispatcher.py",
-                874,
+                925,
                 "torch.cuda.stream(self.cuda_dtoh_stream)",
             ),
         ),
@@ -111,9 +111,9 @@ PATCHES = (
         "`all_to_all_single`；`maybe_move_tensor_to_cpu` 只转换 CUDA 张量，CPU 上它们仍是 torch 张量，"
         "`all_to_all_single` 拒收（`TypeError`）。",
         sites=(
-            Site("megatron/core/transformer/moe/moe_utils.py", 1093, "tensor.is_cuda"),
-            Site("megatron/core/transformer/moe/token_dispatcher.py", 880, "as_numpy=True"),
-            Site("megatron/core/tensor_parallel/mappings.py", 444, "torch.distributed.all_to_all_single("),
+            Site("megatron/core/transformer/moe/moe_utils.py", 1184, "tensor.is_cuda"),
+            Site("megatron/core/transformer/moe/token_dispatcher.py", 931, "as_numpy=True"),
+            Site("megatron/core/tensor_parallel/mappings.py", 460, "torch.distributed.all_to_all_single("),
         ),
         apply=_patch_moe_host_split_sizes,
         proof="2 个 rank、EP=2："

@@ -68,9 +68,9 @@ PATCHES = (
         why="`get_megatron_optimizer` 建出的 `FP32Optimizer` 和 `DistributedOptimizer`（经 "
         "`MixedPrecisionOptimizer`）在构造时用写死的 `device='cuda'` 建单元素张量（溢出标志、单位 loss scale）。",
         sites=(
-            Site("megatron/core/optimizer/optimizer.py", 481, "device='cuda'"),
-            Site("megatron/core/optimizer/optimizer.py", 485, "device='cuda'"),
-            Site("megatron/core/optimizer/optimizer.py", 907, "device='cuda'"),
+            Site("megatron/core/optimizer/optimizer.py", 698, "device='cuda'"),
+            Site("megatron/core/optimizer/optimizer.py", 702, "device='cuda'"),
+            Site("megatron/core/optimizer/optimizer.py", 1249, "device='cuda'"),
         ),
         apply=_patch_optimizer_device,
         proof="一个 rank 上 `get_megatron_optimizer` 建出的 `"
@@ -84,8 +84,8 @@ PATCHES = (
         why="`ChainedOptimizer.step` 每一步都算梯度范数（`clip_grad=0` 也算）；没有 Apex / TE 时走 "
         "Megatron 自己的 l2 范数实现，两处都用写死的 `device='cuda'` 建张量。",
         sites=(
-            Site("megatron/core/optimizer/clip_grads.py", 103, "device='cuda'"),
-            Site("megatron/core/utils.py", 1207, 'device="cuda"'),
+            Site("megatron/core/optimizer/clip_grads.py", 112, "device='cuda'"),
+            Site("megatron/core/utils.py", 1332, 'device="cuda"'),
         ),
         apply=_patch_grad_norm_device,
         proof="DP=2、分布式优化器：`step()` 返回的梯度范数（两个 rank 各持一"
@@ -101,9 +101,9 @@ PATCHES = (
         "缩放用的临时张量（`device='cuda'`）已由 `grad_norm_device` 的模块代理放到 CPU。",
         sites=(
             Site(
-                "megatron/core/optimizer/clip_grads.py", 167, "param.grad.type() == 'torch.cuda.FloatTensor'"
+                "megatron/core/optimizer/clip_grads.py", 174, "param.grad.type() == 'torch.cuda.FloatTensor'"
             ),
-            Site("megatron/core/optimizer/clip_grads.py", 174, "device='cuda'"),
+            Site("megatron/core/optimizer/clip_grads.py", 180, "device='cuda'"),
         ),
         apply=_patch_clip_grads_type_check,
         proof="`clip_grad=0.05`（小于梯度范数）"
@@ -119,8 +119,8 @@ PATCHES = (
         "`ConstantGradScaler`），loss scale 以及动态 scaler 的下限、增长和回退系数都是用写死的 "
         "`device='cuda'` 建的单元素张量。",
         sites=(
-            Site("megatron/core/optimizer/grad_scaler.py", 15, "device='cuda'"),
-            Site("megatron/core/optimizer/grad_scaler.py", 88, "device='cuda'"),
+            Site("megatron/core/optimizer/grad_scaler.py", 20, "device='cuda'"),
+            Site("megatron/core/optimizer/grad_scaler.py", 111, "device='cuda'"),
         ),
         apply=_patch_grad_scaler_device,
         proof="fp16 模型、注入一个 inf：这一步被跳过，权重逐位不变，"
@@ -136,7 +136,7 @@ PATCHES = (
         sites=(
             Site(
                 "megatron/core/optimizer/optimizer.py",
-                671,
+                1009,
                 "param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']",
             ),
         ),

@@ -19,9 +19,9 @@ PATCHES = (
         what='`torch.zeros(..., device="cuda")` 落在 CPU 上',
         why='每个 forward-backward schedule 都用写死的 `device="cuda"` 建 token 计数器。',
         sites=(
-            Site("megatron/core/pipeline_parallel/schedules.py", 596, 'device="cuda"'),
-            Site("megatron/core/pipeline_parallel/schedules.py", 983, 'device="cuda"'),
-            Site("megatron/core/pipeline_parallel/schedules.py", 2138, 'device="cuda"'),
+            Site("megatron/core/pipeline_parallel/schedules.py", 749, 'device="cuda"'),
+            Site("megatron/core/pipeline_parallel/schedules.py", 1121, 'device="cuda"'),
+            Site("megatron/core/pipeline_parallel/schedules.py", 2292, 'device="cuda"'),
         ),
         apply=_patch_schedules_device,
         proof="`forward_backward_no_pipelining` 的 loss 和梯度等于直接用 autograd 算的",

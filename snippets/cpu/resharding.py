@@ -20,10 +20,10 @@ PATCHES = (
         why='`swap_model_weights(..., "gloo")` 的 `GlooCopyService` 传输本身走 gloo 和 CPU 张量，'
         "却在构造时建一个 CUDA copy stream，传完后让当前 stream 等它；CPU 版 torch 建 stream 直接报错。",
         sites=(
-            Site("megatron/core/resharding/copy_services/gloo_copy_service.py", 46, "torch.cuda.Stream()"),
+            Site("megatron/core/resharding/copy_services/gloo_copy_service.py", 34, "torch.cuda.Stream()"),
             Site(
                 "megatron/core/resharding/copy_services/gloo_copy_service.py",
-                146,
+                128,
                 "torch.cuda.current_stream().wait_stream",
             ),
         ),

@@ -141,10 +141,10 @@ PATCHES = (
         "`torch.manual_seed`；CPU 上只有一个默认生成器，所以只在 `fork()` 里让它扮演 CUDA 生成器，"
         "其余时候它仍归 `torch.manual_seed` 管。",
         sites=(
-            Site("megatron/core/tensor_parallel/random.py", 55, "torch.cuda.random.get_rng_state"),
-            Site("megatron/core/tensor_parallel/random.py", 235, "torch.cuda.get_rng_state()"),
-            Site("megatron/core/tensor_parallel/random.py", 237, "torch.cuda.manual_seed(seed)"),
-            Site("megatron/core/tensor_parallel/random.py", 422, "torch.cuda.manual_seed"),
+            Site("megatron/core/tensor_parallel/random.py", 118, "torch.cuda.random.get_rng_state"),
+            Site("megatron/core/tensor_parallel/random.py", 303, "torch.cuda.get_rng_state()"),
+            Site("megatron/core/tensor_parallel/random.py", 305, "torch.cuda.manual_seed(seed)"),
+            Site("megatron/core/tensor_parallel/random.py", 490, "torch.cuda.manual_seed"),
         ),
         apply=_patch_rng_tracker,
         proof="同一个 `torch.manual_seed`、不同的 Megatron 种子：`use_cpu_initialization` 的权重在 TP=1、2、4 "
@@ -159,8 +159,8 @@ PATCHES = (
         "只有 GPU 上有；CPU 版 torch 上建这种 tracker 是 Megatron 的断言，转换状态是 CUDA 初始化错误。"
         "笔记不用 CUDA graph，与其报这两种错，不如直接说清缺的是什么。",
         sites=(
-            Site("megatron/core/tensor_parallel/random.py", 57, "_lazy_init()"),
-            Site("megatron/core/tensor_parallel/random.py", 177, 'hasattr(torch.cuda.CUDAGraph, "register_'),
+            Site("megatron/core/tensor_parallel/random.py", 120, "_lazy_init()"),
+            Site("megatron/core/tensor_parallel/random.py", 245, 'hasattr(torch.cuda.CUDAGraph, "register_'),
         ),
         apply=_patch_cudagraph_rng,
         proof="`CudaRNGStatesTracker(use_cudagraphable_rng=True)` 和 `convert_cuda_rng_state(..., to_graphable=True)` "
@@ -173,8 +173,8 @@ PATCHES = (
         why="rerun 状态机为了重放一步，在 CPU 生成器旁边也保存、还原 CUDA 生成器；CPU 上扮演 "
         "CUDA 生成器的就是默认生成器。",
         sites=(
-            Site("megatron/core/rerun_state_machine.py", 957, "torch.cuda.get_rng_state()"),
-            Site("megatron/core/rerun_state_machine.py", 970, "torch.cuda.set_rng_state"),
+            Site("megatron/core/rerun_state_machine.py", 979, "torch.cuda.get_rng_state()"),
+            Site("megatron/core/rerun_state_machine.py", 992, "torch.cuda.set_rng_state"),
         ),
         apply=_patch_rerun_state_rng,
         proof="`RerunStateMachine` 保存状态、抽几个随机数、还原之后，再抽的数与第一次相同",

@@ -18,7 +18,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-TAG = "core_v0.16.1"
+TAG = "core_v0.19.0"
 REPO_URL = "https://github.com/NVIDIA/Megatron-LM"
 BLOB = f"{REPO_URL}/blob/{TAG}/"
 
