@@ -9,8 +9,10 @@ inherit the filters. Each one below is known and harmless on CPU ranks, and woul
 as stderr in a notebook (a rank's stderr reaches the cell).
 """
 
+import logging as _logging
 import sys as _sys
 import warnings
+from importlib import metadata as _metadata
 
 from snippets import import_gc as _import_gc
 
@@ -38,11 +40,50 @@ _KNOWN_WARNINGS = (
     # announce their own deprecation on every load.
     r"`load_state_dict` is deprecated",
     r"Please use DTensor instead",
+    # megatron.training's layer specs without Transformer Engine use the local expert linears.
+    r"supports MoE experts",
     # Core's null tokenizer imports transformers, whose tqdm.auto looks for ipywidgets in a kernel.
     r"IProgress not found",
 )
 for _message in _KNOWN_WARNINGS:
     warnings.filterwarnings("ignore", message=".*" + _message)
+
+# torch's CUDA build (the one PyPI serves for Python 3.12) logs "No CUDA runtime is found, using
+# CUDA_HOME=..." when megatron.core imports torch.utils.cpp_extension on a machine without a GPU.
+_logging.getLogger("torch.utils.cpp_extension").setLevel(_logging.ERROR)
+
+MEGATRON_CORE_PIN = "0.19.0"
+"""The megatron-core every note, citation (tag ``core_v0.19.0``) and stored output is made with."""
+
+
+class PinMismatch(ImportError):
+    """The installed megatron-core is not the pinned one: said in one line, in a notebook too."""
+
+    def _render_traceback_(self):  # IPython shows this instead of a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def check_pin(installed: str | None = None) -> None:
+    """Refuse, in one line, an environment whose megatron-core is not :data:`MEGATRON_CORE_PIN`."""
+    if installed is None:
+        try:
+            installed = _metadata.version("megatron-core")
+        except _metadata.PackageNotFoundError:
+            installed = "not installed"
+    if installed == MEGATRON_CORE_PIN:
+        return
+    message = (
+        f"megatron-core {installed} is installed, but these notes are pinned to megatron-core=="
+        f"{MEGATRON_CORE_PIN} (tag core_v{MEGATRON_CORE_PIN}); run `bash scripts/setup.sh` and use its .venv"
+    )
+    ipython = _sys.modules.get("IPython")
+    if ipython is not None and ipython.get_ipython() is not None:
+        raise PinMismatch(message)  # a notebook cell: one line under the cell
+    print(f"snippets: {message}", file=_sys.stderr)  # a command or a test process: one line, status 2
+    raise SystemExit(2)
+
+
+check_pin()
 
 # In a Jupyter kernel that imports ``snippets`` before torch (every note's first cell does), torch
 # is pinned to one intra-op thread from the start. The kernel then never runs multi-threaded
