@@ -215,7 +215,9 @@ def rewrite_sites(text: str, moves: dict[tuple[str, int], int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snippets.site.repin", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m snippets.site.repin", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--old-src", required=True, type=Path, help=f"an export of {sources.TAG}")
     parser.add_argument("--new-src", required=True, type=Path, help="an export of the new tag")
     parser.add_argument("--new-tag", required=True, help="the new tag, e.g. core_v0.19.0")

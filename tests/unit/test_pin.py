@@ -46,4 +46,6 @@ def test_a_notebook_cell_shows_one_line():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     shown = [line for line in run.stdout.splitlines() if line.strip()]
-    assert len(shown) == 1 and shown[0].startswith("PinMismatch: megatron-core 0.16.1 is installed"), run.stdout
+    assert len(shown) == 1 and shown[0].startswith("PinMismatch: megatron-core 0.16.1 is installed"), (
+        run.stdout
+    )
