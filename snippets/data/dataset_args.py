@@ -1,23 +1,25 @@
 """From a command line to a ``GPTDatasetConfig`` and the three split sizes (note 18).
 
-The formal entry turns flags into data in three functions that live only in the git tag, not in
-the pip package:
+The formal entry turns flags into data in three functions:
 
-* ``megatron/training/utils.py::get_blend_and_blend_per_split`` -- ``--data-path`` (or the three
-  ``--*-data-path`` flags, or a file named by ``--data-args-path`` /
-  ``--per-split-data-args-path``) becomes ``blend`` or ``blend_per_split``, through the real
-  ``megatron.core.datasets.utils.get_blend_from_list``;
-* ``pretrain_gpt.py::core_gpt_dataset_config_from_args`` -- one dict literal, ``field: args.x``,
-  passed to ``GPTDatasetConfig``;
-* ``megatron/training/training.py::get_train_valid_test_num_samples`` -- how many samples each
-  split must hold, from ``--train-iters`` (or ``--train-samples``), ``--eval-interval``,
-  ``--eval-iters`` and ``--global-batch-size``.
+* ``megatron/training/utils/common_utils.py::get_blend_and_blend_per_split`` (:507) --
+  ``--data-path`` (or the three ``--*-data-path`` flags, or a file named by ``--data-args-path`` /
+  ``--per-split-data-args-path``) becomes ``blend`` or ``blend_per_split``, through
+  ``megatron.core.datasets.utils.get_blend_from_list``. Since core 0.19 ``megatron.training`` is in
+  the pip package, so :func:`get_blend_and_blend_per_split` *calls* it;
+* ``pretrain_gpt.py::core_gpt_dataset_config_from_args`` (:377) -- one dict literal,
+  ``field: args.x``, passed to ``GPTDatasetConfig``. ``pretrain_gpt.py`` is not in the package:
+  restated, with the tokenizer given rather than built;
+* ``megatron/training/training.py::get_train_valid_test_num_samples`` (:4464) -- how many samples
+  each split must hold, from ``--train-iters`` (or ``--train-samples``), ``--eval-interval``,
+  ``--eval-iters``, ``--start-eval-at-iter`` and the (eval) global batch size. It reads the global
+  ``get_args()``, so it is restated to take ``args``.
 
-This module restates them with Megatron's names, plus the few ``argparse`` flags they read, with
-Megatron's defaults, so a note can go from a command line to a real ``GPTDatasetConfig``. The
-FIM and object-storage branches are left out. ``tests/unit/test_dataset_args.py`` holds all of it to
-the tag: the flag defaults to Megatron's own parser, the field mapping to the dict literal in
-``pretrain_gpt.py``, and the three functions to the originals run on the same ``args``.
+This module also lists the few ``argparse`` flags they read, with Megatron's defaults, so a note
+can go from a command line to a real ``GPTDatasetConfig``. The FIM and object-storage branches are
+left out. ``tests/unit/test_dataset_args.py`` holds all of it to the tag: the flag defaults to
+Megatron's own parser (``megatron.training.arguments``), the field mapping to the dict literal in
+``pretrain_gpt.py``, and the functions to the originals run on the same ``args``.
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ FLAGS = [
     (["--allow-ambiguous-pad-tokens"], dict(action="store_true")),
     (["--dataloader-fast-cache-load"], dict(action="store_true")),
     (["--dataloader-defer-npy-index-mmap"], dict(action="store_true")),
+    (["--dataloader-inter-document-masking"], dict(action="store_true")),
     (["--context-parallel-size"], dict(type=int, default=1)),
     (["--tensor-model-parallel-size"], dict(type=int, default=1)),
     (["--sequence-parallel"], dict(action="store_true")),
     (["--hybrid-context-parallel"], dict(action="store_true")),
-    (["--legacy-tokenizer"], dict(action="store_true")),
     (["--tokenizer-type"], dict(type=str, default=None)),
     (["--vocab-size"], dict(type=int, default=None)),
     (["--fim-data"], dict(action="store_true")),
@@ -74,6 +76,8 @@ FLAGS = [
     (["--micro-batch-size"], dict(type=int, default=None)),
     (["--eval-iters"], dict(type=int, default=100)),
     (["--eval-interval"], dict(type=int, default=None)),
+    (["--start-eval-at-iter"], dict(type=int, default=None)),
+    (["--eval-global-batch-size"], dict(type=int, default=None)),
     (["--skip-train"], dict(action="store_true")),
 ]
 """The flags the three functions read. ``--phase-transition-iterations`` is left at None."""
@@ -105,6 +109,7 @@ CONFIG_FROM_ARGS = {
     "data_parallel_size": "data_parallel_size",  # set by validate_args: world // (tp*pp*cp)
     "sequence_parallel_size": None,  # tensor_model_parallel_size * sequence_parallel
     "hybrid_context_parallel": "hybrid_context_parallel",
+    "inter_document_masking": "dataloader_inter_document_masking",
 }
 """The dict literal of ``core_gpt_dataset_config_from_args``, in its order (None: not a plain copy)."""
 
@@ -123,36 +128,16 @@ def parse_args(command_line: str, world_size: int = 1, pipeline_model_parallel_s
     args.data_parallel_size = world_size // model
     args.phase_transition_iterations = None
     args.dataloader_type = "single"  # validate_args: None -> 'single'
+    if args.eval_global_batch_size is None:  # validate_args (arguments.py:690)
+        args.eval_global_batch_size = args.global_batch_size
     return args
 
 
 def get_blend_and_blend_per_split(args):
-    """``--data-path`` (or the per-split flags / files) -> ``(blend, blend_per_split)``."""
-    from megatron.core.datasets.utils import get_blend_from_list
+    """``--data-path`` (or the per-split flags / files) -> ``(blend, blend_per_split)``: Megatron's own."""
+    from megatron.training.utils import get_blend_and_blend_per_split as real
 
-    use_data_path = args.data_path is not None or args.data_args_path is not None
-    use_per_split = (
-        any(p is not None for p in (args.train_data_path, args.valid_data_path, args.test_data_path))
-        or args.per_split_data_args_path is not None
-    )
-    if use_data_path:
-        if args.data_args_path is not None:
-            assert args.data_path is None
-            with open(args.data_args_path) as f:
-                return get_blend_from_list(f.read().split()), None
-        return get_blend_from_list(args.data_path), None
-    if use_per_split:
-        if args.per_split_data_args_path is not None:
-            with open(args.per_split_data_args_path) as f:
-                per_split = json.load(f)
-            lists = [
-                per_split[s].split() if isinstance(per_split[s], str) else per_split[s]
-                for s in ("train", "valid", "test")
-            ]
-        else:
-            lists = [args.train_data_path, args.valid_data_path, args.test_data_path]
-        return None, [get_blend_from_list(x) for x in lists]
-    return None, None
+    return real(args)
 
 
 def core_gpt_dataset_config_from_args(args, tokenizer):
@@ -186,10 +171,14 @@ def get_train_valid_test_num_samples(args) -> tuple:
     train = args.train_samples if args.train_samples else args.train_iters * args.global_batch_size
     if args.full_validation:
         eval_samples = None
-    elif args.skip_train:
-        eval_samples = args.eval_iters * args.global_batch_size
     else:
-        assert args.train_iters is not None  # validation is scheduled by iteration
-        evaluations = args.train_iters // args.eval_interval + 1
-        eval_samples = evaluations * args.eval_iters * args.global_batch_size
-    return train, eval_samples, args.eval_iters * args.global_batch_size
+        if args.skip_train:
+            eval_iters = args.eval_iters
+        else:
+            assert args.train_iters is not None  # validation is scheduled by iteration
+            evaluations = args.train_iters // args.eval_interval + 1
+            if args.start_eval_at_iter is not None:
+                evaluations = max(0, evaluations - args.start_eval_at_iter // args.eval_interval)
+            eval_iters = evaluations * args.eval_iters
+        eval_samples = eval_iters * args.eval_global_batch_size
+    return train, eval_samples, args.eval_iters * args.eval_global_batch_size

@@ -52,25 +52,25 @@ from snippets.experiments.n07_checkpoint import checkpoint_dir
 from snippets.record.tables import Table
 
 STEPS = 5
-"""Iterations of the loop (the example's ``range(5)``, :234)."""
+"""Iterations of the loop (the example's ``range(5)``, :250)."""
 
 SAMPLES = 1000
-"""Samples of the mock training dataset (the example's ``[1000, None, None]``, :110)."""
+"""Samples of the mock training dataset (the example's ``[1000, None, None]``, :114)."""
 
 
 def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
     logging.getLogger("megatron.core").setLevel(logging.ERROR)  # CPU 上的 RNG tracker、mock 数据集缓存提示
-    parallel_state.destroy_model_parallel()  # :42
-    parallel_state.initialize_model_parallel(tp, 1)  # :206 → :56
+    parallel_state.destroy_model_parallel()  # :39
+    parallel_state.initialize_model_parallel(tp, 1)  # :222 → :53
     torch.manual_seed(123)
-    model_parallel_cuda_manual_seed(123)  # :207
+    model_parallel_cuda_manual_seed(123)  # :223
     config = TransformerConfig(
-        **dims.transformer_config_kwargs(),  # :68
+        **dims.transformer_config_kwargs(),  # :65
         use_cpu_initialization=True,
         pipeline_dtype=torch.float32,
     )
     gpt_model = GPTModel(
-        config=config,  # :76
+        config=config,  # :73
         transformer_layer_spec=get_gpt_layer_local_spec(
             qk_layernorm=dims.qk_norm, normalization=config.normalization
         ),
@@ -78,8 +78,8 @@ def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
         max_sequence_length=dims.seq,
         position_embedding_type="rope" if dims.rope else "learned_absolute",
     )
-    gpt_model.to(device)  # :211
-    gpt_model = DistributedDataParallel(  # :216-225
+    gpt_model.to(device)  # :227
+    gpt_model = DistributedDataParallel(  # :232-241
         config=config,
         module=gpt_model,
         ddp_config=DistributedDataParallelConfig(
@@ -89,28 +89,28 @@ def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
     if megatron_optimizer:
         optim = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [gpt_model])
     else:
-        optim = torch.optim.Adam(gpt_model.parameters())  # :227
-    dataset = mock_train_dataset(dims)  # :98-111
-    train_iterator = iter(DataLoader(dataset, batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
+        optim = torch.optim.Adam(gpt_model.parameters())  # :243
+    dataset = mock_train_dataset(dims)  # :100-115
+    train_iterator = iter(DataLoader(dataset, batch_size=dims.micro_batch_size, shuffle=True))  # :117-119
 
-    def loss_func(loss_mask, output_tensor):  # :136
+    def loss_func(loss_mask, output_tensor):  # :145
         loss_mask = loss_mask.view(-1).float()
         loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum()
         return loss, {"lm loss": loss}
 
-    def forward_step_func(data_iterator, model):  # :120
+    def forward_step_func(data_iterator, model):  # :124
         data = {k: v.to(device) for k, v in next(data_iterator).items()}
         output = model(data["tokens"], data["position_ids"], data["attention_mask"], labels=data["labels"])
         return output, partial(loss_func, data["loss_mask"])
 
-    forward_backward_func = get_forward_backward_func()  # :231
+    forward_backward_func = get_forward_backward_func()  # :247
     start = {n: p.detach().clone() for n, p in gpt_model.named_parameters()}
     log = []
-    for _iteration in range(STEPS):  # :234
+    for _iteration in range(STEPS):  # :250
         if megatron_optimizer:
             gpt_model.zero_grad_buffer()
-        optim.zero_grad()  # :235
-        losses_reduced = forward_backward_func(  # :237
+        optim.zero_grad()  # :251
+        losses_reduced = forward_backward_func(  # :253
             forward_step_func=forward_step_func,
             data_iterator=train_iterator,
             model=gpt_model,
@@ -120,8 +120,8 @@ def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
             decoder_seq_length=dims.seq,
             forward_only=False,
         )
-        finalize_model_grads([gpt_model])  # :251
-        optim.step()  # :253
+        finalize_model_grads([gpt_model])  # :267
+        optim.step()  # :269
         # schedule 已把每个 "lm loss"（与返回的 loss 是同一个 tensor）原地除以 micro-batch 数：求和即平均
         log.append(
             dict(
@@ -133,16 +133,16 @@ def simple_loop(dims, tp, ckpt_dir, megatron_optimizer, device="cpu"):
         )
 
     trained = {k: v.clone() for k, v in gpt_model.module.state_dict().items() if torch.is_tensor(v)}
-    os.makedirs(ckpt_dir, exist_ok=True)  # :259
-    sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")  # :172
-    dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :175
+    os.makedirs(ckpt_dir, exist_ok=True)  # :275
+    sharded_state_dict = gpt_model.module.sharded_state_dict(prefix="")  # :185
+    dist_checkpointing.save(sharded_state_dict=sharded_state_dict, checkpoint_dir=ckpt_dir)  # :188
     with torch.no_grad():
         for p in gpt_model.parameters():
             p.zero_()  # 抹掉，证明权重来自文件
     checkpoint = dist_checkpointing.load(
         sharded_state_dict=gpt_model.module.sharded_state_dict(prefix=""), checkpoint_dir=ckpt_dir
-    )  # :198
-    mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))  # :201
+    )  # :214
+    mismatches = cv.key_mismatches(gpt_model.module.load_state_dict(checkpoint))  # :217
     restored = all(torch.equal(v, gpt_model.module.state_dict()[k]) for k, v in trained.items())
     return dict(log=log, mismatches=mismatches, restored=restored)
 
@@ -156,7 +156,7 @@ def run(dims, par) -> tuple:
 
 
 def mock_train_dataset(dims):
-    """The published ``get_train_data_iterator``'s dataset (:98-111); its sample order is fixed by
+    """The published ``get_train_data_iterator``'s dataset (:100-115); its sample order is fixed by
     ``random_seed=0`` (numpy). Only the torch ``DataLoader`` on top of it shuffles."""
     dataset_config = GPTDatasetConfig(
         random_seed=0,
@@ -166,7 +166,7 @@ def mock_train_dataset(dims):
         eod_mask_loss=False,
         mid_level_dataset_surplus=0.005,
         tokenizer=MegatronTokenizer.from_pretrained(
-            metadata_path={"library": "null"}, vocab_size=min(dims.seq, dims.vocab)
+            metadata_path={"library": "null-text"}, vocab_size=min(dims.seq, dims.vocab)
         ),
     )
     return BlendedMegatronDatasetBuilder(
@@ -183,15 +183,15 @@ def first_batches(dims, dataset, seed_cpu: bool):
     torch.seed()
     if seed_cpu:
         torch.manual_seed(123)
-    model_parallel_cuda_manual_seed(123)  # :207 -- 只给 CUDA 与 TP 的 RNG 流设种子
+    model_parallel_cuda_manual_seed(123)  # :223 -- 只给 CUDA 与 TP 的 RNG 流设种子
     config = TransformerConfig(**dims.transformer_config_kwargs(), use_cpu_initialization=True)
-    model = GPTModel(  # :60-82，权重从 CPU 默认生成器取
+    model = GPTModel(  # :57-79，权重从 CPU 默认生成器取
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(),
         vocab_size=dims.vocab,
         max_sequence_length=dims.seq,
     )
-    train_iterator = iter(DataLoader(dataset, batch_size=dims.micro_batch_size, shuffle=True))  # :113-115
+    train_iterator = iter(DataLoader(dataset, batch_size=dims.micro_batch_size, shuffle=True))  # :117-119
     tokens = [next(train_iterator)["tokens"] for _ in range(2)]
     return dict(tokens=tokens, position=model.embedding.position_embeddings.weight.detach().clone())
 
@@ -241,7 +241,7 @@ def wiring(dims, par) -> dict:
     all-reduces over TP without and with sequence parallelism."""
     logging.getLogger("megatron.core").setLevel(logging.ERROR)
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(par.tp, 1)  # :206
+    parallel_state.initialize_model_parallel(par.tp, 1)  # :222
     dataset = mock_train_dataset(dims)
     return dict(
         unseeded=first_batches(dims, dataset, seed_cpu=False),

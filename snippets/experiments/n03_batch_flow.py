@@ -67,10 +67,14 @@ def shared_corpus(documents, eod):
 
 
 def null_tokenizer(vocab):
-    """``--tokenizer-type NullTokenizer --vocab-size vocab-1``: ids ``0 .. vocab-2``, EOD ``vocab-1``."""
+    """``--tokenizer-type NullTokenizer --vocab-size vocab``: ids ``0 .. vocab-2``, EOD ``vocab-1``.
+
+    What ``build_tokenizer`` does for that flag (``megatron/core/tokenizers/utils/build_tokenizer.py``
+    :87-100). Since core 0.19 ``--vocab-size`` counts the EOD (``NullTokenizer.__init__``: EOD
+    ``vocab_size - 1``); before, the EOD came on top (``--vocab-size vocab-1``)."""
     from megatron.core.tokenizers import MegatronTokenizer
 
-    return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=vocab - 1)
+    return MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=vocab)
 
 
 def data_flow(prefix, tokenizer, dims, tp, pp, cp):
@@ -112,11 +116,13 @@ def data_flow(prefix, tokenizer, dims, tp, pp, cp):
         batch = get_batch(
             loader,
             BatchArgs(
-                micro_batch_size=dims.micro_batch_size, seq_length=dims.seq, pipeline_model_parallel_size=pp
+                micro_batch_size=dims.micro_batch_size,
+                seq_length=dims.seq,
+                pipeline_model_parallel_size=pp,
+                context_parallel_size=cp,
             ),
             log=log,
         )
-    batch = dict(zip(FIELDS, batch))
 
     def first_row(name):
         return None if batch[name] is None else batch[name][0].tolist()

@@ -50,7 +50,7 @@ def command(prefix, dims, global_batch_size, tp) -> str:
     return (
         f"--data-path {prefix} --split 6,2,2 --seq-length {dims.seq} --micro-batch-size "
         f"{dims.micro_batch_size} --global-batch-size {global_batch_size} --train-iters {RESUME_ITERATIONS} "
-        f"--eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size {dims.vocab - 1} "
+        f"--eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size {dims.vocab} "
         f"--tensor-model-parallel-size {tp}"
     )
 

@@ -1,22 +1,21 @@
 """snippets.data.dataset_args restates how pretrain_gpt.py turns flags into a GPTDatasetConfig and the
-three split sizes. Without a checkout these tests check the restatement against what it must
-produce; with one (``--megatron-src`` / ``MEGATRON_SRC``) they compare it with Megatron-LM's own
-parser, its dict literal and its three functions, run on the same ``args``."""
+three split sizes. These tests check the restatement against what it must produce, and against
+Megatron's own parser and ``get_train_valid_test_num_samples`` (both in the pip package since core
+0.19); with a checkout (``--megatron-src`` / ``MEGATRON_SRC``) also against the dict literal and
+``core_gpt_dataset_config_from_args`` of ``pretrain_gpt.py``, run on the same ``args``."""
 
 from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
 
 from snippets.data import dataset_args
+from snippets.site.sources import installed_root
 
 COMMANDS = [
     "--data-path /d/a --split 98,1,1 --seq-length 8 --train-iters 4 --global-batch-size 4 "
@@ -28,13 +27,16 @@ COMMANDS = [
     "--train-iters 10 --global-batch-size 2 --eval-interval 5 --eval-iters 2 --context-parallel-size 2",
     "--data-path /d/a /d/b --split 1 --seq-length 4 --full-validation --train-iters 3 "
     "--global-batch-size 4 --mid-level-dataset-surplus 0.1 --no-mmap-bin-files",
+    "--data-path /d/a --split 98,1,1 --seq-length 8 --train-iters 8 --global-batch-size 4 "
+    "--eval-interval 2 --eval-iters 1 --start-eval-at-iter 4 --eval-global-batch-size 2 "
+    "--dataloader-inter-document-masking",
 ]
 
 
 def _tokenizer():
     from megatron.core.tokenizers import MegatronTokenizer
 
-    return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=31)
+    return MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=32)
 
 
 TOKENIZER = _tokenizer()
@@ -76,6 +78,9 @@ def test_split_sizes_follow_the_formula():
     assert dataset_args.get_train_valid_test_num_samples(args) == (16, 12, 4)
     args = dataset_args.parse_args(COMMANDS[3])
     assert dataset_args.get_train_valid_test_num_samples(args) == (12, None, 400)
+    # (8 // 2 + 1) evaluations less the 4 // 2 before --start-eval-at-iter, at the eval batch 2
+    args = dataset_args.parse_args(COMMANDS[4])
+    assert dataset_args.get_train_valid_test_num_samples(args) == (32, 6, 2)
 
 
 # ---------------------------------------------------------------- against the tag
@@ -84,7 +89,7 @@ def test_split_sizes_follow_the_formula():
 def _src(request) -> Path:
     value = request.config.getoption("megatron_src", default=None) or os.environ.get("MEGATRON_SRC")
     if not value:
-        pytest.skip("pass --megatron-src PATH (a checkout of core_v0.16.1) to compare with Megatron-LM")
+        pytest.skip("pass --megatron-src PATH (a checkout of core_v0.19.0) to compare with Megatron-LM")
     return Path(value)
 
 
@@ -97,34 +102,11 @@ def _load_function(src: Path, path: str, name: str, namespace: dict):
 
 
 @pytest.fixture(scope="module")
-def real_parser(request):
-    """Megatron-LM's full argument parser, with the four helpers arguments.py imports stubbed."""
-    src = _src(request)
-    before = set(sys.modules)
-    stub_utils = types.ModuleType("megatron.training.utils")
-    for name in ("get_device_arch_version", "update_use_dist_ckpt", "print_rank_0", "warn_rank_0"):
-        setattr(stub_utils, name, lambda *a, **k: None)
-    package = types.ModuleType("megatron.training")
-    package.__path__ = [str(src / "megatron" / "training")]  # argument_utils.py comes from there
-    saved = {k: sys.modules.get(k) for k in ("megatron.training", "megatron.training.utils")}
-    sys.modules.update({"megatron.training": package, "megatron.training.utils": stub_utils})
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "_megatron_arguments", src / "megatron/training/arguments.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        parser = module.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    finally:
-        for key in set(sys.modules) - before:
-            if key.startswith("megatron.training") or key == "_megatron_arguments":
-                del sys.modules[key]
-        for key, value in saved.items():
-            if value is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = value
-    return parser
+def real_parser():
+    """Megatron-LM's full argument parser, from the installed ``megatron.training``."""
+    from megatron.training.arguments import add_megatron_arguments
+
+    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
 
 
 def test_flags_have_megatrons_names_and_defaults(real_parser):
@@ -168,47 +150,48 @@ def test_field_mapping_is_the_dict_literal_of_pretrain_gpt(request):
             assert expression == f"args.{attr}", field
 
 
-def _real_functions(src: Path):
+def _real_config_function(src: Path):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-    from megatron.core.datasets.utils import get_blend_from_list
 
-    blend = _load_function(
-        src,
-        "megatron/training/utils.py",
-        "get_blend_and_blend_per_split",
-        dict(get_blend_from_list=get_blend_from_list, open_file=open, json=json),
-    )
-    config = _load_function(
+    return _load_function(
         src,
         "pretrain_gpt.py",
         "core_gpt_dataset_config_from_args",
         dict(
-            get_blend_and_blend_per_split=blend,
+            get_blend_and_blend_per_split=dataset_args.get_blend_and_blend_per_split,
             build_tokenizer=lambda args: TOKENIZER,
-            get_tokenizer=lambda: TOKENIZER,
             GPTDatasetConfig=GPTDatasetConfig,
             json=json,
         ),
     )
-    return blend, config
+
+
+def _real_args(real_parser, command, ours):
+    real_args = real_parser.parse_args(command.split())
+    real_args.data_parallel_size = ours.data_parallel_size  # validate_args' job
+    real_args.eval_global_batch_size = ours.eval_global_batch_size  # also validate_args'
+    return real_args
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_same_config_and_sizes_as_megatron(command, real_parser, request):
-    src = _src(request)
-    real_blend, real_config = _real_functions(src)
-    real_args = real_parser.parse_args(command.split())
+def test_same_sizes_as_megatron(command, real_parser):
     ours = dataset_args.parse_args(command, world_size=8)
-    real_args.data_parallel_size = ours.data_parallel_size  # validate_args' job
-    assert real_blend(real_args) == dataset_args.get_blend_and_blend_per_split(ours)
-    assert real_config(real_args) == dataset_args.core_gpt_dataset_config_from_args(ours, TOKENIZER)
+    real_args = _real_args(real_parser, command, ours)
     real_sizes = _load_function(
-        src,
+        installed_root(),
         "megatron/training/training.py",
         "get_train_valid_test_num_samples",
         dict(get_args=lambda: real_args),
     )
     assert _outcome(real_sizes) == _outcome(dataset_args.get_train_valid_test_num_samples, ours)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_same_config_as_megatron(command, real_parser, request):
+    real_config = _real_config_function(_src(request))
+    ours = dataset_args.parse_args(command, world_size=8)
+    real_args = _real_args(real_parser, command, ours)
+    assert real_config(real_args) == dataset_args.core_gpt_dataset_config_from_args(ours, TOKENIZER)
 
 
 def _outcome(fn, *args):

@@ -24,7 +24,7 @@ def train_blend(tmp_path_factory):
     )
     from snippets.experiments.n03_batch_flow import write_corpus
 
-    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=31)
+    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=32)
     d = str(tmp_path_factory.mktemp("corpus"))
     lengths = [2 + i % 4 for i in range(10)]
     starts = numpy.cumsum([0] + lengths[:-1])
@@ -35,7 +35,7 @@ def train_blend(tmp_path_factory):
     args = parse_args(
         f"--data-path 0.7 {a} 0.3 {b} --split 6,2,2 --seq-length 4 --micro-batch-size 1 "
         "--global-batch-size 4 --train-iters 4 --eval-interval 2 --eval-iters 1 "
-        "--tokenizer-type NullTokenizer --vocab-size 31",
+        "--tokenizer-type NullTokenizer --vocab-size 32",
         world_size=2,
     )
     return BlendedMegatronDatasetBuilder(
