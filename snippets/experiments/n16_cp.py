@@ -45,7 +45,11 @@ def batch_on_cp_rank(dims, cp):
 
     _context_parallel(cp)
     full, batch = make_batch(dims.seq), make_batch(dims.seq)
-    local = get_batch_on_this_cp_rank(batch)
+    # As pretrain_gpt.get_batch calls it (pretrain_gpt.py:167-173): since core 0.19 the CP group must
+    # be given (without it the split reads the world's size and rank, utils.py:2483-2484).
+    local = get_batch_on_this_cp_rank(
+        batch, is_hybrid_cp=False, cp_group=parallel_state.get_context_parallel_group()
+    )
     positions = local["position_ids"][0]
     return dict(
         cp_rank=parallel_state.get_context_parallel_rank(),
@@ -70,7 +74,9 @@ def ring_vs_full(dims, cp, device="cpu"):
     from snippets.record.recorder import record
 
     _context_parallel(cp)
-    positions = get_batch_on_this_cp_rank(make_batch(dims.seq))["position_ids"][0].to(device)
+    cp_group = parallel_state.get_context_parallel_group()
+    local_batch = get_batch_on_this_cp_rank(make_batch(dims.seq), is_hybrid_cp=False, cp_group=cp_group)
+    positions = local_batch["position_ids"][0].to(device)
     torch.manual_seed(0)  # every rank draws the same full-sequence q, k, v and upstream gradient
     q, k, v, dout = (
         torch.randn(dims.seq, dims.micro_batch_size, dims.heads, dims.kv_channels).to(device)

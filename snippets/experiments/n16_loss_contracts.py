@@ -110,7 +110,8 @@ def contracts_step(seq_len=8, hidden=8, heads=2, vocab=32):
             reference.zero_grad()
             loss.backward(retain_graph=True)
             refs[name] = reference.linear_qkv.weight.grad.clone()
-        local = get_batch_on_this_cp_rank(dict(whole[dp_rank]))  # this rank's two chunks
+        # this rank's two chunks
+        local = get_batch_on_this_cp_rank(dict(whole[dp_rank]), is_hybrid_cp=False, cp_group=cp_group)
 
         for name, (_, _, per_token) in VARIANTS.items():
             model = build(per_token, lambda q, k, v: ring_attention(q, k, v, cp_group))

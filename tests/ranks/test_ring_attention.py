@@ -23,7 +23,8 @@ def _ring_vs_full(cp, seq_len, micro_batch, heads, head_dim, dtype):
 
     ps.initialize_model_parallel(context_parallel_size=cp)
     batch = {"position_ids": torch.arange(seq_len).expand(micro_batch, seq_len).clone()}
-    positions = get_batch_on_this_cp_rank(batch)["position_ids"][0]
+    cp_group = ps.get_context_parallel_group()
+    positions = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp_group)["position_ids"][0]
     torch.manual_seed(0)
     q, k, v, dout = (torch.randn(seq_len, micro_batch, heads, head_dim, dtype=dtype) for _ in range(4))
     full = [t.clone().requires_grad_() for t in (q, k, v)]
