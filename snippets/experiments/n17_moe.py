@@ -28,7 +28,6 @@ def build_moe_layer(dims, ep, dispatcher="alltoall", tell_router=True, experts=4
     """The real ``MoELayer`` on this rank: ``experts`` experts of FFN ``dims.ffn``, top-``topk``."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.moe.moe_layer import MoELayer
 
     config = TransformerConfig(
         num_layers=1,
@@ -44,7 +43,9 @@ def build_moe_layer(dims, ep, dispatcher="alltoall", tell_router=True, experts=4
         use_cpu_initialization=True,
     )
     spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False)
-    layer = MoELayer(config, spec.submodules.mlp.submodules, layer_number=1)
+    # Since core 0.19 the spec's mlp is a builder, partial(MoELayer, submodules=MoESubmodules(...))
+    # (moe_module_specs.py:87); TransformerLayer calls it with the config (transformer_layer.py:431).
+    layer = spec.submodules.mlp(config=config, layer_number=1)
     if tell_router:  # the constructor keeps layer_number to itself (note 17, 遗留问题 3)
         layer.set_layer_number(1)
     return layer

@@ -293,7 +293,6 @@ def _moe_layer_against_dense(ep):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.moe.moe_layer import MoELayer
 
     from snippets.record import recorder
 
@@ -312,7 +311,7 @@ def _moe_layer_against_dense(ep):
         use_cpu_initialization=True,
     )
     torch.manual_seed(0)
-    layer = MoELayer(config, get_gpt_layer_local_spec(num_experts=4).submodules.mlp.submodules)
+    layer = get_gpt_layer_local_spec(num_experts=4).submodules.mlp(config=config)  # partial(MoELayer, ...)
     torch.manual_seed(10 + dist.get_rank())
     x = torch.randn(6, 1, 8, requires_grad=True)
     with recorder.record() as calls:
