@@ -1,4 +1,4 @@
-"""Every pinned link names a symbol that really sits at that line of core_v0.16.1."""
+"""Every pinned link names a symbol that really sits at that line of the pinned tag (sources.TAG)."""
 
 import os
 import re
@@ -23,16 +23,14 @@ def test_the_site_cites_code():
 
 
 def test_no_link_to_another_ref():
-    # Links to Megatron-LM must use the pinned tag, never main or a moving branch; the one other
-    # tag is the newer release the "到 core_v0.19.0 变了什么" comparisons pin.
-    from snippets.site.changes import NEW_TAG
-
+    # Links to Megatron-LM must use the pinned tag, never main or a moving branch (the pitfall
+    # page's links to a main commit are generated, not written in these files).
     bad = []
     for path in CITING:
         for url in re.findall(
             r"https://github\.com/NVIDIA/Megatron-LM/(?:blob|tree)/[^\s)\"']+", path.read_text()
         ):
-            if url.split("/")[6] not in (sources.TAG, NEW_TAG):
+            if url.split("/")[6] != sources.TAG:
                 bad.append((path.name, url))
     assert not bad
 
