@@ -1,25 +1,34 @@
 """Drift report: which of the site's citations moved, changed or vanished in a newer Megatron-LM.
 
 ``python -m snippets.site.drift --new-src PATH [--old-src PATH]`` reads every pinned link the site
-shows (notes, pages, README) and every Megatron line the CPU patches need, finds each cited
-symbol or statement in the checkout at ``PATH`` (any newer tag) and prints one row per citation:
+shows (notes, pages, README; both ends of a range) and every Megatron line the CPU patches need,
+finds each cited symbol or statement in the checkout at ``PATH`` (any newer tag or commit) and
+prints one row per citation:
 
 - ``unchanged``: the symbol sits at the same line and its body (the definition and its indented
-  block) is the same text;
-- ``moved``: same body at another line;
-- ``changed``: the body differs (``changed, moved`` when the line moved too);
-- ``vanished``: the file or the symbol is gone;
-- ``unchecked``: no text at ``core_v0.16.1`` to compare with — files outside the pip package
-  need ``--old-src`` (a checkout of the tag) for their bodies.
+  block) is the same text; a statement: the same stripped text at the same line;
+- ``moved``: same body (same statement) at another line;
+- ``changed``: the body differs (``changed, moved`` when the line moved too); a statement whose
+  text is no longer in the function that held it;
+- ``vanished``: the file, the symbol, or the function that held the statement is gone;
+- ``blank``: the cited line is blank at the tag: a blank line is no statement, the citation is wrong;
+- ``unchecked``: no text at the tag to compare with -- files outside the pip package
+  (``pretrain_gpt.py``, ``examples/``, ``tests/``) need ``--old-src`` (a checkout of the tag).
 
-``megatron/core`` at the tag is read from the installed ``megatron-core==0.16.1``. A reader on a
-newer release re-reads the rows that are not ``unchanged``.
+A statement is followed the way :mod:`snippets.site.repin` re-pins it (its
+:func:`~snippets.site.repin.follow_statement` and :func:`~snippets.site.repin.owner_span`): by its
+whole stripped text, never as a substring (``gradient_scaling_factor = ...`` is not found inside
+``expert_gradient_scaling_factor = ...``), and only inside the function that held it at the tag,
+found again by its qualified name (a statement at module level: in the module).
+
+The text at the tag (:data:`sources.TAG`) is read from the installed ``megatron-core`` (since 0.19 its
+wheel holds ``megatron/training`` too), else from ``--old-src``. A reader on a newer release re-reads
+the rows that are not ``unchanged``.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -28,15 +37,22 @@ from pathlib import Path
 from snippets.site import sources
 
 ROOT = Path(__file__).resolve().parents[2]
-STATEMENT = re.compile(r"`?(?P<path>[\w/.]+\.py):(?P<line>\d+)`?")
+
+
+def _repin():
+    # repin builds on this module (block, _find, _read): imported where it is used, not at the top,
+    # so that neither module imports the other while it is being imported
+    from snippets.site import repin
+
+    return repin
 
 
 @dataclass(frozen=True)
 class Citation:
     path: str  # Megatron path, e.g. megatron/core/parallel_state.py
-    line: int  # line at core_v0.16.1
+    line: int  # line at the pinned tag (sources.TAG)
     symbol: str | None  # a definition (def / class / assignment), or None for a statement
-    text: str | None = None  # for a statement: what that line must contain
+    text: str | None = None  # a CPU patch site's fragment, shown in the report (the whole line is followed)
 
 
 @dataclass
@@ -48,17 +64,16 @@ class Row:
 
 
 def site_citations(root: Path = ROOT) -> dict[Citation, list[str]]:
-    """Every citation the site makes, with the files that make it."""
+    """Every citation the site makes, with the files that make it (a range: both its ends)."""
     from snippets.cpu import PATCHES
 
+    repin = _repin()
     found: dict[Citation, list[str]] = defaultdict(list)
-    for where, text, path, line in sources.cited_links(root):
-        if line is None:
-            continue
-        symbol = sources.symbol_of(text)
-        if STATEMENT.fullmatch(text.strip()):
-            symbol = None
-        found[Citation(path, line, symbol)].append(where)
+    for file in sources.citing_files(root):
+        where = file.relative_to(root).as_posix()
+        for group in repin.link_cites(file.read_text(encoding="utf-8"), sources.TAG):
+            for c in group:
+                found[Citation(c.path, c.line, c.symbol)].append(where)
     for patch in PATCHES:
         for site in patch.sites:
             found[Citation(site.path, site.line, None, site.text)].append(f"cpu_compat:{patch.name}")
@@ -118,19 +133,12 @@ def _find(new: list[str], symbol: str, old_body: str | None, old_line: int) -> i
 
 def check(citation: Citation, old_src: Path | None, new_src: Path) -> tuple[str, int | None]:
     """(status, line in the new checkout) for one citation."""
-    in_package = citation.path.startswith("megatron/core/")
-    old = _read(sources.installed_root() if in_package else old_src, citation.path)
+    old = _read(sources.installed_root(), citation.path) or _read(old_src, citation.path)
     new = _read(new_src, citation.path)
+    if citation.symbol is None:
+        return _check_statement(citation.line, old, new)
     if new is None:
         return "vanished", None
-    if citation.symbol is None:  # a statement: follow its text
-        text = citation.text or (old[citation.line - 1].strip() if old else None)
-        if text is None:
-            return "unchecked", None
-        if citation.line <= len(new) and text in new[citation.line - 1]:
-            return "unchanged", citation.line
-        hits = [i + 1 for i, row in enumerate(new) if text in row]
-        return ("moved", hits[0]) if len(hits) == 1 else ("changed", None)
     old_body = block(old, citation.line) if old else None
     line = _find(new, citation.symbol, old_body, citation.line)
     if line is None:
@@ -141,6 +149,23 @@ def check(citation: Citation, old_src: Path | None, new_src: Path) -> tuple[str,
     if same:
         return ("unchanged" if line == citation.line else "moved"), line
     return ("changed" if line == citation.line else "changed, moved"), line
+
+
+def _check_statement(line: int, old: list[str] | None, new: list[str] | None) -> tuple[str, int | None]:
+    """A statement: its whole stripped text at the tag, looked for in the function that held it."""
+    if old is not None and (line > len(old) or not old[line - 1].strip()):
+        return "blank", None
+    if new is None:
+        return "vanished", None
+    if old is None:
+        return "unchecked", None
+    repin = _repin()
+    if repin.owner_span(old, new, line) is None:
+        return "vanished", None
+    new_line = repin.follow_statement(old, new, line)
+    if new_line is None:
+        return "changed", None
+    return ("unchanged" if new_line == line else "moved"), new_line
 
 
 def report(
@@ -157,7 +182,7 @@ def report(
     return rows
 
 
-ORDER = ["vanished", "changed, moved", "changed", "moved", "unchecked", "unchanged"]
+ORDER = ["blank", "vanished", "changed, moved", "changed", "moved", "unchecked", "unchanged"]
 
 
 def render(rows: list[Row]) -> str:
@@ -182,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m snippets.site.drift",
         description=f"Which cited Megatron lines moved, changed or vanished since {sources.TAG}.",
     )
-    parser.add_argument("--new-src", required=True, type=Path, help="a Megatron-LM checkout at a newer tag")
+    parser.add_argument(
+        "--new-src", required=True, type=Path, help="a Megatron-LM checkout at a newer tag or commit"
+    )
     parser.add_argument(
         "--old-src", type=Path, help=f"a checkout of {sources.TAG}, to compare files outside megatron/core"
     )

@@ -1,4 +1,5 @@
-"""The drift report, on a small fake 'newer' checkout made from the installed 0.16.1 files."""
+"""The drift report: on a small fake 'newer' checkout made from the installed files of the pinned tag,
+and on made-up sources that show how a statement is followed (whole text, inside its function)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ def _cite(path, symbol):
     return drift.Citation(CORE + path, sources.find_line(CORE + path, symbol), symbol)
 
 
+def _statement(path, text, fragment=None):
+    """A statement citation of the installed line that reads ``text`` (stripped, the first one)."""
+    lines = sources.file_lines(CORE + path)
+    line = next(i + 1 for i, row in enumerate(lines) if row.strip() == text)
+    return drift.Citation(CORE + path, line, None, fragment)
+
+
 def test_each_kind_of_drift_is_named(newer):
     cases = {
         _cite("parallel_state.py", "RankGenerator"): ("moved", 3),
@@ -59,10 +67,12 @@ def test_each_kind_of_drift_is_named(newer):
         _cite("tensor_parallel/mappings.py", "_reduce"): ("vanished", None),
         _cite("tensor_parallel/mappings.py", "_gather_along_first_dim"): ("unchanged", 0),
         _cite("optimizer/clip_grads.py", "get_grad_norm_fp32"): ("unchanged", 0),
-        drift.Citation(
-            CORE + "optimizer/clip_grads.py", 167, None, "param.grad.type() == 'torch.cuda.FloatTensor'"
+        _statement(
+            "optimizer/clip_grads.py",
+            "assert param.grad.type() == 'torch.cuda.FloatTensor'",
+            "param.grad.type() == 'torch.cuda.FloatTensor'",
         ): ("unchanged", 0),
-        drift.Citation(CORE + "parallel_state.py", 20, None): ("moved", 3),
+        _statement("parallel_state.py", "logger = logging.getLogger(__name__)"): ("moved", 3),
         _cite("optimizer/optimizer.py", "MegatronOptimizer"): ("vanished", None),  # file deleted
     }
     rows = drift.report(newer, citations={c: ["test"] for c in cases})
@@ -76,19 +86,21 @@ def test_each_kind_of_drift_is_named(newer):
 
 
 def test_every_citation_of_the_site_is_found_in_the_tag_itself():
-    # Against 0.16.1 itself every megatron/core citation is unchanged; that also proves the
-    # report can read every citation the site makes.
-    rows = drift.report(sources.installed_root())
-    core = [r for r in rows if r.citation.path.startswith(CORE)]
-    assert len(core) >= 100
-    assert [r for r in core if r.status != "unchanged"] == []
-    assert all(r.status == "vanished" for r in rows if not r.citation.path.startswith(CORE))
+    # Against the tag itself every megatron/core citation is unchanged (and none is a blank line);
+    # that also proves the report can read every citation the site makes.
+    installed = sources.installed_root()
+    rows = drift.report(installed)
+    packaged = [r for r in rows if (installed / r.citation.path).is_file()]
+    assert len([r for r in packaged if r.citation.path.startswith(CORE)]) >= 100
+    assert [r for r in packaged if r.status != "unchanged"] == []
+    # outside the wheel (pretrain_gpt.py, examples/, tests/): not in the "newer" tree either
+    assert all(r.status == "vanished" for r in rows if r not in packaged)
 
 
 def test_non_core_files_are_compared_with_a_checkout_of_the_tag(request, tmp_path):
     src = request.config.getoption("megatron_src", default=None)
     if not src:
-        pytest.skip("needs --megatron-src (a checkout of core_v0.16.1)")
+        pytest.skip(f"needs --megatron-src (a checkout of {sources.TAG})")
     rows = drift.report(Path(src), old_src=Path(src))
     assert rows and all(r.status == "unchanged" for r in rows), [r for r in rows if r.status != "unchanged"][
         :5
@@ -114,3 +126,92 @@ def test_command_prints_the_table(newer):
     )
     assert proc.returncode == 0, proc.stderr
     assert "| status | path |" in proc.stdout and "| moved | megatron/core/parallel_state.py |" in proc.stdout
+
+
+OLD = """\
+LIMIT = 3
+
+
+def scale(world):
+    if world > 1:
+        gradient_scaling_factor = 1.0 / world
+        expert_gradient_scaling_factor = 1.0 / world
+    return gradient_scaling_factor
+
+def other():
+    x = 1
+    return x
+
+
+def gone():
+    return 0
+"""
+
+NEW = """\
+# a header line
+LIMIT = 3
+
+
+def scale(world):
+    assert world > 0  # new
+    if world > 1:
+        gradient_scaling_factor = 2.0 / world
+        expert_gradient_scaling_factor = 1.0 / world
+    return gradient_scaling_factor
+
+
+def helper():
+    x = 1
+    return x
+
+
+def other():
+    x = 2
+    return x
+"""
+
+FAKE = "megatron/training/fake.py"
+
+
+@pytest.fixture()
+def made_up(tmp_path):
+    """(old checkout, new checkout) holding OLD and NEW as one file outside megatron/core."""
+    for name, text in (("old", OLD), ("new", NEW)):
+        (tmp_path / name / FAKE).parent.mkdir(parents=True)
+        (tmp_path / name / FAKE).write_text(text)
+    return tmp_path / "old", tmp_path / "new"
+
+
+def _at(text: str, statement: str) -> int:
+    return next(i + 1 for i, row in enumerate(text.splitlines()) if row.strip() == statement)
+
+
+@pytest.mark.parametrize(
+    "statement, status, new_line",
+    [
+        # the old text survives only inside a longer line: not found, never "moved" onto it
+        ("gradient_scaling_factor = 1.0 / world", "changed", None),
+        # the same text in another function is not this statement
+        ("x = 1", "changed", None),
+        (
+            "expert_gradient_scaling_factor = 1.0 / world",
+            "moved",
+            _at(NEW, "expert_gradient_scaling_factor = 1.0 / world"),
+        ),
+        ("return gradient_scaling_factor", "moved", _at(NEW, "return gradient_scaling_factor")),
+        ("LIMIT = 3", "moved", 2),  # module level: followed in the module
+        ("return 0", "vanished", None),  # its function is gone
+    ],
+)
+def test_a_statement_is_followed_by_its_whole_text_inside_its_function(made_up, statement, status, new_line):
+    old_src, new_src = made_up
+    citation = drift.Citation(FAKE, _at(OLD, statement), None)
+    assert drift.check(citation, old_src, new_src) == (status, new_line)
+
+
+def test_a_blank_line_is_never_a_statement(made_up):
+    old_src, new_src = made_up
+    blank = OLD.splitlines().index("") + 1
+    assert drift.check(drift.Citation(FAKE, blank, None), old_src, new_src) == ("blank", None)
+    rows = drift.report(new_src, old_src, citations={drift.Citation(FAKE, blank, None): ["test"]})
+    assert drift.render(rows).splitlines()[0] == "1 citations: 1 blank"
