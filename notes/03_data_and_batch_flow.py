@@ -41,8 +41,8 @@
 # | [`pretrain_gpt.py::train_valid_test_datasets_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L444) | 选类（`GPTDataset` / `MockGPTDataset` / SFT），调 builder |
 # | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361) | 只有首 / 尾 stage 的 TP rank 0 建数据集 |
 # | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 每个 micro-batch：TP 广播，再 CP 切分 |
-# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517) | TP 群里的 broadcast（不在 pip 包里，见 `snippets/data/batch_flow.py`） |
-# | [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469) | `--data-path` 等 → `blend` / `blend_per_split` |
+# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119) | TP 群里的 broadcast（0.19.0 起在 `megatron/core/utils.py`，随 pip 包安装；`snippets/data/batch_flow.py` 是本篇的重写） |
+# | [`common_utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/utils/common_utils.py#L507) | `--data-path` 等 → `blend` / `blend_per_split` |
 # | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513) | 调 provider、建 DataLoader |
 # | [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115) | 按 DP rank 取 micro-batch 的下标 |
 # | [`gpt_dataset.py::GPTDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L26) | GPT 数据的全部配置 |
@@ -57,7 +57,7 @@
 # | [`gpt_dataset.py::MockGPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L898) | 不读文件的合成数据（simple loop 用它） |
 # | [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_dataset.py#L25) | 按权重从几个数据集里取样本 |
 # | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：每个 rank 留 2·CP 块里的两块 |
-# | [`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041) | packed（THD）：造 `PackedSeqParams` |
+# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | packed（THD）：由 `cu_seqlens` 造 `PackedSeqParams`（[`pretrain_gpt.py:323`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)） |
 # | [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10) | `cu_seqlens_*`、`max_seqlen_*` 交给 attention |
 # | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L82) | simple loop 的数据：mock + 普通 `DataLoader` |
 
@@ -505,19 +505,19 @@ print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **`cu_seqlens` 每次发两遍（运行确认）。** tag 上的 `get_batch_on_this_tp_rank` 在按 stage 分支的广播之后，发送方和接收方
-#    各自又定义一遍 `_broadcast_cu_seqlens` 并再调用一次，随后再广播一次 `max_seqlen`
-#    （[`utils.py:604`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L604) 与
-#    [`utils.py:730`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L730)）。
+# 1. **`cu_seqlens` 每次发两遍（0.16.1，运行确认）。** 0.16.1 的 `get_batch_on_this_tp_rank` 在按 stage 分支的广播之后，发送方和接收方
+#    各自又定义一遍 `_broadcast_cu_seqlens` 并再调用一次，随后再广播一次 `max_seqlen`。
 #    两边都重复，所以能对上；代价是 PP=1 时 9 次广播里 4 次花在一个通常为空的 `cu_seqlens` 上。
-# 2. **带 `max_seqlen` 的 packed 数据在 TP>1 时错配。** 接收方给 `max_seqlen` 的缓冲只在 hybrid CP 时分配
-#    （[`utils.py:671`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L671)
-#    覆盖了上面按 `args.sft` 分配的那一个），发送方却只要数据里有 `max_seqlen` 就发（`SFTDataset` 的样本就有）。
+#    0.19.0 把这个函数搬进 `megatron/core/utils.py` 并重写：只有数据带 `cu_seqlens`（或 hybrid CP）时，
+#    各 stage 的分支里才发它，且只发一次（[`utils.py:2214`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214)）。
+# 2. **带 `max_seqlen` 的 packed 数据在 TP>1 时错配（0.16.1）。** 0.16.1 的接收方给 `max_seqlen` 的缓冲只在 hybrid CP 时分配
+#    （后一次赋值覆盖了按 `args.sft` 分配的那一个），发送方却只要数据里有 `max_seqlen` 就发（`SFTDataset` 的样本就有）。
 #    下面用 `PairedBroadcast` 把一个 TP 群的发送方与接收方在同一进程里对放：第 8 次接收就错位了。
-#    换成 tag 上的原函数，错位完全一样；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
+#    换成 0.16.1 上的原函数，错位完全一样；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
 #    的字节读成 `cu_seqlens` 的长度，试图分配几十 TB 内存而失败。即使广播对上了，接收方的 `max_seqlen` 是 None，
 #    `get_batch` 里的 `max_seqlen.dim()` 也会失败。上游之后有 [issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092)
-#    与重写 `get_batch` 的 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)。
+#    与重写 `get_batch` 的 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)。0.19.0 的收发两边用同一个条件：
+#    数据带 `cu_seqlens` 或 hybrid CP 时，接收方才分配 `max_seqlen` 的缓冲（[`utils.py:2285`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2285)），发送方也才发它。
 # 3. **`cu_seqlens_padded` 永远是 None。** `get_batch` 从 batch 里 `pop('cu_seqlens_padded', None)`，但
 #    `get_batch_on_this_tp_rank` 返回的 dict 里根本没有这个键（下面第二格）；THD + CP>1 要用它算切分下标。
 # 4. **simple loop 的 mock 数据比看上去贵。** sizes `[1000, None, None]` 仍会为 train / valid / test 各建一个整 epoch 的

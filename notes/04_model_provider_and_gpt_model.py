@@ -43,7 +43,7 @@
 # | [`gpt_builders.py::_get_transformer_layer_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L108) | `--transformer-impl` 选 TE / local spec |
 # | [`arguments.py::_add_network_size_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2195) | 由 `TransformerConfig` 的字段生成命令行参数（带排除表） |
 # | [`argument_utils.py::ArgumentGroupFactory`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L45) | 字段 → `--flag` 的命名规则 |
-# | [`arguments.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1306) | `args` → `TransformerConfig`：同名拷贝 + 手工覆盖 |
+# | [`argument_utils.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L277) | `args` → `TransformerConfig`：同名拷贝 + 手工覆盖 |
 # | [`transformer_config.py::TransformerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L54) | 模型结构的全部超参数 |
 # | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L46) | 它的父类：并行、精度、通信重叠 |
 # | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 只用 Megatron Core 自己的模块 |
@@ -94,7 +94,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:1449](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1449)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
 # | `get_model` | provider、model type | 模型 chunk 的 list（已包 DDP） | provider、`set_defaults_if_not_set_...`、`Float16Module`、DDP | 读 PP / VPP 坐标；DDP 用 DP 群 | 间接（provider） | 是：建参数 | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` |
 # | `model_provider` | builder、`pre_process`、`post_process`、`vp_stage` | 模型 | 无（转交 builder） | 否 | 否 | 否 | `model_provider()` |
 # | `gpt_builder` | `args`、`pre_process`、`post_process` | `GPTModel` | `TransformerConfig`、layer spec、`GPTModel` | 否 | 间接 | 是：建参数 | `model_provider()` 的函数体 |
@@ -188,7 +188,7 @@ except NameError as err:
     print("NameError:", err)
 
 # %% [markdown]
-# `gpt_layer_specs.py` 只在 `import transformer_engine` 成功时才导入 `TESpecProvider`（[gpt_layer_specs.py 第 41–48 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_layer_specs.py#L41-L48)），这个名字不存在。
+# `gpt_layer_specs.py` 只在 `HAVE_TE` 为真（`transformer_engine` 能导入）时才导入 `TESpecProvider`，否则把它设成 `None`（[gpt_layer_specs.py 第 46–54 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L46-L54)），调用它就失败。
 # 但 spec 是纯数据，不实例化任何 TE 模块；`snippets.config.model_specs.transformer_engine_spec_without_te` 在一个
 # `with` 块里把这个名字绑到真实的 `TESpecProvider`（并让它的 TE 版本检查回答"够新"），真实函数就能造出真实的 spec。
 # 没有 TE 时 TE 类是 `MagicMock` 替身，表里按它们在 `transformer_engine.py` 里的名字标出：
@@ -345,11 +345,11 @@ count_rows_table
 # ## 遗留问题
 #
 # 1. **`--init-method-xavier-uniform` 在 tag 上会失败。** `core_transformer_config_from_args` 在这个开关下设
-#    `kw_args['scaled_init_method']`（[`arguments.py:1347`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1347)），
+#    `kw_args['scaled_init_method']`（[`argument_utils.py:329`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L329)），
 #    而 `TransformerConfig` 已经没有这个字段（它叫 `output_layer_init_method`）：构造时 `TypeError`（下面第一格）。
-# 2. **`_get_transformer_layer_spec` 的第 5 个位置参数对不上。** 它把 `args.experimental_attention_variant` 按位置传进
+# 2. **`_get_transformer_layer_spec` 的第 5 个位置参数对不上。** 它把 `config.experimental_attention_variant` 按位置传进
 #    `get_gpt_layer_with_transformer_engine_spec` / `get_gpt_layer_local_spec`，而这两个函数的第 5 个参数是已废弃的
-#    `fp8`（[`gpt_builders.py:135`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/gpt_builders.py#L135)，下面第二格）。
+#    `fp8`（[`gpt_builders.py:124`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L124)，下面第二格）。
 #    走到这一支时 `experimental_attention_variant` 必为 None（前面的 `if` 已经截走了非 None），所以目前无害。
 # 3. **TE spec 的 norm 类型不看 `--normalization`。** `get_gpt_layer_with_transformer_engine_spec` 不接收 `normalization`；
 #    `TELayerNormColumnParallelLinear` 在实例化时才按 `config.normalization` 选 LayerNorm / RMSNorm。没有 TE 时无法运行验证。

@@ -36,11 +36,11 @@
 # |---|---|
 # | [`checkpointing.py::save_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L552) | 正式入口的保存：拼 state dict，选格式，写 tracker 文件 |
 # | [`checkpointing.py::generate_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1296) | 把 args、iteration、model、optimizer、scheduler、rng 放进一个 dict |
-# | [`checkpointing.py:635`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635) | `torch_dist` 格式时调用 `dist_checkpointing.save` |
+# | [`checkpointing.py:827`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L827) | `torch_dist` 格式时调用 `dist_checkpointing.save` |
 # | [`checkpointing.py::get_checkpoint_name`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L195) | `iter_0000100` 这样的子目录名 |
 # | [`checkpointing.py::get_checkpoint_tracker_filename`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L340) | `latest_checkpointed_iteration.txt` |
 # | [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2066) | 正式入口的加载：读 tracker，按当前模型生成 sharded state dict，加载后 `load_state_dict` |
-# | [`checkpointing.py:1130`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1130) | 调用 `dist_checkpointing.load` |
+# | [`checkpointing.py:1601`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1601) | 调用 `dist_checkpointing.load` |
 # | [`serialization.py::save`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L349) | Core 的保存入口 |
 # | [`serialization.py::load`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L69) | Core 的加载入口 |
 # | [`mapping.py::ShardedTensor`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L52) | 本地 tensor + 它在全局 tensor 里的位置 |
@@ -235,13 +235,13 @@ draw_reshard(chunk_writers([r["rows"] for r in results], LOCAL_QKV, saved["chunk
 # - **外层 dict。** `generate_state_dict` 在模型之外放进 `args`、`iteration`、`checkpoint_version`、`optimizer`、
 #   `opt_param_scheduler`、`rng_state` 等；非 tensor 的部分进 `common.pt`。
 # - **目录与 tracker。** 写在 `<save>/iter_0000100/`，rank 0 再写 `latest_checkpointed_iteration.txt`；`load_checkpoint` 先读它决定加载哪一步。
-# - **格式。** `--ckpt-format torch_dist` 走 `dist_checkpointing.save`（[`checkpointing.py:606`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L606) 起的分支）；老的 `torch` 格式是每个 (TP, PP) rank 一个
+# - **格式。** `--ckpt-format torch_dist` 走 `dist_checkpointing.save`（[`checkpointing.py:765`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L765) 起的分支）；老的 `torch` 格式是每个 (TP, PP) rank 一个
 #   `mp_rank_XX/model_optim_rng.pt`，不能换并行度加载。
 # - **优化器状态。** 分布式优化器的 Adam 状态按 DP 切成连续的扁平区间（笔记 15）。`optimizer.sharded_state_dict(model_sd,
 #   sharding_type=...)` 按所选格式描述它：`dp_reshardable` 按 DP 段存，`fully_reshardable` 先在 DP 群里 all-gather 再按参数存，
 #   所以能否换并行度取决于格式（正式入口由 `--dist-ckpt-optim-fully-reshardable` 选）。下面真的跑一次。
 # - **RNG 状态。** 每个 (TP, PP) rank 一份，存成 ShardedObject；并行度改变后无法一一对应：`load_checkpoint` 只在 checkpoint 的
-#   (TP, PP) 与当前相同时才加载它，否则忽略（[`checkpointing.py:1560`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1560)；`--no-load-rng` 也可关掉）。
+#   (TP, PP) 与当前相同时才加载它，否则忽略（[`checkpointing.py:2172`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2172)；`--no-load-rng` 也可关掉）。
 
 # %% [markdown]
 # ### 换并行度加载优化器状态：DP=2 存 → DP=1 读

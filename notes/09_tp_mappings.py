@@ -401,11 +401,11 @@ Table(["函数", "调用处个数", "文件"], [[n, len(callers(n)), ", ".join(c
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **非连续输入会让 g 悄悄不求和（运行确认）。** [`mappings.py:31`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/mappings.py#L31)
-#    对 `input_.contiguous()` 做 all-reduce，[`mappings.py:37`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L37)
+# 1. **非连续输入会让 g 悄悄不求和（0.16.1，运行确认）。** 0.16.1 的 `_reduce` 对 `input_.contiguous()` 做 all-reduce，
 #    却返回原来的 `input_`。输入连续时 `contiguous()` 返回它自己，原地求和生效；输入不连续（例如转置过）时，
 #    求和写进了一个临时副本，返回的还是本 rank 的部分和。下面的单元格把转置过的张量交给 g：每个 rank 拿回的是自己的输入，
-#    不是两个 rank 之和。Megatron 自己的调用处传的都是矩阵乘的连续输出，所以没有触发。
+#    不是两个 rank 之和。Megatron 自己的调用处传的都是矩阵乘的连续输出，所以没有触发。0.19.0 已改：先把 `input_`
+#    换成它的连续版本（[`mappings.py:34`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L34)），对这一份做 all-reduce 并返回它（[`mappings.py:37`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L37)）。
 # 2. **docstring 与代码不一致（运行确认）。** `scatter_to_tensor_model_parallel_region` 的 docstring
 #    （[`mappings.py:505`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L505)）
 #    说正向是 RS（reduce-scatter），记录表里它的正向根本不通信，只是本地切片；`scatter_to_sequence_parallel_region`

@@ -445,7 +445,7 @@ sp[0]["comm"]
 #    Megatron 的 `weight.shape` 是 `[4096, 2048]`、`[4096, 6144]`（和 `nn.Linear` 一样 `[out, in]`）。做 checkpoint 转换时这个区别会咬人。
 # 2. **TP 大于 KV head 数时多一次 all-gather（运行确认）。** `num_query_groups < TP` 时
 #    `get_query_key_value_tensors` 先把 `linear_qkv` 的输出 all-gather 成完整宽度，再挑出本卡 group 的那一段
-#    （[`attention.py:1411`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1411)）：
+#    （[`attention.py:1852`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1852)）：
 #    一个 group 被两张卡分着算、又各自拿回整组，K、V 在两卡上重复。Qwen3-8B 只有 8 个 KV head，TP=16 就会走这条路。
 #    下面用 8 个 Q head、2 个 group、TP=4 跑一遍：forward 多一次 all-gather，backward 多一次 reduce-scatter，结果仍等于 TP=1。
 # 3. **local spec 的 torch norm 不支持 SP。** [`torch_norm.py:50`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L50)
@@ -454,8 +454,8 @@ sp[0]["comm"]
 # 4. **不传 `attention_mask` 会在 CPU 上失败。** mask 为 `None` 时 softmax 用
 #    [`utils.py:39`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L39) 现建一个
 #    `device="cuda"` 的因果 mask。本篇显式传 causal mask（GPT 的数据管线本来就给）。
-# 5. **每个 `TransformerConfig` 都会发一条弃用警告。** `cuda_graph_scope` 的缺省值就是 `"full"`
-#    （[`transformer_config.py:784`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），
+# 5. **每个 `TransformerConfig` 都会发一条弃用警告。** `cuda_graph_modules`（原来的 `cuda_graph_scope`）的缺省值就是 `"full"`
+#    （[`transformer_config.py:1047`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1047)），
 #    而 `__post_init__` 见到 `"full"` 就警告它已弃用。无害，`snippets.tp.layer_walk` 把它静音了。
 # 6. **QK norm 的梯度靠参数名找。** `finalize_model_grads` 用 `"q_layernorm" in name` 挑出要在 TP 群求和的参数；
 #    换一个名字的自定义 QK norm 会被静默漏掉，TP 各卡的权重随之漂移。

@@ -38,7 +38,7 @@
 # |---|---|
 # | [`utils.py::VocabUtility.vocab_range_from_global_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L114) | 全局 V → 本卡 `range(start, end)`，要求 V 被 TP 整除 |
 # | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)` |
-# | [`tokenizer.py::_vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/tokenizer/tokenizer.py#L117) | 正式入口：V 向上取整到 `make_vocab_size_divisible_by · TP` |
+# | [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) | 正式入口：V 向上取整到 `make_vocab_size_divisible_by · TP` |
 # | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L245) | 本卡 weight `[V/TP, h]`（CPU 初始化：建完整表再切） |
 # | [`layers.py::VocabParallelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L330) | mask → 查表 → 清零 → all-reduce / reduce-scatter |
 # | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L498) | forward all-reduce，backward 原样 |
@@ -334,7 +334,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 #    （[`gpt_model.py:280`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L280)），
 #    于是每卡拿到**完整的** `[s, b, V]` logits，却照样交给 `vocab_parallel_cross_entropy`
 #    （[`gpt_model.py:794`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L794) →
-#    [`language_module.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L167)）。
+#    [`language_module.py:194`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)）。
 #    函数把"本卡宽度"V 当作一段，Σexp 被 TP 张卡各加一遍，loss 多出 `log(TP)`；backward 用的 softmax 也小了 TP 倍，梯度跟着错。
 #    下面用真实的小 `GPTModel`（fp32）验证：TP=2 时 loss 正好多 `log 2`，backward 照常跑完，梯度却和 `parallel_output=True` 不同。
 #    TP=1 时 loss 是对的，backward 却直接报错：TP=1 的 gather 原样返回输入，autograd 把它当 view，

@@ -218,7 +218,7 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 #
 # ### warm-up、steady、cool-down
 #
-# 非 interleaved：rank r 先做 `p−r−1` 个只有 forward 的 warm-up（[schedules.py 第 2093–2097 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L2093-L2097)，
+# 非 interleaved：rank r 先做 `p−r−1` 个只有 forward 的 warm-up（[schedules.py 第 2243–2244 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L2243-L2244)，
 # 不超过 m），然后 `m − warm-up` 个"一个 forward 接一个 backward"的 steady 步，最后补做 warm-up 那么多个
 # backward（cool-down）。interleaved 的 warm-up 是 `(p−r−1)·2 + (v−1)·g`（g = `microbatch_group_size_per_vp_stage`，
 # 缺省等于 p；[schedules.py 第 937–938 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L937-L938)），总数变成 v·m。下表左边是代码的公式（在每个 rank 上调用
@@ -431,7 +431,7 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 # [`arguments.py:972`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L972)
 # 断言"interleaved 且不开 p2p overlap 时 PP 必须大于 2，以免同一对 rank 在一批里有多个收发"；而正式入口默认开
 # overlap，于是 `batch_p2p_comm = not overlap_p2p_comm` 为 False
-# （[`arguments.py:1326`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1326)），
+# （[`argument_utils.py:307`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L307)），
 # 走的是正确的逐个发送。但这个检查只在 `megatron/training` 里：直接用 Megatron Core 的人拿到的是
 # `ModelParallelConfig.batch_p2p_comm=True` 的缺省值，`ModelParallelConfig` 和 schedule 都不检查，结果静默出错。
 #

@@ -178,7 +178,7 @@ Table(["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省�
 
 # %% [markdown]
 # - **倒序**：buffer 从 `output_layer.weight` 开始、以 `embedding.word_embeddings.weight` 结束，正好与
-#   `named_parameters()` 的注册顺序相反（[param_and_grad_buffer.py 第 711 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/param_and_grad_buffer.py#L711)）。backward 大体按这个顺序产出梯度，
+#   `named_parameters()` 的注册顺序相反（[param_and_grad_buffer.py 第 973 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L973)）。backward 大体按这个顺序产出梯度，
 #   所以 bucket 0 最先凑齐。
 # - **bucket 在参数边界封口**：累计元素数一到 `bucket_size` 就在当前参数之后封口，所以 bucket 大小不一（1056、1312……），
 #   最后一个是剩下的 672 个。一个参数从不跨两个 bucket。
@@ -285,9 +285,9 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # 设为 True 则改用 AVG 归约、不预乘。`calculate_per_token_loss` 时不除 DP，由 `finalize_model_grads` 最后按全局 token 数缩放。
 #
 # **何时发通信。** 每个 bucket group 记账：最后一个 micro-batch 的 backward 里每个参数的 hook 报一次"就绪"，
-# 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（[param_and_grad_buffer.py 第 870–801 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L870-L801)）。标准答案
+# 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（[param_and_grad_buffer.py 第 870–879 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L870-L879)）。标准答案
 # `golden_per_param_grad_ready_counts` 是**第一步**数出来的，在第一步结束的 `reset` 里才存下（[param_and_grad_buffer.py 第 288–298 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L288-L298)）；
-# 第一步的 hook 只数不发，`finish_grad_sync` 看到 `is_first_batch` 就在那里补发（[param_and_grad_buffer.py 第 809–801 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L809-L801)）。这就是上面第 1 步
+# 第一步的 hook 只数不发，`finish_grad_sync` 看到 `is_first_batch` 就在那里补发（[param_and_grad_buffer.py 第 809–810 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L809-L810)）。这就是上面第 1 步
 # 全部在 finalize 里、第 2 步才进入 backward 的原因：记账要先知道"齐了"是什么样子（一个参数可能被用两次）。
 #
 # **PP 的其他 stage。** `pp_rank > 0` 时 DDP 不分 bucket（[distributed_data_parallel.py 第 105–106 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L105-L106)）：后面的 stage 晚开始 backward、早结束，

@@ -37,8 +37,8 @@
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
 # | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | 本篇主角：按 2·CP 块切 batch 的每个字段 |
-# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 正式入口：先 TP 广播，再调上一行（[`pretrain_gpt.py:89`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L89)） |
-# | [`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041) | packed（THD）序列的切法，索引由 TE 算 |
+# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 正式入口：先 TP 广播，再调上一行（[`pretrain_gpt.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L167)） |
+# | [`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406) | packed（THD）序列的切法，索引由 TE 算（上一行遇到 `cu_seqlens` 时转给它） |
 # | [`parallel_state.py::get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1828) | CP 群：K/V 在其中传递 |
 # | [`parallel_state.py::get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1758) | `with_context_parallel=True` 时是 DP×CP 群：梯度在其中归约 |
 # | [`transformer_engine.py::TEDotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1770) | 把 `cp_group`、`cp_global_ranks`、`cp_stream`、`cp_comm_type` 交给 TE |
@@ -343,8 +343,8 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# CP 发生在 `forward_step` 的第一行 `get_batch` 里：TP 广播之后立刻按 CP 切（正式入口 [pretrain_gpt.py 第 89 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L89)；
-# packed 序列走 `get_thd_batch_on_this_cp_rank`）。之后整个模型只处理 `s/CP` 个 token，激活显存按 CP 缩小——
+# CP 发生在 `forward_step` 的第一行 `get_batch` 里：TP 广播之后立刻按 CP 切（正式入口 [pretrain_gpt.py 第 167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L167)；
+# packed 序列由它转给 `_get_batch_on_this_cp_rank_per_document_balancing`）。之后整个模型只处理 `s/CP` 个 token，激活显存按 CP 缩小——
 # 这是长序列训练要 CP 的原因。attention 里每层前向、反向各绕一圈环；`loss_func` 只对本地 token 求和并返回本地 token 数：
 # 按 token 归一（`calculate_per_token_loss`）时 token 数在 DP×CP 群里相加，否则 schedule 先除以本地 token 数；
 # 只返回两项的旧式 `loss_func` 则由 schedule 把 loss 乘以 CP 大小（[`schedules.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L340)）。
@@ -417,11 +417,11 @@ Table(["mask", "写法", "= 各样本 token 平均的平均", "= 全体 token �
 #    （[rope_utils.py 第 62–64 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L62-L64)），没有 GPU 时第一步就报错。本站的补丁都没有覆盖它（本篇的例子不用 RoPE）；
 #    要在 CPU 上跑带 RoPE 的 CP 模型，需要再加一个只作用于 `rope_utils` 的补丁。
 # 3. **TE 替我们做了什么。** 真实的 CP attention 在 TE 里：把每步的 send / recv 放在 `cp_stream` 上与计算重叠、
-#    每步只算可见的半块、支持 GQA / packed THD（`get_thd_batch_on_this_cp_rank` 的索引由 TE 的
+#    每步只算可见的半块、支持 GQA / packed THD（`_get_batch_on_this_cp_rank_per_document_balancing` 的索引由 TE 的
 #    `thd_get_partitioned_indices` 计算，[utils.py 第 2441 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2441)）、以及 `all_gather` / `a2a` 两种变体。
 #    本站的 ring attention 只复现了数学和通信的形状，不复现这些优化。
-# 4. **`TransformerConfig` 的缺省值触发它自己的弃用警告。** `cuda_graph_scope` 缺省是 `"full"`
-#    （[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)），`__post_init__` 见到 `"full"` 就警告它已弃用（[transformer_config.py 第 2167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2167)），
+# 4. **`TransformerConfig` 的缺省值触发它自己的弃用警告。** `cuda_graph_modules`（原来的 `cuda_graph_scope`）缺省是 `"full"`
+#    （[transformer_config.py 第 1047 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1047)），`__post_init__` 见到 `"full"` 就警告它已弃用（[transformer_config.py 第 2415 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2415)），
 #    所以 0.16.1 里每次构造 `TransformerConfig` 都会警告一次；下面的单元格把这条警告滤掉，免得它写进 stderr。
 
 # %%

@@ -54,8 +54,8 @@
 # | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | `num_experts` 不为空时 MLP 槽位是 MoE |
 # | [`parallel_state.py::get_expert_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2237) | EP 群 |
 # | [`parallel_state.py::get_expert_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2382) | 持有同一组 expert 的 rank |
-# | [`distributed_data_parallel.py:289`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L289) | expert 梯度的缩放：缺省分支是 1/(DP×CP)；`average_in_collective` 时见 [`distributed_data_parallel.py:208`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208) |
-# | [`schedules.py:292`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L292) | 给 aux loss 的反向设缩放 |
+# | [`distributed_data_parallel.py:213`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L213) | expert 梯度的缩放：缺省分支是 1/(DP×CP)；`average_in_collective` 时见 [`distributed_data_parallel.py:208`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208) |
+# | [`schedules.py:361`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L361) | 给 aux loss 的反向设缩放 |
 
 # %% [markdown]
 # ## 调用链
@@ -319,11 +319,11 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 # **aux loss 是局部的。** `_apply_aux_loss` 在 `tp_cp` 群里数 token（[router.py 第 422 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/router.py#L422)）：只有同一条序列被 TP / CP
 # 切开的 rank 才合并计数，EP 和 DP 的 rank 各算各的。所以上表里 EP=2 每个 rank 的 aux loss 与 EP=1 处理同一个
 # micro-batch 时完全相同；想在整个 global batch 上均衡要用 `global_aux_loss`（在 `tp_dp_cp` 群里累计）。
-# 反向时 aux loss 的梯度比例由 schedule 设定（[schedules.py 第 292 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py#L292)：`loss_scale × CP / num_microbatches`），与主 loss 一致。
+# 反向时 aux loss 的梯度比例由 schedule 设定（[schedules.py 第 361 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L361)：`loss_scale × CP / num_microbatches`），与主 loss 一致。
 #
 # **梯度归约的两套群。** 稠密参数（router、attention）在每个 rank 上都有副本，梯度在 `dp-cp` 群求和；expert 参数
 # 只在 `edp` 群的 rank 上有副本。DDP 按参数的 `allreduce` 标记分两组 buffer，expert 那组的缩放因子是
-# `edp 大小 / dp-cp 大小`（`average_in_collective` 时，[distributed_data_parallel.py 第 208 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208)；缺省分支两组都是 1/(DP×CP)，[distributed_data_parallel.py 第 289 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/distributed/distributed_data_parallel.py#L289)）：
+# `edp 大小 / dp-cp 大小`（`average_in_collective` 时，[distributed_data_parallel.py 第 208 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208)；缺省分支两组都是 1/(DP×CP)，[distributed_data_parallel.py 第 212–213 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L212-L213)）：
 # 一个 expert 的梯度已经含有 EP 个 rank 的 token，求平均时分母仍要是全部 DP×CP 副本数。
 
 # %% [markdown]
@@ -361,7 +361,7 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 #    `layer_number` 是 `None`，`save_to_aux_losses_tracker` 直接返回，aux loss 照常进梯度却不进日志（下面的单元格）。
 # 4. **反向的 all-to-all 次数取决于输入要不要梯度（运行确认）。** 上面 `micro_batch` 的 `x` 要梯度（真实模型里它来自上一层）；
 #    若 `x` 不要梯度，autograd 跳过 token 的 all-to-all 的反向，反向只剩 2 次（下面的单元格）。数通信次数时要用真实的条件。
-# 5. **`TransformerConfig` 的缺省值触发它自己的弃用警告**（`cuda_graph_scope="full"`，[transformer_config.py 第 784 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_config.py#L784)、[transformer_config.py 第 2167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2167)），
+# 5. **`TransformerConfig` 的缺省值触发它自己的弃用警告**（`cuda_graph_modules="full"`，[transformer_config.py 第 1047 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1047)、[transformer_config.py 第 2415 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2415)），
 #    每个 rank 每次构造都打印一次；local spec 在没有 Apex 时也警告一次。两条都只是提示，本站在导入 `snippets` 时统一滤掉。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}

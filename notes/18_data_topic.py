@@ -46,13 +46,13 @@
 # - [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L16)：`split` → `split_matrix`、`mock`
 # - [`helpers.py::build_sample_idx`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.py#L12) 与 [`megatron/core/datasets/helpers.cpp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.cpp)：C++ 写的 sample index 与 blend index（pip 包里是编译好的 `helpers_cpp`，CPU 上直接可用）
 # - [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377)、[`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97)、[`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L209)
-# - [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L517)（training）、[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612)、[`utils.py::get_thd_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L2041)（core）
+# - [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119)、[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612)、[`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406)（0.19.0 起都在 core）
 # - [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10)
 # - [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115)、[`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513)
 #
 # **本篇逐条读到的符号：**
 #
-# - [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469)：`--data-path` / `--*-data-path` → `blend` / `blend_per_split`
+# - [`common_utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/utils/common_utils.py#L507)：`--data-path` / `--*-data-path` → `blend` / `blend_per_split`
 # - [`utils.py::get_blend_from_list`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/utils.py#L49)：`["0.7", "a", "0.3", "b"]` → `(["a", "b"], [0.7, 0.3])`
 # - [`training.py::get_train_valid_test_num_samples`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4464)：三个 split 各要多少样本
 # - [`blended_megatron_dataset_config.py::convert_split_vector_to_split_matrix`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L175)：`"6,2,2"` → 三段区间
@@ -73,7 +73,7 @@
 # - [`transformer_engine.py::TEDotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1972)：TE attention：把 `PackedSeqParams` 的字段原样交给 TE
 # - [`data_samplers.py::build_pretraining_data_loader`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L19)：`DataLoader(batch_sampler=MegatronPretrainingSampler(consumed_samples=...))`
 # - [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3342)：每步 `consumed_train_samples += dp × mbs × m`（[`training.py:3942`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3942)）
-# - [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2066)：从 checkpoint 里的 `args` 取回 `consumed_train_samples`（[`checkpointing.py:1749`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749)）
+# - [`checkpointing.py::load_checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2066)：从 checkpoint 里的 `args` 取回 `consumed_train_samples`（[`checkpointing.py:2499`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2499)）
 
 # %% [markdown]
 # ## 调用链
@@ -188,7 +188,7 @@ print("b 的文档长度（含 EOD）:", indexed_b.sequence_lengths.tolist())
 #
 # 正式入口里这一步分三处（都不在 pip 包里，`snippets/data/dataset_args.py` 用 Megatron 的名字重写了它们）：
 #
-# 1. [`utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L469)：
+# 1. [`common_utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/utils/common_utils.py#L507)：
 #    `--data-path`（或 `--train/valid/test-data-path`，或写在文件里的同样内容）交给 core 的 `get_blend_from_list`；
 # 2. [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377)：
 #    一个 `字段: args.x` 的字典字面量，原样传给 `GPTDatasetConfig`；
@@ -592,7 +592,7 @@ Table(["rank", "stage", "get_batch 留下的字段", "模型里真被读到的",
 # - 尾 stage 拿着 `tokens=None`、`position_ids=None` 算出的 loss 与单 rank 完整模型相同：它只需要 `labels`、`loss_mask`
 #   和 `attention_mask`；`loss_mask` 模型不读，只进 `loss_func`。
 # - 首 stage 收到三个字段，真正读的只有 `tokens` 和 `attention_mask`：RoPE 下 `position_ids` 白白广播了一次。
-# - 中间 stage 的 `get_batch` 直接返回 6 个 `None`（[`pretrain_gpt.py:72`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/pretrain_gpt.py#L72)），
+# - 中间 stage 的 `get_batch` 直接返回 10 个 `None`（数据不带 `cu_seqlens` 时，[`pretrain_gpt.py:121`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L121)），
 #   它的 attention 收到 `attention_mask=None`，于是自己造一个普通的因果 mask（上表第 5 列：CPU 上在 [`transformer/utils.py:39`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L39) 失败，
 #   GPU 上静默成功）。数据集若用 `--reset-attention-mask` 造了块对角 mask，中间 stage 看不到它（遗留问题 3）。
 #   为了让 schedule 在 CPU 上跑完，本格的 `forward_step` 在 mask 为 `None` 时补上同一个因果 mask。
@@ -735,7 +735,7 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # 状态只有一个整数：`train` 每步把 `dp × micro_batch_size × num_microbatches` 加到 `args.consumed_train_samples`
 # （[`training.py:3942`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3942)）；
 # `save_checkpoint` 把整个 `args` 存进 checkpoint（[`checkpointing.py:1311`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1311)）；
-# `load_checkpoint` 取回它（[checkpointing.py 第 1749 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749)）；`build_train_valid_test_data_loaders` 把它交给
+# `load_checkpoint` 取回它（[checkpointing.py 第 2499 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2499)）；`build_train_valid_test_data_loaders` 把它交给
 # `build_pretraining_data_loader`（[`training.py:4569`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4569)），
 # `MegatronPretrainingSampler` 从这个下标接着切块。数据集本身不存状态：三张索引表由 seed 和 sizes 决定，重启后重建（或读缓存）出同样的表。
 #
@@ -837,12 +837,12 @@ build_table(resume)
 #    改用 [`get_default_causal_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L37)；
 #    用 `--reset-attention-mask` 时，首尾 stage 按文档屏蔽而中间 stage 跨文档 attention。TE 的 attention 在 `causal` 类型下
 #    本来就不看 mask 参数（TE 的约定，本机无 TE，未验证），那时 `--reset-attention-mask` 对哪个 stage 都不起作用——要隔开文档，用 packed 格式。
-# 4. **正式入口给模型的 `cu_seqlens` 是二维的（运行确认非融合 RoPE 会失败）。** `get_batch_on_this_tp_rank` 断言
-#    `cu_seqlens.shape[0] == 1`（[`utils.py:571`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L571)），
-#    之后一路不 squeeze，`get_thd_batch_on_this_cp_rank` 原样放进 `PackedSeqParams`。非融合的 RoPE THD 路径在
-#    [`rope_utils.py:211`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/embeddings/rope_utils.py#L211)
-#    把二维张量当布尔值用而失败（第 6 节最后一行）。正式入口缺省开着 RoPE 融合（`--no-rope-fusion` 才关），走 TE 的
-#    `fused_apply_rotary_pos_emb_thd`；它是否接受二维，本机无 TE，无法验证。关掉融合的 packed 训练会在这一行失败。
+# 4. **0.16.1 的正式入口给模型的 `cu_seqlens` 是二维的（运行确认非融合 RoPE 会失败）。** 0.16.1 的 `get_batch_on_this_tp_rank`
+#    断言 `cu_seqlens.shape[0] == 1`，之后一路不 squeeze，`get_thd_batch_on_this_cp_rank` 原样放进 `PackedSeqParams`；
+#    非融合的 RoPE THD 路径拿到二维张量就失败（第 6 节最后一行；0.19.0 上失败在按段切分的
+#    [`rope_utils.py:223`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L223)）。0.19.0 的正式入口不再这样：`flatten_batch_for_packed_sequences`
+#    把各样本的 `cu_seqlens` 合成 `(1, N)`（[`utils.py:2597`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2597)），`forward_step` 造 `PackedSeqParams`
+#    之前再 squeeze 成一维（[`pretrain_gpt.py:314`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L314)）。
 # 5. **续训改 `--train-iters` / `--train-samples` 会换数据顺序（运行确认）。** 第 2 节：epoch 数或"最后 epoch 单独打乱"一变，
 #    `document_index` 与 `shuffle_index` 整个换掉，而 `consumed_train_samples` 仍按旧序列的偏移跳过。多 epoch 的小语料上，
 #    延长训练再续训会重复一些样本、漏掉另一些。blend 里每个语料的 `num_samples` 随总 size 按权重变化，同样受影响。

@@ -41,7 +41,7 @@
 #
 # | 核心文件 · 先看的符号 | 回答哪个关注点 |
 # |---|---|
-# | [`gpt_model.py::GPTModel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L94) | 构造链的起点：embedding（[`gpt_model.py:168`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L168)）、decoder（[`gpt_model.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L227)）、output layer（[`gpt_model.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L241)） |
+# | [`gpt_model.py::GPTModel.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L94) | 构造链的起点：embedding（[`gpt_model.py:168`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L168)）、decoder（[`gpt_model.py:227`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L227)）、output layer（[`gpt_model.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L269)） |
 # | [`language_model_embedding.py::LanguageModelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/language_model_embedding.py#L29) | 词嵌入（TP 切）+ 位置嵌入（复制）；SP 时是否 reduce-scatter |
 # | [`language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L202) | 共享词嵌入与输出层权重 |
 # | [`transformer_block.py::TransformerBlock.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L264) | 拿到 spec，建本 stage 的层 |
@@ -52,7 +52,7 @@
 # | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L74) | 函数原样返回；类则带上 `submodules` 和 `params` 实例化；出错时在消息后追加类名（[`spec_utils.py:127`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L127)） |
 # | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L243) | 一层的槽位；没给的槽位是 `IdentityOp` / `IdentityFuncOp` |
 # | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 逐槽位 `build_module`；MoE 与 dense MLP 传不同的群参数 |
-# | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L296) | 先建 `core_attention`、`linear_proj`（[`attention.py:349`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L349)） |
+# | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L296) | 先建 `core_attention`、`linear_proj`（[`attention.py:413`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L413)） |
 # | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1651) | 后建 `linear_qkv`（[`attention.py:1681`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1681)）和 QK norm |
 # | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L172) | `linear_fc1`（列并行）、`linear_fc2`（行并行） |
 # | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 用 Megatron Core 自己的模块拼一层：attention、MLP / MoE、norm |
@@ -66,7 +66,7 @@
 # | [`layers.py::VocabParallelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L230) | 按词表切的 embedding |
 # | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L918) | `gather_output`、`allreduce_dgrad`（[`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)）、`explicit_expert_comm`（[`layers.py:960`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L960)） |
 # | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1285) | `input_is_parallel`、`skip_bias_add` |
-# | [`arguments.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/arguments.py#L1306) | args → config（笔记 04 的表） |
+# | [`argument_utils.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L277) | args → config（笔记 04 的表） |
 # | [`arguments.py::validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L388) | 在 config 之前先填 `ffn_hidden_size`（[`arguments.py:1287`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1287)）、`kv_channels`（[`arguments.py:1292`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1292)） |
 # | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L25) | 用 `args.num_experts` 选 block spec（[`gpt_builders.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L41)） |
 
@@ -256,9 +256,9 @@ Table(["组合", "结果", "第一行"], [[what, *first_line(kwargs)] for what, 
 #
 # ### 初始化：`output_layer_init_method` 给了谁
 #
-# 名字像是"输出层的初始化"，但按调用处看，用它的是 `linear_proj`（[`attention.py:354`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L354)）
-# 和 `linear_fc2`（[`mlp.py:146`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/mlp.py#L146)）——每层里把结果加回 residual 的两个 linear；
-# `output_layer` 用的是 `init_method`（[`gpt_model.py:245`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/gpt/gpt_model.py#L245)）。
+# 名字像是"输出层的初始化"，但按调用处看，用它的是 `linear_proj`（[`attention.py:417`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L417)）
+# 和 `linear_fc2`（[`mlp.py:248`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L248)）——每层里把结果加回 residual 的两个 linear；
+# `output_layer` 用的是 `init_method`（开 μP 且不共享词嵌入时改用 `embedding_init_method`，[`gpt_model.py:273`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L273)）。
 # 8 层、hidden 64、不共享词嵌入，建好后按参数名量每类权重的标准差：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}

@@ -47,7 +47,7 @@
 # | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` | 1 |
 # | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 AdamW / SGD，选 grad scaler，选外层的类 | 1 |
 # | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… | 1、3 |
-# | [`optimizer/optimizer.py::MegatronOptimizer.get_main_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/optimizer.py#L136) | 过滤：跳过共享的、TP 复制的参数 | 5 |
+# | [`optimizer/optimizer.py::MegatronOptimizer._filter_grads_for_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L231) | 过滤：跳过共享的、TP 复制的参数 | 5 |
 # | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L654) | 16 位与分布式优化器的共同父类：拷梯度、unscale、查 inf | 2、3 |
 # | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L713) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX | 3 |
 # | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) | 拷梯度 → unscale → `grad_scaler.update` | 3 |
@@ -310,7 +310,7 @@ Table(["模型", "参数个数", "权重", "main_grad", "main_param", "主参数
 # fp16 能表示的最大数约 65504，6e-5 以下精度开始变差，6e-8 以下直接成 0。小梯度因此会丢失，于是先把 loss 乘一个大数 S 再 backward，所有梯度都大 S 倍；
 # 优化器在更新前乘回 1/S。S 太大时某些梯度溢出成 inf：这一步作废、S 减小；一段时间没溢出，S 再变大。
 # 在 Megatron 里这三处分别是：`config.grad_scale_func = optimizer.scale_loss`（正式入口
-# [`training.py:2547`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L2547)），schedule 在 backward 前用它乘 loss
+# [`training.py:3530`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3530)），schedule 在 backward 前用它乘 loss
 # （[`schedules.py:562`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L562)）；
 # `_unscale_main_grads_and_check_for_nan` 乘回 1/S 并查 inf；`DynamicGradScaler.update` 调整 S。
 #
@@ -638,7 +638,7 @@ where
 #
 # - **不 overlap**：每步一次整块的 RS 在 `finalize_model_grads` 里，一次整块的 AG 在 `optimizer.step()` 的末尾
 #   （`DistributedOptimizer.step_with_ready_grads` 里 `overlap_param_gather` 为假的那一支，
-#   [`distrib_optimizer.py:2617`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L2617)）。
+#   [`distrib_optimizer.py:3165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3165)）。
 # - **overlap**：三个 bucket 各一次 RS、各一次 AG。AG 全部移进了**下一次 forward**；RS 从第 2 步起移进了 **backward**。
 #   第 1 步的 RS 仍在 finalize 里——和[笔记 14](../14_data_parallel_ddp/) 看到的一样，第一步只数每个参数的梯度会报到几次。
 #   第 1 步的 forward 里也有 3 次 AG：这时还没有任何 step，拼回来的是没变过的参数（遗留问题 2）。
@@ -770,7 +770,7 @@ Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后
 # 第 0 步 `step()` 照样返回成功：范数是 inf，裁剪系数 `1 / (inf + 1e-6)` = 0 把其余 9631 个梯度全部乘成 0，那个 inf 乘 0 成了 NaN，
 # AdamW 把它写进一个权重（和它的动量）。第 1 步的 forward 用到这个权重，loss 就是 NaN，范数 NaN（`NaN < 1` 为假，不裁剪），
 # `step()` 还是返回成功，绝大多数权重变成 NaN。正式入口靠别处兜底：它把 `--check-for-nan-in-loss-and-grad`（缺省开）交给 DDP 的
-# `check_for_nan_in_grad`（[`training.py:1296`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1296)），
+# `check_for_nan_in_grad`（[`training.py:1989`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1989)），
 # 梯度归约前检查每个 bucket 的范数，发现 NaN / inf 就报错。只用 Megatron Core、没开这个检查时，一个坏 batch 会静默毁掉 bf16 的权重。
 #
 # **5. 本篇加的 CPU 补丁（[在 CPU 上运行](../../cpu/)）。** `grad_scaler_device`：两个 scaler 用写死的 `device='cuda'` 建 scale 张量

@@ -62,16 +62,16 @@
 # | [`checkpointing.py::get_rng_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L398) | 五种 RNG 状态，`torch_dist` 下包成坐标为 (PP, TP) 的 `ShardedObject` |
 # | [`checkpointing.py::_build_sharded_state_dict_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L468) | 决定优化器的 sharding type（缺省 `dp_reshardable`） |
 # | [`checkpointing.py:499`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L499) | 只有 `--dist-ckpt-optim-fully-reshardable` 才选 `fully_reshardable` |
-# | [`checkpointing.py:635`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635) | `torch_dist`：调 `dist_checkpointing.save`，`content_metadata` 记下 sharding type |
+# | [`checkpointing.py:827`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L827) | `torch_dist`：调 `dist_checkpointing.save`，`content_metadata` 记下 sharding type |
 # | [`checkpointing.py:948`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L948) | 老的 `torch` 格式：每个 (TP, PP) rank 一个 `torch.save` 文件 |
 # | [`checkpointing.py:1338`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1338)、[`checkpointing.py:1374`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1374) | `--no-save-optim` 同时去掉 optimizer 和 scheduler；`--no-save-rng` 去掉 RNG |
 # | [`checkpointing.py::maybe_save_dataloader_state`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1218) | 只有带 `save_state` 的 loader（Energon）才另存数据状态 |
-# | [`checkpointing.py:1560`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1560) | RNG 只在 (TP, PP) 与 checkpoint 相同时加载 |
-# | [`checkpointing.py:1599`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1599) | (TP, PP) 变了而 sharding type 不是完全可重切的：直接报错 |
+# | [`checkpointing.py:2172`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2172) | RNG 只在 (TP, PP) 与 checkpoint 相同时加载 |
+# | [`checkpointing.py:2251`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2251) | (TP, PP) 变了而 sharding type 不是完全可重切的：直接报错 |
 # | [`checkpointing.py:2286`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2286) | rerun 状态只在 world、TP、PP、DP 全部相同时加载 |
-# | [`checkpointing.py:1749`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749) | 从 checkpoint 的 args 取回 `consumed_train_samples` |
+# | [`checkpointing.py:2499`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2499) | 从 checkpoint 的 args 取回 `consumed_train_samples` |
 # | [`training.py:2267`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2267) | `--ckpt-convert-format`：加载后立刻按另一种格式 `save_checkpoint` 再退出 |
-# | [`training.py:1729`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training.py#L1729) | scheduler 每步加 global batch 的样本数 |
+# | [`training.py:2522`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2522) | scheduler 每步加 global batch 的样本数 |
 # | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513) | 用 `consumed_train_samples` 建 sampler |
 # | [`serialization.py::load_common_state_dict`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L206)、[`serialization.py::load_tensors_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L240)、[`serialization.py::load_sharded_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L271)、[`serialization.py::load_plain_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L305) | 不建模型就能读 checkpoint 的四个入口 |
 # | [`mapping.py::ShardedTensor.from_rank_offsets`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L190) | "第 i 块，共 n 块" → `global_offset`、`axis_fragmentations` |
@@ -259,7 +259,7 @@ Table(["rank", "cp", "dp", "dp-cp 序号", "weight 的 replica_id"],
 # %% [markdown]
 # ### 关注 3：打开一个完整的训练 checkpoint（TP=2·DP=2，4 个 rank）
 #
-# 笔记 07 只存了模型。这里按 `generate_state_dict`（[checkpointing.py 第 1296–1377 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1296-L1377)）和 `save_checkpoint`（[checkpointing.py 第 764 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L764)、[checkpointing.py 第 635 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L635)）
+# 笔记 07 只存了模型。这里按 `generate_state_dict`（[checkpointing.py 第 1296–1377 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L1296-L1377)）和 `save_checkpoint`（[checkpointing.py 第 764 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L764)、[checkpointing.py 第 827 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L827)）
 # 拼出正式入口存的整个 dict，用同样的 `metadata`（`_build_sharded_state_dict_metadata` 的缺省：`dp_reshardable`），
 # 交给 `dist_checkpointing.save`。模型是 bf16 的小 GPT，包装同正式入口（`Float16Module` → DDP → `DistributedOptimizer`，
 # `optim_reshard.build`），先用真实的 schedule 训练一步。RNG 用 `get_rng_state` 的五个键（`training_state.rng_state`），
@@ -384,8 +384,8 @@ print("新优化器的 sharded_state_dict(is_loading=True):", fresh[0])
 #   在正式入口的缺省下要求命令行与 checkpoint 一致，否则断言失败；`--override-opt-param-scheduler` 改用命令行的值，
 #   `--use-checkpoint-opt-param-scheduler` 直接用 checkpoint 的值（`OptimizerParamScheduler._check_and_set`）。
 # - **RNG**：每个 (PP, TP) 一份。只在 (TP, PP) 与 checkpoint 相同、且没有 `--finetune` / `--no-load-rng` 时加载
-#   （[checkpointing.py 第 1560 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1560)）；否则打印一行 "RNG state will be ignored"，继续训练。本篇 CPU 上 `cuda_rng_state` 存的是 CPU 生成器。
-# - **dataloader progress**：内置的 GPT 数据管线不存任何 loader 状态。进度 = `args.consumed_train_samples`（[checkpointing.py 第 1749 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1749) 读回），
+#   （[checkpointing.py 第 2172 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2172)）；否则打印一行 "RNG state will be ignored"，继续训练。本篇 CPU 上 `cuda_rng_state` 存的是 CPU 生成器。
+# - **dataloader progress**：内置的 GPT 数据管线不存任何 loader 状态。进度 = `args.consumed_train_samples`（[checkpointing.py 第 2499 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2499) 读回），
 #   `build_train_valid_test_data_loaders` 把它交给 `MegatronPretrainingSampler`，后者从第 `consumed_samples` 个样本接着切
 #   `micro_batch_size × DP` 的块、每个 DP rank 取自己那段——DP 变了也从同一个全局样本接上。只有带 `save_state` 的 loader
 #   （多模态的 Energon）才由 `maybe_save_dataloader_state` 另存每个 DP rank 一个文件。
@@ -437,7 +437,7 @@ Table(["sharding_type", "报错（第一行）"], optim_reshard.error_rows(tp_ch
 # - **权重**（`weights` 列）在每个加载成功的类型里都逐位相同；**`dp_reshardable`**（缺省）能换 DP、不能换 TP。
 #   换 TP 时报错的是 DCP 的形状检查：TP=1 的 rank 要的 `dp_group_idx_0` 桶长 5888，文件里的是 TP=2 的 3328。
 #   正式入口更早一步拦下：`load_checkpoint` 发现 (TP, PP) 变了而类型不在 `checkpoint_fully_reshardable_formats` 里，
-#   抛出 `RuntimeError`（[checkpointing.py 第 1599 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1599)）。
+#   抛出 `RuntimeError`（[checkpointing.py 第 2251 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2251)）。
 # - **`fully_reshardable`** 两种改变都扛得住：存的是与模型参数同 key、同坐标的 tensor（`optimizer.state.exp_avg.<模型 key>`），
 #   加载方按自己的模型坐标读一遍，再按自己的 DP 段展平、截取。
 # - **`dp_zero_gather_scatter`** 能换 DP（DP rank 0 读完整桶再 scatter），换 TP 时在 DP rank 0 上断言桶长相等而失败。
@@ -547,7 +547,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # 1. **`fully_sharded_model_space` 在这个 tag 上不能用（运行确认）。** 它是 `DistributedOptimizer.sharded_state_dict` 在 metadata
 #    里没有类型时的缺省（[distrib_optimizer.py 第 1510 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1510)），但它给每片设 `flattened_range`（[distrib_optimizer.py 第 2037 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2037)），而 `ShardedTensor`
 #    的校验对任何 `flattened_range` 一律抛 `CheckpointingException`（[mapping.py 第 134 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/mapping.py#L134)）。`load_checkpoint` 仍会把没有
-#    content metadata、存时开了 `ckpt_fully_parallel_save` 的老 checkpoint 当成这种类型（[checkpointing.py 第 1590 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1590)）。
+#    content metadata、存时开了 `ckpt_fully_parallel_save` 的老 checkpoint 当成这种类型（[checkpointing.py 第 2223 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2223)）。
 #    直接调 Core 的人若不传 metadata，就会撞上。
 # 2. **没有 Transformer Engine / Apex 时，新建的分布式优化器不能直接加载（运行确认）。** 上面 `fresh` 的那一行：
 #    `state_dict()` 要从 torch Adam 的每参数状态里取出唯一的 step（[distrib_optimizer.py 第 839 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L839)），新优化器还没有状态，断言失败；
@@ -555,28 +555,28 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 #    `_init_optimizer_states_with_dummy_values()`（它在 `fsdp_dtensor` 路径里也这么做，[distrib_optimizer.py 第 1643 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1643)）。GPU 上有 TE 的 FusedAdam 时
 #    step 存在 param_groups 里，不走这个分支。
 # 3. **同样因为 torch Adam 的 `step`，`fully_reshardable` 和 `dp_zero_gather_scatter` 加载时在 `step` 上 `KeyError`。**
-#    `_set_main_param_and_optimizer_states` 逐键拷贝优化器状态（[distrib_optimizer.py 第 938–940 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/optimizer/distrib_optimizer.py#L938-L940)），而这两种格式只带回 param / exp_avg / exp_avg_sq。
+#    `_set_main_param_and_optimizer_states` 逐键拷贝优化器状态（[distrib_optimizer.py 第 1218–1225 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1218-L1225)），而这两种格式只带回 param / exp_avg / exp_avg_sq。
 #    CPU 补丁 `distrib_optimizer_torch_adam_step` 让缺失的 step 保持原值（[CPU 页](../../cpu/)）；它们保存时的 `.cuda()` 由
 #    `distrib_optimizer_gather_cuda` 处理。
 # 4. **fp32 参数 + `dp_reshardable` 的加载要在 `torch.no_grad()` 下（运行确认）。** fp32 时主权重是模型参数的 view
 #    （[distrib_optimizer.py 第 467 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L467)，没有 `detach`），`load_parameter_state_from_dp_reshardable`（[distrib_optimizer.py 第 2061 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2061)）原地拷贝却没有 `@torch.no_grad()`，
 #    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)、[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响：
 #    fp32 下不包 `no_grad` 地调用，这次原地拷贝就是对需要梯度的叶子参数的 view 做 in-place 操作，autograd 报错。
-# 5. **过时的提示。** (TP, PP) 变了时的 `RuntimeError`（[checkpointing.py 第 1599 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/checkpointing.py#L1599)）建议"保存时用 `--ckpt-fully-parallel-save`"，
+# 5. **过时的提示。** (TP, PP) 变了时的 `RuntimeError`（[checkpointing.py 第 2251 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2251)）建议"保存时用 `--ckpt-fully-parallel-save`"，
 #    但这个参数已经弃用、不起作用（[arguments.py 第 1712 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1712)）；真正决定可否重切的是
-#    [`training_config.py:476`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/training_config.py#L476) 的
+#    [`training_config.py:592`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/config/training_config.py#L592) 的
 #    `dist_ckpt_optim_fully_reshardable`。[arguments.py 第 1720 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1720) 那条"非并行保存就不能换并行度"的警告也来自旧的实现。
 # 6. **`dp_zero_gather_scatter` 换 TP 且 DP>1 时会挂住。** 桶长的比较只在 DP rank 0 上做（[distrib_optimizer.py 第 2290 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2290)），其余 rank 已经进了 scatter，
 #    rank 0 抛错后它们永远等下去。`optim_reshard` 先让 rank 0 把存下的桶长广播给同组的 rank，不符时一起停下，再把 rank 0 上 Megatron 的原话报出来。
 # 7. **每个保存过的进程多一个 Python 进程。** `torch_dist` 的写入器第一次用时 spawn 一个 multiprocessing Manager 来建结果队列
-#    （[filesystem_async.py 第 54 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/dist_checkpointing/strategies/filesystem_async.py#L54)），为的是异步保存时别的进程也能写回结果；它一直活到进程结束。同步保存时写入就在本进程里，
+#    （[filesystem_async.py 第 64–65 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/strategies/filesystem_async.py#L64-L65)），为的是异步保存时别的进程也能写回结果；它一直活到进程结束。同步保存时写入就在本进程里，
 #    一个普通的线程队列就够。本篇的 rank 在保存前调 `optim_reshard.use_local_writer_queue()` 放进这样一个队列：每次保存的 launch
 #    省下约 2 秒（本机），rank 以 `os._exit` 结束时也不会留下孤儿 Manager。
 #
 # 8. **没有 TE / Apex 时，`dp_reshardable` 不恢复 Adam 的步数（运行确认）。** torch Adam 把 `step` 存在每个参数的状态里。
 #    `load_state_dict` 先按 checkpoint 的 param_groups 把每个状态的 `step` 设成保存时的值（[distrib_optimizer.py 第 1032 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1032)）；
 #    随后 `load_parameter_state_from_dp_reshardable` 把 `step` 也逐键拷回——而这个 `step` 是保存格式里的
-#    `LocalNonpersistentObject`（[distrib_optimizer.py 第 1953–1951 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1953-L1951)），装的是**加载方**在生成请求时自己的旧张量，于是步数被改回旧值。
+#    `LocalNonpersistentObject`（[distrib_optimizer.py 第 1953–1956 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1953-L1956)），装的是**加载方**在生成请求时自己的旧张量，于是步数被改回旧值。
 #    步数进入 Adam 的偏差修正（1 − β^t），续训的第一步因此算错。上面两张表的 `adam_step` 列就是它；TE 的 FusedAdam 把
 #    step 放在 param_groups 里，不受影响。
 

@@ -54,7 +54,7 @@
 # | [`utils.py::_build_layer_module_prefix_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L259) | stage 内的 `layers.0` → 全局层号；两种切法靠它配对同一个参数 |
 # | [`utils.py::select_src_metadata_balanced`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L532) | 源有多份副本时按目标 rank 轮流挑一份 |
 # | [`planner.py::_build_descriptors_for_param`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L31) | 判断参数是否按 TP 切、切在哪一维，并核对两边总长相等 |
-# | [`planner.py::_plan_multi_dim_lcm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L70) | TP 参数：按两边份数的最小公倍数切成小片，逐片找源 |
+# | [`planner.py::_plan_tp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L194) | TP 参数：按两边份数的最小公倍数切成小片，逐片找源 |
 # | [`planner.py::_finalize_dp_transfers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L247) | 不按 TP 切的参数：整块来自某份副本（同一 rank 就是本地拷贝） |
 # | [`utils.py::TransferOp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L20)、[`utils.py::ReshardPlan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L101) | 一片的收或发；一个 rank 的全部 send / recv |
 # | [`execution.py::execute_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L58) | 按 plan 提交每一片，执行，barrier，写回目标参数 |
@@ -312,7 +312,7 @@ communication_table(compact(r0["first_sync"]), MEANINGS, ranks=False)
 # - 第 7 行是真正搬 weight 的一次 `batch_isend_irecv`：rank 0 要发 25 片、收 27 片到远端（它的 52 片里另有 25 片
 #   是本地拷贝，不经过通信）。
 #
-# **第二次同步**只剩搬运：plan 已经缓存（[refit.py 第 107 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/refit.py#L107) 先找 `_cached_reshard_plan`），元数据交换和广播都不再发生。
+# **第二次同步**只剩搬运：plan 已经缓存（[refit.py 第 227 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L227) 先查模块级的 `_plan_cache`），元数据交换不再发生。
 
 # %%
 communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
@@ -320,17 +320,17 @@ communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
 # %% [markdown]
 # ## 机制解释
 #
-# ### planner：为什么集中在 rank 0
+# ### planner：每个 rank 各自算出同一份计划
 #
-# 每个 rank 只知道自己的参数，而一片 weight 的"源"和"目标"往往不在同一个 rank。于是先用两次 `all_gather_object`
-# 让每个 rank 都拿到全世界的元数据（参数名按全局层号改写过，所以 PP stage 不同也能对上），再由 rank 0 对每个目标
-# rank 的每个参数决定：从哪个源 rank 的哪个切片拿。rank 0 算完全部 plan，用一次 `broadcast_object_list` 发下去
-# （[planner.py 第 281 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L281) 只让 rank 0 算，[planner.py 第 337 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/resharding/planner.py#L337) 广播）。好处是收发双方看到的是同一份计划、同一个 `task_id`，不会配错；代价是第一次调用
+# 每个 rank 只知道自己的参数，而一片 weight 的"源"和"目标"往往不在同一个 rank。于是先用一次 `all_gather_object`
+# 让每个 rank 都拿到全世界的（源, 目标）元数据（[planner.py 第 495 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L495)；参数名按全局层号改写过，所以 PP stage 不同也能对上），
+# 再由每个 rank 按同一个确定的顺序，对每个目标 rank 的每个参数决定从哪个源 rank 的哪个切片拿，只留下自己收或发的那些
+# （[planner.py 第 415–445 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L415-L445)；0.16.1 是 rank 0 算好全部 plan 再广播）。好处是收发双方重放同一个顺序、得到同一个 `task_id`，不会配错；代价是第一次调用
 # 要在 world 上做对象 collective，所以 plan 被缓存，之后每一轮只剩传输。
 #
 # ### TP 参数：LCM 小片
 #
-# 源按 TP 切成 `Ns` 份、目标切成 `Nd` 份（带 stride 时再乘 stride），`_plan_multi_dim_lcm` 把切分维切成
+# 源按 TP 切成 `Ns` 份、目标切成 `Nd` 份（带 stride 时再乘 stride），`_plan_tp`（经 `_emit_lcm_block_ops`）把切分维切成
 # `lcm(Ns, Nd)` 个等长小片：每个小片完整地属于一个源分片、也完整地属于一个目标分片，于是逐片写一条 send / recv 即可。
 # 上面 TP 2 → 4：`lcm = 4`，每个源分片贡献 2 片、每个目标分片收 1 片。反过来 4 → 2 时每个目标分片从两个源各收 1 片。
 # stride 用于一个 rank 的分片本身由几段拼成的参数：SwiGLU 的 `linear_fc1` 每个 rank 存的是 `[gate 的一段; up 的一段]`，
@@ -519,7 +519,7 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 # （`examples/rl/README.md` 的启动示例）。只要再给
 # `--rl-inference-tensor-model-parallel-size` 等任何一个推理端并行度，`pretrain` 就在同一个 world 里按这套并行度
 # 另建一个推理模型（[training.py 第 1245–1323 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1245-L1323)，群来自
-# [`parallel_utils.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/rl/parallel_utils.py#L16)）——和本篇 CPU 上的做法一样，
+# [`shards.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/inference/shards.py#L18)）——和本篇 CPU 上的做法一样，
 # 两个模型在同一批 rank 上。之后有三处调用 `swap_model_weights(model, inference_model, args.refit_method)`：
 #
 # - 每次收集新 rollout 之前：`train` 调 [`rl_utils.py::get_grpo_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/rl/rl_utils.py#L1835)，
@@ -620,14 +620,15 @@ weight_sync("tests/fixtures/nemo_rl/recipes/grpo_llama8b_megatron_separate.yaml"
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **rollout 模型自己算 loss 会用错群（运行确认）。** `GPTModel` 的每一层都从 `pg_collection` 取 TP 群，唯独
+# 1. **rollout 模型自己算 loss 会用错群（0.16.1，运行确认）。** `GPTModel` 的每一层都从 `pg_collection` 取 TP 群，0.16.1 上唯独
 #    带 `labels` 时的 loss 不是：
 #    [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155)
-#    在非融合路径上调用不带群参数的
+#    在非融合路径上调用
 #    [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213)
-#    （[language_module.py 第 167 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/models/common/language_module/language_module.py#L167)），它用 `parallel_state` 的全局 TP 群（[cross_entropy.py 第 131 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/tensor_parallel/cross_entropy.py#L131)）。同一进程里
+#    时不传群，它就用 `parallel_state` 的全局 TP 群。同一进程里
 #    训练端是全局群（TP=2），rollout 模型的 logits 却按 TP=4 切：下面的 loss 和用它自己完整 logits 算的交叉熵对不上，
-#    两组 rank 之间也不一致。rollout 端只取 logits 没问题；要在推理布局上算 log-prob，得自己从 logits 算。
+#    两组 rank 之间也不一致。0.19.0 已改：这里传入模型自己的 TP 群（[language_module.py 第 194–196 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194-L196)），
+#    没给群时才退回全局群（[cross_entropy.py 第 124–125 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L124-L125)）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def surprises():
@@ -672,12 +673,14 @@ Table(["rank", "rollout 模型带 labels 算的 loss", "用它完整 logits 算�
       [[r, x["loss"], x["reference"], x["loss_group"], x["model_group"]] for r, x in enumerate(odd)])
 
 # %% [markdown]
-# 2. **Megatron 自己的 refit 单元测试，PP 用例没有切层（运行确认）。** `test_swap_gpt_parametrized` 把 PP 群放进
-#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`（[test_model_swap.py 第 327 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L327)），
-#    每个 stage 又都是 `pre_process=True, post_process=True`（[test_model_swap.py 第 100 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tests/unit_tests/resharding/test_model_swap.py#L100)）。而每个 stage 建几层由
+# 2. **Megatron 自己的 refit 单元测试，PP 用例没有切层（0.16.1，运行确认）。** 0.16.1 的 `test_swap_gpt_parametrized` 把 PP 群放进
+#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`，
+#    每个 stage 又都是 `pre_process=True, post_process=True`。而每个 stage 建几层由
 #    [`transformer_block.py::get_num_layers_to_build`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L70)
 #    按 **config** 里的 PP 大小算（[transformer_block.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L153)）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
 #    "两份完整副本 → 一份"，跨 stage 按全局层号配对（本篇训练端真的切了层）那条路径没被这个测试覆盖。
+#    0.19.0 的测试已改：建好 config（[test_model_swap.py 第 327 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L327)）后把两边的 PP 大小写进去
+#    （[test_model_swap.py 第 346–347 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L346-L347)），`pre_process` / `post_process` 按 PP rank 取（[test_model_swap.py 第 113 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L113)）。
 
 # %%
 Table(["rank", "单元测试的建法（config 没写 PP）：层号", "config 写了 PP=2：层号"],

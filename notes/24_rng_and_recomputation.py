@@ -72,7 +72,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_par
 # | [`random.py::CheckpointWithoutOutput.discard_output_and_register_recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L830) | `resize_(0)` 释放输出，在 `hook_tensor` 上注册 `_recompute` |
 # | [`dot_product_attention.py:217`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L217) | attention dropout 在 `fork()` 里抽（不开 SP 时） |
 # | [`transformer_block.py:596`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L596) | 开 SP 时整个 block 的 forward 都在 `fork()` 里 |
-# | [`transformer_block.py::TransformerBlock._checkpointed_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L446) | `recompute_granularity='full'`：按层调用 `tensor_parallel.checkpoint`（[`transformer_block.py:521`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/transformer_block.py#L521)） |
+# | [`recompute.py::checkpointed_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/recompute.py#L21) | `recompute_granularity='full'`：按层调用 `tensor_parallel.checkpoint`（[`recompute.py:142`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/recompute.py#L142)；0.19.0 起从 `TransformerBlock` 的方法搬成这个模块级函数） |
 # | [`transformer_layer.py:619`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L619) | selective `layernorm` 重算：`CheckpointWithoutOutput()` 包住 `input_layernorm` |
 # | [`transformer_layer.py:670`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L670) | attention 之后丢掉 norm 的输出，hook 挂在 attention 输出上 |
 # | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L169) | GPU 上初始化本 rank 的权重块：在 `fork()` 里（expert 权重用 `expert-parallel-rng`） |
@@ -329,7 +329,7 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # 这两种 selective 重算在没有 TE 的环境里跑不起来。
 #
 # 这不是笔误：core_v0.19.0 里这一行原样不动
-# （[`random.py` L740 @ core_v0.19.0](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L740)），
+# （[`random.py:740`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L740)），
 # 之后主干在这个 `__init__` 的 docstring 里明确写下：缺省值就是会得到 True，好几个 selective 重算模块的 FP8 amax 记账依赖它，
 # 不要改成 `bool(fp8)`，要改须另开 PR 并附 FP8 功能测试
 # （[PR #4531](https://github.com/NVIDIA/Megatron-LM/pull/4531) 合入主干的提交 `7cdba422b8`，改的正是

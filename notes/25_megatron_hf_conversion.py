@@ -62,7 +62,7 @@ GQA = EXPERIMENTS["hf-convert"].tiny
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
 # | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L339) | 聚齐：把 TP2·PP2 的 policy 重切成每个 rank 一份 TP1·PP1 的完整模型；反方向把 TP1 重切成 TP2 |
-# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 拆 `linear_qkv` 的输出；随后对每个 head 做 QK layernorm（[attention.py:1478](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/transformer/attention.py#L1478)） |
+# | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 拆 `linear_qkv` 的输出；随后对每个 head 做 QK layernorm（[attention.py:1921](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1921)） |
 # | [`mlp.py::MLP`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L155) | SwiGLU 时 `linear_fc1` 输出 `[gate; up]`，按 `partition_stride=2` 切给 TP（[mlp.py:210](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L210)） |
 # | [`torch_norm.py::WrappedTorchNorm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L27) | local spec 的 RMSNorm 就是 `torch.nn.RMSNorm`，eps 取 `layernorm_epsilon` |
 # | [`rope_utils.py::_rotate_half`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L73) | 非 interleaved：前一半、后一半配对，和 HF 的 `rotate_half` 同一写法 |
@@ -70,7 +70,7 @@ GQA = EXPERIMENTS["hf-convert"].tiny
 # | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416) | QK layernorm 的 weight 在 TP 上复制，梯度要在 TP 群里求和（[finalize_model_grads.py 第 452 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L452)） |
 # | [`finalize_model_grads.py::_allreduce_word_embedding_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L164) | 共享 embedding 时，第一个和最后一个 stage 上的两份梯度求和 |
 # | [`language_module.py::LanguageModule.shared_embedding_or_output_weight`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L339) | 第一个 stage 返回 embedding，最后一个 stage 返回它的副本 `output_layer.weight` |
-# | [`tokenizer.py::_vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/tokenizer/tokenizer.py#L117) | 词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数 |
+# | [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) | 词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数 |
 #
 # Hugging Face 一侧（[transformers v5.23.0](https://github.com/huggingface/transformers/tree/v5.23.0)）：
 # [`modeling_llama.py::rotate_half`](https://github.com/huggingface/transformers/blob/v5.23.0/src/transformers/models/llama/modeling_llama.py#L119)、
