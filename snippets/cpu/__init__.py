@@ -39,8 +39,11 @@ _applied: set[str] = set()
 def apply(names: list[str] | None = None) -> list[str]:
     """Apply the patches (all, or those named) once; return the names applied so far.
 
-    With CUDA available nothing is patched: the real code runs as published.
+    With CUDA available nothing is patched: the real code runs as published. The availability
+    check itself goes through :func:`~snippets.cpu.devices.probe_cuda_without_poisoning_fork`
+    first, so asking does not make this rank's own children refuse CUDA.
     """
+    devices.probe_cuda_without_poisoning_fork()
     if torch.cuda.is_available():
         return []
     for patch in PATCHES:

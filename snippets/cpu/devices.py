@@ -1,11 +1,15 @@
-"""The two global patches: ``torch.cuda`` functions that Megatron calls from so many files that only
-replacing them for the whole process works (device placement and stream synchronization)."""
+"""The global patches: ``torch.cuda`` functions that Megatron calls from so many files that only
+replacing them for the whole process works (device placement and stream synchronization), and the
+CUDA availability check, which must not mark the process that forks the ranks as "CUDA initialized"."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 
-from snippets.cpu.base import Patch, Site
+from snippets.cpu.base import Patch, Site, replace_once
 
 
 def _cpu_current_device():
@@ -14,6 +18,35 @@ def _cpu_current_device():
 
 def _no_synchronize(device=None):
     return None
+
+
+@functools.cache
+def _cuda_driver_loads() -> bool:
+    """Whether the CUDA driver library can be loaded. Without it ``cudaGetDeviceCount`` fails and
+    ``torch.cuda.is_available()`` is False; loading a library initializes nothing."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _available_without_poisoning_fork(is_available):
+    @functools.wraps(is_available)
+    def wrapper():
+        return _cuda_driver_loads() and is_available()
+
+    return wrapper
+
+
+def probe_cuda_without_poisoning_fork() -> None:
+    """Make ``torch.cuda.is_available()`` answer False without asking the CUDA runtime when there
+    is no CUDA driver. The answer is the same; what changes is that torch's CUDA build no longer
+    records, on every call, that this process may have initialized CUDA, which makes every
+    process forked from it refuse CUDA calls ("Cannot re-initialize CUDA in forked subprocess").
+    Importing megatron.core calls it twice. Run it before that in every process that forks ranks
+    (:mod:`snippets.ranks.fork_safe`); :func:`snippets.cpu.apply` runs it first too."""
+    replace_once(torch.cuda, "is_available", _available_without_poisoning_fork)
 
 
 def _patch_current_device():
@@ -25,6 +58,29 @@ def _patch_synchronize():
 
 
 PATCHES = (
+    Patch(
+        name="cuda_probe_fork_safe",
+        scope="global",
+        what="没有 CUDA 驱动（`libcuda.so.1` 加载不了）时，`torch.cuda.is_available()` "
+        "直接答 False，不去问 CUDA runtime",
+        why="PyPI 上给 Python 3.12 的 torch 是 CUDA 版：它的 `is_available()` 每次都经 "
+        "`cudaGetDeviceCount` 回答，同时把进程记成“可能初始化过 CUDA”，"
+        "从它 fork 的进程一碰 CUDA 就报 `Cannot re-initialize CUDA in forked subprocess`。"
+        "导入 megatron.core 就问了两次（一次经 torch 的 `cpp_extension`，机器上装了 CUDA 工具链时）。"
+        "没有驱动时答案本来就是 False，只是不再记这一笔；"
+        "fork rank 的进程在导入 Megatron 之前装上它（`snippets.ranks.fork_safe`）。",
+        sites=(
+            Site(
+                "megatron/core/dist_checkpointing/strategies/torch.py",
+                67,
+                "if not torch.cuda.is_available():",
+            ),
+            Site("megatron/core/tensor_parallel/random.py", 17, "from torch.utils.cpp_extension import"),
+        ),
+        apply=probe_cuda_without_poisoning_fork,
+        proof="新起的进程照 fork server 的顺序导入 torch、megatron.core 和 rank 要用的模块，"
+        "再 fork：子进程里 `torch.cuda._is_in_bad_fork()` 为 False，`is_available()` 为 False",
+    ),
     Patch(
         name="current_device",
         scope="global",

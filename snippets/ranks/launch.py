@@ -54,6 +54,10 @@ DEFAULT_TIMEOUT_S = 60.0
 
 _PRELOAD = [
     "snippets",
+    # before megatron.core: its import asks torch.cuda.is_available(), which on torch's CUDA build
+    # makes every process forked from this one refuse CUDA ("Cannot re-initialize CUDA in forked
+    # subprocess"); this module makes the question harmless where there is no CUDA driver
+    "snippets.ranks.fork_safe",
     "torch",
     "megatron.core",
     "snippets.ranks.rank_env",
@@ -65,6 +69,7 @@ _PRELOAD = [
     "megatron.core.tensor_parallel.data",
     "megatron.core.tensor_parallel.utils",
     "megatron.core.distributed.distributed_data_parallel",
+    "megatron.core.distributed.param_and_grad_buffer",
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.resharding.copy_services.gloo_copy_service",
     "megatron.core.transformer.torch_norm",
