@@ -90,6 +90,17 @@ def cpu_factory(factory):
     return wrapper
 
 
+def unpinned(factory):
+    """``factory`` (``torch.empty``...) with ``pin_memory=True`` ignored: page-locked host memory
+    only speeds up copies between the host and a GPU, and torch needs the CUDA driver to make it."""
+
+    def wrapper(*args, pin_memory=False, **kwargs):
+        return factory(*args, **kwargs)
+
+    wrapper.__name__ = factory.__name__
+    return wrapper
+
+
 def scope_torch(module_name: str, **overrides) -> None:
     """Replace ``torch`` in one Megatron module's globals with a proxy (once)."""
     module = importlib.import_module(module_name)
@@ -179,6 +190,9 @@ class NoStream:
         pass
 
     def wait_stream(self, stream):
+        return None
+
+    def wait_event(self, event):
         return None
 
     def synchronize(self):

@@ -1,6 +1,7 @@
 """The distributed optimizer and DDP: ``param.type()`` checks in its constructor, the ``.cuda()``
-before its state gather, torch Adam's ``step`` on load; and the partial distributed optimizer
-(``num_distributed_optimizer_instances > 1``), which needs CUDA streams and is refused."""
+before its state gather, torch Adam's ``step`` on load, the current stream the gradient sync waits
+on; and the partial distributed optimizer (``num_distributed_optimizer_instances > 1``), which
+needs CUDA streams and is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from snippets.cpu.base import (
     Patch,
     Site,
     cuda_view,
+    no_current_stream,
     refuse,
     replace_once,
     same_tensor,
@@ -75,6 +77,15 @@ def _patch_distrib_optimizer_torch_adam_step():
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     replace_once(DistributedOptimizer, "_set_main_param_and_optimizer_states", _keep_torch_adam_step)
+
+
+def _patch_grad_sync_current_stream():
+    # Every bucket group's start_grad_sync takes the current stream, to make it wait for the
+    # events a local CUDA graph replay leaves on its parameters (none without CUDA graphs), before
+    # it scales and reduces the bucket's gradients. CPU work runs in order: nothing to wait for.
+    scope_torch(
+        "megatron.core.distributed.param_and_grad_buffer", cuda=cuda_view(current_stream=no_current_stream)
+    )
 
 
 def _patch_partial_distributed_optimizer():
@@ -147,20 +158,39 @@ PATCHES = (
         scope="megatron.core.optimizer.distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states",
         what="加载时来源里没有 `step` 就保留已有的 `step`",
         why="没有 Transformer Engine / Apex 时最里层是 torch 的 Adam，它给每个参数存一个 `step` 张量；"
-        "这个方法把优化器状态的每个键都从加载来的张量里拷贝，而 `fully_reshardable`、`dp_zero_gather_scatter` "
+        "这个方法把优化器状态里每个是张量的键都从加载来的张量里拷贝（先查 `tensors[key]`），"
+        "而 `fully_reshardable`、`dp_zero_gather_scatter` "
         "只带回 param / exp_avg / exp_avg_sq（step 走 param_groups，`load_state_dict` 已经设好），于是在 `step` 上 "
         "`KeyError`。GPU 上不装 TE / Apex 也一样（笔记 21）。",
         sites=(
+            Site("megatron/core/optimizer/distrib_optimizer.py", 1221, "dst_tensors[k] = v"),
             Site(
                 "megatron/core/optimizer/distrib_optimizer.py",
-                938,
-                'dst_tensors = {"param": main_param, **optim_state}',
+                1223,
+                "if not isinstance(tensors[key], torch.Tensor):",
             ),
-            Site("megatron/core/optimizer/distrib_optimizer.py", 1225, "dst_tensors[key].copy_(tensors[key])"),
         ),
         apply=_patch_distrib_optimizer_torch_adam_step,
         proof="torch Adam 的状态带 `step`，加载来的张量不带：param、"
         "exp_avg、exp_avg_sq 被拷入，`step` 保持原值",
+    ),
+    Patch(
+        name="grad_sync_current_stream",
+        scope="megatron.core.distributed.param_and_grad_buffer",
+        what="`torch.cuda.current_stream()` 返回一个什么都不用等的替身",
+        why="0.19.0 起每个 bucket group 的 `start_grad_sync` 先取当前 stream，让它等 CUDA graph 重放留在参数上的"
+        "事件（不用 CUDA graph 时没有），再缩放、规约这一组梯度；`finalize_model_grads` 和 overlap 的 hook "
+        "都经过这里。CPU 上的计算本来就按顺序完成，没有要等的；CPU 版 torch 取 stream 直接报错。",
+        sites=(
+            Site(
+                "megatron/core/distributed/param_and_grad_buffer.py",
+                632,
+                "current_stream = torch.cuda.current_stream()",
+            ),
+        ),
+        apply=_patch_grad_sync_current_stream,
+        proof="DP=2、两个 bucket、`overlap_grad_reduce` 开和关："
+        "`finalize_model_grads` 之后每个 rank 的 `main_grad` 等于两个 rank 上梯度的平均",
     ),
     Patch(
         name="partial_distributed_optimizer",
