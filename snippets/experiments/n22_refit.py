@@ -222,7 +222,7 @@ def one_rl_round(
         rollout_shapes=shapes(rollout),
         sharded_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if s),
         replicated_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if not s),
-        plan=refit_cost.plan_ops(rollout._cached_reshard_plan, policy, rollout),
+        plan=refit_cost.plan_ops(refit_cost.cached_plan(policy, rollout), policy, rollout),
         first_sync=first_sync,
         second_sync=second_sync,
         groups={
@@ -241,8 +241,11 @@ def run(dims, par) -> dict:
 # ----------------------------------------------------------------------------- note 22's tables
 
 MEANINGS = {
-    "all_gather": "all_gather_object：先交换长度，再交换 pickle 后的元数据（源、目标各一轮）",
-    "broadcast": "broadcast_object_list：rank 0 把算好的 plan 发给每个 rank（先长度后内容）",
+    # by the function that issued it first, then by the API
+    "resharding/planner.py::build_local_reshard_plan": "all_gather_object：每个 rank 交出自己（源、目标）"
+    "两端的参数元数据，先交换长度再交换 pickle 后的内容；各 rank 据此只算自己的 plan",
+    "resharding/refit.py::_harmonize_buffer_dtypes": "all_gather_object：交换源模型 persistent buffer 的"
+    " dtype（先长度后内容），目标端按它对齐；plan 里缓存，只在第一次同步",
     "batch_isend_irecv": "按 plan 逐片收发 weight（本地片直接 copy_，不在其中）",
     "barrier": "所有 rank 都收完，再写回参数",
 }

@@ -17,9 +17,10 @@ bytes and divides by a link bandwidth:
 * :func:`seconds` -- bytes / bandwidth of :data:`LINKS`. Only the wire: no latency, no
   protocol overhead, no overlap, no kernel time, so real refits take longer.
 
-:func:`plan_ops` turns one rank's real :class:`megatron.core.resharding.ReshardPlan` into plain
-records and :func:`plan_traffic` sums every rank's records into bytes per (sender, receiver), so
-the note can compare the planner's traffic with the formula.
+:func:`cached_plan` finds the plan a refit built and cached on this rank, :func:`plan_ops` turns
+one rank's real :class:`megatron.core.resharding.ReshardPlan` into plain records and
+:func:`plan_traffic` sums every rank's records into bytes per (sender, receiver), so the note can
+compare the planner's traffic with the formula.
 
 Units are decimal: 1 GB = 1e9 bytes, as in seed 000 ("8B bf16 = 16 GB").
 """
@@ -115,15 +116,37 @@ def params_from_name(name: str) -> float | None:
 # ----------------------------------------------------------------------------- real plans
 
 
+def cached_plan(src_model, dst_model, group=None, src_rank_offset: int = 0, dst_rank_offset: int = 0):
+    """The :class:`ReshardPlan` that ``swap_model_weights(src_model, dst_model, ...)`` built and
+    cached on this rank (call after it, with the same arguments).
+
+    0.19.0 caches plans in ``refit.py``'s module-level ``_plan_cache``, keyed by this rank, both
+    models' parallel sizes, the offsets and the destination pool; ``_build_or_get_plan`` is the
+    lookup ``swap_model_weights`` itself makes, so the second call only reads the cache (no
+    collective). 0.16.1 kept the plan on the target model (``_cached_reshard_plan``)."""
+    from megatron.core.resharding import refit
+
+    src_core, dst_core, num_experts = refit._unwrap_model_cores(src_model, dst_model)
+    key = refit._build_plan_cache_key(
+        src_core, dst_core, num_experts, group, src_rank_offset, dst_rank_offset
+    )
+    if key not in refit._plan_cache:
+        raise LookupError("no cached reshard plan for these models: run swap_model_weights first")
+    return refit._build_or_get_plan(src_core, dst_core, num_experts, group, src_rank_offset, dst_rank_offset)
+
+
 def plan_ops(plan, src_module, dst_module) -> list[dict]:
     """One rank's :class:`ReshardPlan` as plain records (call on the rank that owns the plan).
 
     Each record: ``kind`` (send/recv), ``param`` (this rank's name), ``peer``, ``slice`` and
     ``shape`` of the piece, its ``bytes``, and the ``task`` id the planner gave the matching
-    send/recv pair (so a send on one rank can be paired with its recv on another).
+    send/recv pair (so a send on one rank can be paired with its recv on another). Names are
+    those of the parameters and persistent buffers a refit moves (``named_refit_tensors``).
     """
-    src = dict(src_module.named_parameters())
-    dst = dict(dst_module.named_parameters())
+    from megatron.core.resharding.utils import named_refit_tensors
+
+    src = dict(named_refit_tensors(src_module))
+    dst = dict(named_refit_tensors(dst_module))
     records = []
     for kind, ops, params in (("send", plan.send_ops, src), ("recv", plan.recv_ops, dst)):
         for op in ops:

@@ -1,4 +1,4 @@
-"""CPU patches for devices, schedules, checkpoints, models, MoE and resharding: the patched path runs
+"""CPU patches for devices, schedules, checkpoints, models and MoE: the patched path runs
 on CPU ranks and computes the right numbers (the optimizer's are in test_cpu_optimizer.py)."""
 
 import pytest
@@ -195,57 +195,6 @@ def test_torch_norm_sequence_parallel_layer_equals_tp1():
         for name, grad in r["grads"].items():
             expected = tp_shard(one["grads"][name], r["params"][name], rank, 2)
             assert torch.allclose(grad, expected, atol=1e-5), name
-
-
-def _gloo_refit_tp2_to_replicas():
-    # refit_streams: GlooCopyService makes a CUDA "copy stream" in __init__ and waits on it in
-    # run(); with the patch the real swap_model_weights(..., "gloo") runs on CPU ranks.
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.resharding.refit import swap_model_weights
-    from megatron.core.tensor_parallel import ColumnParallelLinear
-    from megatron.core.transformer import TransformerConfig
-
-    ps.initialize_model_parallel(tensor_model_parallel_size=2)
-    config = TransformerConfig(
-        num_layers=1, hidden_size=6, num_attention_heads=1, use_cpu_initialization=True
-    )
-    own, _ = dist.new_subgroups_by_enumeration([[0], [1]])  # TP=1: each rank its own group
-
-    class Holder(torch.nn.Module):  # what swap_model_weights reads: .config and .pg_collection
-        def __init__(self, tp_group, dp_group):
-            super().__init__()
-            self.config = config
-            self.pg_collection = ProcessGroupCollection(tp=tp_group, dp=dp_group, pp=own)
-            self.linear = ColumnParallelLinear(
-                6,
-                8,
-                config=config,
-                init_method=torch.nn.init.normal_,
-                bias=False,
-                gather_output=False,
-                tp_group=tp_group,
-            )
-
-    torch.manual_seed(0)
-    src = Holder(ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group())  # [4, 6] each
-    dst = Holder(own, dist.group.WORLD)  # [8, 6] each
-    shards = [torch.empty(4, 6) for _ in range(2)]
-    dist.all_gather(shards, src.linear.weight.detach())
-    swap_model_weights(src, dst, "gloo")
-    plan = dst._cached_reshard_plan
-    return (
-        tuple(dst.linear.weight.shape),
-        torch.equal(dst.linear.weight, torch.cat(shards)),
-        sorted(op.peer_rank for op in plan.recv_ops),
-    )
-
-
-def test_refit_streams_gloo_swap_model_weights_regathers_a_tp_shard():
-    for shape, equal, peers in run_ranks(_gloo_refit_tp2_to_replicas, 2):
-        assert shape == (8, 6) and equal
-        assert peers == [0, 1]  # half from itself (a local copy), half from the other rank
 
 
 def _moe_router_gemm():

@@ -58,7 +58,7 @@ def _real_plan_tp2_to_tp1():
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.resharding import build_centralized_reshard_plan
+    from megatron.core.resharding import build_local_reshard_plan
     from megatron.core.tensor_parallel import ColumnParallelLinear
     from megatron.core.transformer import TransformerConfig
 
@@ -84,7 +84,7 @@ def _real_plan_tp2_to_tp1():
 
     src = holder(ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group())
     dst = holder(own, dist.group.WORLD)
-    plan = build_centralized_reshard_plan(src, dst)
+    plan = build_local_reshard_plan(src, dst)
     dst_bytes = sum(p.numel() * p.element_size() for p in dst.parameters())
     return refit_cost.plan_ops(plan, src, dst), dst_bytes
 
