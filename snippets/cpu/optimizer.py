@@ -18,7 +18,8 @@ from snippets.cpu.base import (
 
 def _patch_optimizer_device():
     # The optimizer wrappers keep one-element tensors (no-overflow flag, unit loss scale) made with
-    # a literal device='cuda' in their __init__.
+    # a literal device='cuda' in their __init__; has_grad_norm_group (0.19.0, first clipped step)
+    # makes its all-reduced flag the same way.
     scope_torch("megatron.core.optimizer.optimizer", tensor=cpu_factory(torch.tensor))
 
 
@@ -66,8 +67,11 @@ PATCHES = (
         scope="megatron.core.optimizer.optimizer",
         what="`torch.tensor(..., device='cuda')` 落在 CPU 上",
         why="`get_megatron_optimizer` 建出的 `FP32Optimizer` 和 `DistributedOptimizer`（经 "
-        "`MixedPrecisionOptimizer`）在构造时用写死的 `device='cuda'` 建单元素张量（溢出标志、单位 loss scale）。",
+        "`MixedPrecisionOptimizer`）在构造时用写死的 `device='cuda'` 建单元素张量（溢出标志、单位 loss scale）；"
+        "0.19.0 起 `clip_grad > 0` 的第一步还用它建一个标志，在梯度统计群里 all-reduce，"
+        "问有没有参数属于要单独算范数的组（MTP）。",
         sites=(
+            Site("megatron/core/optimizer/optimizer.py", 315, "device='cuda'"),
             Site("megatron/core/optimizer/optimizer.py", 698, "device='cuda'"),
             Site("megatron/core/optimizer/optimizer.py", 702, "device='cuda'"),
             Site("megatron/core/optimizer/optimizer.py", 1249, "device='cuda'"),
@@ -75,7 +79,8 @@ PATCHES = (
         apply=_patch_optimizer_device,
         proof="一个 rank 上 `get_megatron_optimizer` 建出的 `"
         "FP32Optimizer` 走两步 Adam，"
-        "参数等于 `torch.optim.AdamW` 走两步",
+        "参数等于 `torch.optim.AdamW` 走两步；`clip_grad > 0` 时 2 个 rank 的第一步"
+        "把 MTP 组的标志 all-reduce 一次，第二步只读缓存",
     ),
     Patch(
         name="grad_norm_device",
@@ -84,6 +89,7 @@ PATCHES = (
         why="`ChainedOptimizer.step` 每一步都算梯度范数（`clip_grad=0` 也算）；没有 Apex / TE 时走 "
         "Megatron 自己的 l2 范数实现，两处都用写死的 `device='cuda'` 建张量。",
         sites=(
+            Site("megatron/core/optimizer/clip_grads.py", 108, "device='cuda'"),
             Site("megatron/core/optimizer/clip_grads.py", 112, "device='cuda'"),
             Site("megatron/core/utils.py", 1332, 'device="cuda"'),
         ),

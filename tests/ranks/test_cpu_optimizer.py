@@ -71,9 +71,39 @@ def _adam_two_steps(use_distributed_optimizer):
 
 
 def test_optimizer_device_fp32_optimizer_two_adam_steps_equal_torch():
-    # optimizer_device: FP32Optimizer.__init__ builds its unit scale on 'cuda' (optimizer.py:907).
+    # optimizer_device: FP32Optimizer.__init__ builds its unit scale on 'cuda' (optimizer.py:1249).
     ((name, ok, diff, _, _),) = run_ranks(_adam_two_steps, 1, False)
     assert name == "FP32Optimizer" and ok and diff < 1e-6
+
+
+def _clipped_step_grad_norm_groups():
+    import torch.distributed as dist
+
+    from snippets.record import recorder
+
+    rank, world, module, _, ddp, opt = _two_layer_ddp(False, lr=0.05, clip_grad=1.0)
+    steps = []
+    for _ in range(2):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        ddp(torch.randn(4, 5)).pow(2).mean().backward()
+        ddp.finish_grad_sync()
+        with recorder.record() as calls:
+            ok, _, _ = opt.step()
+        steps.append((ok, [(c.api, c.where) for c in calls]))
+    inner = opt.chained_optimizers[0]
+    return dist.get_world_size(), steps, opt._has_grad_norm_group_cache, inner._has_grad_norm_group_cache
+
+
+def test_optimizer_device_first_clipped_step_asks_every_rank_for_grad_norm_groups():
+    # optimizer_device (optimizer.py:315): with clip_grad > 0 the first step asks, once, whether
+    # any rank has parameters of a separately clipped group (MTP): a flag made with
+    # device='cuda', all-reduced (MAX) over the grad-stats group, then cached.
+    flag = ("all_reduce", "optimizer/optimizer.py::has_grad_norm_group")
+    for world, steps, chained, inner in run_ranks(_clipped_step_grad_norm_groups, 2):
+        assert world == 2 and chained == inner == {"mtp": False}
+        (ok1, first), (ok2, second) = steps
+        assert ok1 and ok2 and first.count(flag) == 1 and flag not in second
 
 
 def test_grad_norm_device_norm_of_all_grads_across_dp_ranks():
