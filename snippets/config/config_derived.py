@@ -77,7 +77,7 @@ def describe(value) -> str:
 
 def cli_default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
     """``ffn_hidden_size`` when ``--ffn-hidden-size`` is not given, as ``validate_args`` sets it
-    (``megatron/training/arguments.py``, lines 802-811 at ``core_v0.16.1``): with ``--swiglu``,
+    (``megatron/training/arguments.py``, lines 1280-1289 at ``core_v0.19.0``): with ``--swiglu``,
     two thirds of ``4·h`` rounded *down* to a multiple of 64 (so the gated MLP has about as many
     parameters as a plain ``4·h`` one), otherwise ``4·h``."""
     if swiglu:

@@ -1,17 +1,18 @@
 """From a command line to a ``TransformerConfig``: which flag fills which field (note 04).
 
-At tag ``core_v0.16.1`` Megatron-LM does not list the model flags by hand. In
-``megatron/training/arguments.py::_add_network_size_args`` an ``ArgumentGroupFactory`` walks the
-fields of ``TransformerConfig`` and adds one flag per field -- ``hidden_size`` becomes
-``--hidden-size`` with ``dest="hidden_size"`` -- except for a list of excluded fields. Later
-``core_transformer_config_from_args`` copies back every ``args`` attribute whose name is a field,
-then overrides a handful of fields by hand. So for most fields "which flag" is just the field's
-name, and the interesting part is the exceptions.
+Megatron-LM does not list the model flags by hand. In
+``megatron/training/arguments.py::_add_network_size_args`` (:2195 at ``core_v0.19.0``) an
+``ArgumentGroupFactory`` (``megatron/training/argument_utils.py``:45) walks the fields of
+``TransformerConfig`` and adds one flag per field -- ``hidden_size`` becomes ``--hidden-size`` with
+``dest="hidden_size"`` -- except for a list of excluded fields. Later
+``core_transformer_config_from_args`` (``argument_utils.py``:277 since 0.19; it was in
+``arguments.py``) copies back every ``args`` attribute whose name is a field, then overrides a
+handful of fields by hand. So for most fields "which flag" is just the field's name, and the
+interesting part is the exceptions.
 
-Neither file is in the pip package; the field metadata they read (``argparse_meta``) is. This
-module restates the naming rule of ``ArgumentGroupFactory`` and keeps the exclusion list and the
-hand-written overrides as data. ``tests/unit/test_model_args.py`` checks all three against a checkout
-of the tag.
+This module restates the naming rule of ``ArgumentGroupFactory`` and keeps the exclusion list and the
+hand-written overrides as data. Since core 0.19 both files are in the pip package:
+``tests/unit/test_model_args.py`` checks all three against the installed ones.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ EXCLUDED = frozenset(
         "persist_layer_norm",
         "bias_dropout_fusion",
         "apply_rope_fusion",
+        "moe_grad_scale_func",
+        "mtp_grad_scale_func",
+        "experimental_attention_variant_loss_scale_func",
+        "cuda_graph_modules",
+        "fp4_param",
+        "mamba_training_ssm_states_dtype",
+        "gtp_weight_remat_size",
+        "expert_gtp_weight_remat_size",
     }
 )
 
@@ -112,6 +121,7 @@ OVERRIDES = {
     "num_layers_in_first_pipeline_stage": "args.decoder_first_pipeline_num_layers",
     "num_layers_in_last_pipeline_stage": "args.decoder_last_pipeline_num_layers",
     "fp8_param": "args.fp8_param_gather",
+    "fp4_param": "args.fp4_param_gather",
     "activation_func": "--swiglu 时为 F.silu（--squared-relu、--quick-geglu 时为对应函数）",
     "gated_linear_unit": "--swiglu 或 --quick-geglu 时为 True",
     "bias_activation_fusion": "args.bias_swiglu_fusion 或 args.bias_gelu_fusion",
@@ -119,6 +129,8 @@ OVERRIDES = {
     "num_query_groups": "仅在 --group-query-attention 时取 args.num_query_groups，否则 None",
     "config_logger_dir": "args.config_logger_dir",
     "cp_comm_type": "只给一个值时取 args.cp_comm_type[0]",
+    "is_hybrid_model": "给了 --hybrid-layer-pattern 时为 True",
+    "experimental_attention_variant": "--hybrid-layer-pattern 含 DS attention 时为 'dsa'",
     "inference_sampling_seed": "args.seed",
     "moe_latent_size": "args.moe_latent_size",
 }

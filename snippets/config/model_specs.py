@@ -1,21 +1,25 @@
 """Read a layer spec (``ModuleSpec``) as a table, including the Transformer Engine spec on a machine
 without Transformer Engine (note 04).
 
-A ``ModuleSpec`` is data: which class goes in which slot of a ``TransformerLayer``. Reading it
-needs no GPU -- but ``get_gpt_layer_with_transformer_engine_spec()`` cannot even be *called*
-without TE: ``gpt_layer_specs`` imports ``TESpecProvider`` only inside ``try: import
-transformer_engine``, so the name is missing and the call raises ``NameError``.
-:func:`transformer_engine_spec_without_te` binds that name to the real ``TESpecProvider`` for the
-duration of a ``with`` block (and answers "yes" to its TE version checks), so the real function can
-build the real spec. Without TE, ``megatron.core.extensions.transformer_engine`` defines its TE
-classes as ``MagicMock`` stand-ins; :func:`class_name` names them by the name they are bound to.
-Nothing here builds a module from the spec.
+A ``ModuleSpec`` is data: which class goes in which slot of a ``TransformerLayer``. Since core 0.19
+the ``mlp`` slot holds a builder instead, ``functools.partial(MLP.as_mlp_submodule, submodules=...)``
+(or ``partial(MoELayer, ...)``), which :func:`slot` and :func:`class_name` read the same way. Reading
+a spec needs no GPU -- but ``get_gpt_layer_with_transformer_engine_spec()`` cannot even be *called*
+without TE: ``gpt_layer_specs`` imports ``TESpecProvider`` only when ``HAVE_TE`` and binds it to
+None otherwise (``gpt_layer_specs.py``:46-54), so the call raises ``TypeError`` (at 0.16 the name
+was missing: ``NameError``). :func:`transformer_engine_spec_without_te` binds that name to the real
+``TESpecProvider`` for the duration of a ``with`` block (and answers "yes" to its TE version
+checks), so the real function can build the real spec. Without TE,
+``megatron.core.extensions.transformer_engine`` defines its TE classes as ``MagicMock`` stand-ins;
+:func:`class_name` names them by the name they are bound to. Nothing here builds a module from the
+spec.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 SLOTS = (
     # slot in TransformerLayerSubmodules (dotted for nested specs), in forward order
@@ -66,6 +70,8 @@ def class_name(obj) -> str:
         return "None"
     if isinstance(obj, ModuleSpec):
         return class_name(obj.module)
+    if isinstance(obj, functools.partial):  # a builder: partial(cls, ...) or partial(cls.method, ...)
+        return class_name(getattr(obj.func, "__self__", obj.func))
     for name, value in vars(te_module).items():  # a MagicMock stand-in for a TE class
         if value is obj and not name.startswith("_") and not isinstance(obj, type):
             return f"{name} (TE)"
@@ -76,7 +82,8 @@ def slot(spec, path: str):
     """The object in slot ``path`` ("mlp.linear_fc1") of a TransformerLayer spec."""
     node = spec
     for part in path.split("."):
-        node = getattr(node.submodules, part)
+        submodules = node.keywords["submodules"] if isinstance(node, functools.partial) else node.submodules
+        node = getattr(submodules, part)
     return node
 
 

@@ -10,7 +10,7 @@ generator's part *inside* ``fork()``: the stream is lent to it and taken back on
 default generator resumes exactly where it was (Megatron's own save / restore, unchanged). Outside
 ``fork()`` the default generator stays the user's: the tracker creates its streams in a generator of
 their own (:data:`STREAMS`), and ``model_parallel_cuda_manual_seed``'s reseed of the device generator
-with ``seed`` (random.py:422) is left out, because on a CPU it would reseed the user's generator.
+with ``seed`` (random.py:490) is left out, because on a CPU it would reseed the user's generator.
 """
 
 from __future__ import annotations

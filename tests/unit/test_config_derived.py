@@ -1,20 +1,19 @@
 """snippets.config.config_derived: which fields TransformerConfig.__post_init__ derives (checked on the
 real config against the formulas it is documented to use), the stable text of config values, and
-the command line's own ffn default -- with a checkout of the tag (``--megatron-src``), against the
-expression in ``validate_args`` itself."""
+the command line's own ffn default -- against the expression in ``validate_args`` itself (in the
+installed ``megatron.training`` since core 0.19)."""
 
 from __future__ import annotations
 
 import ast
 import functools
-import os
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from snippets.config.config_derived import cli_default_ffn_hidden_size, describe, post_init_changes
+from snippets.site.sources import installed_root
 
 
 def _config_cls():
@@ -81,10 +80,10 @@ def test_cli_default_ffn_by_hand():
     assert cli_default_ffn_hidden_size(4096, swiglu=False) == 16384
 
 
-def _validate_args_ffn_expressions(src: Path):
+def _validate_args_ffn_expressions():
     """The two right-hand sides of ``args.ffn_hidden_size = ...`` under ``if args.swiglu`` in
-    ``validate_args`` (swiglu branch, else branch)."""
-    tree = ast.parse((src / "megatron/training/arguments.py").read_text())
+    ``validate_args`` (swiglu branch, else branch), from the installed ``megatron.training``."""
+    tree = ast.parse((installed_root() / "megatron/training/arguments.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "validate_args")
     block = next(
         n
@@ -96,11 +95,8 @@ def _validate_args_ffn_expressions(src: Path):
     return inner.body[-1].value, inner.orelse[-1].value
 
 
-def test_cli_default_ffn_equals_validate_args(request):
-    value = request.config.getoption("megatron_src", default=None) or os.environ.get("MEGATRON_SRC")
-    if not value:
-        pytest.skip("pass --megatron-src PATH (a checkout of core_v0.16.1) to compare with validate_args")
-    swiglu_expr, plain_expr = _validate_args_ffn_expressions(Path(value))
+def test_cli_default_ffn_equals_validate_args():
+    swiglu_expr, plain_expr = _validate_args_ffn_expressions()
     for hidden in (16, 64, 96, 1000, 4096, 5120, 8192):
         args = types.SimpleNamespace(hidden_size=hidden)
         for expr, swiglu in ((swiglu_expr, True), (plain_expr, False)):

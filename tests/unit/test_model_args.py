@@ -1,55 +1,56 @@
 """snippets.config.model_args restates how Megatron-LM turns TransformerConfig fields into command-line
-flags and back. With a checkout of the tag (``--megatron-src`` / ``MEGATRON_SRC``) every field is
-compared with what the real ``ArgumentGroupFactory`` generates, using the real exclusion list."""
+flags and back. Every field is compared with what the real ``ArgumentGroupFactory`` generates, using
+the real exclusion list (both in the installed ``megatron.training`` since core 0.19)."""
 
 from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
-import os
-from pathlib import Path
-
-import pytest
+import inspect
 
 from snippets.config import model_args
 
 
-def _src(request) -> Path:
-    value = request.config.getoption("megatron_src", default=None) or os.environ.get("MEGATRON_SRC")
-    if not value:
-        pytest.skip("pass --megatron-src PATH (a checkout of core_v0.16.1) to compare with Megatron-LM")
-    return Path(value)
+def _real_exclude_list() -> set[str]:
+    from megatron.training import arguments
 
-
-def _real_exclude_list(src: Path) -> set[str]:
-    tree = ast.parse((src / "megatron/training/arguments.py").read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_add_network_size_args")
+    tree = ast.parse(inspect.getsource(arguments._add_network_size_args))
+    fn = tree.body[0]
     assign = next(n for n in fn.body if isinstance(n, ast.Assign) and n.targets[0].id == "exclude")
     return set(ast.literal_eval(assign.value))
 
 
-def test_exclusion_list_is_megatrons(request):
-    assert model_args.EXCLUDED == _real_exclude_list(_src(request))
+def test_exclusion_list_is_megatrons():
+    assert model_args.EXCLUDED == _real_exclude_list()
 
 
-def test_every_field_gets_the_flags_megatron_generates(request):
-    src = _src(request)
-    spec = importlib.util.spec_from_file_location(
-        "argument_utils", src / "megatron/training/argument_utils.py"
-    )
-    argument_utils = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(argument_utils)  # standard library only
-
+def test_every_field_gets_the_flags_megatron_generates():
     from megatron.core.transformer import TransformerConfig
+    from megatron.training.argument_utils import ArgumentGroupFactory
 
     parser = argparse.ArgumentParser()
-    argument_utils.ArgumentGroupFactory(TransformerConfig, exclude=sorted(model_args.EXCLUDED)).build_group(
-        parser
-    )
+    ArgumentGroupFactory(TransformerConfig, exclude=sorted(model_args.EXCLUDED)).build_group(parser)
     real = {a.dest: list(a.option_strings) for a in parser._actions if a.option_strings and a.dest != "help"}
     ours = {name: model_args.cli_flags(f) for name, f in model_args.transformer_config_fields().items()}
     assert {k: v for k, v in ours.items() if v} == real
+
+
+def test_overrides_are_the_assignments_of_core_transformer_config_from_args():
+    from megatron.training.argument_utils import core_transformer_config_from_args
+
+    tree = ast.parse(inspect.getsource(core_transformer_config_from_args))
+    assigned = {
+        n.targets[0].slice.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.targets[0], ast.Subscript)
+        and getattr(n.targets[0].value, "id", None) == "kw_args"
+        and isinstance(n.targets[0].slice, ast.Constant)  # not the by-name copy, kw_args[f.name]
+    }
+    # scaled_init_method is not a field; Kitchen's quantization fields need the Kitchen library
+    assigned -= {"scaled_init_method", "use_kitchen", "quant_recipe"}
+    assigned -= {"use_kitchen_attention", "kitchen_attention_backend"}
+    assert assigned == set(model_args.OVERRIDES)
 
 
 def test_overrides_name_real_fields():
