@@ -1,14 +1,10 @@
-"""snippets.data.pretraining_sampler restates Megatron-LM's MegatronPretrainingSampler (not in the pip
-package). With a checkout of the tag (``--megatron-src`` / ``MEGATRON_SRC``) the real class is
-taken from it and both are compared index by index; without one, ours is held to what a
+"""snippets.data.pretraining_sampler hands out Megatron-LM's MegatronPretrainingSampler (in the pip
+package since core 0.19) and restates the ``single`` loader around it; both are held to what a
 pretraining sampler must do for data parallelism and for resuming."""
 
 from __future__ import annotations
 
-import ast
-import os
 from itertools import product
-from pathlib import Path
 
 import pytest
 
@@ -62,34 +58,7 @@ def test_the_loader_yields_the_samplers_indices():
     assert [b.tolist() for b in loader] == [[6, 7]]
 
 
-def _src(request) -> Path:
-    value = request.config.getoption("megatron_src", default=None) or os.environ.get("MEGATRON_SRC")
-    if not value:
-        pytest.skip("pass --megatron-src PATH (a checkout of core_v0.16.1) to compare with Megatron-LM")
-    return Path(value)
+def test_the_sampler_is_megatrons():
+    from megatron.training.datasets import data_samplers
 
-
-def _real_sampler(src: Path):
-    path = "megatron/training/datasets/data_samplers.py"
-    text = (src / path).read_text()
-    node = next(
-        n
-        for n in ast.parse(text).body
-        if isinstance(n, ast.ClassDef) and n.name == "MegatronPretrainingSampler"
-    )
-    scope = {}
-    exec(compile(ast.get_source_segment(text, node), path, "exec"), scope)
-    return scope["MegatronPretrainingSampler"]
-
-
-def test_same_batches_as_megatron(request):
-    real = _real_sampler(_src(request))
-    for case in GRID:
-        assert _batches(real, **case) == _batches(MegatronPretrainingSampler, **case), case
-        sampler, ours = (
-            real(case["total"], case["consumed"], 1, 0, 1),
-            MegatronPretrainingSampler(case["total"], case["consumed"], 1, 0, 1),
-        )
-        assert len(sampler) == len(ours)
-    with pytest.raises(AssertionError, match="no samples left"):
-        real(16, 16, 1, 0, 1)
+    assert MegatronPretrainingSampler is data_samplers.MegatronPretrainingSampler
