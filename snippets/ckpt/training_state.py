@@ -1,7 +1,8 @@
 """What the training entry puts into a checkpoint besides the model, and how to look inside one.
 
-``megatron/training/checkpointing.py`` is not in the pip package, so note 21 re-creates the pieces
-of its ``generate_state_dict`` from the tag's lines with Megatron Core objects only:
+``megatron/training/checkpointing.py`` ships in the pip package since core 0.19, but its functions
+read the global ``get_args()`` (and ``torch.cuda``'s generator), so note 21 re-creates the pieces of
+its ``generate_state_dict`` from the tag's lines with Megatron Core objects only:
 
 * :func:`rng_state` -- the per-rank dict of ``get_rng_state`` (Python, NumPy, torch generators and
   Megatron's RNG tracker). The note wraps it in the same ``ShardedObject`` the training code builds.
@@ -25,7 +26,7 @@ import torch
 
 
 def rng_state() -> dict:
-    """This rank's RNG state, with the keys of ``get_rng_state`` (checkpointing.py:339).
+    """This rank's RNG state, with the keys of ``get_rng_state`` (checkpointing.py:398).
 
     ``cuda_rng_state`` holds the CPU generator here: on a CPU it is the generator dropout and init
     draw from (the CPU patch points Megatron's tracker at it too).

@@ -9,9 +9,10 @@ A ``TransformerConfig`` is a dataclass, so the fields you pass are not always th
 each field with what went in, so the list is computed, not remembered.
 
 The training entry point fills ``ffn_hidden_size`` earlier, in ``validate_args``
-(``megatron/training/arguments.py``, not in the pip package), with a different rule under
-``--swiglu``; :func:`cli_default_ffn_hidden_size` restates that rule and
-``tests/unit/test_config_derived.py`` checks it against the expression in a checkout of the tag.
+(``megatron/training/arguments.py``), with a different rule under ``--swiglu``;
+:func:`cli_default_ffn_hidden_size` restates that rule (``validate_args`` needs a whole command
+line) and ``tests/unit/test_config_derived.py`` checks it against the expression in the installed
+``megatron.training`` (in the pip package since core 0.19).
 """
 
 from __future__ import annotations
