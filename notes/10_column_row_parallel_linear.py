@@ -283,7 +283,7 @@ Table(["TP", "sequence_parallel", "allreduce_dgrad", "f 被调用次数", "反�
 # [`layers.py:639`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639)
 # 在 `LinearWithGradAccumulationAndAsyncCommunication.backward` 里以 `async_op=True` 发出，随后才算权重梯度
 # `dW = dYᵀ X`，最后才等它完成：通信和权重梯度的矩阵乘重叠。这要求 GPU 按发出顺序执行 kernel，所以 Megatron 建议
-# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 [layers.py 第 848 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L848) 警告）。
+# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 [layers.py 第 856 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L856) 警告）。
 # 数学上它仍然是 f 的反向：各 rank 对同一份输入的梯度相加。
 
 # %% [markdown]

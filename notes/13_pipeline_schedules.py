@@ -213,7 +213,7 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 
 # %% [markdown]
 # 逐位相同：流水线只改变**什么时候**算哪一段，不改变**算什么**。每个 micro-batch 的
-# loss 在 `forward_step` 里被除以 m（[schedules.py 第 335 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L335)），所以 m 个 micro-batch 的梯度累加起来正好是
+# loss 在 `forward_step` 里被除以 m（[schedules.py 第 341 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L341)），所以 m 个 micro-batch 的梯度累加起来正好是
 # 整个 batch 平均 loss 的梯度。
 #
 # ### warm-up、steady、cool-down
@@ -380,7 +380,7 @@ print("梯度与 PP=1 最大差超过 1:", max_abs_diff(all_grads(vpp2_batched),
 #   [`p2p_communication.py:156`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L156)），
 #   rank 0 的 prev 和 next 都是 rank 1。
 # - interleaved 的 steady 步用 `send_forward_backward_recv_forward_backward`
-#   （[`schedules.py:1618`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L1618)），
+#   （[`schedules.py:1908`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L1908)），
 #   一次同时"向后发梯度、从前收激活、向前发激活、从后收梯度"。非 interleaved 的 1F1B 从不在一次调用里两个方向都发，所以不受影响。
 # - `_batched_p2p_ops` 把这四个操作按 send_prev、recv_prev、send_next、recv_next 的顺序放进一批
 #   （[`p2p_communication.py:32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L32)、
@@ -436,7 +436,7 @@ Table(["rank", "batch_p2p_comm", "(prev, next)", "收到的激活", "收到的�
 # `ModelParallelConfig.batch_p2p_comm=True` 的缺省值，`ModelParallelConfig` 和 schedule 都不检查，结果静默出错。
 #
 # **2. loss 被原地除以 m。** `forward_step_calc_loss` 对 `loss_func` 返回的 loss 做 `output_tensor /= num_microbatches`
-# （[`schedules.py:335`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L335)）。
+# （[`schedules.py:341`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L341)）。
 # 如果日志字典里放的是 `loss.detach()`（与 loss 共享存储），记下来的值也会被除以 m。`snippets/models/tiny_gpt.py`
 # 的 `loss_func` 因此用 `detach().clone()`。
 #

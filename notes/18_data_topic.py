@@ -687,7 +687,7 @@ Table(["调用栈（megatron/core 内，由外到内）", "行", "函数"],
 # 1. `GPTModel._preprocess` 问 `RotaryEmbedding.get_rotary_seq_len` 要 RoPE 表长，packed 时它直接返回
 #    `max(max_seqlen_q, max_seqlen_kv)`（[`rotary_pos_embedding.py:241`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rotary_pos_embedding.py#L241)）；
 # 2. `Attention.forward` 去掉 batch 维（q、k、v 变成 `[t, heads, head_dim]`，[`attention.py:1468`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1468)），
-#    取出 `cu_seqlens`（[attention.py 第 1468–1491 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1468-L1491)）交给 `apply_rotary_pos_emb`，后者走 `_apply_rotary_pos_emb_thd`：**每段都从 RoPE 表的第 0 行起**。
+#    取出 `cu_seqlens`（[attention.py 第 1483–1491 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1483-L1491)）交给 `apply_rotary_pos_emb`，后者走 `_apply_rotary_pos_emb_thd`：**每段都从 RoPE 表的第 0 行起**。
 #
 # 在 GPU 上，[dot_product_attention.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L153) 这一步换成 `TEDotProductAttention.forward`：它把 `PackedSeqParams` 的字段原样作为关键字参数交给 TE
 # （[`transformer_engine.py:2012`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L2012)），

@@ -224,7 +224,7 @@ Table(["配置", "返回", "里面（最里层）", "grad_scaler", "loss scale",
 # %% [markdown]
 # 读这张表：
 #
-# - **外面总是 `ChainedOptimizer`**（不用 Megatron FSDP 时，[`__init__.py:1136`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1136)）。
+# - **外面总是 `ChainedOptimizer`**（不用 Megatron FSDP 时，[`__init__.py:1224`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1224)）。
 #   它装一个还是两个，取决于有没有 expert 参数：EP>1 时 expert 参数（`allreduce=False`）单独一组、单独一个优化器。
 # - **里面是哪个类**只看三个开关（[`__init__.py:638`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L638)）：
 #   `use_distributed_optimizer` → `DistributedOptimizer`；否则 `fp16` 或 `bf16` → `Float16OptimizerWithFloat16Params`；
@@ -706,8 +706,8 @@ same
 # - **每步**：`train` 把 `optimizer.scale_loss` 挂到 `config.grad_scale_func`，schedule 在 backward 前乘 loss；`train_step` 末尾
 #   `optimizer.step()` 返回 `update_successful`，为假时不推进学习率、记一次 skipped iteration。
 # - **overlap**：`--overlap-grad-reduce` 时 `train` 把 `no_sync` 挂到 config；`--overlap-param-gather` 时正式入口在训练开始时先关掉
-#   forward pre-hook，第一步成功之后才打开（[`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)、
-#   [`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)），存 checkpoint 和评估前强制同步参数。
+#   forward pre-hook，第一步成功之后才打开（[`training.py:3698`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3698)、
+#   [`training.py:3897`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3897)），存 checkpoint 和评估前强制同步参数。
 # - simple loop 用 torch 的 Adam、fp32，以上都不涉及（笔记 14 遗留问题 2）。
 
 # %% [markdown]

@@ -560,7 +560,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 #    `distrib_optimizer_gather_cuda` 处理。
 # 4. **fp32 参数 + `dp_reshardable` 的加载要在 `torch.no_grad()` 下（运行确认）。** fp32 时主权重是模型参数的 view
 #    （[distrib_optimizer.py 第 467 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L467)，没有 `detach`），`load_parameter_state_from_dp_reshardable`（[distrib_optimizer.py 第 2061 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2061)）原地拷贝却没有 `@torch.no_grad()`，
-#    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)、[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响：
+#    而 `fully_reshardable` 和 `fs_model_space` 的加载函数有（[distrib_optimizer.py 第 2358 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2358)、[distrib_optimizer.py 第 2095 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2095)）。bf16 / fp16 训练的主权重是独立的拷贝，不受影响：
 #    fp32 下不包 `no_grad` 地调用，这次原地拷贝就是对需要梯度的叶子参数的 view 做 in-place 操作，autograd 报错。
 # 5. **过时的提示。** (TP, PP) 变了时的 `RuntimeError`（[checkpointing.py 第 2251 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2251)）建议"保存时用 `--ckpt-fully-parallel-save`"，
 #    但这个参数已经弃用、不起作用（[arguments.py 第 1712 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1712)）；真正决定可否重切的是

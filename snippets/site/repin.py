@@ -59,6 +59,8 @@ def enclosing(lines: list[str], line: int) -> int | None:
         if row.strip() and len(row) - len(row.lstrip()) < indent:
             if re.match(r"\s*(async\s+)?(def|class)\s", row):
                 return i + 1
+            if row.lstrip().startswith((")", "]", "}")):
+                continue  # the close of a multi-line signature or call: its opener is further up
             indent = len(row) - len(row.lstrip())
             if indent == 0:
                 return None
@@ -101,7 +103,24 @@ def follow_statement(old: list[str], new: list[str], line: int) -> int | None:
     if not hits:
         return None
     owner = enclosing(old, line) or 1
-    return min(hits, key=lambda n: abs((n - first) - (line - owner)))
+    # The same text can occur more than once in a function: prefer the hit whose neighbours are
+    # the old line's neighbours, then the one at the same offset from the function's start.
+    return min(hits, key=lambda n: (-_same_neighbours(old, line, new, n), abs((n - first) - (line - owner))))
+
+
+def _same_neighbours(old: list[str], line: int, new: list[str], at: int, reach: int = 3) -> int:
+    """How many of the ``reach`` non-blank lines before and after match, old around ``line`` and new
+    around ``at``."""
+
+    def around(lines: list[str], n: int, step: int) -> list[str]:
+        out, i = [], n - 1 + step
+        while 0 <= i < len(lines) and len(out) < reach:
+            if lines[i].strip():
+                out.append(lines[i].strip())
+            i += step
+        return out
+
+    return sum(a == b for step in (-1, 1) for a, b in zip(around(old, line, step), around(new, at, step)))
 
 
 def suggestions(old: list[str], new: list[str], line: int, k: int = 3) -> list[tuple[int, str]]:

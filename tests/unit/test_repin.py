@@ -4,8 +4,6 @@ inside the function that held it, and a link is rewritten to the new tag (anchor
 
 from __future__ import annotations
 
-import pytest
-
 from snippets.site import repin
 
 OLD = """\
@@ -79,16 +77,29 @@ def test_a_blank_line_is_never_followed():
     assert repin.follow_statement(OLD, NEW, 2) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="repin.enclosing stops at a multi-line signature's closing '):' at column 0 and takes the "
-    "statement for module level, so it is followed anywhere in the module",
-)
 def test_a_statement_in_a_function_with_a_multi_line_signature_stays_in_it():
     old = ["def f(", "    a,", "):", "    y = a", "    return y", ""]
     new = ["y = 0", "", "", "def f(", "    a,", "):", "    return a", ""]
     assert repin.enclosing(old, 4) == 1
     assert repin.follow_statement(old, new, 4) is None  # f no longer has it: not module-level y = 0
+
+
+def test_a_repeated_statement_is_the_one_with_the_same_neighbours():
+    old = ["def f():", "    a = 1", "    x = 0", "    b = 2", "    x = 0", "    c = 3", ""]
+    # the function grew at its start: by offset the first x = 0 would be taken, by neighbours the second
+    new = [
+        "def f():",
+        "    z = 9",
+        "    z = 8",
+        "    a = 1",
+        "    x = 0",
+        "    b = 2",
+        "    x = 0",
+        "    c = 3",
+        "",
+    ]
+    assert repin.follow_statement(old, new, 5) == 7
+    assert repin.follow_statement(old, new, 3) == 5
 
 
 URL = "https://github.com/NVIDIA/Megatron-LM/blob"
