@@ -154,7 +154,7 @@ def one_rl_round(
     ``swap_model_weights``, and note 22 passes a cell that makes that one call in view."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.resharding.refit import swap_model_weights
+    from megatron.core.resharding.refit import clear_plan_cache, swap_model_weights
     from megatron.core.resharding.utils import (
         _build_layer_module_prefix_map,
         _resolve_global_layer_number_in_name,
@@ -164,6 +164,9 @@ def one_rl_round(
     from snippets.record import recorder
 
     rollout_tp = rollout_tp or dist.get_world_size()
+    # refit.py caches reshard plans by the layouts' sizes (not by model): the first sync below
+    # builds its plan, whatever ran in this process before
+    clear_plan_cache()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     model_parallel_cuda_manual_seed(123)
     torch.manual_seed(100 * parallel_state.get_pipeline_model_parallel_rank())  # each stage its own layers

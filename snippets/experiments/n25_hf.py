@@ -120,8 +120,11 @@ def convert(dims, tied: bool, groups: dict, tp: int = 2, pp: int = 2, device: st
     and ``groups`` holds the TP=1 and TP=2 layouts' own groups (``rollout_groups``)."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.resharding.refit import swap_model_weights
+    from megatron.core.resharding.refit import clear_plan_cache, swap_model_weights
 
+    # swap_model_weights caches each reshard plan in refit.py, keyed by the two layouts' parallel
+    # sizes, not by the models: new models of another shape in the same layouts need new plans
+    clear_plan_cache()
     padded = hf_convert.padded_vocab(dims.vocab, tp, DIVISIBLE_BY)
     shape = hf_convert.Shape.of(dims, padded, tied)
     backend = "nccl" if device == "cuda" else "gloo"
