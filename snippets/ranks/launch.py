@@ -41,6 +41,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -199,6 +200,12 @@ def _rank_main(rank, world_size, store_dir, payload, args, kwargs, conn, stack_f
         os._exit(0)
 
 
+_STARTING = threading.Lock()
+"""One rank starts at a time in this process, even when several threads launch: filelock (which
+the tokenizers' transformers / huggingface_hub bring in, see :data:`_PRELOAD`) refuses an
+``os.fork`` while another thread of the process is in the middle of one (a ``RuntimeError``)."""
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -236,7 +243,8 @@ def run_ranks(
                 # The finally below kills every rank that is still alive.
                 daemon=False,
             )
-            proc.start()
+            with _STARTING:
+                proc.start()
             child_end.close()
             procs.append(proc)
             conns.append(parent_end)
