@@ -1,4 +1,4 @@
-"""The smallest set of patches that lets megatron-core 0.16.1 run on a CPU, and why each exists.
+"""The smallest set of patches that lets megatron-core 0.19.0 run on a CPU, and why each exists.
 
 Megatron is written for CUDA: it allocates buffers on ``torch.cuda.current_device()``, keeps its
 model-parallel RNG streams in CUDA generators and synchronizes CUDA streams. None of that changes
@@ -6,7 +6,9 @@ what the code *computes*; it only names the device. Each :class:`Patch` replaces
 detail, as narrowly as possible (:mod:`snippets.cpu.base` has the means):
 
 * *global* patches change one ``torch.cuda`` function for every module (only where many Megatron
-  files call it): :mod:`~snippets.cpu.devices`;
+  files call it): :mod:`~snippets.cpu.devices`, which also keeps ``torch.cuda.is_available()`` from
+  marking the process that forks the ranks as one that may hold CUDA (torch's CUDA build does, and
+  every rank forked from it then refuses CUDA; :mod:`snippets.ranks.fork_safe`);
 * *scoped* patches give one Megatron module its own view of ``torch`` (a proxy that differs in one
   or two names), or change a ``torch.Tensor`` method only while one Megatron call runs.
 
