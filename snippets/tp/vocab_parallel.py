@@ -1,5 +1,5 @@
 """Readable references for note 12: what vocab-parallel cross entropy with label smoothing
-*should* compute, and what each tensor-parallel rank of Megatron 0.16.1 *does* compute.
+*should* compute, and what each tensor-parallel rank of Megatron 0.19.0 *does* compute.
 
 ``megatron.core.tensor_parallel.vocab_parallel_cross_entropy`` states its smoothed target in a
 comment: probability ``1 - alpha`` on the label and ``alpha / (K - 1)`` on each of the other

@@ -73,7 +73,7 @@ def _no_pipelining_loss():
 
     def loss_func(output):
         loss = output.pow(2).mean()
-        # clone: the schedule divides `loss` in place by num_microbatches (schedules.py:269),
+        # clone: the schedule divides `loss` in place by num_microbatches (schedules.py:341),
         # and a bare detach() shares its storage, so the logged value would change with it.
         return loss, {"loss": loss.detach().clone()}
 
