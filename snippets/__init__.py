@@ -40,6 +40,8 @@ _KNOWN_WARNINGS = (
     # announce their own deprecation on every load.
     r"`load_state_dict` is deprecated",
     r"Please use DTensor instead",
+    # megatron.core.optimizer imports the experimental MIMO model's config (0.19.0), which warns.
+    r"MimoModelConfig is experimental",
     # megatron.training's layer specs without Transformer Engine use the local expert linears.
     r"supports MoE experts",
     # Core's null tokenizer imports transformers, whose tqdm.auto looks for ipywidgets in a kernel.
@@ -51,6 +53,24 @@ for _message in _KNOWN_WARNINGS:
 # torch's CUDA build (the one PyPI serves for Python 3.12) logs "No CUDA runtime is found, using
 # CUDA_HOME=..." when megatron.core imports torch.utils.cpp_extension on a machine without a GPU.
 _logging.getLogger("torch.utils.cpp_extension").setLevel(_logging.ERROR)
+
+# megatron-core 0.19.0 logs two notices on every use that say nothing about the run:
+_KNOWN_LOG_LINES = {
+    # GPTModel.__init__ (models/gpt/gpt_model.py:118): GPTModel takes only critical fixes now and
+    # HybridModel is the successor (notes 04 and 19 say so where they build one).
+    "megatron.core.models.gpt.gpt_model": "GPTModel IS DEPRECATED",
+    # DDP built directly with the distributed optimizer computes the buffer layout itself
+    # (distributed/distributed_data_parallel.py:132); training.py passes a precomputed one.
+    "megatron.core.distributed.distributed_data_parallel": "DistributedDataParallel: full_param_layout not provided",
+}
+
+
+def _drop_known(prefix: str):
+    return lambda record: not str(record.msg).startswith(prefix)
+
+
+for _name, _prefix in _KNOWN_LOG_LINES.items():
+    _logging.getLogger(_name).addFilter(_drop_known(_prefix))
 
 MEGATRON_CORE_PIN = "0.19.0"
 """The megatron-core every note, citation (tag ``core_v0.19.0``) and stored output is made with."""
