@@ -67,7 +67,7 @@
 # │  ├─ weight = Parameter([out/tp, in])
 # │  │  └─ _initialize_affine_weight_cpu(partition_dim=0)   # 造 [out, in] 主权重，切第 0 维；或 _gpu：只初始化本块
 # │  ├─ bias = Parameter([out/tp])，置零，也标为 TP 切分
-# │  └─ allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce   # 第 920 行
+# │  └─ allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce   # 第 1066 行
 # ├─ ColumnParallelLinear.forward(x)
 # │  ├─ allreduce_dgrad / sequence_parallel / … ? 直接用 x : copy_to_tensor_model_parallel_region(x)   # f，TP>1 时不走
 # │  ├─ linear_with_grad_accumulation_and_async_allreduce → LinearWithGradAccumulationAndAsyncCommunication
@@ -460,7 +460,9 @@ Table(["MLP（TP=2）", "正向", "反向"],
 #    `tp_group`，linear 函数内部仍会去查全局的 `parallel_state`。
 # 3. **`ModelParallelConfig.tensor_model_parallel_size` 不决定切几份（运行确认）。** 切分大小来自 TP 群的大小
 #    （[`layers.py:958`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L958)
-#    的 `get_pg_size(self.tp_group)`），config 里的数只在 `__post_init__` 里用来检查 SP。下面的单元格在 TP=2 的群里
+#    的 `get_pg_size(self.tp_group)`），config 里的数在 `__post_init__` 里只用来检查 SP、给 expert TP 和 0.19.0 新增的
+#    权重分片数（`tensor_parallel_num_weight_shards`）定默认值；层里只有 expert 层拿它和 `expert_tensor_parallel_size` 比较
+#    （[`layers.py:961`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L961)）。下面的单元格在 TP=2 的群里
 #    用 `tensor_model_parallel_size=1` 的 config 构造 column 层：照样切成两半，不报错。
 # 4. **GPU 初始化路径本篇没有跑。** `use_cpu_initialization=False` 时 `_initialize_affine_weight_gpu` 在 TP 专用的 RNG 流
 #    （种子随 TP 序号变化，见笔记 02）下只初始化本 rank 的块，拼回去一般不等于 TP=1 的权重；它在 CPU 上需要 RNG tracker
@@ -585,9 +587,10 @@ from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, 
 
 print("ColumnParallelLinear:", inspect.getsourcefile(ColumnParallelLinear).split("site-packages/")[1])
 layer = get_gpt_layer_local_spec().submodules
+mlp = layer.mlp.keywords["submodules"]  # 0.19.0：mlp 是 partial(MLP.as_mlp_submodule, submodules=...)
 for name, spec in [("linear_qkv", layer.self_attention.submodules.linear_qkv),
                    ("linear_proj", layer.self_attention.submodules.linear_proj),
-                   ("linear_fc1", layer.mlp.submodules.linear_fc1), ("linear_fc2", layer.mlp.submodules.linear_fc2)]:
+                   ("linear_fc1", mlp.linear_fc1), ("linear_fc2", mlp.linear_fc2)]:
     print(f"{name:12s}", spec.__name__)
 print("f, g:", copy_to_tensor_model_parallel_region.__module__, reduce_from_tensor_model_parallel_region.__module__)
 
