@@ -36,9 +36,10 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | 本篇主角：按 2·CP 块切 batch 的每个字段 |
-# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 正式入口：先 TP 广播，再调上一行（[`pretrain_gpt.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L167)） |
-# | [`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406) | packed（THD）序列的切法，索引由 TE 算（上一行遇到 `cu_seqlens` 时转给它） |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | 本篇主角：看 batch 有没有 `cu_seqlens`，把它交给下面两种切法之一；`is_hybrid_cp` 必填，`cp_group` 不给时用整个 world（[`utils.py:2483`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2483)） |
+# | [`utils.py::_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456) | 普通序列的切法：按 2·CP 块切 batch 的每个字段（本篇跑到的就是它） |
+# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 正式入口：先 TP 广播，再调第一行（[`pretrain_gpt.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L167)） |
+# | [`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406) | packed（THD）序列的切法，索引由 TE 算（第一行遇到 `cu_seqlens` 时转给它） |
 # | [`parallel_state.py::get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1828) | CP 群：K/V 在其中传递 |
 # | [`parallel_state.py::get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1758) | `with_context_parallel=True` 时是 DP×CP 群：梯度在其中归约 |
 # | [`transformer_engine.py::TEDotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1770) | 把 `cp_group`、`cp_global_ranks`、`cp_stream`、`cp_comm_type` 交给 TE |
@@ -55,8 +56,10 @@
 # ```text
 # pretrain_gpt.py::forward_step
 # └─ pretrain_gpt.py::get_batch
-#    ├─ megatron/training/utils.py::get_batch_on_this_tp_rank         # TP 群内 broadcast 整条序列（笔记 03）
-#    └─ megatron/core/utils.py::get_batch_on_this_cp_rank             # 本地切片：[b, s] → [b, s/CP]，无通信
+#    ├─ megatron/core/utils.py::get_batch_on_this_tp_rank             # TP 群内 broadcast 整条序列（笔记 03）
+#    ├─ megatron/core/utils.py::flatten_batch_for_packed_sequences    # 只对带 cu_seqlens 的 packed batch 起作用
+#    └─ megatron/core/utils.py::get_batch_on_this_cp_rank             # 分派：cp_group=get_context_parallel_group()
+#       └─ _get_batch_on_this_cp_rank_per_sequence_balancing          # 本地切片：[b, s] → [b, s/CP]，无通信
 # GPTModel.forward（本 rank 的 s/CP 个 token）
 # ├─ LanguageModelEmbedding                                           # 逐 token，无通信
 # ├─ RotaryEmbedding.forward
@@ -74,8 +77,8 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `get_batch` | data iterator、`vp_stage` | `tokens, labels, loss_mask, attention_mask, position_ids, packed_seq_params` | `get_batch_on_this_tp_rank`、`get_batch_on_this_cp_rank` | TP 广播；CP 只读坐标 | 是：按 CP 切序列 | 否（推进 iterator） | `forward_step_func` 里取数据 |
-# | `get_batch_on_this_cp_rank` | batch dict、可选 `cp_group` | 同一个 dict，每个字段序列维变为 s/CP | `parallel_state` 的 CP 大小与坐标 | 只读 CP 坐标，无通信 | **是**：每个字段取第 `cp_rank` 与 `2·CP−1−cp_rank` 块 | 否 | 同上 |
+# | `get_batch` | data iterator、`vp_stage` | 按 `BATCH_KEYS` 字母序的 10 个字段（`attention_mask, cu_seqlens, …, tokens`）；`PackedSeqParams` 由 `forward_step` 用其中的 `cu_seqlens` 等拼出 | `get_batch_on_this_tp_rank`、`flatten_batch_for_packed_sequences`、`get_batch_on_this_cp_rank` | TP 广播；CP 只读坐标 | 是：按 CP 切序列 | 否（TP rank 0 推进 iterator） | `forward_step_func` 里取数据 |
+# | `get_batch_on_this_cp_rank` | batch dict、`is_hybrid_cp`（必填）、`cp_group`（缺省 `None` = 整个 world）、`hybrid_cp_group_func`、`use_per_sequence_balancing` | 同一个 dict，每个序列字段的序列维变为 s/CP | `_get_batch_on_this_cp_rank_per_sequence_balancing` / `_per_document_balancing` | 用 `cp_group` 的大小与 rank，无通信 | **是**：每个字段取第 `cp_rank` 与 `2·CP−1−cp_rank` 块 | 否 | 同上 |
 # | `TEDotProductAttention.__init__` | config、mask 类型、`cp_comm_type`、`pg_collection` | 模块 | `get_context_parallel_group` | 是：把 CP 群交给 TE | 否 | 建一条类级 `cp_stream` | 构造模型 |
 # | `get_pos_emb_on_this_cp_rank` | RoPE 表、序列维、`cp_group` | 本 rank 两块位置的 RoPE | 无 | 只读 CP 坐标 | 是：与 batch 同样的切法 | 否 | forward |
 # | `ring_attention`（本站） | 本地 `q, k, v` `[s/CP, b, np, hn]`、`cp_group` | 本地输出 | 无（torch.distributed） | **是**：CP 群内 p2p | 否（K/V 只是路过） | 否 | forward / backward |
@@ -117,7 +120,8 @@ print({k: list(v.shape) for k, v in make_batch(TINY.seq).items()})
 # %% [markdown]
 # ### 真实的 `get_batch_on_this_cp_rank`，CP = 2 与 CP = 4
 #
-# 每个 rank 调 `initialize_model_parallel(context_parallel_size=CP)`，再把同一个 batch 交给真实函数。
+# 每个 rank 调 `initialize_model_parallel(context_parallel_size=CP)`，再把同一个 batch 交给真实函数，
+# 参数和正式入口一样：`is_hybrid_cp=False`、`cp_group=get_context_parallel_group()`（[`pretrain_gpt.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L167)）。
 # （Megatron 的 import 写在 rank 函数里：rank 进程从已经导入过 Megatron 的内核 fork 出来，不再花时间；
 # notebook 进程自己只做表格和算术，用不着它。）
 
@@ -268,8 +272,9 @@ def cp_dp_step(seq_len=16, hidden=8, heads=2):
 
     samples = [make_batch(seq_len, first_token=100 + 50 * d) for d in range(2)]
     # a copy: get_batch_on_this_cp_rank rewrites the dict it is given; the reference needs it whole
-    local = get_batch_on_this_cp_rank(dict(samples[parallel_state.get_data_parallel_rank()]))
     cp_group = parallel_state.get_context_parallel_group()
+    local = get_batch_on_this_cp_rank(dict(samples[parallel_state.get_data_parallel_rank()]),
+                                      is_hybrid_cp=False, cp_group=cp_group)
     with record() as calls:
         loss_of(local["tokens"], lambda q, k, v: ring_attention(q, k, v, cp_group)).backward()
         grad = linear_qkv.weight.grad
@@ -320,9 +325,22 @@ Table(["#", "phase", "API", "group", "shape before → after", "issued by"],
 # %% [markdown]
 # ## 机制解释
 #
-# **切分只是索引。** `get_batch_on_this_cp_rank` 把每个字段在序列维 `view` 成 `[…, 2·CP, s/(2·CP), …]`，
-# 用 `index_select` 取两块再压平。它不检查 `s` 能否被 `2·CP` 整除（不能时 `view` 直接报错，见自测 2），
-# 也不做任何通信：CP 的通信全在 attention 里。
+# **切分只是索引。** `get_batch_on_this_cp_rank` 自己只做分派（[`utils.py:2652`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2652)）：
+# batch 里没有 `cu_seqlens`（本篇、普通预训练）或打开了 `use_per_sequence_balancing` 时，交给
+# `_get_batch_on_this_cp_rank_per_sequence_balancing`；它跳过 `cu_seqlens`、`max_seqlen` 这类元数据键，
+# 把其余每个字段在序列维 `view` 成 `[…, 2·CP, s/(2·CP), …]`，用 `index_select` 取两块再压平
+# （[`utils.py:2510`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2510)）。packed 序列（有 `cu_seqlens`）交给
+# `_get_batch_on_this_cp_rank_per_document_balancing`，在每篇文档内部各自一头一尾。两者都不检查 `s` 能否被 `2·CP` 整除
+# （不能时 `view` 直接报错，见自测 2），也不做任何通信：CP 的通信全在 attention 里。
+#
+# **`cp_group` 要自己传。** CP 的大小和坐标取自 `torch.distributed.get_world_size(cp_group)` 与 `get_rank(cp_group)`
+# （[`utils.py:2483`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2483)）；`cp_group=None` 时这就是整个 world。在上面 CP=2、DP=2 的 4 个 rank 上
+# 不传它，序列会被切成 8 块、按全局 rank 各取 4 个 token（rank 0 拿到 `0, 1, 14, 15`），不报错，只是错。
+# 正式入口总是传 `get_context_parallel_group()`；`is_hybrid_cp` 没有缺省值，不传直接 `TypeError`。
+#
+# > **旧版（core_v0.18.0）：** 签名同样要求 `is_hybrid_cp`、`cp_group=None` 同样退到整个 world，但没有 `use_per_sequence_balancing`，
+# > 两种切法叫 `get_pretrain_batch_on_this_cp_rank` 与 `get_sft_batch_on_this_cp_rank`（[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/utils.py#L2369)）。
+# > core_v0.16.1 的签名只有 `(batch, cp_group=None)`，不传 `cp_group` 时读 `parallel_state` 的 CP 坐标，所以 `get_batch_on_this_cp_rank(batch)` 就是对的（[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/utils.py#L1994)）。
 #
 # **为什么 attention 之外不需要通信。** 除 attention 外，Transformer 的每一步（embedding、layernorm、MLP、
 # `linear_qkv`、`linear_proj`、loss）都是逐 token 的，只要权重完整、token 齐全就能各算各的。
@@ -422,7 +440,7 @@ Table(["mask", "写法", "= 各样本 token 平均的平均", "= 全体 token �
 #    本站的 ring attention 只复现了数学和通信的形状，不复现这些优化。
 # 4. **`TransformerConfig` 的缺省值触发它自己的弃用警告。** `cuda_graph_modules`（原来的 `cuda_graph_scope`）缺省是 `"full"`
 #    （[transformer_config.py 第 1047 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1047)），`__post_init__` 见到 `"full"` 就警告它已弃用（[transformer_config.py 第 2415 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2415)），
-#    所以 0.16.1 里每次构造 `TransformerConfig` 都会警告一次；下面的单元格把这条警告滤掉，免得它写进 stderr。
+#    所以每次构造 `TransformerConfig` 都会警告一次；下面的单元格把这条警告滤掉，免得它写进 stderr。
 
 # %%
 def local_attention_and_rope():
