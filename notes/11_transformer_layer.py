@@ -36,11 +36,12 @@
 #
 # | 符号 | 在本篇里的角色 |
 # |---|---|
-# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 用 Megatron Core 自己的模块拼出一层的 spec |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 用 Megatron Core 自己的模块拼出一层的 spec：把下一行的结果包成 `ModuleSpec(TransformerLayer, …)` |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_submodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L359) | 逐个槽位填零件；`mlp` 槽位是 `partial(MLP.as_mlp_submodule, submodules=…)` |
 # | [`backends.py::LocalSpecProvider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/backends.py#L99) | local spec 的零件：列/行并行 linear、`DotProductAttention`、norm |
 # | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L74) | 按 spec 实例化模块（函数原样返回） |
 # | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L243) | 一层有哪些槽位 |
-# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 按槽位逐个 `build_module` |
+# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 按槽位逐个建：attention、bda 经 `build_module`；norm 和 `mlp` 的槽位本身就是 builder，直接调用 |
 # | [`transformer_layer.py::TransformerLayer.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L733) | `_forward_attention` 再 `_forward_mlp` |
 # | [`transformer_layer.py::TransformerLayer._forward_attention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L569) | norm → attention → bias-dropout-add |
 # | [`transformer_layer.py::TransformerLayer._forward_mlp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L802) | norm → MLP → bias-dropout-add |
@@ -49,6 +50,7 @@
 # | [`attention.py::Attention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1278) | 切 QKV → RoPE → core attention → `linear_proj` |
 # | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 把融合的输出切成 Q、K、V |
 # | [`dot_product_attention.py::DotProductAttention.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L142) | 本卡的 head 上算 softmax(QKᵀ)V |
+# | [`mlp.py::MLP.as_mlp_submodule`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L389) | 层调用的 `mlp` builder：从 `pg_collection` 取 TP 群，再构造 `MLP` |
 # | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L172) | GLU 时 `linear_fc1` 宽度翻倍、stride 2 |
 # | [`mlp.py::MLP.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L258) | fc1 → 激活（`glu`）→ fc2 |
 # | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1100) | `linear_qkv`、`linear_fc1` |
@@ -92,8 +94,8 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `get_gpt_layer_local_spec` | `qk_layernorm`、`normalization` 等开关 | 一个 `ModuleSpec`（类 + 子模块槽位） | `LocalSpecProvider` | 否 | 否 | 否 | `model_provider` 里选 spec |
-# | `TransformerLayer.__init__` | config、spec 的 submodules | 建好的各子模块 | `build_module`、各子模块构造 | 读 TP 群（`pg_collection.tp`） | 是：各 linear 按 TP 切 weight | 建参数 | 建模型 |
+# | `get_gpt_layer_local_spec` | `qk_layernorm`、`normalization` 等开关 | 一个 `ModuleSpec`（类 + 子模块槽位） | `get_gpt_layer_local_submodules`、`LocalSpecProvider` | 否 | 否 | 否 | `model_provider` 里选 spec |
+# | `TransformerLayer.__init__` | config、spec 的 submodules、`pg_collection` | 建好的各子模块 | `build_module`（attention、bda）、norm 与 `mlp` 的 builder（`MLP.as_mlp_submodule`） | 读 TP 群（`pg_collection.tp`） | 是：各 linear 按 TP 切 weight | 建参数 | 建模型 |
 # | `TransformerLayer.forward` | `[s, b, h]`、mask、RoPE | `[s, b, h]`、context | `_forward_attention`、`_forward_mlp` | 间接（通过 linear） | 激活按 head / ffn 维切（SP 时还按 s 切） | 否 | `forward_step` |
 # | `SelfAttention.get_query_key_value_tensors` | 归一化后的 `[s, b, h]` | 本卡的 Q `[s, b, np/TP, hn]`、K、V `[s, b, ng/TP, hn]` | `linear_qkv`、QK norm | 只在 ng < TP 时（遗留问题 2） | 是：本卡拿整组的 head | 否 | `forward_step` |
 # | `DotProductAttention.forward` | 本卡的 Q、K、V、mask | `[s, b, np/TP·hn]` | `FusedScaleMaskSoftmax`、dropout（RNG tracker） | 否 | 按 head | 否 | `forward_step` |
@@ -169,7 +171,9 @@ weight_table(meta[0])  # 即 Table(["子模块", "类", "每卡 weight [out, in]
 #
 # - 4 个 linear 都被切了：`linear_qkv`、`linear_fc1` 是**列并行**（切输出维 dim 0），`linear_proj`、`linear_fc2` 是**行并行**（切输入维 dim 1）。
 #   Megatron 和 `torch.nn.Linear` 一样把 weight 存成 `[out, in]`。
-# - 三个 norm 和 QK norm 每卡一份完整的（复制）。`self_attn_bda`、`mlp_bda` 是 `get_bias_dropout_add` 返回的函数，
+# - 两个 norm 和 QK norm（q、k 各一个）每卡一份完整的（复制）。建不建 QK norm 由 `config.qk_layernorm` 决定
+#   （[`attention.py:1700`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1700)），spec 只给类；关掉时 `q_layernorm`、`k_layernorm` 是 `None`
+#   （[`attention.py:1722`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1722)），spec 里若填了真正的 norm 类会直接报错。`self_attn_bda`、`mlp_bda` 是 `get_bias_dropout_add` 返回的函数，
 #   激活是 `config.activation_func`（`silu`）在 `MLP.forward` 的 `glu` 里用：都没有参数。`core_attention` 也没有参数。
 # - `linear_fc1` 的 stride 是 2：每卡拿的不是前一半行，而是 gate 的一片**加** up 的一片（下面"机制解释"用运行说明）。
 #
@@ -456,7 +460,8 @@ sp[0]["comm"]
 #    `device="cuda"` 的因果 mask。本篇显式传 causal mask（GPT 的数据管线本来就给）。
 # 5. **每个 `TransformerConfig` 都会发一条弃用警告。** `cuda_graph_modules`（原来的 `cuda_graph_scope`）的缺省值就是 `"full"`
 #    （[`transformer_config.py:1047`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1047)），
-#    而 `__post_init__` 见到 `"full"` 就警告它已弃用。无害，`snippets.tp.layer_walk` 把它静音了。
+#    而 `__post_init__` 见到 `"full"` 就警告它已弃用（[`transformer_config.py:2415`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2415)）。
+#    无害，`snippets/__init__.py` 的已知警告过滤把它静音了。
 # 6. **QK norm 的梯度靠参数名找。** `finalize_model_grads` 用 `"q_layernorm" in name` 挑出要在 TP 群求和的参数；
 #    换一个名字的自定义 QK norm 会被静默漏掉，TP 各卡的权重随之漂移。
 
