@@ -51,7 +51,9 @@
 # | [`token_dispatcher.py::MoEAllGatherTokenDispatcher`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L230) | allgather dispatcher |
 # | [`mappings.py::all_to_all`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L558) | 带反向的 `all_to_all_single`（反向交换两组 split sizes） |
 # | [`experts.py::SequentialMLP`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/experts.py#L1260) | 每个本地 expert 一个 `MLP`，逐个算 |
-# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | `num_experts` 不为空时 MLP 槽位是 MoE |
+# | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | `num_experts` 不为空时 MLP 槽位是 MoE 的构造器 |
+# | [`moe_module_specs.py:87`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/moe_module_specs.py#L87) | 这个构造器：`partial(MoELayer, submodules=MoESubmodules(...))` |
+# | [`transformer_layer.py:431`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L431) | `TransformerLayer` 用 config 调用 MLP 槽位的构造器，建出 `MoELayer` |
 # | [`parallel_state.py::get_expert_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2237) | EP 群 |
 # | [`parallel_state.py::get_expert_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L2382) | 持有同一组 expert 的 rank |
 # | [`distributed_data_parallel.py:213`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L213) | expert 梯度的缩放：缺省分支是 1/(DP×CP)；`average_in_collective` 时见 [`distributed_data_parallel.py:208`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L208) |
@@ -61,7 +63,8 @@
 # ## 调用链
 #
 # ```text
-# TransformerLayer.forward → self.mlp（local spec 在 num_experts 不为空时放 MoELayer）
+# TransformerLayer.__init__ → submodules.mlp(config=…)（local spec 在 num_experts 不为空时是 partial(MoELayer, …)）
+# TransformerLayer.forward → self.mlp
 # megatron/core/transformer/moe/moe_layer.py::MoELayer.forward
 # ├─ route → router.py::TopKRouter.forward
 # │  ├─ Router.gating → moe_utils.py::router_gating_linear           # logits [T, E]（无 TE：torch.mm）
@@ -88,7 +91,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `MoELayer.__init__` | config、`MoESubmodules`、`pg_collection` | 模块 | `TopKRouter`、dispatcher、`SequentialMLP` | 读 EP 坐标定本地 expert | 是：expert 按 EP 分 | 建参数 | 构造模型 |
+# | `MoELayer.__init__` | config、`MoESubmodules`（`experts`、`shared_experts`、`router` 三个构造器）、`pg_collection` | 模块 | `router`（缺省 `TopKRouter`）、dispatcher、`experts`（local spec：`SequentialMLP`） | 读 EP 坐标定本地 expert | 是：expert 按 EP 分 | 建参数 | 构造模型 |
 # | `TopKRouter.forward` | hidden `[S, B, H]` | `probs`、`routing_map` `[S·B, E]` | `router_gating_linear`、`topk_routing_with_score_function`、aux loss 函数 | aux loss 在 `tp_cp` 群数 token | 否 | 否（aux loss 只进日志 tracker） | forward |
 # | `dispatch_preprocess` | hidden、`routing_map`、`probs` | permute 后的 `[T·k, H]`、probs `[T·k]` | `preprocess`、`permute` | 是：all-gather token 计数（`tp_ep`） | 否 | 否 | forward |
 # | `token_dispatch` | 上一行的输出 | 送到本 rank 的 token `[N, H]`、probs `[N]` | `all_to_all` | **是**：ep 群 all-to-all ×2 | 是：token 按 expert 分到 rank | 否 | forward |
@@ -118,8 +121,11 @@ import torch.distributed as dist
 # ### 一个真实的 `MoELayer`
 #
 # 4 个 expert、top-2、hidden 8、expert 的 FFN 宽 16。层按 local spec 搭：`get_gpt_layer_local_spec(num_experts=4,
-# moe_grouped_gemm=False)` 的 MLP 槽位就是 `MoELayer` 的 spec（router 为 `TopKRouter`，experts 为 `SequentialMLP`，
-# 每个 expert 是一个普通的 `MLP`）。`micro_batch(i)` 给出第 `i` 个数据并行 rank 进入 MoE 层的激活 `[S=6, B=1, H=8]`
+# moe_grouped_gemm=False)` 的 MLP 槽位不是 `ModuleSpec`，而是一个构造器
+# `partial(MoELayer, submodules=MoESubmodules(experts=…, shared_experts=…))`（[`moe_module_specs.py:87`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/moe_module_specs.py#L87)）：
+# experts 是 `partial(SequentialMLP, …)`（每个 expert 是一个普通的 `MLP`），router 用 `MoESubmodules` 的缺省值 `TopKRouter`。
+# `TransformerLayer` 直接拿 config 调用它（[`transformer_layer.py:431`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L431)），
+# `build_moe_layer` 照做，只是不建外面那层 `TransformerLayer`。`micro_batch(i)` 给出第 `i` 个数据并行 rank 进入 MoE 层的激活 `[S=6, B=1, H=8]`
 # 和反向传回的梯度。Megatron 的 import 写在 rank 函数里（rank 从已经导入过 Megatron 的内核 fork 出来）；
 # `snippets.moe.tables` 只挂 hook、读日志、拷权重，不实现 MoE 的任何一步。
 #
@@ -170,7 +176,7 @@ Table(["token", "logits", "top-2 expert", "probs（Megatron）"],
 # `aux = coeff · E / (k·T²) · Σ_i (Σ_t s_{t,i}) · c_i`，其中 `s` 是对**全部** E 个 logits 的 softmax，`c_i` 是
 # 选中 expert `i` 的 token 数。各 expert 分到的 token 越均匀、概率越分散，它越小（完全均匀时除以 coeff 后等于 1）。
 # 它不加进 loss，而是由 `MoEAuxLossAutoScaler` 挂在 `probs` 上：前向原样返回 `probs`，反向时顺手给 aux loss 一个梯度。
-# Megatron 把 `aux / coeff` 记进日志 tracker，`pop_aux_loss()` 读回来；手算：
+# Megatron 把 `aux / coeff` 记进 MoE 指标 tracker（`moe_logging.get_moe_metrics_tracker()`），`pop_aux_loss()` 读回来；手算：
 
 # %%
 scores = torch.softmax(logits, dim=-1)
@@ -331,7 +337,7 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 #
 # MoE 只替换 `TransformerLayer` 里的 MLP 槽位（layer spec 决定，笔记 04 / 11），attention、loss、pipeline 都不变。
 # forward 里多出 EP 群的 all-to-all；backward 多出它们的逆；aux loss 通过 `MoEAuxLossAutoScaler` 搭在主 loss 的反向上，
-# 日志由训练循环从 tracker 里取（`track_moe_metrics`）。DDP 把 expert 参数单独放进 `edp` 群的 buffer（笔记 14）；
+# 日志由训练循环在每步末尾从 tracker 里取（`get_moe_metrics_tracker().report(...)`，[training.py 第 2782 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2782)）。DDP 把 expert 参数单独放进 `edp` 群的 buffer（笔记 14）；
 # 分布式优化器也按 `edp` 切 expert 的状态（笔记 15）；checkpoint 里本地 expert 被映射回全局编号
 # （`SequentialMLP.sharded_state_dict`），所以换 EP 大小后仍能加载。
 
@@ -351,14 +357,18 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 # 1. **Transformer Engine 提供而这里缺的东西。** router 的 GEMM（`te_general_gemm`）、融合的 permute / unpermute
 #    （`moe_permute_fusion`）、融合的 top-k 与 aux loss（`moe_router_fusion`）、grouped GEMM 的 `TEGroupedMLP`、
 #    DeepEP / HybridEP 的 `MoEFlexTokenDispatcher`。本篇走的全是纯 torch 分支：`SequentialMLP` 逐个 expert 做矩阵乘。
-# 2. **在 CPU 上需要的三个补丁**（[在 CPU 上运行](../../cpu/)，每个都有测试）：`moe_te_general_gemm`——`moe_utils`
-#    只在成功导入 TE 时才绑定 `te_general_gemm`，却在 [moe_utils.py 第 1326 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1326) 无条件判断它，缺 TE 时 `NameError`；
+# 2. **在 CPU 上需要的两个补丁**（[在 CPU 上运行](../../cpu/)，每个都有测试）：
 #    `moe_dispatcher_streams`——dispatcher 构造时建 CUDA stream（[token_dispatcher.py 第 469 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L469)）；
 #    `moe_host_split_sizes`——`maybe_move_tensor_to_cpu` 只转换 CUDA 张量（[moe_utils.py 第 1184 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1184)），CPU 上 split sizes
-#    留成 torch 张量，`all_to_all_single` 拒收。三者都不改变计算，上面 EP=2 = EP=1 的逐项相等就是证据。
+#    留成 torch 张量，`all_to_all_single` 拒收。两者都不改变计算，上面 EP=2 = EP=1 的逐项相等就是证据。
+#    补丁表里还有第三个 `moe_te_general_gemm`，在 0.19.0 已经什么也不做：router 的 gating GEMM 先判断
+#    `te_general_gemm is not None`（[moe_utils.py 第 1326 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1326)），
+#    而 `moe_utils` 在没有 TE 的分支里已把这个名字设成 `None`（[moe_utils.py 第 41 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L41)），直接走 `torch.mm`；
+#    只有 core_v0.16.1 那样只在导入 TE 成功时才绑定它的版本，缺 TE 才会 `NameError`。
 # 3. **`MoELayer(layer_number=1)` 不会告诉 router（运行确认）。** 构造函数只把 `layer_number` 存在自己身上；
-#    router 的 `layer_number` 要等 `TransformerLayer` 调 `set_layer_number` 才设。单独用 `MoELayer` 时 router 的
-#    `layer_number` 是 `None`，`save_to_aux_losses_tracker` 直接返回，aux loss 照常进梯度却不进日志（下面的单元格）。
+#    router 的 `layer_number` 要等 `TransformerLayer` 调 `set_layer_number` 才设（[transformer_layer.py 第 438 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L438)）。单独用 `MoELayer` 时 router 的
+#    `layer_number` 是 `None`，aux loss 交给 MoE 指标 tracker 时被它直接丢掉（[moe_logging.py 第 118 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_logging.py#L118)），
+#    aux loss 照常进梯度却不进日志（下面的单元格）。
 # 4. **反向的 all-to-all 次数取决于输入要不要梯度（运行确认）。** 上面 `micro_batch` 的 `x` 要梯度（真实模型里它来自上一层）；
 #    若 `x` 不要梯度，autograd 跳过 token 的 all-to-all 的反向，反向只剩 2 次（下面的单元格）。数通信次数时要用真实的条件。
 # 5. **`TransformerConfig` 的缺省值触发它自己的弃用警告**（`cuda_graph_modules="full"`，[transformer_config.py 第 1047 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L1047)、[transformer_config.py 第 2415 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2415)），
@@ -367,7 +377,7 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def quirks():
     from megatron.core import parallel_state
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
     layer = build_moe_layer(TINY, ep=2, tell_router=False)  # MoELayer(..., layer_number=1) only
@@ -376,7 +386,7 @@ def quirks():
         y, _ = layer(x.detach())  # an input that does not need a gradient
         (y * upstream).sum().backward()
     return dict(moe_layer_number=layer.layer_number, router_layer_number=layer.router.layer_number,
-                logged=sorted(get_moe_layer_wise_logging_tracker()),
+                logged=sorted(get_moe_metrics_tracker().metrics),
                 backward_all_to_all=sum(c.phase == "backward" and c.api == "all_to_all_single"
                                         for c in calls))
 

@@ -63,14 +63,13 @@ def watch(layer) -> list[dict]:
 
 def pop_aux_loss(name: str = "load_balancing_loss", layer_number: int = 1) -> float:
     """The aux loss (divided by its coefficient) Megatron logged for one layer since the last
-    call, read from ``moe_utils``' tracker, which is then cleared."""
-    from megatron.core.transformer.moe.moe_utils import (
-        clear_aux_losses_tracker,
-        get_moe_layer_wise_logging_tracker,
-    )
+    call, read from its MoE metrics tracker (``moe_logging.get_moe_metrics_tracker``; the
+    ``moe_utils`` dict view of it is deprecated since core 0.16), which is then cleared."""
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
 
-    value = float(get_moe_layer_wise_logging_tracker()[name]["values"][layer_number - 1])
-    clear_aux_losses_tracker()
+    tracker = get_moe_metrics_tracker()
+    value = float(tracker.metrics[name].values[layer_number - 1])
+    tracker.clear()
     return value
 
 
