@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 02 分布式初始化：从 `init_process_group` 到几十个 process group
 #
-# 第一轮第 2 篇。固定版本：Megatron-LM tag `core_v0.16.1`（= `pip install megatron-core==0.16.1`）。
+# 第一轮第 2 篇。固定版本：Megatron-LM tag `core_v0.19.0`（= `pip install megatron-core==0.19.0`）。
 # 本页的每张群表、每个计数都来自下面单元格里**真实的** `parallel_state.initialize_model_parallel`，
 # 跑在本机 4 个（或 8 个）gloo 进程上；在 8 卡 GPU 节点上用 NCCL 跑是同一段代码。
 
@@ -41,8 +41,9 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1014) | 正式入口，第一件事就是 `initialize_megatron` |
-# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L42) | 解析参数、设全局变量，再调内部的 `finish_mpu_init` |
+# | [`arguments.py::parse_and_validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L87) | `pretrain_gpt.py` 的 `__main__` 在调 `pretrain` **之前**先调它：解析参数、`validate_args`、设全局变量 |
+# | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1014) | 正式入口，第一件大事就是 `initialize_megatron` |
+# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L42) | 从 `get_args()` 取已解析好的参数，再调内部的 `finish_mpu_init` |
 # | [`arguments.py::validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L388) | 在任何群存在之前先算一次 `data_parallel_size` |
 # | [`initialize.py::_initialize_distributed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L265) | 设 GPU、`init_process_group`、调 `initialize_model_parallel` |
 # | [`initialize.py::_set_random_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L418) | 按 PP / DP 坐标偏移种子（要先有群才能读坐标） |
@@ -59,17 +60,18 @@
 # ## 调用链
 #
 # ```text
-# pretrain_gpt.py  (__main__ 调 pretrain，传入 GPT 自己的 get_embedding_ranks)
-# └─ megatron/training/training.py::pretrain
-#    └─ megatron/training/initialize.py::initialize_megatron
-#       ├─ megatron/training/arguments.py::parse_args            # 读环境变量 RANK / WORLD_SIZE / LOCAL_RANK
-#       ├─ megatron/training/arguments.py::validate_args         # 纯算术：dp = world // (tp·pp·cp)
-#       ├─ megatron/training/global_vars.py::set_global_variables  # microbatch 计算器要知道 dp
+# pretrain_gpt.py  (__main__)
+# ├─ megatron/training/arguments.py::parse_and_validate_args     # 在 pretrain 之前，还没有任何群
+# │  ├─ megatron/training/arguments.py::parse_args               # 读环境变量 RANK / WORLD_SIZE / LOCAL_RANK
+# │  ├─ megatron/training/arguments.py::validate_args            # 纯算术：dp = world // (tp·pp·cp·gtp_remat)
+# │  └─ megatron/training/global_vars.py::set_global_variables   # microbatch 计算器要知道 dp
+# └─ megatron/training/training.py::pretrain(full_config, ..., get_embedding_ranks=GPT 自己的规则)
+#    └─ megatron/training/initialize.py::initialize_megatron     # args = get_args()，不再解析
 #       └─ finish_mpu_init（嵌套函数）
 #          ├─ megatron/training/initialize.py::_initialize_distributed
 #          │  ├─ torch.cuda.set_device(local_rank)                # 只在有 GPU 时
 #          │  ├─ torch.distributed.init_process_group             # rendezvous，建 world 群（默认 nccl、10 分钟）
-#          │  └─ megatron/core/parallel_state.py::initialize_model_parallel   # 只在 device_count() > 0 时
+#          │  └─ megatron/core/parallel_state.py::initialize_model_parallel   # 只在 device_count() > 0 且没要求跳过时
 #          │     ├─ RankGenerator(...) ×2                         # decoder 网格、expert 网格，纯算术
 #          │     ├─ RankGenerator.get_ranks(token) ×N             # 纯算术
 #          │     ├─ create_group(ranks) ×M                        # torch.distributed.new_group，全体 rank 都要调
@@ -131,6 +133,7 @@ group_summary({kind: unique_groups(ranks, kind) for kind in ("tp", "pp", "dp", "
 # 16 个 rank、TP=2、PP=2 ⇒ DP=4。`run_orders` 在每个 rank 上用两种 `order` 各调一次
 # `initialize_model_parallel(..., order=order)`（中间 `destroy_model_parallel`），读回 rank 5 和 rank 13 的三个群：
 # 缺省的 `tp-cp-ep-dp-pp`，和正式入口 `--use-tp-pp-dp-mapping` 换上的 `tp-cp-ep-pp-dp`。
+# 这两个 rank 的坐标为什么是这样、换 order 为什么改变成员，[笔记 08](../08_parallel_state_and_rank_generator/) 用 `RankGenerator` 的算术逐步推出。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(run_orders)
@@ -211,8 +214,16 @@ creation_order(created)
 #   `use_local_synchronization`）。所以代码的写法总是"遍历所有群 → 全部创建 → 只把含自己的那个存进全局变量"。
 # - **建群不是 collective。** 期间记录到 0 条 collective：`new_group` 的协调走的是 store（这里是文件，
 #   GPU 集群上是 `MASTER_ADDR` 上的 TCPStore）。通信发生在以后用这些群的时候。
-# - **`dp-cp` 最先建。** 源码注释解释：IB SHARP 只能用在第一个以 `NCCL_COLLNET_ENABLE=1` 创建的
-#   communicator 上，而 DP×CP 群是最可能要它的那个（[parallel_state.py 第 958–962 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L958-L962)）。
+# - **打头的是 GTP 群，然后才是 `dp-cp`。** 0.19.0 新增了"带权重重物化的广义张量并行"（`gtp_remat`，把权重再按
+#   输出维切给几个 rank，每次前向、反向前 all-gather 回来）。不开它时大小为 1，[parallel_state.py:939](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L939)
+#   照样为每个 rank 建一个单人群 `GTP_WEIGHT_REMAT_GROUP`，expert 一侧也一样（`EXPERT_GTP_WEIGHT_REMAT_GROUP`）；
+#   再加上一个按 `tp-ep-gtp_remat-pp` 切的 expert 群，4 rank 时比不开 GTP 的旧版多出 9 次 `create_group`。
+#   紧接着才是 `dp-cp`：源码注释说 IB SHARP 只能用在第一个以 `NCCL_COLLNET_ENABLE=1` 创建的
+#   communicator 上，而 DP×CP 群是最可能要它的那个（[parallel_state.py 第 958–962 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L958-L962)），
+#   可这段注释要求的"最先建"在 0.19.0 已被 GTP 那段循环抢先（见遗留问题 5）。
+#
+# > **旧版（core_v0.18.0）：** 没有 `gtp_remat` 这一维：同样 4 rank、TP=2、PP=2，每个 rank 调 53 次 `create_group`、
+# > 设置 34 个全局变量，`DATA_PARALLEL_GROUP_WITH_CP` 是第一个建的群（[core_v0.18.0 的 parallel_state.py 第 845 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/parallel_state.py#L845)）。
 #
 # 被改动的全局变量（训练状态之外的"进程状态"）：
 
@@ -222,7 +233,7 @@ print(", ".join(changed))
 # %% [markdown]
 # ### 尺寸不对时
 #
-# `initialize_model_parallel` 在 [parallel_state.py 第 822 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L822) 检查 world size 能否被 `tp·pp·cp` 整除，不能就抛
+# `initialize_model_parallel` 在 [parallel_state.py 第 822 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L822) 检查 world size 能否被 `tp·pp·cp·gtp_remat` 整除（`gtp_remat` 缺省为 1），不能就抛
 # `RuntimeError`。我们的启动器在**起进程之前**做同样的检查（`Grid`），错误信息直接说出三个数：
 
 # %%
@@ -239,7 +250,8 @@ except RankError as err:
 # %% [markdown]
 # ## 关键对象
 #
-# **`args` 里与本篇有关的字段**（`megatron/training/arguments.py`）：
+# **`args` 里与本篇有关的字段**（`megatron/training/arguments.py`；0.19.0 里这几项的缺省值写在
+# `megatron/training/config/common_config.py` 的 `DistributedInitConfig` 里，命令行选项由它生成）：
 #
 # | 字段 | 来源 | 去向 |
 # |---|---|---|
@@ -254,9 +266,13 @@ except RankError as err:
 # **两个网格。** `initialize_model_parallel` 造两个 `RankGenerator`：decoder 网格 `(tp, cp, dp, pp)`
 # 给 attention 和稠密层；expert 网格 `(etp, ep, edp, pp)` 给 MoE 的 expert（`etp` 缺省等于 `tp`，
 # CP 被并进 expert 的 DP 维）。两个网格必须切出同样的 PP 群，因为一个 stage 里既有 attention 也有 expert。
+# 0.19.0 在两个网格的 order 里各插入一维 `gtp_remat`（decoder 插在 tp 后、expert 插在 ep 后，
+# [parallel_state.py:857](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L857)）；
+# 它缺省为 1，不改变任何群的成员，掩码算法见[笔记 08](../08_parallel_state_and_rank_generator/)。
 #
-# **模块全局变量。** 结果全部存在 `parallel_state` 的模块全局变量里（上面列出的 34 个）。
-# 0.16.1 里越来越多的模块接受显式的 `pg_collection`；
+# **模块全局变量。** 结果全部存在 `parallel_state` 的模块全局变量里（上面列出的 44 个，其中 10 个属于 GTP：
+# 不开 GTP 时，`..._WITH_GTP_REMAT` 这几个只是指向原有 DP 群的别名）。
+# 0.19.0 里越来越多的模块接受显式的 `pg_collection`；
 # [`ProcessGroupCollection.use_mpu_process_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/process_groups_config.py#L205)
 # 就是把这些全局群打包成一个对象。
 #
@@ -264,9 +280,10 @@ except RankError as err:
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `initialize_megatron` | `extra_args_provider`、`args_defaults`、embedding 规则函数 | 通常 `None`（lazy 模式返回 `finish_mpu_init`） | `parallel_state`、RNG tracker | 是（经下一行） | 否 | 是：全局 args、tokenizer、RNG | `initialize_distributed` + `model_parallel_cuda_manual_seed` |
-# | `_initialize_distributed` | embedding 规则函数、`store`；其余读 `get_args()` | 无 | `initialize_model_parallel` | **是**：world 群 + 全部子群 | 否 | 是：当前 GPU、默认群、全局群 | `initialize_distributed` |
-# | `initialize_model_parallel` | tp、pp、vpp、cp、ep、etp、`order`、timeout、embedding 规则 | 无（写全局变量） | `RankGenerator`、`create_group`、`GlobalMemoryBuffer` | **是**：建群本身 | 否（只定坐标） | 是：34 个全局变量（上面实测） | `initialize_distributed` 内 |
+# | `parse_and_validate_args` | `extra_args_provider`、`args_defaults` | `args` | 无 | 否 | 否 | 是：全局 args、tokenizer、timers | 无（simple loop 不解析命令行） |
+# | `initialize_megatron` | embedding 规则函数、`store`、`skip_model_parallel_init` 等开关（参数本身从 `get_args()` 取） | 通常 `None`（lazy 模式返回 `finish_mpu_init`） | `parallel_state`、RNG tracker | 是（经下一行） | 否 | 是：RNG、rerun 状态机 | `initialize_distributed` + `model_parallel_cuda_manual_seed` |
+# | `_initialize_distributed` | embedding 规则函数、`store`、`skip_model_parallel_init`；其余读 `get_args()` | 无 | `initialize_model_parallel` | **是**：world 群 + 全部子群 | 否 | 是：当前 GPU、默认群、全局群 | `initialize_distributed` |
+# | `initialize_model_parallel` | tp、pp、vpp、cp、ep、etp、`gtp_remat_size`、`order`、timeout、embedding 规则 | 无（写全局变量） | `RankGenerator`、`create_group`、`GlobalMemoryBuffer` | **是**：建群本身 | 否（只定坐标） | 是：44 个全局变量（上面实测） | `initialize_distributed` 内 |
 # | `RankGenerator.get_ranks` | token，如 `"tp"`、`"dp-cp"` | 该类全部群的 rank 列表 | `generate_masked_orthogonal_rank_groups` | 否（纯算术） | 否 | 否 | 同上 |
 # | `create_group` | ranks、timeout、backend、`group_desc` | 一个 `ProcessGroup` | 无 | **是**：`new_group` | 否 | 记入 `_global_process_group_list` | 同上 |
 # | `_set_random_seed` | seed | 无 | `model_parallel_cuda_manual_seed` | 只读坐标 | 否 | 是：Python / NumPy / torch RNG | `model_parallel_cuda_manual_seed(123)` |
@@ -282,7 +299,7 @@ except RankError as err:
 # |---|---|---|
 # | [`get_tensor_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1704) | decoder `tp` | TP 层里的 f / g（笔记 09、10） |
 # | [`get_pipeline_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1749) | decoder `pp` | pipeline 的 send / recv（笔记 13） |
-# | [`get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1758) | `dp`；加 `with_context_parallel=True` 为 `dp-cp` | DDP 用 `dp-cp` 归约梯度（笔记 14） |
+# | [`get_data_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1758) | `dp`；加 `with_context_parallel=True` 为 `dp-cp`（0.19.0 另有 `with_gtp_remat`，缺省 True，多跨 GTP 维；GTP 为 1 时是同一个群） | DDP 用 `dp-cp` 归约梯度（笔记 14；`pg_collection` 取它时传 `with_gtp_remat=False`） |
 # | [`get_context_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1828) | decoder `cp` | attention 里交换 K/V（笔记 16） |
 # | [`get_model_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1697) | decoder `tp-pp`（不含 CP） | 梯度范数等跨模型并行的归约 |
 # | [`get_embedding_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L1863) | 每个 PP 群的首尾 rank | 首尾 stage 同步共享词嵌入的梯度 |
@@ -306,7 +323,7 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 # 都是用 `new_group` 从 world 里切出的子集。Megatron 把"怎么切"集中在 `initialize_model_parallel` 一个函数里，
 # 模型代码只通过 getter（或 `pg_collection`）拿群，从不自己算成员。
 #
-# **DP 是推出来的。** 用户只给 TP、PP、CP（以及 EP），DP = world ÷ (TP·PP·CP)。正式入口里这个除法做两次：
+# **DP 是推出来的。** 用户只给 TP、PP、CP（以及 EP），DP = world ÷ (TP·PP·CP·GTP)，GTP 缺省为 1。正式入口里这个除法做两次：
 # `validate_args` 在没有任何群时先算（microbatch 计算器要用），`initialize_model_parallel` 再独立算一次
 # （[parallel_state.py 第 825 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L825)）。simple loop 只有后一次。
 #
@@ -350,9 +367,12 @@ rank_table(cp_ranks, kinds=kinds_for(CP_PAR))
 #    文件描述符，这是本站每个实验都用新进程的原因。
 # 2. **不 destroy 就再初始化会断言失败（运行确认）**，报的是第一个被检查的群（DP 群）。
 # 3. **CPU 上正式入口不建子群。** `_initialize_distributed` 只在 `torch.cuda.device_count() > 0` 时调用
-#    `initialize_model_parallel`（[initialize.py 第 281 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L281)）；所以本站像 simple loop 那样直接调它。
+#    `initialize_model_parallel`（[initialize.py 第 358 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L358)，0.19.0 还多了 `skip_model_parallel_init` 让调用者自己建群）；所以本站像 simple loop 那样直接调它。
 # 4. **docstring 与签名不一致。** `order` 的文档说缺省是 `tp-dp-pp`，签名里的缺省却是 `tp-cp-ep-dp-pp`
 #    （[parallel_state.py 第 617 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L617)），代码实际接受任何包含全部非 1 维度的排列（笔记 08）。
+# 5. **"dp-cp 最先建"的注释与代码不再一致。** SHARP 那段注释仍要求 `dp-cp` 是第一个建的群，但 0.19.0 在它前面先建了
+#    GTP 的单人群（[parallel_state.py:939](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L939)，上面的建群顺序表第 1 行）。
+#    NCCL 对单人群是否真的创建 communicator、会不会占掉 COLLNET 的名额，要在开 SHARP 的集群上才能确认，本站在 CPU 上无法验证。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def destroy_then_ask():
@@ -407,7 +427,7 @@ print("dp:", cp_ranks[2]["groups"]["dp"], " dp-cp:", cp_ranks[2]["groups"]["dp-c
 #
 # <details><summary>答案</summary>
 #
-# 53 次（含 gloo 的 DP 群），4 个 rank 的序列完全相同。`new_group` 要求全体 rank 以相同顺序调用，
+# 62 次（含 gloo 的 DP 群，以及 0.19.0 为 GTP 维新增的 9 次），4 个 rank 的序列完全相同。`new_group` 要求全体 rank 以相同顺序调用，
 # 所以每个 rank 都建每个群，只把含自己的那个存下来。
 #
 # </details>
@@ -462,7 +482,8 @@ print({kind: rank13["groups"][kind] for kind in ("tp", "dp", "pp")})
 #
 # Megatron starts in two steps. `_initialize_distributed` picks the GPU from `LOCAL_RANK` and calls
 # `init_process_group` (NCCL by default, 10-minute timeout), which only creates the world group.
-# Then `initialize_model_parallel` derives DP = world / (TP·PP·CP), lays ranks on two grids — dense
+# Then `initialize_model_parallel` derives DP = world / (TP·PP·CP·GTP), lays ranks on two grids — dense
 # and expert — with `RankGenerator`, and every rank calls `new_group` for every group in the same order,
-# keeping only its own in module globals: 53 calls for 4 ranks at TP2·PP2, and not a single collective.
+# keeping only its own in module globals: 62 calls for 4 ranks at TP2·PP2 (nine of them new at 0.19.0,
+# for the GTP axis that defaults to size 1), and not a single collective.
 # Later code just asks getters such as `get_tensor_model_parallel_group()`.
