@@ -43,7 +43,8 @@
 # | [`distributed_data_parallel.py::DistributedDataParallel.no_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L504) | 非最后一个 micro-batch：只累加，不通信 |
 # | [`distributed_data_parallel.py::DistributedDataParallel.zero_grad_buffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L603) | 每步开始清零 buffer、复位 bucket group |
 # | [`distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel_config.py#L12) | `overlap_grad_reduce`、`bucket_size`、`use_distributed_optimizer` 等 |
-# | [`param_and_grad_buffer.py::_ParamAndGradBuffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L998) | 一块连续 buffer：倒序排放参数、切 bucket、`main_grad` 视图 |
+# | [`param_and_grad_buffer.py::_compute_default_per_buffer_param_layout`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L947) | 不用分布式优化器时的布局：参数倒序排放、在参数边界切 bucket、不补齐 |
+# | [`param_and_grad_buffer.py::_ParamAndGradBuffer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L998) | 一块连续 buffer：照布局分配、建 bucket、`main_grad` 视图 |
 # | [`param_and_grad_buffer.py::_ParamAndGradBucket`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L92) | buffer 的一段 + 其中的参数 |
 # | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L179) | 一起通信的 bucket；记账"哪些参数的梯度齐了" |
 # | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L594) | 乘缩放因子，发 all-reduce（或 reduce-scatter，笔记 15） |
@@ -63,8 +64,10 @@
 # megatron/training/training.py::get_model → DistributedDataParallel(config, ddp_config, module)
 # ├─ bucket_size: 缺省 max(4e7, 1e6·DP) 个元素；overlap_grad_reduce=False 时改成 None（整块一个 bucket）
 # ├─ 缩放因子 = 1/DP（average_in_collective=False 时；求和之前乘）
-# ├─ _ParamAndGradBuffer(...)  每种 (param dtype, grad dtype) 一块          # 纯本地：分配 + 视图
-# │  ├─ 参数倒序排放；累计 ≥ bucket_size 就封一个 bucket
+# ├─ group_params_for_buffers: 按 (param dtype, grad dtype, 是否专家参数) 分组
+# ├─ _ParamAndGradBuffer(..., param_layout)  每组一块                     # 纯本地：分配 + 视图
+# │  ├─ 没有传入布局时 _compute_default_per_buffer_param_layout:
+# │  │     参数倒序排放；累计 ≥ bucket_size 就封一个 bucket                 # 分布式优化器的布局带补齐，笔记 15
 # │  └─ param.main_grad = grad_data[start:end].view(shape)
 # ├─ partition_buckets → _ParamAndGradBucketGroup                          # 一个 bucket 一组
 # └─ 每个参数的 grad accumulator 上 register_hook(_make_backward_post_hook)
@@ -88,11 +91,12 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `DistributedDataParallel.__init__` | config、`DistributedDataParallelConfig`、module | 包装后的模型 | `_ParamAndGradBuffer`、`partition_buckets`、`ProcessGroupCollection` | 取 `dp-cp` 等群，不通信 | 否（梯度按 bucket 分段，不切分） | 是：分配 grad buffer，给每个参数加 `main_grad` 和 hook | `DistributedDataParallel(config=..., ddp_config=..., module=gpt_model)` |
-# | `_ParamAndGradBuffer.__init__` | 参数列表、dtype、`bucket_size`、DP 群 | buffer + buckets | `_ParamAndGradBucket` | 只记下 DP 群 | 否 | 是：`param.main_grad`（分布式优化器时还有 `param.data`）改指向 buffer | 同上 |
+# | `DistributedDataParallel.__init__` | config、`DistributedDataParallelConfig`、module（分布式优化器时还有事先算好的 `full_param_layout`，笔记 15） | 包装后的模型 | `_ParamAndGradBuffer`、`partition_buckets`、`ProcessGroupCollection` | 取 `dp-cp` 等群，不通信 | 否（梯度按 bucket 分段，不切分） | 是：分配 grad buffer，给每个参数加 `main_grad` 和 hook | `DistributedDataParallel(config=..., ddp_config=..., module=gpt_model)` |
+# | `_compute_default_per_buffer_param_layout` | 一组参数、`bucket_size` | 每个参数的 (start, end, bucket)、每个 bucket 的区间 | 无 | 否 | 否（只算下标） | 否 | 同上 |
+# | `_ParamAndGradBuffer.__init__` | 参数列表、dtype、`bucket_size`、DP 群、布局（可选） | buffer + buckets | `_compute_default_per_buffer_param_layout`、`_ParamAndGradBucket` | 只记下 DP 群 | 否 | 是：`param.main_grad`（分布式优化器时还有 `param.data`）改指向 buffer | 同上 |
 # | backward hook | 参数的 `.grad` | 无 | `register_grad_ready` | overlap 时**是**：all-reduce | 否 | 是：`main_grad += grad`，`grad = None` | `loss.backward()` 之内 |
 # | `no_sync` | 无 | 上下文 | bucket group 的 `is_last_microbatch` | 否 | 否 | 暂时关闭"就绪"记账 | 由 schedule 调用 |
-# | `start_grad_sync` | 本 group 的 bucket | 无（或异步句柄） | `torch.distributed.all_reduce` | **是**：`dp-cp` | 否（整段求和） | 是：buffer 里的梯度变成 DP 平均 | `finalize_model_grads` 之内 |
+# | `start_grad_sync` | 本 group 的 bucket | 无（或异步句柄） | `torch.cuda.current_stream`（先等 CUDA graph 留下的梯度事件）、`torch.distributed.all_reduce` | **是**：`dp-cp` | 否（整段求和） | 是：buffer 里的梯度变成 DP 平均 | `finalize_model_grads` 之内 |
 # | `finish_grad_sync` | 无 | 无 | `start_grad_sync` 或句柄 `wait` | **是** | 否 | 同上 | 同上 |
 # | `finalize_model_grads` | 模型 chunk 的 list、`num_tokens` | 无 | `finish_grad_sync`、几个 `_allreduce_*` | **是**：dp-cp、tp、embd、pp | 否 | 是：梯度最终值 | `finalize_model_grads([gpt_model])` |
 # | `zero_grad_buffer` | 无 | 无 | buffer / bucket group 的 `reset` | 否 | 否 | 是：梯度清零 | simple loop **没有**调用（遗留问题 2） |
@@ -178,7 +182,8 @@ Table(["bucket", "offset", "元素", "补齐后", "参数（buffer 顺序，省�
 
 # %% [markdown]
 # - **倒序**：buffer 从 `output_layer.weight` 开始、以 `embedding.word_embeddings.weight` 结束，正好与
-#   `named_parameters()` 的注册顺序相反（[param_and_grad_buffer.py 第 973 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L973)）。backward 大体按这个顺序产出梯度，
+#   `named_parameters()` 的注册顺序相反（布局由 `_compute_default_per_buffer_param_layout` 算，[param_and_grad_buffer.py 第 973 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L973)；
+#   buffer 本身只照着布局分配和切视图）。backward 大体按这个顺序产出梯度，
 #   所以 bucket 0 最先凑齐。
 # - **bucket 在参数边界封口**：累计元素数一到 `bucket_size` 就在当前参数之后封口，所以 bucket 大小不一（1056、1312……），
 #   最后一个是剩下的 672 个。一个参数从不跨两个 bucket。
@@ -283,6 +288,9 @@ Table(["比较", "max |Δ|（4 位小数）", "allclose(atol=1e-6)"],
 # `average_in_collective=False`（缺省）时缩放因子是 1/DP（[distributed_data_parallel.py 第 212 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L212)），
 # `start_grad_sync` 在通信前把 bucket 乘上它（[param_and_grad_buffer.py 第 661 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L661)），再做 SUM all-reduce；
 # 设为 True 则改用 AVG 归约、不预乘。`calculate_per_token_loss` 时不除 DP，由 `finalize_model_grads` 最后按全局 token 数缩放。
+# 乘缩放因子之前，`start_grad_sync` 先取当前 CUDA stream，让它等参数上挂着的 CUDA graph 梯度事件
+# （[param_and_grad_buffer.py 第 632 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L632)）：梯度可能是 CUDA graph 重放时异步累加进来的，
+# 读之前要等它写完。不用 CUDA graph 时没有事件；CPU 上这个 stream 由 CPU 层换成什么都不等的替身。
 #
 # **何时发通信。** 每个 bucket group 记账：最后一个 micro-batch 的 backward 里每个参数的 hook 报一次"就绪"，
 # 当 group 里所有参数都报到（次数与"标准答案"相同）就发起异步 all-reduce（[param_and_grad_buffer.py 第 870–879 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L870-L879)）。标准答案
