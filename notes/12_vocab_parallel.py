@@ -38,7 +38,7 @@
 # |---|---|
 # | [`utils.py::VocabUtility.vocab_range_from_global_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L114) | 全局 V → 本卡 `range(start, end)`，要求 V 被 TP 整除 |
 # | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)` |
-# | [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) | 正式入口：V 向上取整到 `make_vocab_size_divisible_by · TP` |
+# | [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) | 正式入口建 tokenizer 时调用：V 向上取整到 `make_vocab_size_divisible_by · TP` |
 # | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L245) | 本卡 weight `[V/TP, h]`（CPU 初始化：建完整表再切） |
 # | [`layers.py::VocabParallelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L330) | mask → 查表 → 清零 → all-reduce / reduce-scatter |
 # | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L498) | forward all-reduce，backward 原样 |
@@ -66,7 +66,7 @@
 # └─ _postprocess
 #    ├─ output_layer  ColumnParallelLinear(h, V, gather_output=not parallel_output)   # 本卡 logits [s, b, V/TP]
 #    └─ language_module.py::LanguageModule.compute_language_model_loss
-#       └─ tensor_parallel/cross_entropy.py::vocab_parallel_cross_entropy
+#       └─ tensor_parallel/cross_entropy.py::vocab_parallel_cross_entropy(logits, labels, tp_group=self.tp_group)
 #          └─ _VocabParallelCrossEntropy.forward
 #             ├─ all_reduce(MAX)  每个 token 的 logit 最大值                          # [s, b]
 #             ├─ all_reduce(SUM)  target 的 logit（只有拥有它的卡非 0）                 # [s, b]
@@ -81,7 +81,7 @@
 # | `VocabUtility.vocab_range_from_global_vocab_size` | V、rank、TP | `range(start, end)` | `divide` | 否（纯算术） | 决定词表怎么切 | 否 | 建模型 |
 # | `VocabParallelEmbedding.__init__` | V、h、config | 本卡 weight `[V/TP, h]` | `VocabUtility`、`_initialize_affine_weight_cpu` | 读 TP 群的 rank/size | 是：按词表维切 weight | 建参数 | 建模型 |
 # | `VocabParallelEmbedding.forward` | token id `[b, s]` | `[b, s, h]`（SP：`[s/TP, b, h]`） | `reduce_from_...` 或 `reduce_scatter_to_sequence_parallel_region` | TP 群 | weight 按词表切；SP 时输出按 s 切 | 否 | `forward_step` |
-# | `vocab_parallel_cross_entropy` | 本卡 logits `[s, b, V/TP]`、label `[s, b]`、`label_smoothing` | 每 token 的 loss `[s, b]`（各卡相同——不开 smoothing 时） | `VocabParallelCrossEntropy`、`VocabUtility` | TP 群 3 次 all-reduce | logits 按词表切 | 否 | `loss_func` 之前（`GPTModel` 内） |
+# | `vocab_parallel_cross_entropy` | 本卡 logits `[s, b, V/TP]`、label `[s, b]`、`label_smoothing`、`tp_group` | 每 token 的 loss `[s, b]`（各卡相同——不开 smoothing 时） | `VocabParallelCrossEntropy`、`VocabUtility` | 传入的 `tp_group`（缺省全局 TP 群）3 次 all-reduce | logits 按词表切 | 否 | `loss_func` 之前（`GPTModel` 内） |
 # | `_VocabParallelCrossEntropy.backward` | `[s, b]` 的上游梯度 | 本卡 logits 的梯度 `[s, b, V/TP]` | 无 | 否 | 同上 | 否 | `backward` |
 # | `LanguageModule.compute_language_model_loss` | label `[b, s]`、logits | loss `[b, s]` | 上面两种交叉熵之一 | 间接 | 否 | 否 | `forward_step` |
 
@@ -112,19 +112,33 @@ from megatron.core.tensor_parallel.utils import VocabUtility
 # `VocabUtility` 是纯算术：本卡宽度 `V/TP`，rank r 管 `range(r·V/TP, (r+1)·V/TP)`，连续的一段。V 必须能被 TP 整除，
 # 所以正式入口先把 tokenizer 的词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数
 # （[`arguments.py:2358`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2358) 缺省 128）。
-# 这个函数在 `megatron/training` 里、不在 pip 包中，下面按它的公式算；多出来的"假 token"只是永远不会出现的类别。
+# 做这件事的 [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) 在
+# `megatron/core` 里（pip 包中就有），建 tokenizer 时由 [`build_tokenizer.py:143`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L143)
+# 调用；它只读 `args` 的三项，下面直接调它。多出来的"假 token"只是永远不会出现的类别。
 #
-# 本篇在 rank 上跑的函数和这个公式都在 `snippets/experiments/n12_vocab.py` 里，
+# 本篇在 rank 上跑的函数，和同一个公式的一行版 `padded`（自测里用），都在 `snippets/experiments/n12_vocab.py` 里，
 # 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(padded)
 
 # %%
+from types import SimpleNamespace
+
+from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+
+def megatron_padded(vocab, tp):  # 正式入口的 args 里它只读这三项
+    args = SimpleNamespace(make_vocab_size_divisible_by=128, tensor_model_parallel_size=tp, rank=0)
+    return vocab_size_with_padding(vocab, args, logging_enabled=False)
+
+
 QWEN3_VOCAB = 151936   # Qwen3 tokenizer 的 vocab_size
+print("vocab_size_with_padding = padded:",
+      all(megatron_padded(v, tp) == padded(v, tp) for v in (16, 50257, QWEN3_VOCAB) for tp in (1, 2, 4, 8)))
 rows = []
-for name, vocab, tp in (("tiny", 16, 2), ("tiny", 16, 4), ("Qwen3-8B", padded(QWEN3_VOCAB, 2), 2),
-                        ("Qwen3-8B", padded(QWEN3_VOCAB, 8), 8)):
+for name, vocab, tp in (("tiny", 16, 2), ("tiny", 16, 4), ("Qwen3-8B", megatron_padded(QWEN3_VOCAB, 2), 2),
+                        ("Qwen3-8B", megatron_padded(QWEN3_VOCAB, 8), 8)):
     ranges = [VocabUtility.vocab_range_from_global_vocab_size(vocab, r, tp) for r in range(tp)]
     rows.append([name, vocab, tp, ranges[0][1] - ranges[0][0], ranges[:2] + (["…"] if tp > 2 else [])])
 Table(["", "V（pad 之后）", "TP", "每卡宽度", "各卡 range(start, end)"], rows)
@@ -295,6 +309,14 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # target 的 logit 只在拥有它的卡上非 0，all-reduce(SUM) 之后每卡都有。三个数都是 `[s, b]`，与 V 无关。
 # 每卡把 `exp(z − m)` 除以全局和，得到的就是**全局归一化**的 softmax 的本卡一段；梯度 `softmax − one-hot` 逐元素、只看本卡的列，
 # 所以 backward 没有通信。label 不在本卡的 token，one-hot 那一项本卡不减（`softmax_update` 为 0）。
+# 三次 all-reduce 在哪个群里做，由 `vocab_parallel_cross_entropy` 的 `tp_group` 参数决定
+# （[`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213)；不传时退回全局 TP 群，
+# [`cross_entropy.py:124`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L124)）。GPT 的 loss 把模型自己的 TP 群传进去
+# （[`language_module.py:194`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)），和 output layer 用的是同一个群。
+#
+# > **旧版（core_v0.18.0）：** `vocab_parallel_cross_entropy(logits, target, label_smoothing)` 没有 `tp_group` 参数，三次 all-reduce
+# > 总在 `parallel_state` 的全局 TP 群里做，GPT 的 loss 也只传 logits 和 label
+# > （[`language_module.py:183`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/models/common/language_module/language_module.py#L183)）；按 0.19.0 的写法传 `tp_group=` 会报 `TypeError`。
 #
 # **为什么 embedding 和 output layer 的切法一致。** output layer 是 `ColumnParallelLinear(h, V)`，按输出维连续切，rank r 管第
 # `r·V/TP` 到 `(r+1)·V/TP` 行——和 `VocabUtility` 给 embedding 的范围相同。所以共享 embedding 和 output weight 时，两者在每卡上是同一块
@@ -328,7 +350,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 #    backward 用同一个本卡宽度（[`cross_entropy.py:200`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L200)）。
 #    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度，
 #    拼起来不是任何一个统一 loss 的梯度。上游已有报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)（2024 年提出，查阅时仍开放）。
-#    影响面：0.16.1 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
+#    影响面：0.19.0 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
 #    所以正式 GPT 训练碰不到；直接调这个函数的外部代码会碰到。
 # 2. **`parallel_output=False` 时带 label 算 loss，多出 `log(TP)`（运行确认）。** output layer 以 `gather_output=not parallel_output` 构造
 #    （[`gpt_model.py:280`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L280)），
@@ -342,7 +364,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 #    `parallel_output=False` 本是推理时要完整 logits 用的，训练别这样配。
 # 3. **融合交叉熵的梯度总是 bf16。** 上面的运行：fp32 logits 的梯度与稠密结果有 1e-3 量级的差，恰好等于把稠密梯度舍入到 bf16。
 #    这是代码里写死的类型转换，配合 bf16 训练没有问题；用 fp32 做数值对比或调试时要知道它。
-# 4. **V 必须被 TP 整除。** `VocabUtility` 用 `divide` 断言整除，core 自己不 pad；pad 只在 `megatron/training` 的 tokenizer 构建里做。
+# 4. **V 必须被 TP 整除。** `VocabUtility` 用 `divide` 断言整除，模型这一层自己不 pad；pad 只在建 tokenizer 时做（`vocab_size_with_padding`，正式入口才走这一步）。
 #    直接用 Megatron Core 搭模型时要自己 pad（自测 4）。
 # 5. **fp32 logits 会被就地改写（运行确认）。** `calculate_logits_max` 里的 `.float()` 对 fp32 张量返回它自己
 #    （[`cross_entropy.py:25`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L25)），
