@@ -26,7 +26,7 @@
 # %% [markdown]
 # ## 阅读目标
 #
-# 1. `use_distributed_optimizer=True` 时 `get_megatron_optimizer` 建出什么，DDP 为它改变了什么（补齐、参数 buffer、reduce-scatter）。
+# 1. `use_distributed_optimizer=True` 时 `get_megatron_optimizer` 建出什么，DDP 为它改变了什么（按分布式优化器算好的补齐布局排 buffer、参数 buffer、reduce-scatter）。
 # 2. 每个 rank 拥有 buffer 的哪一段；一个参数被切到两个 rank 时，`gbuf_world` / `gbuf_local` / `param` 三种区间各是什么。
 # 3. 一步里的通信：reduce-scatter 梯度、all-reduce 梯度范数、all-gather 权重——形状和群。
 # 4. 每个参数每个 rank 占几个字节：有 / 无分布式优化器，8B 模型 DP=8 和本篇的小模型；公式与实测。
@@ -41,6 +41,8 @@
 # | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 Adam，再按配置包成 `DistributedOptimizer` / `FP32Optimizer` / … |
 # | [`optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `use_distributed_optimizer`、`lr`、`clip_grad`… |
 # | [`distrib_optimizer.py::DistributedOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L113) | ZeRO-1 的实现 |
+# | [`distrib_optimizer.py::DistributedOptimizer.compute_full_param_layout`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L591) | 建 DDP 之前：按 (param dtype, grad dtype, 是否专家参数) 分组，每组算一份布局交给 DDP |
+# | [`distrib_optimizer.py::DistributedOptimizer._compute_per_buffer_param_layout`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L506) | 一块 buffer 的布局：倒序排放，参数起点补齐到 64，bucket 末尾补齐到 lcm(DP, 128) |
 # | [`distrib_optimizer.py::DistributedOptimizer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L633) | 算分片、建 shard、把 Adam 的参数组换成 shard |
 # | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_range`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L200) | 每个 bucket 均分成 DP 段，取本 rank 那段 |
 # | [`distrib_optimizer.py::DistributedOptimizer._build_model_gbuf_param_range_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L134) | 本段与每个参数求交：三种区间 |
@@ -61,10 +63,14 @@
 # ## 调用链
 #
 # ```text
-# megatron/training/training.py::setup_model_and_optimizer
-# ├─ get_model → DistributedDataParallel(..., DistributedDataParallelConfig(use_distributed_optimizer=True))
-# │  └─ _ParamAndGradBuffer: 参数起点补齐到 64、bucket 末尾补齐到 lcm(DP, 128)；
-# │                          另建 param buffer，param.data 改指向它            # 纯本地
+# megatron/training/training.py::setup_model_and_optimizer(model_type, model_provider_func, ...)
+# ├─ get_model → wrap_model_chunks_with_ddp(...)                         # 每个 model chunk 一次
+# │  ├─ DistributedOptimizer.compute_full_param_layout(params, bucket_size, DP, ddp_config)
+# │  │  └─ _compute_per_buffer_param_layout: 倒序排放；参数起点补齐到 64、
+# │  │                                       bucket 末尾补齐到 lcm(DP, 128)  # 纯本地，只算下标
+# │  └─ DistributedDataParallel(..., full_param_layout=layout)
+# │     └─ _ParamAndGradBuffer: 按这份布局建 grad buffer；
+# │                             另建 param buffer，param.data 改指向它      # 纯本地
 # └─ optimizer/__init__.py::get_megatron_optimizer(OptimizerConfig(use_distributed_optimizer=True), model)
 #    ├─ _get_param_groups_and_buffers                       # weight decay 分组 + 各 chunk 的 DDP buffer
 #    └─ _get_megatron_optimizer_based_on_param_groups
@@ -84,24 +90,29 @@
 # └─ optimizer.step()  = ChainedOptimizer.step
 #    ├─ prepare_grads → _copy_model_grads_to_main_grads                  # shard.grad = main_grad 的那一段
 #    ├─ get_grad_norm → get_grad_norm_fp32                               # all_reduce([1])：平方和跨 rank 相加
-#    ├─ clip_grad_by_total_norm_fp32                                     # clip_grad > 0 时，本地缩放
+#    ├─ clip_grad > 0 时：_compute_grad_norms_by_group                    # 第一步 all_reduce(MAX, [1])：有没有 MTP 参数
+#    │  └─ clip_grad_by_total_norm_fp32                                  # 本地缩放
 #    └─ step_with_ready_grads
 #       ├─ AdamW.step()                                                  # 只更新本 rank 的 shard
 #       ├─ _copy_main_params_to_model_params                             # shard → param buffer 的那一段
-#       └─ ddp.start_param_sync → all_gather_into_tensor                 # dp-cp：[S/d] → [S]
+#       └─ start_param_sync_for_bucket_group_subset
+#          └─ bucket_group.start_param_sync → all_gather_into_tensor      # dp-cp：[S/d] → [S]
 # ```
 #
 # **每个函数的阅读记录：**
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::setup_model_and_optimizer` | `model_type`、`model_provider_func`、`checkpointing_context`（或只能按关键字给的 `cfg_container`、`pg_collection`） | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `DistributedOptimizer.compute_full_param_layout` | 全部可训练参数、`bucket_size`、DP 大小、`DistributedDataParallelConfig` | 每块 buffer 一份 `PerBufferParamLayout`（参数区间、bucket 区间、分片数） | `group_params_for_buffers`、`_compute_per_buffer_param_layout` | 只用 DP 的**大小**，不通信 | 否（只算下标） | 否：DDP 拿它建 buffer | simple loop 不用分布式优化器 |
 # | `get_megatron_optimizer` | `OptimizerConfig`、DDP 包装后的 model chunk | `ChainedOptimizer` | `_get_param_groups_and_buffers`、`DistributedOptimizer` / `FP32Optimizer` | 取 dp-cp、tp-pp 等群，不通信 | 否 | 是：建优化器 | simple loop 用 torch 的 `Adam`，没有调用它（笔记 14 遗留问题 2） |
 # | `DistributedOptimizer.__init__` | torch Adam、config、各 chunk 的 buffers、DP 群 | 优化器 | `_build_*` 几个 classmethod | 只取 DP 群的大小和序号 | **是**：按 DP 序号切 buffer | 是：Adam 的参数组换成 shard | 同上 |
 # | `_build_model_gbuf_range` | buffer、bucket 序号 | 本 rank 的参数区间表 | `_build_model_gbuf_param_range_map` | 只读 DP 大小 / 序号 | **是**：均分 bucket | 否 | 同上 |
 # | `start_grad_sync`（分布式优化器） | bucket | 无 | `reduce_scatter_tensor` | **是**：dp-cp | **是**：梯度按 rank 分段归约 | 是：本段梯度 = DP 平均 | `finalize_model_grads` |
 # | `ChainedOptimizer.step` | 无 | (成功, 梯度范数, 零的个数) | `prepare_grads`、`get_grad_norm`、`step_with_ready_grads` | **是**：范数 all-reduce | 否 | 是：shard 更新、Adam 状态 | `optim.step()` |
 # | `step_with_ready_grads` | 无 | 成功与否 | AdamW、`_copy_main_params_to_model_params`、`start_param_sync` | **是**：all-gather | **是**：拼回完整参数 | 是：模型权重 | 同上 |
+#
+# > **旧版（core_v0.18.0）：** `setup_model_and_optimizer` 的前两个位置参数顺序相反：`(model_provider_func, model_type, checkpointing_context=None)`，也没有 `cfg_container`、`pg_collection`（[`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/training/training.py#L1938)）；按位置传参的调用换版本时要对调。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
@@ -184,8 +195,14 @@ Table(["运行", "返回", "里面", "最里层"],
 # ### 补齐后的 buffer
 #
 # 同一个模型，DDP 的 buffer 在分布式优化器下变长了：每个参数的起点补齐到 64 的倍数，bucket 的末尾补齐到
-# lcm(DP, 128) 的倍数（0.19.0 起这份布局由 `DistributedOptimizer._compute_per_buffer_param_layout` 算好交给 DDP：[param_layout.py 第 33 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/param_layout.py#L33)、[param_layout.py 第 26 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/param_layout.py#L26)），这样 bucket 能被 DP 整除、每段起点对齐。
-# 整个模型只有一个 bucket（不开 overlap 时 `bucket_size=None`，[笔记 14](../14_data_parallel_ddp/)）：
+# lcm(DP, 128) 的倍数（[param_layout.py 第 26 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/param_layout.py#L26)、[param_layout.py 第 33 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/param_layout.py#L33)），这样 bucket 能被 DP 整除、每段起点对齐。
+# 补齐规则属于优化器，不属于 DDP：`DistributedOptimizer._compute_per_buffer_param_layout` 只凭参数大小和 DP 大小算出
+# 每个参数和每个 bucket 的区间，DDP 的 `_ParamAndGradBuffer` 照着这份布局分配、切视图。正式入口在建 DDP **之前**就算好
+# （`get_model` 里的 `wrap_model_chunks_with_ddp`，[training.py:1880](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1880)），以 `full_param_layout=` 传进去；
+# 本篇的单元格像多数直接用 Megatron Core 的代码一样不传，DDP 就记一条警告、自己调用同一个 classmethod
+# （[distributed_data_parallel.py:143](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L143)），结果相同。
+# 不用分布式优化器时走 DDP 自己那份不补齐的布局（[笔记 14](../14_data_parallel_ddp/)）。
+# 整个模型只有一个 bucket（不开 overlap 时 `bucket_size=None`）：
 
 # %%
 Table(["运行", "参数个数", "buffer 元素（补齐后）", "bucket 数", "每个 rank 一段"],
@@ -351,8 +368,11 @@ pictures.draw_bytes_per_parameter(rows)
 # - **reduce-scatter + all-gather = all-reduce**：ring all-reduce 本来就分这两半；分布式优化器把"算"插在两半之间，
 #   每个 rank 只算 1/DP。
 # - **逐元素的优化器可以任意切**：Adam / AdamW 对每个元素独立更新，所以按 buffer 位置切、切断参数都没关系；
-#   需要整块参数的优化器（如 Muon、Shampoo）不能这样切。`DistributedOptimizer.__init__` 也只接受 Adam 类
-#   （断言里给的理由是 checkpoint 格式）。
+#   需要整块参数的优化器（如 Muon、Shampoo）不能这样切。`DistributedOptimizer.__init__` 只接受 Adam 类，
+#   或者带来了 `init_state_fn`（先把状态张量建好）的逐元素优化器，如 Lion（[distrib_optimizer.py:688](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L688)；
+#   断言里给的理由是 checkpoint 格式要求状态张量事先存在）。
+#
+# > **旧版（core_v0.18.0）：** 这条断言只放行 Adam / AdamW / `HybridDeviceOptimizer`，带 `init_state_fn` 的 Lion 不能用分布式优化器（[distrib_optimizer.py:664](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/optimizer/distrib_optimizer.py#L664)）。
 
 # %% [markdown]
 # ## 遗留问题
@@ -383,15 +403,19 @@ print("max |grad|  q bias:", round(q, 4), " v bias:", round(v, 4), " k bias < 1e
 # Adam 第一步对每个元素的更新是 lr·g/(|g|+ε)（ε = 1e-8）：q、v 的 bias 走接近 lr 的一步；k 的 bias 梯度只有舍入误差那么大，
 # 这一步的大小和方向都由舍入误差决定，换一种求和顺序就换一个结果。去掉 bias 之后，上面的 DP=2 与单进程只差 1e-7 量级。
 #
-# **2. CPU 上的三个补丁，和没加的那个。** 本篇依赖 CPU 层（`snippets/cpu/optimizer.py`、`snippets/cpu/distributed.py`）里为它加的三个补丁
-# （[在 CPU 上运行](../../cpu/) 有表和测试）：优化器构造时写死的 `device='cuda'`；每步算梯度范数时两处写死的
-# `device='cuda'`（`ChainedOptimizer.step` 不管 `clip_grad` 是多少都算范数）；以及
+# **2. CPU 上的四个补丁，和本篇没走到的那个。** 本篇依赖 CPU 层（`snippets/cpu/optimizer.py`、`snippets/cpu/distributed.py`）里的四个补丁
+# （[在 CPU 上运行](../../cpu/) 有表和测试）：优化器构造时写死的 `device='cuda'`；每步算梯度范数时写死的
+# `device='cuda'`（`ChainedOptimizer.step` 不管 `clip_grad` 是多少都算范数，`get_grad_norm_fp32` 先用它建一个零张量，
+# [clip_grads.py:108](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L108)）；
 # [`distrib_optimizer.py:466`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L466)
-# 要求 `param.type()` 是 `'torch.cuda.FloatTensor'`——CPU 参数答 `'torch.FloatTensor'`，就抛 `TypeError`。
-# 最后这个是 Tensor 的方法，模块级代理管不到，补丁只在 `_build_model_and_main_param_groups` 运行期间改变无参数的
-# `Tensor.type()`。`clip_grad > 0` 还会走到
+# 要求 `param.type()` 是 `'torch.cuda.FloatTensor'`——CPU 参数答 `'torch.FloatTensor'`，就抛 `TypeError`
+# （Tensor 的方法，模块级代理管不到，补丁只在 `_build_model_and_main_param_groups` 运行期间改变无参数的 `Tensor.type()`）；
+# 以及 `start_grad_sync` 开头取的 `torch.cuda.current_stream()`
+# （[param_and_grad_buffer.py:632](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L632)，用来等 CUDA graph 重放留在参数上的事件，
+# CPU 上换成一个什么都不等的替身，[笔记 14](../14_data_parallel_ddp/) 也经过它）。`clip_grad > 0` 还会走到
 # [`clip_grads.py:174`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L174)
-# 的同类检查，本篇用 `clip_grad=0` 没有走到，所以没有为它加补丁。
+# 的同类检查和第一步那次"有没有 MTP 参数"的 all-reduce（[optimizer.py:315](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L315)）；
+# 本篇用 `clip_grad=0` 没有走到，它们的补丁在[笔记 20](../20_optimizer_topic/)用到。
 #
 # **3. 一个 Megatron 自己知道的警告。** `DistributedOptimizer.zero_grad` 也清 shard 的 `.grad`，而 shard 是视图、不是叶子，
 # torch 每次都警告（Megatron 在那一行的注释里写着会警告）。`snippets/dp/grad_buffers.py` 在 rank 进程里把它关掉了。
@@ -491,9 +515,10 @@ memory_table(run_ranks(fsdp_vs_tp, 2, TINY, Parallel(world=2, tp=2))[0])
 # %% [markdown]
 # ## 30-second answer
 #
-# With `use_distributed_optimizer=True`, DDP pads its gradient buffer so each bucket splits evenly across
-# DP ranks, and `get_megatron_optimizer` builds a `DistributedOptimizer` whose Adam holds only this rank's
-# slice — slices ignore parameter boundaries. Each step reduce-scatters gradients, sums the squared norms
+# With `use_distributed_optimizer=True`, the distributed optimizer computes a padded layout (params start
+# at multiples of 64, buckets end at multiples of lcm(DP, 128)) that DDP's gradient buffer follows, so each
+# bucket splits evenly across DP ranks; `get_megatron_optimizer` builds a `DistributedOptimizer` whose Adam
+# holds only this rank's slice — slices ignore parameter boundaries. Each step reduce-scatters gradients, sums the squared norms
 # across ranks, updates the local slice, and all-gathers the weights: same traffic as one all-reduce.
 # Adam state drops from 16 to 8 + 8/d bytes per parameter (fp32), 18 to 6 + 12/d (bf16): 144 GB → 60 GB
 # for 8B at DP=8. Two DP=2 steps are bit-identical to the non-distributed optimizer.
