@@ -36,8 +36,10 @@
 #
 # | 符号 | 角色 |
 # |---|---|
-# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L465) | 一个带顺序的五维网格 |
+# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L465) | 一个带顺序的六维网格（0.19.0 在 tp、ep、dp、pp、cp 之外加了 `gtp_remat`） |
 # | [`parallel_state.py::RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L468) | 校验 order、补齐大小为 1 的维、得到 `ordered_size` |
+# | [`parallel_state.py::RankGenerator.get_gtp_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L552) | 0.19.0 新增：`get_ranks("gtp_remat")`，先核对大小 |
+# | [`parallel_state.py::_inject_gtp_remat_axis`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L582) | 0.19.0 新增：把 `gtp_remat` 插进 order（decoder 插在 tp 后，expert 插在 ep 后） |
 # | [`parallel_state.py::RankGenerator.get_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L519) | token → 布尔掩码 |
 # | [`parallel_state.py::RankGenerator.get_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L534) | token → 这一类的全部群 |
 # | [`parallel_state.py::generate_masked_orthogonal_rank_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L269) | 混合进制分解，核心算术 |
@@ -50,10 +52,12 @@
 #
 # ```text
 # megatron/core/parallel_state.py::initialize_model_parallel
-# ├─ RankGenerator(tp=TP, cp=CP, ep=1, dp=DP, pp=PP, order)        # decoder 网格，纯算术
-# ├─ RankGenerator(tp=ETP, cp=1, ep=EP, dp=EDP, pp=PP, order)      # expert 网格，纯算术
+# ├─ _inject_gtp_remat_axis(order, after="tp")                    # tp-cp-ep-dp-pp → tp-gtp_remat-cp-ep-dp-pp
+# ├─ RankGenerator(tp=TP, cp=CP, ep=1, dp=DP, pp=PP, order, gtp_remat=GTP)     # decoder 网格，纯算术
+# ├─ _inject_gtp_remat_axis(order, after="ep")                    # tp-cp-ep-dp-pp → tp-cp-ep-gtp_remat-dp-pp
+# ├─ RankGenerator(tp=ETP, cp=1, ep=EP, dp=EDP, pp=PP, order, gtp_remat=EGTP)  # expert 网格，纯算术
 # ├─ 两个网格各 get_ranks("pp")，断言相同                            # 一个 stage 里既有 attention 也有 expert
-# └─ 对每个 token（dp-cp、dp、cp、tp-pp、tp、pp、…，顺序见笔记 02）
+# └─ 对每个 token（gtp_remat、dp-cp、dp、cp、tp-gtp_remat-pp、tp、pp、…，顺序见笔记 02）
 #    ├─ RankGenerator.get_ranks(token)
 #    │  ├─ RankGenerator.get_mask(order, token)                   # token → 掩码
 #    │  └─ generate_masked_orthogonal_rank_groups(world, sizes, mask)   # 掩码 → rank 列表
@@ -64,7 +68,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `RankGenerator.__init__` | `tp, ep, dp, pp, cp`、`order` | 补齐后的 `order`、`ordered_size`、`world_size`（五个大小之积，不问 torch） | 无 | 否 | 否 | 否 | `initialize_distributed` 内 |
+# | `RankGenerator.__init__` | `tp, ep, dp, pp, cp`、`order`、`gtp_remat`（缺省 1） | 补齐后的 `order`、`ordered_size`、`world_size`（六个大小之积，不问 torch） | 无 | 否 | 否 | 否 | `initialize_distributed` 内 |
 # | `RankGenerator.get_mask` | `order`、token | 与 order 等长的布尔列表 | 无 | 否 | 否 | 否 | 同上 |
 # | `RankGenerator.get_ranks` | token | 该类全部群（list of list，各自升序） | `get_mask`、`generate_masked_orthogonal_rank_groups` | 否（只算成员） | 否 | 否 | 同上 |
 # | `generate_masked_orthogonal_rank_groups` | world、按 order 排的大小、掩码 | list of list | 无 | 否 | 否 | 否 | 同上 |
@@ -108,6 +112,8 @@ group_summary({token: gen.get_ranks(token) for token in ("tp", "dp", "pp")})
 # `RankGenerator` 把 order 从左到右读成"从变化最快到最慢"的维。rank 就是一个混合进制数，每一位是一个坐标：
 #
 # rank = tp + 2·cp + 2·ep + 2·dp + 8·pp（步长 = 左边各维大小之积；cp、ep 大小为 1 不占位）。
+# 0.19.0 的 `RankGenerator` 多认一维 `gtp_remat`（缺省 1）；order 里没写它，就补在最后，所以下面打印的 order
+# 以 `-gtp_remat` 结尾、`ordered_size` 有 6 项，掩码也是 6 个布尔值。大小为 1 的维不占位，rank 的算法不变。
 #
 # 一个 token（如 `"dp"`、`"tp-pp"`）变成一个掩码：被选中的维**在群内变化**，没被选中的维**固定**、
 # 它们的取值决定"这是第几个群"。所以群大小 = 被选中各维大小之积，群数 = world ÷ 群大小。
@@ -124,7 +130,7 @@ Table(["token", "mask", "群数 × 群大小", "第 0 个群"],
 # 对每个 token 都给出同样的群：
 
 # %%
-sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2)
+sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2, gtp_remat=1)
 tokens = ("tp", "dp", "pp", "cp", "tp-pp", "dp-cp", "tp-dp", "tp-dp-cp")
 print(all(sorted(gen.get_ranks(t)) == groups_along(t, sizes, gen.order) for t in tokens))
 
@@ -176,7 +182,7 @@ draw_rank_grid(panels, title="16 卡、TP=2、PP=2、DP=4：两种 order 下 ran
 
 # %% [markdown]
 #
-# 大小为 1 的维如果没写进 order，会被补到末尾（`tp-pp-dp` → `tp-pp-dp-ep-cp`）；大小大于 1 的维没写就报错：
+# 大小为 1 的维如果没写进 order，会被补到末尾（`tp-pp-dp` → `tp-pp-dp-ep-cp-gtp_remat`）；大小大于 1 的维没写就报错：
 
 # %%
 try:
@@ -189,8 +195,10 @@ except RuntimeError as err:
 #
 # | | tp 维 | cp 维 | ep 维 | dp 维 | pp 维 |
 # |---|---|---|---|---|---|
-# | decoder 网格 | TP | CP | 1 | DP = world ÷ (TP·CP·PP) | PP |
-# | expert 网格 | ETP（缺省 = TP） | 1 | EP | EDP = world ÷ (ETP·EP·PP) | PP |
+# | decoder 网格 | TP | CP | 1 | DP = world ÷ (TP·CP·PP·GTP) | PP |
+# | expert 网格 | ETP（缺省 = TP） | 1 | EP | EDP = world ÷ (ETP·EP·PP·EGTP) | PP |
+#
+# （GTP、EGTP 是 0.19.0 的第六维 `gtp_remat` 在两个网格上的大小，缺省都是 1，见下面"0.19.0 的 gtp_remat 维"。）
 #
 # 固定 PP 坐标后，剩下的 rank 被切了两次：稠密层看成 `TP × CP × DP`，expert 看成 `ETP × EP × EDP`。
 # EP 因此不需要额外的卡，它"折叠"进了稠密的 DP（和 CP）里。8 卡、TP=2、EP=2 的两个网格：
@@ -215,6 +223,34 @@ group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-c
 
 # %% [markdown]
 # 注意 `tp-pp`（model parallel 群）**不含** CP，而 `dp-cp` 含：CP 各 rank 持有同一份权重，在梯度看来它们和 DP 副本一样。
+#
+# ### 0.19.0 的 `gtp_remat` 维
+#
+# 0.19.0 加了"带权重重物化的广义张量并行"：权重在 TP 之外再按输出维切给 GTP 个 rank，每次前向、反向前用 all-gather
+# 临时拼回整块。这些 rank 处理**不同**的数据，所以 GTP 像 TP 一样占用自己的 rank（DP 变成 world ÷ (TP·CP·PP·GTP)），
+# 而"全部拿不同数据的 rank"是 `gtp_remat-dp` 群。`initialize_model_parallel` 用 `_inject_gtp_remat_axis` 把这一维插在
+# tp 后面（[parallel_state.py:857](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L857)），让 GTP 群也是相邻 rank。
+# 16 卡、TP=2、GTP=2、PP=2 ⇒ DP=2 时，rank 5 的群（纯算术，本站的 CPU 进程不开 GTP）：
+
+# %%
+from megatron.core.parallel_state import _inject_gtp_remat_axis
+
+gtp_order = _inject_gtp_remat_axis("tp-cp-ep-dp-pp", after="tp")
+gtp_gen = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order=gtp_order, gtp_remat=2)
+print("order:", gtp_gen.order, " ordered_size:", gtp_gen.ordered_size)
+Table(["token", "rank 5 所在的群"],
+      [[t, next(g for g in gtp_gen.get_ranks(t) if 5 in g)]
+       for t in ("tp", "gtp_remat", "dp", "gtp_remat-dp", "tp-gtp_remat-pp", "pp")])
+
+# %% [markdown]
+# rank = tp + 2·gtp + 4·dp + 8·pp，rank 5 ⇒ (tp 1, gtp 0, dp 1, pp 0)。梯度只在持有同一块权重的副本间归约（`dp` 群 `[1, 5]`），
+# 而数据切分、microbatch 计数要覆盖 `gtp_remat-dp` 群 `[1, 3, 5, 7]`；所以 0.19.0 的 `get_data_parallel_group()`
+# 缺省（`with_gtp_remat=True`）返回后者，`ProcessGroupCollection` 给 DDP 的 `dp` / `dp_cp` 则显式传 `with_gtp_remat=False`。
+# GTP 为 1 时两者是同一个群。
+#
+# > **旧版（core_v0.18.0）：** `RankGenerator` 只有五维，没有 `gtp_remat` 参数和 `get_gtp_ranks`
+# > （[core_v0.18.0 的 `RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/parallel_state.py#L449)）：补齐后的缺省 order 仍是 `tp-cp-ep-dp-pp`，
+# > `ordered_size` 与掩码都是 5 项，DP = world ÷ (TP·CP·PP)。
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
@@ -225,14 +261,15 @@ group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-c
 # |---|---|---|---|
 # | `tp`（decoder） | `get_tensor_model_parallel_group` | 只有 TP 坐标不同 | TP 层的 f / g（笔记 09、10）、`get_batch` 的 TP 广播 |
 # | `cp`（decoder） | `get_context_parallel_group` | 只有 CP 坐标不同 | attention 交换 K/V（笔记 16） |
-# | `dp`（decoder） | `get_data_parallel_group()` | 只有 DP 坐标不同（不含 CP） | 数据采样：决定本 rank 读哪些样本 |
+# | `dp`（decoder；缺省还跨 `gtp_remat`） | `get_data_parallel_group()` | 只有 DP（和 GTP）坐标不同（不含 CP） | 数据采样：决定本 rank 读哪些样本 |
 # | `dp-cp`（decoder） | `get_data_parallel_group(with_context_parallel=True)` | DP、CP 坐标都可不同 | DDP 梯度归约、分布式优化器切分（笔记 14、15） |
 # | `pp`（两网格相同） | `get_pipeline_model_parallel_group` | 只有 PP 坐标不同 | stage 间 send / recv（笔记 13） |
-# | `tp-pp`（decoder） | `get_model_parallel_group` | 同一份模型的全部切片（不含 CP） | 梯度范数、inf 检查 |
-# | `tp-dp-cp` / `tp-dp` | `get_tensor_and_data_parallel_group` | 同一 PP stage 的全部 rank | FP8 amax 归约 |
+# | `tp-pp`（decoder；0.19.0 的 token 是 `tp-gtp_remat-pp`） | `get_model_parallel_group` | 同一份模型的全部切片（不含 CP） | 梯度范数、inf 检查 |
+# | `tp-dp-cp` / `tp-dp`（0.19.0 的 token 里也插了 `gtp_remat`） | `get_tensor_and_data_parallel_group` | 同一 PP stage 的全部 rank | FP8 amax 归约 |
 # | embedding | `get_embedding_group` | 每个 PP 群的首尾 | 共享词嵌入的梯度 all-reduce |
 # | `ep`（expert） | `get_expert_model_parallel_group` | 只有 EP 坐标不同 | token dispatcher 的 all-to-all（笔记 17） |
 # | `tp`（expert） | `get_expert_tensor_parallel_group` | 只有 ETP 坐标不同 | expert 内部的 TP |
+# | `gtp_remat`（两网格各一） | `get_gtp_weight_remat_group` / `get_expert_gtp_weight_remat_group` | 只有 GTP 坐标不同（缺省每人一群） | 0.19.0：权重重物化的 all-gather |
 # | `dp`（expert） | `get_expert_data_parallel_group` | 持有同一份 expert 切片（含 CP） | expert 参数的梯度归约 |
 #
 # ### 真实的 `initialize_model_parallel` 与算术一致吗？
@@ -316,7 +353,9 @@ expert_coords
 # 2. **docstring 与代码不一致。** `initialize_model_parallel` 的文档说 order 缺省是 `tp-dp-pp`、只支持两种；
 #    签名缺省是 `tp-cp-ep-dp-pp`，代码接受任何写全了非 1 维的排列（但 PP 不在最后时要求 EDP = DP）。
 # 3. **`HyperCommGrid` 与 `RankGenerator` 并存。** `hyper_comm_grid.py` 是另一套 n 维网格建群的实现，
-#    RL 的推理模型用它另建一套群。两者对同一组大小是否给出相同的 rank 列表，留到笔记 22 核对。
+#    RL 的推理模型用它另建一套群：0.19.0 里由 [`shards.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/inference/shards.py#L18)
+#    造两个 `HyperCommGrid`（decoder、expert），正式入口在给推理模型另设并行尺寸时调用它。它不认 `gtp_remat` 维。
+#    两者对同一组大小是否给出相同的 rank 列表，留到笔记 22 核对。
 
 # %%
 odd = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-tp-dp-pp")
@@ -343,7 +382,7 @@ print(rank_of(dict(tp=1, cp=0, ep=0, dp=2, pp=1), sizes, "tp-cp-ep-dp-pp"))
 #
 # <details><summary>答案</summary>
 #
-# 一样，都是 `[False, True, False, True, False]`：掩码只看哪些维被选中，与 token 的书写顺序无关。
+# 一样，都是 `[False, True, False, True, False, False]`（第 6 位是 0.19.0 补在末尾的 `gtp_remat`）：掩码只看哪些维被选中，与 token 的书写顺序无关。
 #
 # </details>
 
@@ -437,3 +476,5 @@ print("getter 报出的", len(compared.rows), "类群都等于 RankGenerator:", 
 # as `dp` or `tp-pp` becomes a mask: masked dimensions vary inside a group, the others pick which group.
 # With 16 GPUs at TP2·PP2, rank 5 is (tp1, dp2, pp0), in groups [4,5], [1,3,5,7] and [5,13]. A second
 # generator re-slices the same ranks into expert-TP × EP × expert-DP, with the same pipeline groups.
+# Since 0.19.0 both grids carry a sixth axis, `gtp_remat` (weight-sharding generalized TP, size 1 unless
+# enabled), placed right after tp on the dense grid and after ep on the expert grid.
