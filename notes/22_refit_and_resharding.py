@@ -32,7 +32,7 @@
 #
 # 1. 说清为什么**每一轮**都要同步 weight（rollout 必须用 trainer 刚更新的 policy），以及为什么这不是一次 copy：
 #    训练 TP4×PP2 与 rollout TP8 切法不同，每个 parameter 都要按新切法重新分片。
-# 2. 读懂 `swap_model_weights` 的三段：planner（rank 0 集中算出每一片怎么收发）、执行（按计划逐片收发）、
+# 2. 读懂 `swap_model_weights` 的三段：planner（交换一次元数据后，每个 rank 各自算出同一份全局计划、只留自己的收发）、执行（按计划逐片收发）、
 #    copy service（gloo / NCCL 传输）；能从真实的 plan 读出每个 rank 发给谁、收了多少字节。
 # 3. 说清 Megatron 的 `linear_qkv` 为什么按 query group 交错存（q1 q2 k1 v1 | q3 q4 k2 v2 | …），以及换成
 #    Hugging Face / vLLM 的 `q_proj`、`k_proj`、`v_proj` 要做的重排和改名。
@@ -46,18 +46,21 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L339) | 公开入口：按名字取 copy service，交给下一行 |
-# | [`refit.py::get_or_create_service`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L117) | `"gloo"` / `"nccl"` / `"nvshmem"` → 进程内缓存的 `CopyService` |
-# | [`refit.py::reshard_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L461) | 第一次算 plan 并挂在目标模型上，之后每次只执行 |
-# | [`planner.py::build_centralized_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L503) | 收集全部元数据，rank 0 算出所有 rank 的 plan 再广播 |
+# | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L339) | 公开入口：按名字取 copy service，先取一次 plan（第一次调用就在这里建），交给下一行 |
+# | [`refit.py::get_or_create_service`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L117) | `"gloo"` / `"nccl"` / `"nvshmem"` / `"nixl"` → 进程内缓存的 `CopyService` |
+# | [`refit.py::reshard_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L461) | 经 `_build_or_get_plan` 取 plan（模块级缓存里没有才建），对齐 buffer 的 dtype，再执行 |
+# | [`refit.py::_build_or_get_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L208) | 按本 rank 号和两个模型的并行大小查模块级 `_plan_cache`，没有才调下一行建 |
+# | [`planner.py::build_local_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L454) | 一次 `all_gather_object` 收齐全部元数据，本 rank 算出自己的 plan（[`planner.py::build_centralized_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L503) 只是它的弃用别名） |
+# | [`planner.py::build_plan_from_rosters`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L403)、[`planner.py::_iter_global_transfer_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L305) | 按固定顺序重放全局的每一次传输、编 `task_id`，只留本 rank 收或发的 |
 # | [`utils.py::extract_param_metadata`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L310) | 一个参数的 shape、TP 维、stride、所在的 TP / DP / PP 群 |
 # | [`utils.py::_build_layer_module_prefix_map`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L259) | stage 内的 `layers.0` → 全局层号；两种切法靠它配对同一个参数 |
-# | [`utils.py::select_src_metadata_balanced`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L532) | 源有多份副本时按目标 rank 轮流挑一份 |
+# | [`utils.py::select_src_metadata_balanced`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L532) | 源有多份副本时：目标 rank 自己有一份就用它，否则按目标 rank 轮流挑 |
 # | [`planner.py::_build_descriptors_for_param`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L31) | 判断参数是否按 TP 切、切在哪一维，并核对两边总长相等 |
-# | [`planner.py::_plan_tp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L194) | TP 参数：按两边份数的最小公倍数切成小片，逐片找源 |
-# | [`planner.py::_finalize_dp_transfers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L247) | 不按 TP 切的参数：整块来自某份副本（同一 rank 就是本地拷贝） |
-# | [`utils.py::TransferOp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L20)、[`utils.py::ReshardPlan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L101) | 一片的收或发；一个 rank 的全部 send / recv |
-# | [`execution.py::execute_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L58) | 按 plan 提交每一片，执行，barrier，写回目标参数 |
+# | [`planner.py::_plan_tp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L194) | TP 参数：按两边份数的最小公倍数切成小片（[`planner.py::_emit_lcm_block_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L77)），逐片找源 |
+# | [`planner.py::_finalize_dp_transfers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L247) | 不按 TP 切的参数：整块来自挑中的那份副本（同一 rank 就是本地拷贝） |
+# | [`utils.py::TransferOp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L20)、[`utils.py::ReshardPlan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L101) | 一片的收或发；一个 rank 的全部 send / recv（外加第一次同步时记下的 buffer dtype 表） |
+# | [`refit.py::_harmonize_buffer_dtypes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L411) | 第一次同步时收齐源模型 persistent buffer 的 dtype，目标端不一致就改过来 |
+# | [`execution.py::execute_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L58) | 按 plan 提交每一片（连续的目标切片直接收进参数），执行，barrier，写回不连续的切片 |
 # | [`gloo_copy_service.py::GlooCopyService.run`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L52) | 本地片直接 `copy_`，远端片一次 `batch_isend_irecv` |
 # | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/hyper_comm_grid.py#L46) | 给 rollout 模型另建一套群，不碰 `parallel_state` 的全局群 |
 # | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 把 `linear_qkv` 的输出拆成 Q、K、V |
@@ -73,35 +76,40 @@
 # ```text
 # megatron/core/resharding/refit.py::swap_model_weights(src, dst, "gloo")
 # ├─ refit.py::get_or_create_service("gloo") → GlooCopyService()     # new_group(backend="gloo")，建一个 CUDA copy stream
+# ├─ refit.py::_build_or_get_plan(src, dst)                          # 查 refit.py 的模块级 _plan_cache
+# │  └─ 只在第一次：planner.py::build_local_reshard_plan(src, dst)  → 存进 _plan_cache
+# │     ├─ utils.py::_build_layer_module_prefix_map(src)、(dst)        # 本 stage 的 layers.i → 全局层号
+# │     ├─ utils.py::extract_param_metadata  两个模型的每个参数         # 名字、shape、TP 维、stride、群成员
+# │     ├─ all_gather_object ×1                                        # world：所有 rank 的（源, 目标）元数据
+# │     └─ planner.py::build_plan_from_rosters                         # 每个 rank 都重放同一份全局顺序
+# │        └─ planner.py::_iter_global_transfer_ops  每个目标 rank 的每个参数
+# │           ├─ utils.py::select_src_metadata_balanced                # 自己有副本就用自己的，否则轮流挑
+# │           └─ planner.py::_determine_source_ranks_for_dst_param
+# │              ├─ _build_descriptors_for_param → _plan_tp → _emit_lcm_block_ops   # TP 参数：LCM 小片
+# │              └─ _finalize_dp_transfers                            # 复制的参数：整块
+# │           （只留本 rank 是接收方或发送方的那些 → 本 rank 的 ReshardPlan）
 # └─ refit.py::reshard_model_weights(src, dst, service)
-#    ├─ 只在第一次：planner.py::build_centralized_reshard_plan(src, dst)  → 存为 dst._cached_reshard_plan
-#    │  ├─ utils.py::_build_layer_module_prefix_map(src)、(dst)        # 本 stage 的 layers.i → 全局层号
-#    │  ├─ utils.py::extract_param_metadata  两个模型的每个参数         # 名字、shape、TP 维、stride、群成员
-#    │  ├─ all_gather_object ×2                                        # world：所有 rank 的元数据
-#    │  ├─ 仅 rank 0：每个目标 rank 的每个参数
-#    │  │  ├─ utils.py::select_src_metadata_balanced                   # 多份源副本时轮流挑
-#    │  │  └─ planner.py::_determine_source_ranks_for_dst_param
-#    │  │     ├─ _build_descriptors_for_param → _plan_multi_dim_lcm     # TP 参数：LCM 小片
-#    │  │     └─ _finalize_dp_transfers                                 # 复制的参数：整块
-#    │  └─ broadcast_object_list                                       # world：每个 rank 拿到自己的 ReshardPlan
+#    ├─ refit.py::_build_or_get_plan(src, dst)                       # 命中缓存，不通信
+#    ├─ refit.py::_harmonize_buffer_dtypes                           # 只在第一次：all_gather_object（world），dtype 表存在 plan 上
 #    └─ execution.py::execute_reshard_plan(plan, src, dst, service)
-#       ├─ service.submit_send_with_id / submit_recv_with_id  每个 TransferOp 一片
+#       ├─ service.submit_send / submit_recv(…, task_id=…)  每个 TransferOp 一片；连续的目标切片直接当接收张量
 #       ├─ gloo_copy_service.py::GlooCopyService.run                   # 本地片 copy_；远端片 batch_isend_irecv（gloo 群）
 #       ├─ dist.barrier()                                              # world
-#       └─ 收到的片写回 dst 的参数                                      # 目标模型的 weight 被覆盖
+#       └─ 不连续的目标切片从暂存缓冲写回 dst 的参数                     # 目标模型的 weight 被覆盖
 # ```
 #
 # **每个函数的阅读记录**（RL 不在 simple loop 里；refit 插在 `optimizer.step()` 之后、下一轮 rollout 之前）：
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `swap_model_weights` | 源模型、目标模型、后端名或 `CopyService` | 无 | `get_or_create_service`、`reshard_model_weights` | 第一次调用时建一个 gloo 群 | 交给下层 | 是：目标模型的参数 | `optimizer.step()` 之后 |
-# | `build_centralized_reshard_plan` | 两个带 `pg_collection` 的模块 | 本 rank 的 `ReshardPlan` | `extract_param_metadata`、`select_src_metadata_balanced`、两种规划 | 是：world 上 2 次 `all_gather_object`、1 次 `broadcast_object_list` | 只算切片，不搬数据 | 否 | 同上，只在第一次 |
+# | `swap_model_weights` | 源模型、目标模型、后端名或 `CopyService` | 无 | `get_or_create_service`、`_build_or_get_plan`、`reshard_model_weights` | 第一次调用时建一个 gloo 群 | 交给下层 | 是：目标模型的参数 | `optimizer.step()` 之后 |
+# | `build_local_reshard_plan` | 两个带 `pg_collection` 的模块 | 本 rank 的 `ReshardPlan` | `extract_param_metadata`、`select_src_metadata_balanced`、两种规划 | 是：world 上 1 次 `all_gather_object` | 只算切片，不搬数据 | 否 | 同上，只在第一次 |
 # | `extract_param_metadata` | 一个参数、名字、rank、`pg_collection` | `ParameterMetadata` | 层号映射 | 只读群成员 | 读 `partition_dim` / `partition_stride` | 否 | 同上 |
-# | `_plan_multi_dim_lcm` | 源、目标元数据，TP 描述 | `(源 rank, 源切片, 目标切片)` 列表 | 无 | 否（纯算术） | 是：TP 维的切片 | 否 | 同上 |
+# | `_plan_tp` | 源、目标元数据，TP 描述，目标 rank 号 | `(源 rank, 源切片, 目标切片)` 列表 | 无 | 否（纯算术） | 是：TP 维的切片 | 否 | 同上 |
 # | `_finalize_dp_transfers` | 同上 | 一个整块来源 | 无 | 否 | 否（整块） | 否 | 同上 |
+# | `_harmonize_buffer_dtypes` | plan、两个模块 | 无（dtype 表记在 plan 上） | 无 | 是：第一次时 world 上 1 次 `all_gather_object` | 否 | 可能：目标模型 buffer 的 dtype（本篇的小 GPT 没有 persistent buffer） | 同上，只在第一次通信 |
 # | `execute_reshard_plan` | plan、两个模块、service | 无 | `CopyService` | 是：world 上的 barrier | 按切片取、按切片写 | 是：写目标参数 | 每一轮 |
-# | `GlooCopyService.run` | 已提交的 send / recv | 无 | 无 | 是：gloo 群上的点对点 | 否 | 否（写接收缓冲） | 每一轮 |
+# | `GlooCopyService.run` | 已提交的 send / recv | 无 | 无 | 是：gloo 群上的点对点 | 否 | 是：收到的片拷进接收张量（连续切片就是目标参数本身） | 每一轮 |
 # | `HyperCommGrid.create_pg` | 维度名 | 本 rank 所在的那个群 | `new_subgroups_by_enumeration` | 是：建群（全员参与） | 否 | 进程状态 | 相当于另一套 `initialize_distributed` |
 # | `SelfAttention.get_query_key_value_tensors` | hidden states `[s, b, h]` | Q、K、V | `linear_qkv` | TP 份数多于 group 数时才 all-gather | 按 group 排的行 | 否 | forward |
 
@@ -164,8 +172,8 @@ listing(Inputs, forward_backward, train_one_step, pipeline_logits, rollout_logit
 # ### 一轮 RL，在每个 rank 上
 #
 # 建两个模型 → 第一次同步（rollout 从当前 policy 出发）→ 训练一步 → 不同步时 rollout 用的是哪个 policy →
-# 第二次同步。两次 `swap_model_weights` 各自用 `snippets.record.recorder` 记下全部 collective；最后把缓存在目标模型上的
-# plan 拆成记录（`refit_cost.plan_ops`）带回 notebook。
+# 第二次同步。两次 `swap_model_weights` 各自用 `snippets.record.recorder` 记下全部 collective；最后从 `refit.py` 的
+# 模块级 plan 缓存里取出本 rank 的 plan（`refit_cost.cached_plan`），拆成记录（`refit_cost.plan_ops`）带回 notebook。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(one_rl_round)
@@ -225,7 +233,10 @@ Table(["rank", "训练：参数个数", "训练：字节", "rollout：参数个�
 # %% [markdown]
 # ### 真实的 plan：谁发给谁、多少字节
 #
-# `swap_model_weights` 第一次调用时算出的 `ReshardPlan` 缓存在目标模型的 `_cached_reshard_plan` 上。
+# `swap_model_weights` 第一次调用时算出的 `ReshardPlan` 存进 `refit.py` 的模块级字典 `_plan_cache`
+# （[refit.py:114](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L114)），键是本 rank 号、两个模型的 TP / PP / EP / DP 大小等
+# （[`refit.py::_build_plan_cache_key`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L86)），而不是模型对象本身：同一进程里再换一对并行大小相同的模型，
+# 会直接用上旧 plan，所以 `one_rl_round` 开头先调 `clear_plan_cache()`。
 # 每个 rank 的 plan 是一串 `TransferOp`（参数名、对方 rank、本方切片、对方切片、`task_id`），收发两侧用同一个
 # `task_id` 配对。把 4 个 rank 的接收记录汇成矩阵（行 = 发送方，列 = 接收方，对角线 = 本地拷贝，`refit_cost.plan_traffic`）：
 
@@ -256,8 +267,9 @@ Table(["rank", "recv 片数", "来自", "远端收到（字节）", "本地拷�
 #   不多送。这和"先把整个参数拼起来再切"不同（verl 的路径就是先拼，见机制解释）。
 # - 本地拷贝不只发生在 layernorm 上：rank 0 在 rollout 端要第 0、1 层 `linear_qkv` 的第 0–15 行，训练端的 rank 0
 #   恰好持有这两层的第 0–31 行，于是 26496 字节根本不出进程。rank 1 要的第 16–31 行也在 rank 0 上，只能远端收。
-# - 复制的参数（layernorm、row-parallel 的 bias）由 `select_src_metadata_balanced` 按目标 rank 轮流挑源：
-#   这是 r0→r2、r1→r1、r2→r2、r3→r1 那些一两千字节的格子。
+# - 复制的参数（layernorm、row-parallel 的 bias）由 `select_src_metadata_balanced` 挑源：目标 rank 自己持有一份就用
+#   自己的（[utils.py:551](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L551)），这是 r1→r1、r2→r2 两格；否则按目标 rank 轮流挑
+#   （[`utils.py::_round_robin_dp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/utils.py#L498)），这是 r0→r2、r3→r1 两格。四格都是一两千字节。
 #
 # 同一个参数的每一片，按 `task_id` 把发送方和接收方配起来：
 
@@ -298,8 +310,8 @@ transfers_of("decoder.layers.2.input_layernorm.weight")
 Table(["rank", *r0["groups"]], [[r, *x["groups"].values()] for r, x in enumerate(ranks)])
 
 # %% [markdown]
-# rollout 端 TP=4 占满 4 个 rank，所以它的 DP 群只有自己。refit 本身的通信不走这两套群中的任何一个：planner 的对象
-# collective 和 barrier 走 world，数据走 `GlooCopyService` 自己建的 gloo 群（成员也是全体 rank）。
+# rollout 端 TP=4 占满 4 个 rank，所以它的 DP 群只有自己。refit 本身的通信不走这两套群中的任何一个：planner 和
+# dtype 对齐的对象 collective、barrier 都走 world，数据走 `GlooCopyService` 自己建的 gloo 群（成员也是全体 rank）。
 #
 # **第一次同步**记录到的每个 collective（rank 0；API / 群 / 通信前后 shape / 语义）：
 
@@ -307,12 +319,17 @@ Table(["rank", *r0["groups"]], [[r, *x["groups"].values()] for r, x in enumerate
 communication_table(compact(r0["first_sync"]), MEANINGS, ranks=False)
 
 # %% [markdown]
-# - 第 1–4 行是两次 `all_gather_object`：对象先被 pickle 成字节张量，第一次交换长度（`[1]`），第二次交换按最长者
-#   补齐的字节（源模型元数据 4691 字节、目标 8805 字节）。第 5–6 行同理，是 rank 0 广播整份 plan。
-# - 第 7 行是真正搬 weight 的一次 `batch_isend_irecv`：rank 0 要发 25 片、收 27 片到远端（它的 52 片里另有 25 片
+# - 第 1–2 行是 planner 唯一的一次 `all_gather_object`（[planner.py:495](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L495)）：对象先被
+#   pickle 成字节张量，第一次交换长度（`[1]`），第二次交换按最长者补齐的字节——每个 rank 把自己的（源元数据, 目标元数据）
+#   打成一对，最长的一对 pickle 后 12598 字节。之后没有分发 plan 的 collective：每个 rank 用收齐的元数据自己算。
+# - 第 3–4 行是 `_harmonize_buffer_dtypes` 的 `all_gather_object`（[refit.py:433](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L433)）：交换源模型
+#   persistent buffer 的 dtype（MoE router 的 `expert_bias` 这类），目标端不一致就换掉。这个小 GPT 没有 persistent buffer，
+#   交换的是空字典，pickle 后 5 字节。
+# - 第 5 行是真正搬 weight 的一次 `batch_isend_irecv`：rank 0 要发 25 片、收 27 片到远端（它的 52 片里另有 25 片
 #   是本地拷贝，不经过通信）。
 #
-# **第二次同步**只剩搬运：plan 已经缓存（[refit.py 第 227 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L227) 先查模块级的 `_plan_cache`），元数据交换不再发生。
+# **第二次同步**只剩搬运：plan 已经缓存（[refit.py 第 227 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L227) 先查模块级的 `_plan_cache`），元数据交换不再发生；
+# dtype 表记在 plan 上（[refit.py:442](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L442)），也不再交换。
 
 # %%
 communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
@@ -325,8 +342,17 @@ communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
 # 每个 rank 只知道自己的参数，而一片 weight 的"源"和"目标"往往不在同一个 rank。于是先用一次 `all_gather_object`
 # 让每个 rank 都拿到全世界的（源, 目标）元数据（[planner.py 第 495 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L495)；参数名按全局层号改写过，所以 PP stage 不同也能对上），
 # 再由每个 rank 按同一个确定的顺序，对每个目标 rank 的每个参数决定从哪个源 rank 的哪个切片拿，只留下自己收或发的那些
-# （[planner.py 第 415–445 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L415-L445)；0.16.1 是 rank 0 算好全部 plan 再广播）。好处是收发双方重放同一个顺序、得到同一个 `task_id`，不会配错；代价是第一次调用
-# 要在 world 上做对象 collective，所以 plan 被缓存，之后每一轮只剩传输。
+# （[planner.py 第 415–445 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L415-L445)）。没有哪个 rank 替别人算，也没有把 plan 再发出去的一步：
+# 收发双方重放同一个顺序（目标 rank 从小到大、参数按收齐的顺序，[`planner.py::_iter_global_transfer_ops`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L305)），
+# 给同一次传输编出同一个 `task_id`，所以不会配错。代价是每个 rank 都把全局计划走一遍，而且第一次调用要在 world 上做
+# 对象 collective，所以 plan 被缓存（[`refit.py::_build_or_get_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L208)），之后每一轮只剩传输。
+# 旧名字 `build_centralized_reshard_plan` 还在，但只是发一个弃用警告再转给 `build_local_reshard_plan`
+# （[planner.py:517](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L517)）。
+#
+# > **旧版（core_v0.18.0）：** 真有一个"中心"：`build_centralized_reshard_plan` 用 `gather_object` 把元数据只收到 rank 0
+# > （[planner.py:369](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/resharding/planner.py#L369)），rank 0 为所有 rank 排好 plan，再用 `scatter_object_list` 给每个 rank 发它那份
+# > （[planner.py:450](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/resharding/planner.py#L450)），所以第一次同步多一步分发 plan 的对象 collective。core_v0.16.1 更早：两次 `all_gather_object`
+# > 之后 rank 0 排计划，再把全部 plan 广播给每个 rank。
 #
 # ### TP 参数：LCM 小片
 #
@@ -339,15 +365,21 @@ communication_table(compact(r0["second_sync"]), MEANINGS, ranks=False)
 # ### 复制的参数：整块、轮流挑源
 #
 # 没有 TP 属性的参数（layernorm、row-parallel 的 bias）在每个 TP rank 上都有一份。`_finalize_dp_transfers` 让目标
-# 整块接收；源有多份时 `select_src_metadata_balanced` 按目标 rank 轮流选，分摊发送压力；源和目标是同一个 rank
-# 时就是本地拷贝。
+# 整块接收，来源就是 `select_src_metadata_balanced` 挑中的那份副本的持有者（[planner.py:279](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L279)）。
+# 挑法分两步：目标 rank 自己就持有一份时直接用它（本地拷贝，不走网络）；否则按目标 rank 号在源的各个 DP 副本之间
+# 轮流选，分摊发送压力。
 #
 # ### 执行：先本地、再点对点、最后 barrier
 #
-# `execute_reshard_plan` 为每个 recv 开一个接收缓冲，`GlooCopyService.run` 把 `task_id` 相同的本地收发直接 `copy_`，
-# 其余组成一次 `batch_isend_irecv`；world barrier 之后才把缓冲写回参数，保证没有 rank 在别人还在读时被改写。
-# 换成 `"nccl"` 是同一份 plan，只是传输走 NCCL、用 CUDA stream 与计算重叠。在 CPU 上，gloo 版本构造时也要建
-# CUDA stream，我们用一个作用域只限这个模块的补丁让它成为空操作（[在 CPU 上运行](../../cpu/) 的 `refit_streams`）。
+# `execute_reshard_plan` 提交每个 recv 时，目标切片若是连续的内存，就直接拿参数的这片视图当接收张量
+# （[execution.py:172](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L172)）；不连续的（例如按第 1 维切、又没取满的片）才另开暂存缓冲
+# （[execution.py:187](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L187)）。`GlooCopyService.run` 把 `task_id` 相同的本地收发直接 `copy_`，其余组成一次
+# `batch_isend_irecv`，收完从 CPU 缓冲拷进接收张量；然后 world barrier（[execution.py:199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L199)），
+# 之后才把暂存缓冲写回参数（[execution.py:224](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/execution.py#L224)）。本篇 TP 2 → 4 的目标切片要么按第 0 维切、
+# 要么取满整个本地张量，全是连续的，所以没有暂存缓冲，weight 在 `run()` 里就写进了 rollout 模型。
+# 换成 `"nccl"` 是同一份 plan，只是传输走 NCCL、用 CUDA stream 与计算重叠。在 CPU 上，gloo 版本也要 CUDA：构造时建
+# copy stream、拷贝在这个 stream 上做，暂存缓冲用锁页内存（`pin_memory=True`）；我们用两个作用域只限这个模块的补丁
+# 让它们成为空操作或普通内存（[在 CPU 上运行](../../cpu/) 的 `refit_streams`、`refit_pinned_buffers`）。
 #
 # ### `linear_qkv`：按 query group 交错
 #
@@ -488,8 +520,8 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 # | 好处 | 没有闲卡，同步最快 | 两边各选最合适的并行配置和卡数，互不抢显存 |
 # | 配置 | verl `actor_rollout_ref.hybrid_engine: true`（缺省）；NeMo RL `policy.generation.colocated.enabled: true`（缺省） | verl `hybrid_engine: false`（只在实验性的 fully_async_policy 里）；NeMo RL `colocated.enabled: false` |
 #
-# 本篇 CPU 上的实验属于 colocated：源和目标模型在同一批 rank 上，Megatron 0.16.1 的 `swap_model_weights` 也只支持
-# 这种"同一个 world、两个模型"的情形（遗留问题 4）。
+# 本篇 CPU 上的实验属于 colocated：源和目标模型在同一批 rank 上、同一个 world。`swap_model_weights` 也支持分开的摆法
+# （某个 rank 只有源或只有目标模型、自建的 refit 群、两边的 rank 偏移），本篇没有跑（遗留问题 4）。
 #
 # ### verl 和 NeMo RL 怎么配，对应哪条代码路径
 #
@@ -517,7 +549,8 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 #
 # **Megatron-LM 自己也做 refit。** 同一个 tag 的 `train_rl.py` 调的就是 `pretrain`，命令行带上 `--perform-rl-step`
 # （`examples/rl/README.md` 的启动示例）。只要再给
-# `--rl-inference-tensor-model-parallel-size` 等任何一个推理端并行度，`pretrain` 就在同一个 world 里按这套并行度
+# `--rl-inference-tensor-model-parallel-size` 等任何一个推理端并行度（或者训练用了 CP>1：推理端不支持 CP，
+# [training.py:1250](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1250)），`pretrain` 就在同一个 world 里按这套并行度
 # 另建一个推理模型（[training.py 第 1245–1323 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1245-L1323)，群来自
 # [`shards.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/inference/shards.py#L18)）——和本篇 CPU 上的做法一样，
 # 两个模型在同一批 rank 上。之后有三处调用 `swap_model_weights(model, inference_model, args.refit_method)`：
@@ -620,15 +653,20 @@ weight_sync("tests/fixtures/nemo_rl/recipes/grpo_llama8b_megatron_separate.yaml"
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **rollout 模型自己算 loss 会用错群（0.16.1，运行确认）。** `GPTModel` 的每一层都从 `pg_collection` 取 TP 群，0.16.1 上唯独
-#    带 `labels` 时的 loss 不是：
+# 1. **rollout 模型自己算 loss：现在用的是模型自己的 TP 群（已修复，运行确认）。** `GPTModel` 的每一层都从
+#    `pg_collection` 取 TP 群；带 `labels` 时的 loss 也一样：
 #    [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155)
 #    在非融合路径上调用
 #    [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213)
-#    时不传群，它就用 `parallel_state` 的全局 TP 群。同一进程里
-#    训练端是全局群（TP=2），rollout 模型的 logits 却按 TP=4 切：下面的 loss 和用它自己完整 logits 算的交叉熵对不上，
-#    两组 rank 之间也不一致。0.19.0 已改：这里传入模型自己的 TP 群（[language_module.py 第 194–196 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194-L196)），
-#    没给群时才退回全局群（[cross_entropy.py 第 124–125 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L124-L125)）。
+#    时传入模型自己的 TP 群（[language_module.py 第 194–196 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194-L196)），
+#    没给群时才退回 `parallel_state` 的全局 TP 群（[cross_entropy.py 第 124–125 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L124-L125)）。
+#    同一进程里训练端是全局群（TP=2），rollout 模型的 logits 按 TP=4 切：下表里 rollout 模型带 labels 算的 loss
+#    和用它自己完整 logits 算的交叉熵相等，4 个 rank 也一致。
+#
+# > **旧版（core_v0.18.0）：** 非融合路径调用 `vocab_parallel_cross_entropy` 时不传群
+# > （[language_module.py:183](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/models/common/language_module/language_module.py#L183)），
+# > 它就用全局 TP 群 `[0, 1]` / `[2, 3]` 去归约按 TP=4 切的 logits，loss 与交叉熵对不上、两组 rank 之间也不一致
+# > （core_v0.16.1 同样如此，当时这张表的 rank 0 是 3.3379 对 4.1089）。在这些版本上让 rollout 模型只出 logits、在外面算 loss。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def surprises():
@@ -669,17 +707,17 @@ def surprises():
 
 odd = run_ranks(surprises, 4, grid=dict(tp=2, pp=2))
 Table(["rank", "rollout 模型带 labels 算的 loss", "用它完整 logits 算的交叉熵",
-       "loss 用的 TP 群", "模型的 TP 群"],
+       "全局 TP 群（旧版的 loss 用它）", "模型的 TP 群（loss 用它）"],
       [[r, x["loss"], x["reference"], x["loss_group"], x["model_group"]] for r, x in enumerate(odd)])
 
 # %% [markdown]
-# 2. **Megatron 自己的 refit 单元测试，PP 用例没有切层（0.16.1，运行确认）。** 0.16.1 的 `test_swap_gpt_parametrized` 把 PP 群放进
-#    `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`，
+# 2. **Megatron 自己的 refit 单元测试，PP 用例现在真的切层了（已修复；旧建法运行确认）。** 早先（core_v0.16.1）的
+#    `test_swap_gpt_parametrized` 把 PP 群放进 `pg_collection`，但 `TransformerConfig` 没写 `pipeline_model_parallel_size`，
 #    每个 stage 又都是 `pre_process=True, post_process=True`。而每个 stage 建几层由
 #    [`transformer_block.py::get_num_layers_to_build`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L70)
 #    按 **config** 里的 PP 大小算（[transformer_block.py 第 153 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L153)）。照样子建一个：每个 rank 都建了全部 4 层——"PP2 → PP1"其实是
 #    "两份完整副本 → 一份"，跨 stage 按全局层号配对（本篇训练端真的切了层）那条路径没被这个测试覆盖。
-#    0.19.0 的测试已改：建好 config（[test_model_swap.py 第 327 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L327)）后把两边的 PP 大小写进去
+#    现在的测试已改（core_v0.18.0 里已是这样）：建好 config（[test_model_swap.py 第 327 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L327)）后把两边的 PP 大小写进去
 #    （[test_model_swap.py 第 346–347 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L346-L347)），`pre_process` / `post_process` 按 PP rank 取（[test_model_swap.py 第 113 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/tests/unit_tests/resharding/test_model_swap.py#L113)）。
 
 # %%
@@ -698,14 +736,19 @@ Table(["群", "RankGenerator（tp-cp-ep-dp-pp）", "HyperCommGrid 同序",
       [[d, *odd[0]["grids"][d]] for d in ("dp", "pp")])
 
 # %% [markdown]
-# 4. **0.16.1 只支持"同一批 rank 上的两个模型"。** 这里的 `swap_model_weights(src, dst, method)` 要求两个模型都在
-#    每个 rank 上、共用一个 world（planner 按 `dist.get_rank()` 编号）。NeMo RL 当前代码调用的是更新的签名
-#    （多了 `group`、`src_rank_offset`、`dst_rank_offset`，以及 `prepare_swap_model_weights`，见
-#    [megatron_worker.py 第 35 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L35)），
-#    训练和推理可以在两个 world、一个自建的 refit 群里：non-colocated 的 Megatron 推理靠的是 0.16.1 之后的 Megatron。
-# 5. **gloo 后端在 CPU 上也要一个 CUDA stream。** `GlooCopyService.__init__` 建 `torch.cuda.Stream()`，`run()` 结尾
-#    让当前 stream 等它（[gloo_copy_service.py 第 34 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L34)、[gloo_copy_service.py 第 128 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L128)）；传输本身全是 CPU 张量上的 gloo。CPU 版 torch 建 stream
-#    直接报错，所以需要 `refit_streams` 补丁（只作用于这一个模块）。
+# 4. **跨两个 world 的 refit 本篇没有跑。** 本篇只用了 `swap_model_weights(src, dst, method)` 最简单的用法：两个模型都在
+#    每个 rank 上、共用一个 world。它的签名还有 `group`、`src_rank_offset`、`dst_rank_offset`
+#    （[`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L339)），源或目标模型可以是 `None`（只发、只收或只陪着做
+#    collective 的 rank，见 [`refit.py::reshard_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L461)），另有只建 plan 不搬数据的
+#    [`refit.py::prepare_swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L292)：训练和推理可以在两个 world、一个自建的 refit 群里。
+#    NeMo RL 的 non-colocated Megatron 推理用的就是这套参数（[megatron_worker.py 第 35 行](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/megatron/megatron_worker.py#L35)）。
+#    本站还没有这种摆法的实验。
+# 5. **gloo 后端在 CPU 上也要 CUDA。** `GlooCopyService.__init__` 建 `torch.cuda.Stream()`
+#    （[gloo_copy_service.py 第 34 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L34)），本地拷贝和收完后的写回都在这个
+#    stream 上做，`run()` 结尾让当前 stream 等它（[gloo_copy_service.py 第 128 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L128)）；
+#    收发都先经过一块 `pin_memory=True` 的 CPU 缓冲（[gloo_copy_service.py 第 45 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/copy_services/gloo_copy_service.py#L45)）。
+#    传输本身全是 CPU 张量上的 gloo。没有 CUDA 驱动时建 stream、锁页内存都会报错，所以需要 `refit_streams` 和
+#    `refit_pinned_buffers` 两个补丁（只作用于这一个模块）。
 # 6. **没读到的部分**：NVSHMEM copy service（`nvshmem_copy_service/`，GPU 内核直接搬）、EP 参数的重切
 #    （`resolved_name` 把本地 expert 编号改成全局编号）、`NCCLCopyService` 怎么用 stream 与计算重叠——都要 GPU。
 #    其中 NCCL 这一条，本篇的实验在 GPU 上就会走到：`one_rl_round` 在 `device="cuda"` 时把后端换成 `"nccl"`，
@@ -746,8 +789,10 @@ print(labels[6], labels[2 * 4:3 * 4])
 #
 # <details><summary>答案</summary>
 #
-# 2 次：一次 `batch_isend_irecv`（搬 weight）和一次 barrier。少了 4 次 all-gather 和 2 次 broadcast——那是 planner
-# 交换元数据和分发 plan 的对象 collective；plan 第一次算完就缓存在目标模型的 `_cached_reshard_plan` 上。
+# 2 次：一次 `batch_isend_irecv`（搬 weight）和一次 barrier。第一次是 6 次，少了的 4 次 all-gather 是两个
+# `all_gather_object`（各先交换长度、再交换内容）：planner 交换（源, 目标）元数据的那一个，和 `_harmonize_buffer_dtypes`
+# 交换 buffer dtype 的那一个。plan 第一次算完就存进 `refit.py` 的模块级 `_plan_cache`，dtype 表记在 plan 上，
+# 所以第二次两样都不再交换。没有"分发 plan"的 collective：每个 rank 自己算自己的 plan。
 #
 # </details>
 
@@ -771,7 +816,7 @@ print(len(r0["first_sync"]), "→", len(r0["second_sync"]), [c.api for c in r0["
 # %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
 def seed_layout_plan():
     from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.resharding import build_centralized_reshard_plan
+    from megatron.core.resharding import build_local_reshard_plan
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=4, pipeline_model_parallel_size=2)
@@ -780,7 +825,7 @@ def seed_layout_plan():
     policy = gpt(eight_groups, gpt_config(eight_groups, tp=4, pp=2), ProcessGroupCollection.use_mpu_process_groups(),
                  parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
     rollout = gpt(eight_groups, gpt_config(eight_groups, tp=8, pp=1), rollout_groups(tp=8))
-    plan = build_centralized_reshard_plan(policy, rollout)
+    plan = build_local_reshard_plan(policy, rollout)
     count = lambda split: sum(p.numel() for p in rollout.parameters()
                               if getattr(p, "tensor_model_parallel", False) == split)
     model_bytes = 4 * (8 * count(True) + count(False))  # fp32; TP-split tensors hold 1/8 here
@@ -836,5 +881,6 @@ print("Q、K、V 不重排就当作 HF 的 q | k | v，输出还一样吗:", tor
 # After every policy update the inference engine still holds the old weights, so each RL round pushes
 # the new ones to it. It is not a copy: the trainer may run TP4 × PP2 while vLLM runs TP8, and Megatron
 # fuses Q, K, V per query group where Hugging Face keeps them apart, so tensors are resliced, reordered
-# and renamed. Megatron Core's `swap_model_weights` plans every slice once, then sends each GPU only its
+# and renamed. Megatron Core's `swap_model_weights` plans every slice once (one metadata all-gather, then
+# each rank derives the same global plan and keeps its own sends and receives), then sends each GPU only its
 # share: 8B in bf16 is 16 GB, 2 GB per GPU on 8 GPUs, about 4.4 ms over NVLink, 40 ms over InfiniBand.

@@ -250,7 +250,7 @@ MEANINGS = {
     "resharding/refit.py::_harmonize_buffer_dtypes": "all_gather_object：交换源模型 persistent buffer 的"
     " dtype（先长度后内容），目标端按它对齐；plan 里缓存，只在第一次同步",
     "batch_isend_irecv": "按 plan 逐片收发 weight（本地片直接 copy_，不在其中）",
-    "barrier": "所有 rank 都收完，再写回参数",
+    "barrier": "所有 rank 的收发都完成；之后才把不连续切片的暂存缓冲写回参数（连续切片已直接收进参数）",
 }
 
 
