@@ -14,17 +14,19 @@
 # ---
 
 # %% [markdown]
-# # 04 模型构造：从 `model_provider` 到每个 rank 上切好的 `GPTModel`
+# # 04 模型构造：从模型配置到每个 rank 上切好的 `GPTModel`
 #
 # 第一轮第 4 篇。`setup_model_and_optimizer` 的第一件事是造模型。本篇沿正式入口走三步：命令行参数怎样变成
-# `TransformerConfig`；`gpt_builder` 怎样选 layer spec（local 还是 Transformer Engine）；`GPTModel(config, spec)`
+# `TransformerConfig`（再装进 `GPTModelConfig`）；`GPTModelBuilder` 怎样选 layer spec（local 还是 Transformer Engine）；`GPTModel(config, spec)`
 # 在 TP=2 的两个 rank 上各造出了什么——每个参数的全局 shape、本地 shape、沿哪一维切，全部由运行打印，
 # 并把每个 rank 的分片与 TP=1 的同一个模型逐元素比较。
 
 # %% [markdown]
 # ## 阅读目标
 #
-# 1. 说出正式入口里谁造模型：`get_model` → `model_provider` → `gpt_builder` → `GPTModel`，每层各管什么。
+# 1. 说出正式入口里谁造模型：`gpt_config_from_args` 给出 `GPTModelConfig`，`setup_model_and_optimizer` 交给它的
+#    `GPTModelBuilder`：`build_distributed_models` → `build_model` → `GPTModel`，每层各管什么；旧路
+#    `get_model` → `model_provider` → `gpt_builder` 还剩谁在用。
 # 2. 说清一个命令行参数（如 `--hidden-size`）怎样进入 `TransformerConfig`：哪些 flag 是由 dataclass 字段**自动生成**的，
 #    `core_transformer_config_from_args` 又手工改写了哪些字段。
 # 3. 对比 local spec 与 Transformer Engine spec：每个槽位放什么类，为什么 TE spec 里 `input_layernorm`、`pre_mlp_layernorm`
@@ -36,11 +38,17 @@
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 造模型、优化器、学习率调度器 |
-# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1706) | 按 PP / VPP 决定 `pre_process` / `post_process`，调 provider；补默认 TP 属性、搬 GPU、包 DDP |
-# | [`model_provider.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/model_provider.py#L20) | 薄包装：取 `args`，调 builder |
-# | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L25) | config + spec → `GPTModel(...)` |
-# | [`gpt_builders.py::_get_transformer_layer_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L108) | `--transformer-impl` 选 TE / local spec |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 造模型、优化器、学习率调度器；`cfg_container.model` 有值时交给它的 builder（[training.py:2050](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2050)），否则走 `get_model`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)） |
+# | [`argument_utils.py::gpt_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L433) | `args` → `GPTModelConfig`：`TransformerConfig` 加上词表、最长序列、位置编码、是否共享词嵌入 |
+# | [`gpt.py::GPTModelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/gpt.py#L135) | GPT 模型的纯配置；类属性 `builder` 指向 `GPTModelBuilder` |
+# | [`gpt.py::GPTModelBuilder.build_distributed_models`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/gpt.py#L331) | 每个（虚拟）stage 建一次模型，再交给 `dist_utils` 补属性、包 wrapper 与 DDP |
+# | [`dist_utils.py::prepare_existing_model_chunks_for_distributed_training`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/dist_utils.py#L120) | 补默认 TP 属性、打印参数数、搬 GPU、包 `Float16Module`、包 DDP |
+# | [`gpt.py::GPTModelBuilder.build_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/gpt.py#L255) | 一个 stage：选 spec、补齐词表、`GPTModel(...)` |
+# | [`gpt.py::default_layer_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/gpt.py#L50) | 按配置选 spec；普通 dense 模型落到 `_te_or_local_layer_spec`：`transformer_impl` 选 TE / local spec |
+# | [`training.py::get_model`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1706) | 旧路（RL 另建推理模型时，[training.py:1323](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1323)；ModelOpt 工具直接调用）：按 PP / VPP 决定 `pre_process` / `post_process`，调 provider；补默认 TP 属性、搬 GPU、包 DDP |
+# | [`model_provider.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/model_provider.py#L20) | 旧路：薄包装，取 `args`，调 builder |
+# | [`gpt_builders.py::gpt_builder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L25) | 旧路：config + spec → `GPTModel(...)` |
+# | [`gpt_builders.py::_get_transformer_layer_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L108) | 旧路：`--transformer-impl` 选 TE / local spec |
 # | [`arguments.py::_add_network_size_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2195) | 由 `TransformerConfig` 的字段生成命令行参数（带排除表） |
 # | [`argument_utils.py::ArgumentGroupFactory`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L45) | 字段 → `--flag` 的命名规则 |
 # | [`argument_utils.py::core_transformer_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L277) | `args` → `TransformerConfig`：同名拷贝 + 手工覆盖 |
@@ -57,31 +65,39 @@
 # | [`layers.py::VocabParallelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L230) | 词嵌入按词表切 |
 # | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184) | CPU 初始化：造整块权重再按 `partition_dim`、`stride` 切 |
 # | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L136) | 在参数上记下 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
-# | [`layers.py::set_defaults_if_not_set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L147) | `get_model` 给其余参数补上"不切"的属性 |
+# | [`layers.py::set_defaults_if_not_set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L147) | `prepare_existing_model_chunks_for_distributed_training`（旧路 `get_model`）给其余参数补上"不切"的属性 |
 # | [`run_simple_mcore_train_loop.py::model_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L57) | simple loop：手写 config + local spec |
 
 # %% [markdown]
 # ## 调用链
 #
 # ```text
-# pretrain_gpt.py (__main__)：pretrain(..., partial(model_provider, gpt_builder), ModelType.encoder_or_decoder, forward_step, ...)
-# └─ megatron/training/training.py::pretrain
-#    └─ setup_model_and_optimizer
-#       └─ get_model(model_provider_func, model_type)
-#          ├─ 每个（虚拟）stage 一次：pre_process = 首 stage？post_process = 尾 stage？
-#          │  └─ model_provider.py::model_provider(gpt_builder, pre_process, post_process, vp_stage)
-#          │     └─ gpt_builders.py::gpt_builder(args, ...)
-#          │        ├─ megatron/training/arguments.py::core_transformer_config_from_args(args)   # 纯配置
-#          │        ├─ _get_transformer_layer_spec(use_te, config)                            # ModuleSpec，纯数据
-#          │        └─ GPTModel(config, transformer_layer_spec, vocab_size=args.padded_vocab_size,
-#          │                    parallel_output=True, share_embeddings_and_output_weights=not untie, ...)
-#          │           ├─ LanguageModelEmbedding → VocabParallelEmbedding     # 词表按 TP 切（dim 0）
-#          │           ├─ TransformerBlock → build_module(layer spec) × num_layers
-#          │           │  └─ ColumnParallelLinear / RowParallelLinear         # 权重按 TP 切（dim 0 / dim 1）
-#          │           └─ ColumnParallelLinear（output_layer；共享词嵌入时不建 weight）
-#          ├─ set_defaults_if_not_set_tensor_model_parallel_attributes(param)  # 复制的参数标"不切"
-#          ├─ model.cuda()；--bf16 / --fp16 时包一层 Float16Module
-#          └─ DDP(config, ddp_config, module)                                   # 笔记 06
+# pretrain_gpt.py (__main__)
+# ├─ megatron/training/argument_utils.py::gpt_config_from_args(args)        # 纯配置
+# │  ├─ core_transformer_config_from_args(args)                              # → TransformerConfig
+# │  └─ GPTModelConfig(transformer=..., vocab_size=args.padded_vocab_size,
+# │                    share_embeddings_and_output_weights=not untie, ...)   # parallel_output 缺省 True
+# ├─ pretrain_cfg_container_from_args(args, model_cfg)                        # 配置容器，model=上面的 GPTModelConfig
+# └─ megatron/training/training.py::pretrain(full_config, ..., ModelType.encoder_or_decoder, forward_step, ...)
+#    └─ setup_model_and_optimizer(model_type, model_provider_func=None, ..., cfg_container=...)
+#       └─ megatron/training/models/gpt.py::GPTModelBuilder(cfg.model).build_distributed_models(pg_collection, ddp_config, ...)
+#          └─ dist_utils.py::unimodal_build_distributed_models
+#             ├─ build_virtual_pipeline_stages：每个（虚拟）stage 一次，pre_process = 首 stage？post_process = 尾 stage？
+#             │  └─ GPTModelBuilder.build_model(pg_collection, pre_process, post_process, vp_stage)
+#             │     ├─ default_layer_spec → _te_or_local_layer_spec(config)              # ModuleSpec，纯数据
+#             │     └─ GPTModel(config.transformer, transformer_layer_spec, vocab_size, parallel_output, ...)
+#             │        ├─ LanguageModelEmbedding → VocabParallelEmbedding     # 词表按 TP 切（dim 0）
+#             │        ├─ TransformerBlock → build_module(layer spec) × num_layers
+#             │        │  └─ ColumnParallelLinear / RowParallelLinear         # 权重按 TP 切（dim 0 / dim 1）
+#             │        └─ ColumnParallelLinear（output_layer；共享词嵌入时不建 weight）
+#             └─ prepare_existing_model_chunks_for_distributed_training
+#                ├─ set_defaults_if_not_set_tensor_model_parallel_attributes(param)  # 复制的参数标"不切"
+#                ├─ model.cuda()；--bf16 / --fp16 时包一层 Float16Module
+#                └─ _ddp_wrap → DDP(config, ddp_config, module)                       # 笔记 06
+#
+# 旧路（cfg_container.model 为 None 时；RL 另建推理模型时；ModelOpt 工具直接调用）：
+# get_model(model_provider_func, model_type) → model_provider(builder, pre_process, post_process, vp_stage)
+# └─ gpt_builders.py::gpt_builder(args, ...)：core_transformer_config_from_args + _get_transformer_layer_spec + 同样的 GPTModel(...)
 #
 # examples/run_simple_mcore_train_loop.py (__main__)
 # └─ model_provider()：TransformerConfig(num_layers=2, hidden_size=12, num_attention_heads=4, ...)
@@ -94,14 +110,18 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
-# | `get_model` | provider、model type | 模型 chunk 的 list（已包 DDP） | provider、`set_defaults_if_not_set_...`、`Float16Module`、DDP | 读 PP / VPP 坐标；DDP 用 DP 群 | 间接（provider） | 是：建参数 | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` |
-# | `model_provider` | builder、`pre_process`、`post_process`、`vp_stage` | 模型 | 无（转交 builder） | 否 | 否 | 否 | `model_provider()` |
-# | `gpt_builder` | `args`、`pre_process`、`post_process` | `GPTModel` | `TransformerConfig`、layer spec、`GPTModel` | 否 | 间接 | 是：建参数 | `model_provider()` 的函数体 |
+# | `training.py::setup_model_and_optimizer` | `model_type`、`model_provider_func`（可缺省）、`checkpointing_context`，以及只能按关键字传的 `cfg_container`、`pg_collection` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `cfg_container.model` 有值时由它的 builder 建模型并包 `DistributedDataParallel`（[training.py:2050](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2050)），否则 `get_model`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）；`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `gpt_config_from_args` | `args` | `GPTModelConfig`（`transformer` 字段是 `TransformerConfig`） | `TransformerConfig` | 否 | 否 | 否 | 手写的 `TransformerConfig(...)` 与 `GPTModel(...)` 的关键字参数 |
 # | `core_transformer_config_from_args` | `args` | `TransformerConfig` | `TransformerConfig` | 否 | 否 | 否 | 手写的 `TransformerConfig(...)` |
+# | `GPTModelBuilder.build_distributed_models` | `pg_collection`、`ddp_config`、是否包 DDP… | 模型 chunk 的 list（已包 DDP） | `build_model`、`set_defaults_if_not_set_...`、`Float16Module`、DDP | 读 PP / VPP 坐标；DDP 用 dp-cp 群 | 间接（`build_model`） | 是：建参数 | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` |
+# | `GPTModelBuilder.build_model` | `pg_collection`、`pre_process`、`post_process`、`vp_stage` | `GPTModel` | layer spec、`GPTModel` | 否（把 `pg_collection` 交给 `GPTModel`） | 间接 | 是：建参数 | `model_provider()` 的函数体 |
+# | `get_model`（旧路） | provider、model type | 模型 chunk 的 list（已包 DDP） | provider、`set_defaults_if_not_set_...`、`Float16Module`、DDP | 读 PP / VPP 坐标；DDP 用 DP 群 | 间接（provider） | 是：建参数 | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` |
+# | `model_provider` → `gpt_builder`（旧路） | builder、`pre_process`、`post_process`、`vp_stage` | `GPTModel` | `TransformerConfig`、layer spec、`GPTModel` | 否 | 间接 | 是：建参数 | `model_provider()` |
 # | `get_gpt_layer_local_spec` 等 | 是否 MoE、qk norm、normalization… | `ModuleSpec` | spec provider | 否 | 否 | 否 | `get_gpt_layer_local_spec()` |
 # | `GPTModel.__init__` | config、spec、vocab、最大长度、`parallel_output`… | 模块 | embedding、`TransformerBlock`、TP 层 | 读 TP 群大小与坐标（`pg_collection`） | **是**：每个 TP 层只建本 rank 的分片 | 是：参数 | `GPTModel(...)` |
 # | `_initialize_affine_weight_cpu` | 分片参数、完整 shape、`partition_dim`、`stride` | 分片被填好 | `set_tensor_model_parallel_attributes` | 读 TP 坐标 | **是**：整块 → 第 `r, r+TP, …` 块 | 是 | `use_cpu_initialization=True` 时 |
+#
+# > **旧版（core_v0.18.0）：** `pretrain_gpt.py` 把 `partial(model_provider, gpt_builder)` 传给 `pretrain`，`setup_model_and_optimizer(model_provider_func, model_type, checkpointing_context)` 总是经 `get_model` → `model_provider` → `gpt_builder` 造模型（[training.py:1954](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/training/training.py#L1954)）；没有 `GPTModelConfig` / `GPTModelBuilder`，`core_transformer_config_from_args` 由 `gpt_builder` 调用。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import dataclasses
@@ -132,11 +152,12 @@ from megatron.core.transformer.transformer_layer import TransformerLayerSubmodul
 # tag 上模型结构的命令行参数大多不是手写的：`_add_network_size_args` 用 `ArgumentGroupFactory` 遍历
 # `TransformerConfig` 的每个字段，生成一个同名的 flag（`hidden_size` → `--hidden-size`，`dest="hidden_size"`）；
 # 缺省为 True 的布尔字段只能关掉，生成 `--no-x` / `--disable-x`；字段的 `argparse_meta` 元数据可以改名；
-# 一张排除表（七十多个字段）不生成 flag。之后 `core_transformer_config_from_args` 对 `TransformerConfig` 的每个字段
-# 检查 `args` 有没有同名属性，有就拷贝，最后手工覆盖十几个字段。
+# 一张排除表（八十多个字段）不生成 flag。之后 `core_transformer_config_from_args` 对 `TransformerConfig` 的每个字段
+# 检查 `args` 有没有同名属性，有就拷贝，最后手工覆盖二十来个字段；`gpt_config_from_args` 再把这份 `TransformerConfig`
+# 连同词表、最长序列、位置编码、是否共享词嵌入装进 `GPTModelConfig`。
 #
-# 排除表与覆盖表在 `megatron/training` 里（不在 pip 包）；`snippets/config/model_args.py` 把它们记成数据、把命名规则重写成
-# 几行。字段本身和 `argparse_meta` 就在已安装的 `TransformerConfig` 里，下表由它们算出：
+# 排除表与覆盖表在 `megatron/training` 里；`snippets/config/model_args.py` 把它们记成数据、把命名规则重写成
+# 几行（0.19.0 的 pip 包也带着 `megatron/training`，测试拿它们与已安装的核对）。字段本身和 `argparse_meta` 就在已安装的 `TransformerConfig` 里，下表由它们算出：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 fields = transformer_config_fields()
@@ -177,18 +198,21 @@ print("改了名的 flag:", {f.name: cli_flags(f) for f in generated
 # ### layer spec：local 与 Transformer Engine
 #
 # `ModuleSpec` 只是数据："这个槽位放哪个类、带什么参数、子模块是什么"。`TransformerLayer` 用 `build_module`
-# 按它实例化。正式入口缺省 `--transformer-impl transformer_engine`，用 TE spec；simple loop 用 local spec。
+# 按它实例化。只有 `mlp` 槽位不同：它放的是一个 builder，`functools.partial(MLP.as_mlp_submodule, submodules=...)`
+# （[`gpt_layer_specs.py:541`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L541)），`TransformerLayer` 直接调用它
+# （[`transformer_layer.py:431`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L431)），仍然只是"哪个类、哪些子模块"。
+# 正式入口缺省 `--transformer-impl transformer_engine`，用 TE spec；simple loop 用 local spec。
 #
-# 本机没有 TE，`get_gpt_layer_with_transformer_engine_spec()` 连调用都不行：
+# 本机没有 TE，`get_gpt_layer_with_transformer_engine_spec()` 连调用都不行（`TypeError`）：
 
 # %%
 try:
     get_gpt_layer_with_transformer_engine_spec()
-except NameError as err:
-    print("NameError:", err)
+except TypeError as err:
+    print("TypeError:", err)
 
 # %% [markdown]
-# `gpt_layer_specs.py` 只在 `HAVE_TE` 为真（`transformer_engine` 能导入）时才导入 `TESpecProvider`，否则把它设成 `None`（[gpt_layer_specs.py 第 46–54 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L46-L54)），调用它就失败。
+# `gpt_layer_specs.py` 只在 `HAVE_TE` 为真（`transformer_engine` 能导入）时才导入 `TESpecProvider`，否则把它设成 `None`（[gpt_layer_specs.py 第 46–54 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L46-L54)），函数里的 `TESpecProvider()` 就成了调用 `None`。
 # 但 spec 是纯数据，不实例化任何 TE 模块；`snippets.config.model_specs.transformer_engine_spec_without_te` 在一个
 # `with` 块里把这个名字绑到真实的 `TESpecProvider`（并让它的 TE 版本检查回答"够新"），真实函数就能造出真实的 spec。
 # 没有 TE 时 TE 类是 `MagicMock` 替身，表里按它们在 `transformer_engine.py` 里的名字标出：
@@ -227,11 +251,12 @@ print("local spec 的 sharded_state_dict_keys_map:", local_spec.submodules.shard
 #
 # 和 simple loop 一样用 local spec、CPU 初始化，维度取小：1 层、hidden 16、4 个 head、SwiGLU（`--swiglu`，
 # `linear_fc1` 宽 2×32）、词表 32、最长 8；`share_embeddings_and_output_weights=True` 与 `parallel_output=True`
-# 是 `gpt_builder` 的缺省。每个 rank 造完模型后像 `get_model` 那样给复制的参数补上缺省属性，
+# 是正式入口的缺省（前者是 `--untie-embeddings-and-output-weights` 取反，后者是 `GPTModelConfig` 的缺省）。每个 rank 造完模型后像
+# `prepare_existing_model_chunks_for_distributed_training`（旧路的 `get_model` 同样）那样给复制的参数补上缺省属性，
 # 再读回每个参数的 Megatron 属性。尺寸是参数 `dims`（`snippets.models.presets.Dims`）：`dims.transformer_config_kwargs()`
 # 把 hidden、head、ffn 和 SwiGLU / RMSNorm / QK norm / bias 这些开关换成 `TransformerConfig` 的字段，spec 的
 # `qk_layernorm`、`GPTModel` 的位置编码也由它决定（Qwen3 式的 RMSNorm、QK norm、无 bias、RoPE 都照此生效）。
-# 本篇的 `TINY` 就是上面那组小尺寸。`build_gpt` 就是 `gpt_builder` 的这几步：
+# 本篇的 `TINY` 就是上面那组小尺寸。`build_gpt` 就是 `GPTModelBuilder.build_model` 的这几步：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(build_gpt)
@@ -302,22 +327,24 @@ count_rows_table
 
 # %% [markdown]
 # 切分的部分两个 rank 各一半（1592 + 1592 = 3184），复制的 256 个每个 rank 都有：每 rank 1848，不是 3440 的一半。
-# 正式入口启动时打印的 "number of parameters on (tensor, pipeline) model parallel rank" 就是这一列。模型越大，
+# 正式入口启动时打印的 "number of parameters on (tensor, gtp_remat, pipeline) model parallel rank" 就是这一列。模型越大，
 # 复制部分（norm、位置嵌入、行并行层的 bias）占比越小。
 
 # %% [markdown]
 # ## 机制解释
 #
-# **三层分工。** `get_model` 关心"几个模型 chunk、各是不是首尾 stage、包什么 wrapper"；`model_provider` 只是个
-# 挂钩（ModelOpt 会换掉 builder）；`gpt_builder` 决定"什么模型"：config、spec、vocab、是否共享词嵌入。
+# **三层分工。** `gpt_config_from_args` 把命令行一次性变成 `GPTModelConfig`，决定"什么模型"：config、vocab、是否共享词嵌入；
+# `build_distributed_models` 关心"几个模型 chunk、各是不是首尾 stage、包什么 wrapper"；`build_model` 为一个 stage 选 spec、
+# 调 `GPTModel`。挂钩在配置上：ModelOpt 换的是配置类（`ModelOptModelConfig`，它的 `builder` 指向自己的 builder）。
 # `GPTModel` 本身不知道命令行的存在，它只吃 `TransformerConfig` 和 `ModuleSpec`——这正是 simple loop 可以绕开前两层、
-# 直接构造它的原因。
+# 直接构造它的原因。0.19.0 的 `GPTModel.__init__` 每次构造都记一条警告：`GPTModel` 只收关键修复，后继是 `HybridModel`
+# （[`gpt_model.py:118`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L118)）。
 #
 # **config 与 spec 分开。** `TransformerConfig` 给数字（多宽、多少层、并行度），spec 给类（用哪个 linear、哪个
 # attention、norm 放哪）。同一份 config 配 local spec 或 TE spec 得到数学上相同的层；MoE、MLA、qk-norm 也是换 spec。
 #
 # **切分写在参数上。** 每个 TP 层造参数时调用 `set_tensor_model_parallel_attributes` 记下"切了、沿哪一维、stride"；
-# `get_model` 再给其余参数补"没切"。之后谁需要知道一个参数是不是分片——梯度范数去重、checkpoint 的
+# `prepare_existing_model_chunks_for_distributed_training` 再给其余参数补"没切"（[`dist_utils.py:164`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/dist_utils.py#L164)）。之后谁需要知道一个参数是不是分片——梯度范数去重、checkpoint 的
 # `sharded_state_dict`、sequence parallel 的 norm 归约——都读这几个属性，而不去猜层的类型。
 #
 # **CPU 初始化 = 先整后切。** `use_cpu_initialization=True` 时每个 rank 用同一个随机种子造出**整块**权重，再取自己的那几块；
@@ -347,10 +374,10 @@ count_rows_table
 # 1. **`--init-method-xavier-uniform` 在 tag 上会失败。** `core_transformer_config_from_args` 在这个开关下设
 #    `kw_args['scaled_init_method']`（[`argument_utils.py:329`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L329)），
 #    而 `TransformerConfig` 已经没有这个字段（它叫 `output_layer_init_method`）：构造时 `TypeError`（下面第一格）。
-# 2. **`_get_transformer_layer_spec` 的第 5 个位置参数对不上。** 它把 `config.experimental_attention_variant` 按位置传进
+# 2. **选 spec 时第 5 个位置参数对不上。** `_te_or_local_layer_spec` 把 `config.experimental_attention_variant` 按位置传进
 #    `get_gpt_layer_with_transformer_engine_spec` / `get_gpt_layer_local_spec`，而这两个函数的第 5 个参数是已废弃的
-#    `fp8`（[`gpt_builders.py:124`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L124)，下面第二格）。
-#    走到这一支时 `experimental_attention_variant` 必为 None（前面的 `if` 已经截走了非 None），所以目前无害。
+#    `fp8`（[`gpt.py:109`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/gpt.py#L109)；旧路的 `_get_transformer_layer_spec` 一样，[`gpt_builders.py:124`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L124)，下面第二格）。
+#    从 `default_layer_spec` 走到这一支时 `experimental_attention_variant` 必为 None（前面的 `elif` 已经截走了非 None），所以目前无害。
 # 3. **TE spec 的 norm 类型不看 `--normalization`。** `get_gpt_layer_with_transformer_engine_spec` 不接收 `normalization`；
 #    `TELayerNormColumnParallelLinear` 在实例化时才按 `config.normalization` 选 LayerNorm / RMSNorm。没有 TE 时无法运行验证。
 
@@ -373,7 +400,8 @@ for fn in (get_gpt_layer_with_transformer_engine_spec, get_gpt_layer_local_spec)
 # <details><summary>答案</summary>
 #
 # `ArgumentGroupFactory` 由 `TransformerConfig.hidden_size` 字段生成 `--hidden-size`（`dest="hidden_size"`）；
-# argparse 得到 `args.hidden_size`；`core_transformer_config_from_args` 按同名把它拷进 `TransformerConfig(...)`。
+# argparse 得到 `args.hidden_size`；`core_transformer_config_from_args` 按同名把它拷进 `TransformerConfig(...)`，
+# `gpt_config_from_args` 再把这份 config 放进 `GPTModelConfig.transformer`。
 #
 # </details>
 
@@ -439,8 +467,11 @@ print(next(row["stride"] for row in tp2[0]["rows"] if row["name"] == fc1),
 # %% [markdown]
 # ## 30-second answer
 #
-# `get_model` calls `model_provider`, which calls `gpt_builder`: it turns args into a `TransformerConfig`, picks a layer
-# spec and builds `GPTModel(config, spec, ...)`. At this tag most model flags are generated from the config's own fields,
-# and `core_transformer_config_from_args` copies args back by name, overriding a dozen. The TE spec fuses each LayerNorm
+# `gpt_config_from_args` turns args into a `GPTModelConfig` (a `TransformerConfig` plus vocab, length, embedding
+# sharing); `setup_model_and_optimizer` hands it to `GPTModelBuilder`, whose `build_model` picks a layer spec and builds
+# `GPTModel(config, spec, ...)` per stage and whose `build_distributed_models` wraps them in DDP (the older
+# `get_model` → `model_provider` → `gpt_builder` route remains for other entry points). At this tag most model flags
+# are generated from the config's own fields, and `core_transformer_config_from_args` copies args back by name,
+# overriding about twenty. The TE spec fuses each LayerNorm
 # into the next column-parallel linear, leaving `IdentityOp` in the norm slots. At TP=2, column-parallel weights split
 # dim 0, row-parallel weights dim 1, norms and row biases are replicated: 1848 parameters per rank versus 3440.

@@ -1,7 +1,10 @@
 """Note 04's experiment: a real ``GPTModel`` under tensor parallelism, every parameter on every rank.
 
-:func:`build_gpt` builds this rank's model the way ``gpt_builder`` does (local spec, CPU
-initialization, shared embedding and output weights, ``parallel_output=True``) at any ``dims``:
+:func:`build_gpt` builds this rank's model the way the formal entry does at core 0.19
+(``GPTModelBuilder.build_model`` from the ``GPTModelConfig`` that ``gpt_config_from_args`` makes; the
+older ``gpt_builder`` builds the same): local spec, CPU initialization, shared embedding and output
+weights, ``parallel_output=True``, at any ``dims`` (``tests/ranks/test_gpt_builder.py`` checks it
+against the real builder):
 the Qwen3-style switches of :class:`snippets.models.presets.Dims` (SwiGLU, RMSNorm, QK norm, no bias,
 RoPE) go into ``TransformerConfig``, the spec and ``GPTModel`` exactly where ``--swiglu``,
 ``--normalization``, ``--qk-layernorm``, ``--disable-bias-linear`` and
@@ -56,7 +59,7 @@ def build_gpt(dims, tp: int, device: str = "cpu"):
             share_embeddings_and_output_weights=True,
             position_embedding_type="rope" if dims.rope else "learned_absolute",
         )
-    for param in model.parameters():  # as get_model does
+    for param in model.parameters():  # as prepare_existing_model_chunks_for_distributed_training does
         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     return model, calls
 
