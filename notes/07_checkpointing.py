@@ -66,14 +66,17 @@
 # │  │     └─ TransformerBlock.sharded_state_dict                  # 前面加"层"维：(layer, ...)，为 PP 换切法
 # │  └─ optimizer.sharded_state_dict(model_sd)                    # 优化器状态跟着参数的 ShardedTensor 走（笔记 15）
 # ├─ dist_checkpointing.save(state_dict, iter_XXXXXXX/)            # 每个 rank 只写 replica_id 全为 0 的片
-# │  ├─ common.pt、metadata.json                                   # rank 0 写非 tensor 部分
-# │  └─ torch.distributed.checkpoint 写 __<rank>_<i>.distcp + .metadata   # 收集各 rank 的写计划（gloo 上的集合通信）
+# │  ├─ 非 tensor 部分包成 ShardedObject "common_state"            # replica_id = 全局 rank，只有 rank 0 的那份写盘
+# │  ├─ torch.distributed.checkpoint 写 __<rank>_0.distcp + .metadata   # 收集各 rank 的写计划（gloo 上的集合通信）
+# │  └─ metadata.json                                              # rank 0 最后写格式说明
 # └─ 写 latest_checkpointed_iteration.txt                          # rank 0
 #
 # megatron/training/checkpointing.py::load_checkpoint
 # ├─ 读 tracker → iteration → iter_XXXXXXX/
 # ├─ generate_state_dict(...)  用**当前**模型的 sharded_state_dict 作为"要什么"
-# ├─ dist_checkpointing.load(sharded_state_dict, dir)             # 按本地 ShardedTensor 的偏移读出对应区间
+# ├─ dist_checkpointing.load(sharded_state_dict, dir)
+# │  ├─ load_common_state_dict                                   # 每个 rank 自己从 .distcp 读出 "common_state"
+# │  └─ 按本地 ShardedTensor 的偏移读出对应区间
 # └─ model.load_state_dict(state_dict['model'])、optimizer.load_state_dict(...)
 # ```
 #
@@ -155,8 +158,15 @@ written_table(results)
 # ### 保存的目录里有什么
 #
 # rank 0 在 `run` 里存完就读了目录（`inspect_checkpoint`），路径都相对于 checkpoint 目录。`__<rank>_<i>.distcp` 是
-# `torch.distributed.checkpoint` 的数据文件（每个 rank 用两个写线程），`.metadata` 记录每个全局 tensor 由哪些块组成，
-# `common.pt` 是 rank 0 存的非分片部分，`metadata.json` 说明格式：
+# `torch.distributed.checkpoint` 的数据文件：保存 strategy 默认每个 rank 一个写线程（[`torch.py:673`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/strategies/torch.py#L673)
+# 的 `thread_count=1`），所以每个 rank 一个文件。`.metadata` 记录每个全局 tensor 由哪些块组成，`metadata.json` 说明格式。
+# 非分片部分（state dict 里不是 `ShardedTensor` / `ShardedObject` 的东西）没有单独的文件：`save` 把它包成一个 key 为
+# `common_state` 的 `ShardedObject`，`replica_id` 取全局 rank（[`serialization.py:439`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L439)），
+# 于是只有 rank 0 那份写进它的 `.distcp`；加载时每个 rank 用 `load_common_state_dict` 单独读它
+# （[`serialization.py:151`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L151)）。
+#
+# > **旧版（core_v0.18.0）：** 非分片部分由 rank 0 另存为 `common.pt`（[`serialization.py:399`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/dist_checkpointing/serialization.py#L399) 的 `save_common`），目录里多这一个文件；
+# > core_v0.16.1 的 `thread_count` 默认是 2，每个 rank 写两个 `.distcp`。
 
 # %%
 saved = results[0]["saved"]
@@ -183,7 +193,7 @@ chunks_table(saved, "decoder.layers.self_attention.linear_qkv.weight")
 # | 全局 tensor | 与并行度无关，如 qkv `(num_layers, 3·hidden, hidden)` = `(2, 48, 16)` | 模型结构 |
 # | 本地片 | 当前 rank 的参数本身，如 `(24, 16)` | TP 坐标（切 dim）、PP 坐标（层维偏移） |
 # | `replica_id` | TP 切开的 tensor 是 `(0, 0, dp_cp_rank)`，TP 群里人人一份的是 `(0, tp_rank, dp_cp_rank)`：非零表示"别人会写这片" | tp 群、dp-cp 群里的序号 |
-# | `.distcp` 文件 | 只含主副本的字节 | 保存时的 rank |
+# | `.distcp` 文件 | 只含主副本的字节（rank 0 的文件里还有 `common_state`） | 保存时的 rank |
 #
 # 本篇只用 TP；DP 副本的 `replica_id` 最后一位非零，所以 DP=8 时同一片只写一次。保存和加载时 `torch.distributed.checkpoint`
 # 在默认群上协调写 / 读计划（gather / broadcast 计划，以及结束时的 barrier），不搬模型 tensor。
@@ -233,7 +243,7 @@ draw_reshard(chunk_writers([r["rows"] for r in results], LOCAL_QKV, saved["chunk
 # ### 正式入口多做了什么
 #
 # - **外层 dict。** `generate_state_dict` 在模型之外放进 `args`、`iteration`、`checkpoint_version`、`optimizer`、
-#   `opt_param_scheduler`、`rng_state` 等；非 tensor 的部分进 `common.pt`。
+#   `opt_param_scheduler`、`rng_state` 等；非 tensor 的部分进上面说的 `common_state`。
 # - **目录与 tracker。** 写在 `<save>/iter_0000100/`，rank 0 再写 `latest_checkpointed_iteration.txt`；`load_checkpoint` 先读它决定加载哪一步。
 # - **格式。** `--ckpt-format torch_dist` 走 `dist_checkpointing.save`（[`checkpointing.py:765`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L765) 起的分支）；老的 `torch` 格式是每个 (TP, PP) rank 一个
 #   `mp_rank_XX/model_optim_rng.pt`，不能换并行度加载。
@@ -283,8 +293,10 @@ Table(optim_reshard.COMPARED, optim_reshard.rows(resharded, optim_reshard.COMPAR
 # 1. **local spec 存的是 TE 的名字（运行确认）。** 上面的 `.metadata` 里没有 `input_layernorm`，只有
 #    `linear_qkv.layer_norm_weight`——来自 [`gpt_layer_specs.py:459`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L459) 的 `sharded_state_dict_keys_map`。好处是 local 与 TE spec 互通；
 #    代价是直接读 `.metadata` 的外部工具看到的名字和 `model.state_dict()` 不同。
-# 2. **保存需要 psutil（CPU 上运行确认）。** `torch_dist` 默认用 fork 出的写进程，没有 psutil 时它们静默死掉、`save()` 永远等待，
-#    见 [CPU 页](../../cpu/)。
+# 2. **保存需要 psutil（CPU 上运行确认）。** 写线程开始写之前先用 psutil 量一次进程内存
+#    （[`filesystem_async.py:387`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/strategies/filesystem_async.py#L387)），没有 psutil 时
+#    [`filesystem_async.py:665`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/strategies/filesystem_async.py#L665) 抛 `RuntimeError`，每个 rank 的 `save()` 报
+#    `Worker failure: ... psutil is not installed`——直接报错，不会卡住，见 [CPU 页](../../cpu/)。
 # 3. **`dp_reshardable` 换 DP 后 Adam 的 step 回到加载方的值（运行确认，见上表）。** 张量都对，step 不对；
 #    `fully_reshardable` 没有这个问题。更多格式和 TP 改变时的报错见笔记 21。
 
@@ -332,7 +344,7 @@ print(row[1], row[5][0])
 #
 # <details><summary>答案</summary>
 #
-# 4 个（2 个 rank × 2 个写线程）。加载只读，不改文件；TP=4 的 rank 从 TP=2 写的块里各读需要的区间。
+# 2 个（2 个 rank × 默认 1 个写线程）。加载只读，不改文件；TP=4 的 rank 从 TP=2 写的块里各读需要的区间。
 #
 # </details>
 
