@@ -30,7 +30,7 @@
 # 2. 说清 f（`copy_to_tensor_model_parallel_region`）和 g（`reduce_from_tensor_model_parallel_region`）为什么互为共轭，
 #    以及 scatter/gather、sequence parallel 的 all-gather/reduce-scatter、sp2hp/hp2sp 这几对。
 # 3. 说清"最后一维"的 gather / reduce-scatter 在通信层面其实沿**第一维**做，然后再重排。
-# 4. 知道这些函数的几个副作用：g 会原地改写输入，f 的反向会原地改写上游梯度，非连续输入会让 g 悄悄不求和。
+# 4. 知道这些函数的几个副作用：g 会原地改写（连续的）输入，f 的反向会原地改写上游梯度；以及旧版里非连续输入会让 g 悄悄不求和、0.19.0 怎样修好了它。
 
 # %% [markdown]
 # ## 源码位置
@@ -52,7 +52,7 @@
 # | [`mappings.py::_CopyToModelParallelRegion`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L201) | f 背后的 autograd Function（其余 9 个同构，见调用链） |
 # | [`mappings.py::_GatherFromSequenceParallelRegion.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L332) | 按 `tensor_parallel_output_grad` 选 reduce-scatter 还是切分 |
 # | [`mappings.py::_AllToAll.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L470) | 反向再做一次 all-to-all，输入输出 split 对调 |
-# | [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L22) | 原地 all-reduce（f 的反向、g 的正向） |
+# | [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L22) | all-reduce 并返回结果：输入连续时就是原地（f 的反向、g 的正向） |
 # | [`mappings.py::_gather_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L84) | 沿第一维 all-gather，再切块、沿最后一维拼 |
 # | [`mappings.py::_reduce_scatter_along_last_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L103) | 先把最后一维的块竖着摞起来，再沿第一维 reduce-scatter |
 # | [`mappings.py::_gather_along_first_dim`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L118) | `all_gather_into_tensor`；给了 split 时用 `all_gather` |
@@ -88,8 +88,9 @@
 # │                                                                                     └─ _reduce_scatter_along_first_dim
 # ├─ reduce_scatter_last_dim_to_tensor_parallel_region
 # │  └─ _ReduceScatterToTensorParallelRegion       fwd: _reduce_scatter_along_last_dim   bwd: _gather_along_last_dim
-# ├─ all_to_all(group, x, output_split_sizes_, input_split_sizes)
+# ├─ all_to_all(group, x, output_split_sizes_, input_split_sizes, use_nccl_stream=False)
 # │  └─ _AllToAll                                  fwd: all_to_all_single           bwd: _AllToAll.apply（split 对调）
+# │                                                （use_nccl_stream=True 时改成 async_op=True 再立即 wait）
 # ├─ all_to_all_sp2hp     reshape → 沿 hidden 切块、沿 token 摞 → all_to_all
 # └─ all_to_all_hp2sp     reshape → all_to_all → 沿 token 切块、沿 hidden 拼
 # ```
@@ -263,7 +264,7 @@ Table(["函数", "正向 = 参考", "反向 = 参考", "x 被原地改写", "dy 
 
 # %% [markdown]
 # 13 行全对。最后两列是两个副作用，都来自 [`mappings.py::_reduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L22)：
-# 它对传进来的张量**原地** all-reduce 再原样返回。g 的正向因此把调用方的输入 `x` 改成了全和；f 的反向把
+# 它先取输入的连续版本（输入本就连续时就是它自己），对它 all-reduce 再返回——所以连续的输入被**原地**改写。g 的正向因此把调用方的输入 `x` 改成了全和；f 的反向把
 # autograd 递来的上游梯度 `dy` 改成了全和。在 `RowParallelLinear` 里，g 的输入是矩阵乘的临时结果，没有别人再用，
 # 所以无害；自己调用 g 时要记得输入会被覆盖。
 
@@ -382,8 +383,14 @@ Table(["函数", "调用处个数", "文件"], [[n, len(callers(n)), ", ".join(c
 # - 开 SP 时，embedding 的出口用 sequence 维的 scatter 把激活切开（`language_model_embedding.py`）；
 #   `gpt_model.py` 在推理只要最后一个 token 的 logits 时用 sequence 维的 gather 先把激活收齐。
 # - MoE 的 token dispatcher 用不等分的 `all_to_all`，在 EP 群里（笔记 17）。
-# - `reduce_scatter_last_dim_to_tensor_parallel_region`、`all_to_all_sp2hp`、`all_to_all_hp2sp` 在 0.16.1 的
-#   `megatron/core` 里**没有调用者**；Mamba 的 context parallel 在 `ssm/mamba_context_parallel.py` 里有自己的一份同样逻辑。
+# - `all_to_all_sp2hp` / `all_to_all_hp2sp` 的调用者是 Mamba 的 context parallel：
+#   [`mamba_context_parallel.py::_all_to_all_cp2hp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/ssm/mamba_context_parallel.py#L305) 在 **CP 群**里调 sp2hp，
+#   再把二维结果 reshape 回 `[s, b, h]`（`_all_to_all_hp2cp` 对应 hp2sp）。`reduce_scatter_last_dim_to_tensor_parallel_region`
+#   在 0.19.0 的 `megatron/core` 里仍**没有调用者**。
+#
+# > **旧版（core_v0.18.0）：** Mamba 的 CP 在 `_all_to_all_cp2hp` 里自己 reshape、切块再直接调 `all_to_all`
+# > （[core_v0.18.0 的 `_all_to_all_cp2hp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/ssm/mamba_context_parallel.py#L304)），所以 `all_to_all_sp2hp` / `all_to_all_hp2sp`
+# > 在那一版没有调用者，上表里它们是 0、`all_to_all` 是 2。
 
 # %% [markdown]
 # ## 与基础知识的连接
@@ -401,11 +408,15 @@ Table(["函数", "调用处个数", "文件"], [[n, len(callers(n)), ", ".join(c
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **非连续输入会让 g 悄悄不求和（0.16.1，运行确认）。** 0.16.1 的 `_reduce` 对 `input_.contiguous()` 做 all-reduce，
-#    却返回原来的 `input_`。输入连续时 `contiguous()` 返回它自己，原地求和生效；输入不连续（例如转置过）时，
-#    求和写进了一个临时副本，返回的还是本 rank 的部分和。下面的单元格把转置过的张量交给 g：每个 rank 拿回的是自己的输入，
-#    不是两个 rank 之和。Megatron 自己的调用处传的都是矩阵乘的连续输出，所以没有触发。0.19.0 已改：先把 `input_`
-#    换成它的连续版本（[`mappings.py:34`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L34)），对这一份做 all-reduce 并返回它（[`mappings.py:37`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L37)）。
+# 1. **非连续输入时 g 不求和——0.19.0 已修好（运行确认）。** 0.19.0 的 `_reduce` 先把 `input_` 换成它的连续版本
+#    （[`mappings.py:34`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L34)），对这一份做 all-reduce 并返回它
+#    （[`mappings.py:37`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L37)）。下面的单元格把转置过（不连续）的张量交给 g：
+#    两个 rank 都拿回了正确的全和，而各自的输入 `x` 保持原样——求和写进的是新建的连续副本，不再是原地。
+#    所以调用方必须用 g 的**返回值**；输入连续时行为和以前一样，仍是原地改写。
+#
+# > **旧版（core_v0.18.0）：** `_reduce` 对 `input_.contiguous()` 做 all-reduce，却返回原来的 `input_`
+# > （[core_v0.18.0 的 mappings.py 第 31 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/tensor_parallel/mappings.py#L31)，core_v0.16.1 相同）。输入不连续时求和写进了临时副本，
+# > 每个 rank 拿回的仍是自己的部分和（同一单元格在旧版打印 `g 返回` 等于 `本 rank 的输入`）。Megatron 自己的调用处传的都是矩阵乘的连续输出，没有触发。
 # 2. **docstring 与代码不一致（运行确认）。** `scatter_to_tensor_model_parallel_region` 的 docstring
 #    （[`mappings.py:505`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L505)）
 #    说正向是 RS（reduce-scatter），记录表里它的正向根本不通信，只是本地切片；`scatter_to_sequence_parallel_region`
@@ -480,6 +491,7 @@ for a, b in same_forward:
 # <details><summary>答案</summary>
 #
 # 不是（输入连续时）：`_reduce` 原地 all-reduce，`x` 变成了所有 rank 的和，返回值和 `x` 共用存储。
+# 输入不连续时 0.19.0 对一份连续副本求和并返回它，`x` 不变（遗留问题 1）。
 # 反过来，f 的反向会原地改写上游梯度。
 #
 # </details>
@@ -509,4 +521,5 @@ print(backward_call.extra["input_split_sizes"], backward_call.extra["output_spli
 # backward; g (`reduce_from_tensor_model_parallel_region`) is the reverse. Split and gather pair up along the
 # last dim; with sequence parallel, all-gather and reduce-scatter along the sequence dim replace f and g at the
 # same traffic. "Last-dim" collectives actually run on dim 0 and are rearranged. Watch the side effects: g
-# all-reduces in place, and silently skips the sum for a non-contiguous input.
+# all-reduces a contiguous input in place; a non-contiguous one is reduced in a fresh copy that g returns
+# (0.19.0 fixed older releases, which returned the unsummed input).
