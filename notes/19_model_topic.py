@@ -51,13 +51,13 @@
 # | [`spec_utils.py::ModuleSpec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L13) | spec 是数据：`module`、`params`、`submodules` |
 # | [`spec_utils.py::build_module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L74) | 函数原样返回；类则带上 `submodules` 和 `params` 实例化；出错时在消息后追加类名（[`spec_utils.py:127`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L127)） |
 # | [`transformer_layer.py::TransformerLayerSubmodules`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L243) | 一层的槽位；没给的槽位是 `IdentityOp` / `IdentityFuncOp` |
-# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 逐槽位 `build_module`；MoE 与 dense MLP 传不同的群参数 |
+# | [`transformer_layer.py::TransformerLayer.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L309) | 逐槽位建模块：attention、bda 经 `build_module`，norm 槽位与 `mlp` 的构造器直接调用（[`transformer_layer.py:431`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L431)），`mlp` 拿整个 `pg_collection` |
 # | [`attention.py::Attention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L296) | 先建 `core_attention`、`linear_proj`（[`attention.py:413`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L413)） |
-# | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1651) | 后建 `linear_qkv`（[`attention.py:1681`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1681)）和 QK norm |
+# | [`attention.py::SelfAttention.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1651) | 后建 `linear_qkv`（[`attention.py:1681`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1681)）和 QK norm：`config.qk_layernorm` 开关，开时用 spec 槽位的类（[`attention.py:1697`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1697)），关时为 `None`、spec 却给了 norm 就报错（[`attention.py:1710`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1710)） |
 # | [`mlp.py::MLP.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L172) | `linear_fc1`（列并行）、`linear_fc2`（行并行） |
 # | [`gpt_layer_specs.py::get_gpt_layer_local_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L467) | 用 Megatron Core 自己的模块拼一层：attention、MLP / MoE、norm |
-# | [`gpt_layer_specs.py::get_mlp_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L521) | `num_experts` 是 None 就是 `MLP`，否则 MoE spec |
-# | [`moe_module_specs.py::get_moe_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/moe_module_specs.py#L65) | `MoELayer`：router + experts（本机 `SequentialMLP`） |
+# | [`gpt_layer_specs.py::get_mlp_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L521) | 返回 `mlp` 槽位的构造器：`num_experts` 是 None 时 `partial(MLP.as_mlp_submodule, …)`，否则 MoE 的 |
+# | [`moe_module_specs.py::get_moe_module_spec_for_backend`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/moe_module_specs.py#L65) | `partial(MoELayer, submodules=MoESubmodules(...))`：experts 构造器（本机 `SequentialMLP`），router 取缺省 `TopKRouter` |
 # | [`gpt_layer_specs.py::get_gpt_decoder_block_spec`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_layer_specs.py#L676) | 按 `moe_layer_freq` 给每层挑 dense 或 MoE spec（正式入口 `--num-experts` 时走这里） |
 # | [`backends.py::LocalSpecProvider.layer_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/backends.py#L118) | local backend 的 norm 类（会改模块全局变量，见遗留问题） |
 # | [`torch_norm.py::WrappedTorchNorm.__new__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L33) | 实例化时按 `config.normalization` 选 `LayerNorm` / `RMSNorm` |
@@ -74,33 +74,33 @@
 # ## 调用链
 #
 # ```text
-# gpt_model.py::GPTModel.__init__ (L88)            # config 给数字，spec 给类
+# gpt_model.py::GPTModel.__init__ (L94)            # config 给数字，spec 给类
 # ├─ LanguageModule.__init__                       # pg_collection 缺省取全局群
-# ├─ L150 LanguageModelEmbedding                   # pre_process 时
+# ├─ L168 LanguageModelEmbedding                   # pre_process 时
 # │  ├─ VocabParallelEmbedding                     # 按词表切 dim 0
 # │  └─ torch.nn.Embedding                         # learned_absolute 时；复制
 # ├─ RotaryEmbedding                               # rope 时；无参数
-# ├─ L209 TransformerBlock(config, spec)
-# │  ├─ _get_block_submodules (L225)               # 层 spec → [spec] × 本 stage 层数
-# │  └─ _build_layers (L328)
-# │     ├─ build_module(layer_spec) × 层数 (L357)
-# │     │  └─ TransformerLayer.__init__ (L263)
-# │     │     ├─ input_layernorm                   # WrappedTorchNorm：看 config 选类
-# │     │     ├─ self_attention                    # SelfAttention.__init__ (L1245)
-# │     │     │  ├─ Attention.__init__ (L245)
-# │     │     │  │  ├─ core_attention (L318)
-# │     │     │  │  └─ linear_proj (L349)          # RowParallelLinear
-# │     │     │  ├─ linear_qkv (L1267)             # ColumnParallelLinear
-# │     │     │  └─ q_layernorm / k_layernorm      # spec 给什么建什么
+# ├─ L227 TransformerBlock(config, spec)
+# │  ├─ _get_block_submodules (L220)               # 层 spec → [spec] × 本 stage 层数
+# │  └─ _build_layers (L324)
+# │     ├─ build_module(layer_spec) × 层数 (L353)
+# │     │  └─ TransformerLayer.__init__ (L309)
+# │     │     ├─ input_layernorm (L352)            # 直接调用槽位；WrappedTorchNorm：看 config 选类
+# │     │     ├─ self_attention (L373)             # build_module → SelfAttention.__init__ (L1651)
+# │     │     │  ├─ Attention.__init__ (L296)
+# │     │     │  │  ├─ core_attention (L382)
+# │     │     │  │  └─ linear_proj (L413)          # RowParallelLinear
+# │     │     │  ├─ linear_qkv (L1681)             # ColumnParallelLinear
+# │     │     │  └─ q_layernorm / k_layernorm      # config 开关，spec 给类；关时是 None
 # │     │     ├─ self_attn_bda                     # 函数，原样返回
 # │     │     ├─ cross_attention, ...              # 三个槽位 spec 没给：IdentityOp
 # │     │     ├─ pre_mlp_layernorm
-# │     │     ├─ mlp                               # MLP 拿 tp_group，MoE 拿全部群
-# │     │     │  ├─ MLP.__init__ (L76)             # fc1 列并行、fc2 行并行
+# │     │     ├─ mlp (L431)                        # 调用构造器，传整个 pg_collection
+# │     │     │  ├─ MLP.as_mlp_submodule → MLP.__init__ (L172)   # 取 tp 群；fc1 列并行、fc2 行并行
 # │     │     │  └─ MoELayer                       # MoE spec 时：router + experts
 # │     │     └─ mlp_bda
-# │     └─ final_layernorm (L378)                  # 最后一个 stage
-# ├─ L241 output_layer                             # ColumnParallelLinear，按词表切
+# │     └─ final_layernorm (L376)                  # 最后一个 stage
+# ├─ L269 output_layer                             # ColumnParallelLinear，按词表切
 # └─ setup_embeddings_and_output_layer             # PP>1 时首尾 stage 同步初值
 # ```
 #
@@ -113,12 +113,12 @@
 # | `TransformerConfig.__post_init__` | 构造时给的字段 | 同一个对象，缺省字段被填好 | `ModelParallelConfig.__post_init__`、`init_method_normal` | 否 | 否 | 否 | 手写的 `TransformerConfig(...)` |
 # | `validate_args`（ffn / kv 两段） | `args` | 改写后的 `args` | 无 | 否（只用大小做算术） | 否 | 否 | 无（simple loop 直接写 config） |
 # | `core_transformer_config_from_args` | `args` | `TransformerConfig` | `TransformerConfig` | 否 | 否 | 否 | 手写的 `TransformerConfig(...)` |
-# | `get_gpt_layer_local_spec` | `num_experts`、`qk_layernorm`、`normalization`… | `ModuleSpec`（纯数据） | `LocalSpecProvider`、`get_mlp_module_spec_for_backend` | 否 | 否 | 否（但会改 `backends.LNImpl`） | `get_gpt_layer_local_spec()` |
+# | `get_gpt_layer_local_spec` | `num_experts`、`qk_layernorm`、`normalization`… | `ModuleSpec`（纯数据；`mlp` 槽位是一个 `partial` 构造器） | `LocalSpecProvider`、`get_mlp_module_spec_for_backend` | 否 | 否 | 否（但会改 `backends.LNImpl`） | `get_gpt_layer_local_spec()` |
 # | `get_gpt_decoder_block_spec` | config、backend | `TransformerBlockSubmodules`（每层一个 spec） | 上一行、`get_num_layers_to_build` | 读 PP 坐标 | 否 | 否 | 无 |
 # | `build_module` | spec 或类、构造参数 | 模块（函数原样返回） | 无 | 否 | 否 | 建参数 | 隐含在 `GPTModel(...)` 里 |
 # | `GPTModel.__init__` | config、spec、vocab、最大长度… | 模型 | `LanguageModelEmbedding`、`TransformerBlock`、`ColumnParallelLinear` | 读 `pg_collection`（TP、PP、CP） | **是**：每个 TP 层只建本 rank 的分片 | 是：参数 | `GPTModel(...)` |
 # | `TransformerBlock.__init__` / `_build_layers` | config、spec | `layers`、`final_layernorm` | `build_module`、`TransformerLayer` | 读 PP 坐标（本 stage 几层、层号偏移） | 间接 | 是 | 同上 |
-# | `TransformerLayer.__init__` | config、`TransformerLayerSubmodules`、层号 | 一层 | `build_module`、`SelfAttention`、`MLP` / `MoELayer` | 把 `pg_collection.tp` 交给 attention / MLP | 间接 | 是 | 同上 |
+# | `TransformerLayer.__init__` | config、`TransformerLayerSubmodules`、层号 | 一层 | `build_module`、`SelfAttention`、`mlp` 构造器（`MLP` / `MoELayer`） | 把 `pg_collection` 交给 attention 与 `mlp` 构造器（`MLP` 只取其中的 `tp`） | 间接 | 是 | 同上 |
 # | `ColumnParallelLinear.__init__` / `RowParallelLinear.__init__` | 全局 in/out、config、标志 | 本 rank 的权重分片 | `_initialize_affine_weight_cpu`、`set_tensor_model_parallel_attributes` | 读 TP 群大小与坐标 | **是**：dim 0 / dim 1 | 是 | 同上 |
 # | `WrappedTorchNorm.__new__` | config、hidden | `torch.nn.LayerNorm` 或 `RMSNorm` | 无 | 否 | 否 | 是：参数 | 同上 |
 
@@ -179,7 +179,8 @@ Table(["字段", "传入", "`__post_init__` 之后", "命令行 flag"],
 #   embedding 的 std 缺省跟随 `init_method_std`。三个 init 方法本身没有命令行参数，只能由 `--init-method-std`
 #   （和 `--embedding-init-method-std`）间接决定。
 # - **并行**：`expert_tensor_parallel_size` 跟随 TP（[`model_parallel_config.py:507`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L507)），
-#   `autocast_dtype` 跟随 `params_dtype`；`cuda_graph_scope` 的缺省 `"full"` 已废弃，被改成空列表。
+#   `autocast_dtype` 跟随 `params_dtype`；`cuda_graph_modules` 的缺省 `"full"` 已废弃，被改成空列表（[`transformer_config.py:2440`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2440)），
+#   `inference_cuda_graph_scope` 从 `None` 规范成 `"none"`（[`transformer_config.py:2452`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2452)）。
 #
 # 右列按笔记 04 的规则算出：多数字段有同名 flag；"无"的几个只能由别的参数间接决定；`num_query_groups`、`init_method`
 # 由 `core_transformer_config_from_args` 手工设置（笔记 04 的覆盖表）。走正式入口时，其中两项在 config 之前就被填了：`validate_args` 先算 `ffn_hidden_size`、`kv_channels`，
@@ -319,7 +320,7 @@ diff_rows
 
 # %% [markdown]
 # 把三棵树并排画出来（层内每个模块一行，高亮的就是上表的行）：MoE 只在 `mlp` 之下长出一棵新子树，
-# RMSNorm + QK norm 只换了 5 个 norm 的类，其余模块三者一样。
+# RMSNorm + QK norm 换了 3 个 norm 的类、多出 2 个 norm，其余模块三者一样。
 
 # %%
 draw_spec_trees({label: b["tree"] for label, b in built[0].items()},
@@ -330,8 +331,10 @@ draw_spec_trees({label: b["tree"] for label, b in built[0].items()},
 #
 # - **MoE 只换了 `mlp` 这一个槽位**：`MLP` 换成 `MoELayer`，下面挂 `router`（`TopKRouter`）和 `experts`
 #   （`SequentialMLP`，每个本地 expert 是一个普通 `MLP`，各有自己的 `linear_fc1` / `linear_fc2`）。attention、norm 一个不变。
-# - **RMSNorm + QK norm 换了 5 个 norm**：三个层级的 norm（`input_layernorm`、`pre_mlp_layernorm`、`final_layernorm`）从
-#   `LayerNorm` 变 `RMSNorm`，`q_layernorm` / `k_layernorm` 从 `IdentityOp` 变成真的 norm。
+# - **RMSNorm + QK norm 动了 5 个 norm**：三个层级的 norm（`input_layernorm`、`pre_mlp_layernorm`、`final_layernorm`）从
+#   `LayerNorm` 变 `RMSNorm`；`q_layernorm` / `k_layernorm` 从无到有。不开 QK norm 时 `SelfAttention` 把这两个属性设成 `None`
+#   （[`attention.py:1722`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1722)），不是模块，不在树里——所以 local 只有 24 个模块，
+#   比 RMSNorm + QK norm 的 26 个少的正是这两个。
 # - 不在 diff 里的同样值得看：`cross_attention`、`pre_cross_attn_layernorm` 在三棵树里都是 `IdentityOp`，`cross_attn_bda`
 #   是 `IdentityFuncOp`——GPT 的 spec 根本没写这几个槽位，取的是 `TransformerLayerSubmodules` 的缺省值；
 #   `self_attn_bda`、`mlp_bda` 是函数，`build_module` 原样返回，所以不是模块、不在树里。
@@ -385,20 +388,30 @@ Table(["get_gpt_layer_local_spec(...)", "TransformerConfig 另设", "模块", "�
        for (spec_kwargs, overrides, path), (what, _) in zip(CONFLICTS, conflicts)])
 
 # %% [markdown]
-# 最后一行的错误消息：
+# 两行报错的完整消息：
 
 # %%
-print(next(message for _, message in conflicts if message))
+for (spec_kwargs, overrides, path), (what, message) in zip(CONFLICTS, conflicts):
+    if message:
+        print(f"spec {kw(spec_kwargs)} / config {kw(overrides)}: {what}: {message}")
 
 # %% [markdown]
-# 三种情况三种答案：
+# 三件事三种答案：
 #
 # - **norm 的种类：config 说了算。** local backend 在没有 Apex 时给的类总是 `WrappedTorchNorm`，它在**实例化时**读
 #   `config.normalization` 决定返回 `torch.nn.LayerNorm` 还是 `RMSNorm`；spec 的 `normalization` 参数在这里不起作用。
-# - **QK norm 和 MoE：spec 说了算。** `SelfAttention` 只看 spec 的 `q_layernorm` 槽位；`config.qk_layernorm=True` 配上缺省 spec
-#   仍然是 `IdentityOp`。`config.num_moe_experts=2` 配上 dense spec，建出来是普通 `MLP`——**不报错、不警告**，模型悄悄地是稠密的。
-# - **两边都要有：** spec 要 MoE 而 config 没给 expert 数，`MoELayer` 在构造时拿 `None` 做取模，报 `TypeError`；
-#   `build_module` 每包一层就在消息末尾加一句 "when instantiating …"，所以消息里能读出出错的路径（由内向外）。
+# - **QK norm：开关在 config，类在 spec。** `SelfAttention` 先看 `config.qk_layernorm`（[`attention.py:1697`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1697)）。
+#   关着时不建 QK norm，spec 槽位里若放了真的 norm 类就直接 `ValueError`（[`attention.py:1710`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1710)）——
+#   只在 spec 里打开是不行的。开着时用 spec 槽位里的类；缺省 local spec 的槽位是 `IdentityOp`，所以
+#   `config.qk_layernorm=True` 配缺省 spec 建出一个什么也不做的 `IdentityOp`，**不报错**（槽位是 `None` 时才退到 TE 的 `TENorm`）。
+#   两边都打开（上面的第三种 spec）才真有 QK norm。
+# - **MoE：spec 说了算，但两边都要有。** `config.num_moe_experts=2` 配上 dense spec，建出来是普通 `MLP`——**不报错、不警告**，
+#   模型悄悄地是稠密的。反过来 spec 要 MoE 而 config 没给 expert 数，`MoELayer` 在构造时拿 `None` 做取模
+#   （[`moe_layer.py:185`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_layer.py#L185)），报 `TypeError`。
+#
+# 两条消息的尾巴不一样长：`build_module` 每包一层就在消息末尾加一句 "when instantiating …"，而 `mlp` 槽位的构造器是
+# `TransformerLayer` 直接调用的（[`transformer_layer.py:431`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L431)），不经过 `build_module`，
+# 所以 MoE 的错误只带外层的 `TransformerLayer`，QK norm 的错误则还带着经 `build_module` 建的 `SelfAttention`。
 #
 # 正式入口没有这种不一致：`gpt_builder` 用同一个 `args.num_experts` 既设 config 又选 spec；有 `--num-experts` 时它走
 # `get_gpt_decoder_block_spec`，由 config 的 `moe_layer_freq` 给**每一层**挑 dense 或 MoE 的 spec，得到一个
@@ -455,8 +468,12 @@ print(run_ranks(build_with_te_spec, 1)[0])
 
 # %% [markdown]
 # TE spec 本身可以造出来（笔记 04 用真实的 `TESpecProvider` 列出了每个槽位：`TELayerNormColumnParallelLinear` 把 norm 融进
-# `linear_qkv` / `linear_fc1`，两个 norm 槽位是 `IdentityOp`），但没有 TE 时那些类只是 `MagicMock` 替身，拿它建模型在
-# `SelfAttention` 里就失败。所以本篇的模型都用 local spec；TE 模块的 TP 标志只能读代码，无法在这里运行验证。
+# `linear_qkv` / `linear_fc1`，两个 norm 槽位是 `IdentityOp`），但没有 TE 时那些类只是 `MagicMock` 替身，拿它建模型必然失败。
+# 失败的样子有点绕：没有 TE 时 `te` 本身是一个 `MagicMock`（[`transformer_engine.py:84`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L84)），
+# `class TELayerNormColumnParallelLinear(te.pytorch.LayerNormLinear)`（[`transformer_engine.py:1122`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1122)）
+# 以一个 mock 为基类，得到的"类"其实也是一个 `MagicMock`，它的 `side_effect` 恰好是基类元组——只能调用一次。
+# `SelfAttention` 的 `linear_qkv` 用掉了这一次，`MLP` 再调同一个类建 `linear_fc1` 时抛 `StopIteration`，消息是空的，
+# 只剩 `build_module` 加上的 "when instantiating TransformerLayer"。所以本篇的模型都用 local spec；TE 模块的 TP 标志只能读代码，无法在这里运行验证。
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
@@ -636,13 +653,16 @@ expert_rows
 # **config 给数字，spec 给类，但不是一刀切。** 构造链上每一层都同时收到 config 和自己那一段 spec：spec 决定"这个槽位放哪个类"
 # （attention 的实现、MLP 还是 MoE、有没有 QK norm、norm 与 linear 是否融合），config 决定"多大、切几份、什么精度"。
 # 例外出在"类本身也看 config"的地方：`WrappedTorchNorm` 是一个工厂，实例化时才按 `config.normalization` 选类；
-# `TransformerLayer` 按 spec 里 MLP 的类决定传 `tp_group` 还是整个 `pg_collection`。上面的冲突实验说明：想知道建出了什么，
+# QK norm 建不建由 `config.qk_layernorm` 决定，spec 只给类。上面的冲突实验说明：想知道建出了什么，
 # 最可靠的办法是把模型建出来看。
 #
 # **`build_module` 只做三件事。** 给它函数就原样返回（bda）；给它类或带类的 `ModuleSpec`，就把 spec 的 `submodules` 作为
 # 关键字参数、`params` 与调用方的参数合并，然后实例化；失败时把类名追加到异常消息里。spec 嵌套（层 → attention → linear），
-# 实例化也嵌套：每个模块的 `__init__` 拿着自己的 `submodules` 再调 `build_module`。有几处不经过 `build_module`：
-# `Attention.__init__` 直接调用 `submodules.core_attention(...)`，`SelfAttention.__init__` 直接调用 `submodules.linear_qkv(...)`；`ModuleSpec` 自己可调用（`__call__` 转给 `build_module`），所以这两个槽位放类或放 spec 都行。
+# 实例化也嵌套：每个模块的 `__init__` 拿着自己的 `submodules` 往下建。但多数槽位已经不经过 `build_module`，而是直接调用：
+# `TransformerLayer` 的三个 norm 和 `mlp` 构造器、`Attention.__init__` 的 `core_attention` 与 `linear_proj`、`SelfAttention.__init__`
+# 的 `linear_qkv` 与 QK norm、`MLP.__init__` 的 `linear_fc1` / `linear_fc2`。还走 `build_module` 的只剩 `TransformerBlock` 建每一层、
+# `TransformerLayer` 建 attention 和 bda。`ModuleSpec` 自己可调用（`__call__` 转给 `build_module`，[`spec_utils.py:34`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/spec_utils.py#L34)），
+# 所以直接调用的槽位放类、放 spec、放 `partial` 都行。
 #
 # **TP 标志由"谁调用"决定。** 同一个 `ColumnParallelLinear` 类，在 `SelfAttention` 里是 `gather_output=False`，在输出层是
 # `gather_output=not parallel_output`，在 expert 里带 `is_expert=True`。所以"一个 TP 层怎样嵌进模型"要看构造它的那一行，
@@ -678,7 +698,7 @@ expert_rows
 #    装了 Apex 时 `LNImpl` 原本是 `FusedLayerNorm`，那么同一进程里一旦造过 RMSNorm 的 local spec，之后所有 local spec 的 LayerNorm
 #    都会变成 torch 版。本机没有 Apex，无法运行验证。
 # 2. **config 里的 `num_moe_experts`、`qk_layernorm` 可能被静默忽略（运行确认）。** dense spec 配 `num_moe_experts=2` 建出普通 `MLP`，
-#    没有任何提示。正式入口用同一个 `args.num_experts` 选 spec（[`gpt_builders.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L41)），
+#    config `qk_layernorm=True` 配缺省 spec 建出什么也不做的 `IdentityOp`，都没有任何提示（反方向的 QK norm 会报错，见上文）。正式入口用同一个 `args.num_experts` 选 spec（[`gpt_builders.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/gpt_builders.py#L41)），
 #    不会踩到；自己写 provider 时（simple loop 那样）要让两者一致。
 # 3. **`ffn_hidden_size` 的两套缺省（运行 + 读代码）。** 命令行 `--swiglu` 时是 `⌊(8h/3)/64⌋·64`，Core 是 `4h`；
 #    hidden < 24 时命令行得 0，`TransformerConfig` 接受 `ffn_hidden_size=0` 不报错（下面一格）。
@@ -768,6 +788,7 @@ print(stds["linear_fc2"], stds["output_layer"], round(0.02 / (2 * 8) ** 0.5, 4))
 # `GPTModel` takes two inputs: a `TransformerConfig` for numbers and a `ModuleSpec` for classes. It builds a
 # `LanguageModelEmbedding`, a `TransformerBlock` that calls `build_module` on the layer spec once per local layer, and a
 # column-parallel output layer. `__post_init__` fills `ffn_hidden_size`, `kv_channels`, `num_query_groups` and the init
-# methods, and rejects head or group counts TP cannot split. The spec picks attention, MLP or MoE and QK norm, but the
-# torch norm reads `config.normalization`. At TP=2, `linear_qkv` and `linear_fc1` are column-parallel without gathering;
+# methods, and rejects head or group counts TP cannot split. The spec picks attention, MLP or MoE and the QK norm class,
+# but the torch norm reads `config.normalization`, and QK norm exists only when `config.qk_layernorm` is on (a spec norm
+# with it off raises). At TP=2, `linear_qkv` and `linear_fc1` are column-parallel without gathering;
 # `linear_proj` and `linear_fc2` row-parallel with `input_is_parallel`.
