@@ -56,7 +56,7 @@
 # | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155) | `[b, s]` ↔ `[s, b]`，调 vocab-parallel 交叉熵 |
 # | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L121) | 3 次 all-reduce：max、目标 logit、Σexp |
 # | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L186) | softmax − one-hot，本地计算，不通信 |
-# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L563) | DP 梯度归约；`calculate_per_token_loss` 时再除以全局 token 数（第 484–497 行） |
+# | [`finalize_model_grads.py::finalize_model_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L563) | DP 梯度归约；`calculate_per_token_loss` 时再除以全局 token 数（[finalize_model_grads.py 第 680–696 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L680-L696)） |
 
 # %% [markdown]
 # ## 调用链
@@ -97,7 +97,7 @@
 # | `pretrain_gpt.loss_func` | `loss_mask`、逐 token loss | `(sum, num_tokens, report)` | rerun state machine（NaN / 尖峰检查） | 否 | 否 | 否 | 内嵌的 `loss_func`（返回 2 个值） |
 # | `forward_step_calc_loss` | 输出、`loss_func`、config、micro-batch 数 | 缩放后的 loss、token 数 | 无 | 否 | 否 | 原地改 loss | schedule 内部 |
 # | `backward_step` | 输入张量、输出（loss）、输出梯度 | 输入张量的梯度（PP 用） | `grad_scale_func` | 经模型的 TP 反向 | 否 | 是：累加梯度 | schedule 内部 |
-# | `vocab_parallel_cross_entropy` | logits 分片 `[s, b, V/TP]`、target `[s, b]` | 逐 token loss `[s, b]` | `parallel_state` 的 TP 群 | **是**：3 次 all-reduce | 输入按词表切 | 否 | `GPTModel` 内部 |
+# | `vocab_parallel_cross_entropy` | logits 分片 `[s, b, V/TP]`、target `[s, b]` | 逐 token loss `[s, b]` | 参数 `tp_group`：`GPTModel` 的 loss 传它自己的 TP 群（[language_module.py:194](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)），不传时退回全局 TP 群 | **是**：3 次 all-reduce | 输入按词表切 | 否 | `GPTModel` 内部 |
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from functools import partial
@@ -120,7 +120,7 @@ from snippets.record.tables import Table
 #
 # 正式入口的 `pretrain_gpt.py::forward_step` 返回的是 `(output_tensor, partial(loss_func, loss_mask, model=model))`
 # （[`pretrain_gpt.py:358`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L358)）：`loss_mask` 和 `model` 先绑好，
-# schedule 只需再传 `output_tensor`；`model` 只在 ModelOpt 蒸馏打开时被 `loss_func` 用到（[`pretrain_gpt.py:239`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L239)），
+# schedule 只需再传 `output_tensor`；`model` 只在蒸馏时被 `loss_func` 用到：读缓存 teacher logits 的离线蒸馏（`--logits-load-dir`，[`pretrain_gpt.py:237`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L237)）或 ModelOpt 蒸馏（[`pretrain_gpt.py:239`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L239)），
 # 平常是个空着的关键字参数。
 #
 # schedule 对用户代码只有一个要求：`forward_step_func(data_iterator, model)` 返回 `(output_tensor, loss_func)`，
@@ -155,9 +155,9 @@ print("train_step 会记下的 lm loss:", round(train_step_report(tp2[0]["report
 #
 # ### 输出层与 vocab-parallel 交叉熵
 #
-# `GPTModel` 的输出层是 `ColumnParallelLinear(hidden, vocab, gather_output=not parallel_output)`；`gpt_builder`
-# 总是传 `parallel_output=True`，于是每个 rank 的 logits 只有自己那 `V/TP = 16` 列，**不**拼成整表。
-# 这里和 `gpt_builder` 的缺省一样共享词嵌入：输出层用的是按词表切好的 `word_embeddings.weight`（[笔记 04](../04_model_provider_and_gpt_model/)）。
+# `GPTModel` 的输出层是 `ColumnParallelLinear(hidden, vocab, gather_output=not parallel_output)`；正式入口的
+# `GPTModelConfig.parallel_output` 缺省为 True，`gpt_config_from_args` 不改它（旧路的 `gpt_builder` 也总是传 True），于是每个 rank 的 logits 只有自己那 `V/TP = 16` 列，**不**拼成整表。
+# 这里和正式入口的缺省一样共享词嵌入：输出层用的是按词表切好的 `word_embeddings.weight`（[笔记 04](../04_model_provider_and_gpt_model/)）。
 
 # %%
 print("logits（不给 labels 时 GPTModel 的输出）每个 rank:", [list(r["logits"].shape) for r in tp2], " TP=1:",
