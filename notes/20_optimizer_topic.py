@@ -47,7 +47,9 @@
 # | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` | 1 |
 # | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 AdamW / SGD，选 grad scaler，选外层的类 | 1 |
 # | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… | 1、3 |
-# | [`optimizer/optimizer.py::MegatronOptimizer._filter_grads_for_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L231) | 过滤：跳过共享的、TP 复制的参数 | 5 |
+# | [`optimizer/optimizer.py::MegatronOptimizer._filter_grads_for_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L231) | 过滤：跳过共享的、TP 复制的（开 GTP 时还有 GTP 复制的）参数 | 5 |
+# | [`optimizer/optimizer.py::MegatronOptimizer.get_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L280) | 主范数用的梯度：除去单独成组（MTP）的参数，再过滤 | 5 |
+# | [`optimizer/optimizer.py::MegatronOptimizer.has_grad_norm_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L294) | `clip_grad > 0` 时：有没有哪个 rank 持有 MTP 参数，问一次（MAX）、缓存 | 5 |
 # | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L654) | 16 位与分布式优化器的共同父类：拷梯度、unscale、查 inf | 2、3 |
 # | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L713) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX | 3 |
 # | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) | 拷梯度 → unscale → `grad_scaler.update` | 3 |
@@ -58,7 +60,7 @@
 # | [`optimizer/grad_scaler.py::ConstantGradScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L43) | 给了 `loss_scale` 时的固定 scale | 1 |
 # | [`optimizer/clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 本地平方和，在 grad-stats 群里求和 | 5 |
 # | [`optimizer/clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L143) | 范数超过 `clip_grad` 时就地缩放 | 5 |
-# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95) | TP 切过的参数，或 TP rank 0 | 5 |
+# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95) | TP 切过的参数，或 TP rank 0（expert 参数看 expert TP 群） | 5 |
 # | [`transformer/module.py::param_is_not_shared`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L25) | 没有 `shared=True` | 5 |
 # | [`transformer/module.py::Float16Module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L436) | 把模型转成 bf16 / fp16，输入转 16 位、输出转回 fp32 | 2 |
 # | [`models/common/language_module/language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L202) | PP>1 共享词嵌入：最后一个 stage 的副本标 `shared=True` | 5 |
@@ -104,7 +106,10 @@
 #    │  ├─ _unscale_main_grads_and_check_for_nan                           # × 1/scale；all_reduce(MAX, grad-stats 群)
 #    │  └─ grad_scaler.update(found_inf)                                   # 减半 / 不变 / 翻倍
 #    ├─ found_inf → return (False, None, None)                             # 跳过：参数不动
-#    ├─ get_grad_norm → get_main_grads_for_grad_norm → get_grad_norm_fp32   # all_reduce(SUM, grad-stats 群)
+#    ├─ get_grad_norm → get_grads_for_grad_norm → _filter_grads_for_norm
+#    │  └─ get_grad_norm_fp32                                              # all_reduce(SUM, grad-stats 群)
+#    ├─ clip_grad > 0：_compute_grad_norms_by_group → has_grad_norm_group("mtp")
+#    │                                                                     # 第一步 all_reduce(MAX, grad-stats 群)，之后读缓存
 #    ├─ clip_grad_by_total_norm_fp32                                       # 本地 × clip/(norm+1e-6)
 #    └─ step_with_ready_grads
 #       ├─ AdamW.step()                                                    # 更新 fp32 主参数（或其分片）
@@ -122,11 +127,14 @@
 # | `MixedPrecisionOptimizer.prepare_grads` | 无（读 `main_grad`） | 是否发现 inf | `_copy_model_grads_to_main_grads`、`_unscale_main_grads_and_check_for_nan`、`grad_scaler.update` | **是**：found_inf 的 all-reduce(MAX) | 否 | 是：主梯度、loss scale | `optim.step()` 之内 |
 # | `DynamicGradScaler.update` | `found_inf` | 无 | 无 | 否 | 否 | 是：scale 与两个计数器 | 同上 |
 # | `ChainedOptimizer.step` | 无 | `(update_successful, grad_norm, num_zeros)` | 以上全部、`get_grad_norm_fp32`、`clip_grad_by_total_norm_fp32` | **是** | 否 | 是 | `optim.step()` |
-# | `get_main_grads_for_grad_norm` | 本优化器的参数 | 要计入范数的梯度 | `param_is_not_shared`、`param_is_not_tensor_parallel_duplicate` | 只读 TP rank | 否 | 否 | 同上 |
+# | `_filter_grads_for_norm`（经 `get_grads_for_grad_norm`） | 本优化器的参数、可选的 `param_filter`（主范数：不属于单独的组） | 要计入范数的梯度 | `param_is_not_shared`、`param_is_not_tensor_parallel_duplicate`、`param_is_not_gtp_duplicate` | 只读 TP（和 GTP）rank | 否 | 否 | 同上 |
+# | `has_grad_norm_group` | 组名（只有 `"mtp"`） | 是否有 rank 持有这组参数（缓存） | `get_grad_stats_parallel_group` | **是**：第一次问时 all-reduce(MAX) | 否 | 否（只写缓存） | 同上 |
 # | `get_grad_norm_fp32` | 梯度列表、grad-stats 群 | 总范数（float） | l2 范数（无 TE / Apex 时 `local_multi_tensor_l2_norm`） | **是**：all-reduce(SUM) | 每个 rank 只算自己持有的 | 否 | 同上 |
 # | `clip_grad_by_total_norm_fp32` | 参数、`clip_grad`、总范数 | 无 | `multi_tensor_scale` | 否 | 否 | 是：梯度就地缩放 | 同上 |
 # | `DDP._make_forward_pre_hook` 的 hook | 模块 | 无 | `finish_param_sync` | **是**：all-gather(dp-cp) | 是：拼回参数分片 | 是：权重变成最新 | forward 之内 |
 # | `_ParamAndGradBucketGroup.register_grad_ready` | 参数 | 无 | `start_grad_sync` | **是**：reduce-scatter / all-reduce(dp-cp) | 是：分布式优化器时按 rank 分段 | 是：梯度归约 | backward 之内 |
+#
+# > **旧版（core_v0.18.0）：** 过滤范数梯度的是 [`optimizer.py::MegatronOptimizer.get_main_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/optimizer/optimizer.py#L140)（没有 `param_filter`），只用共享、TP 复制两个谓词；还没有单独成组的 MTP 范数，所以 `clip_grad > 0` 的第一步也没有那次 MAX all-reduce，第 5、8 节的表里第 1 步会少一次 AR。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
@@ -444,7 +452,8 @@ per_parameter
 #
 # 模型共享词嵌入（`share_embeddings_and_output_weights=True`，`gpt_builder` 的缺省），`clip_grad=1.0`，4 个 micro-batch。
 # 同一个函数跑四种切法：单进程、TP=2、PP=2、TP=2 × DP=2 + 分布式优化器。每一步在 `optimizer.step()` 之前用
-# `grad_norm.norm_rows` 问 Megatron 自己的两个谓词每个参数算不算，并录下 `step()` 里的通信。
+# `grad_norm.norm_rows` 问 Megatron 自己的两个谓词每个参数算不算，并录下 `step()` 里的通信。（`_filter_grads_for_norm`
+# 还有第三个谓词 `param_is_not_gtp_duplicate`，只在开 GTP weight remat 时才会说不，这里总是真。）
 
 # %%
 def norm_run(tp=1, pp=1, use_distributed_optimizer=False, clip_grad=1.0, steps=1):
@@ -528,6 +537,7 @@ Table(["切法", "grad-stats 群", "step() 返回的范数（各 rank）", "计�
 
 # %%
 meanings = {"optimizer/clip_grads.py::get_grad_norm_fp32": "范数：各 rank 计入的平方和相加（SUM）",
+            "optimizer/optimizer.py::has_grad_norm_group": "clip_grad > 0：有没有 rank 持有 MTP 参数（MAX，只在第一步问）",
             "distributed/param_and_grad_buffer.py::start_param_sync": "分布式优化器：各 rank 更新过的那段权重拼回完整 buffer"}
 for label, results in (("TP=2", tp2), ("PP=2", pp2)):
     print(label)
@@ -540,6 +550,10 @@ communication_table(tp2dp2[0]["steps"][0]["calls"], meanings, ranks=False)
 #   `finalize_model_grads` 之后各 DP rank 的梯度相同，再加就重复了。
 # - 分布式优化器时群是 [0, 1, 2, 3]（`intra_dist_opt_group`，这里就是 `tp·pp·dp` 全体）：梯度按 DP 分散了，必须连 DP 一起加。
 #   这一步的 all-gather 在 `dp-cp` 群 [0, 2] 里：它只拼 DP 方向的分片，TP 的两片本来就各管各的。
+# - 范数之后还有一次 `[1]` 的 all-reduce，来自 `has_grad_norm_group`（[`optimizer.py:315`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L315)）：
+#   `clip_grad > 0` 时，`ChainedOptimizer.step` 先要知道有没有参数属于单独算范数、单独裁剪的 MTP（多 token 预测）组，
+#   有的话那组用自己的范数裁剪。每个 rank 只知道自己持有什么，所以把本地的 0 / 1 在 grad-stats 群里取 MAX，答案缓存起来，
+#   以后的步不再问（第 8 节的表里只有第 1 步多一次 AR）。本篇的模型没有 MTP 层，答案是否，裁剪照旧用总范数。
 # - 裁剪本身（乘一个系数）不通信。
 #
 # ### 6. 裁剪：TP=2 的裁剪一步 = 单进程的裁剪一步
@@ -612,7 +626,7 @@ communication_table(overflow[1]["calls"], {
 # %% [markdown]
 # rank 1 自己的梯度干净，却也跳过了这一步、scale 也减半：`found_inf` 在 grad-stats 群里做了 MAX all-reduce
 # （[`optimizer.py:729`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L729)）。
-# 溢出时 step 到此为止，所以只有这一次通信，没有范数的那次。
+# 溢出时 step 到此为止，所以只有这一次通信，没有范数的那次（也没有第 5 节 MTP 组的那次询问）。
 #
 # ### 8. overlap grad reduce 与 overlap param gather
 #
@@ -634,11 +648,12 @@ print(bucket_sizes)
 where
 
 # %% [markdown]
-# （AG = all-gather 参数，RS = reduce-scatter 梯度，AR = 范数的 all-reduce；只数跨 rank 的。）
+# （AG = all-gather 参数，RS = reduce-scatter 梯度，AR = `optimizer.step()` 里的 all-reduce：每步一次范数，第 1 步还有一次
+# MTP 组的询问，见第 5 节；只数跨 rank 的。）
 #
 # - **不 overlap**：每步一次整块的 RS 在 `finalize_model_grads` 里，一次整块的 AG 在 `optimizer.step()` 的末尾
-#   （`DistributedOptimizer.step_with_ready_grads` 里 `overlap_param_gather` 为假的那一支，
-#   [`distrib_optimizer.py:3165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3165)）。
+#   （`DistributedOptimizer.step_with_ready_grads` 里 `should_sync_params` 为真的那一支：不 overlap param gather，
+#   也没有被外层推迟，[`distrib_optimizer.py:3165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3165)）。
 # - **overlap**：三个 bucket 各一次 RS、各一次 AG。AG 全部移进了**下一次 forward**；RS 从第 2 步起移进了 **backward**。
 #   第 1 步的 RS 仍在 finalize 里——和[笔记 14](../14_data_parallel_ddp/) 看到的一样，第一步只数每个参数的梯度会报到几次。
 #   第 1 步的 forward 里也有 3 次 AG：这时还没有任何 step，拼回来的是没变过的参数（遗留问题 2）。

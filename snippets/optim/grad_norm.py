@@ -9,9 +9,10 @@ split, every rank holds some of them, and some more than once:
   (``output_layer.weight``), whose gradient ``finalize_model_grads`` makes equal to the first
   stage's.
 
-``MegatronOptimizer.get_main_grads_for_grad_norm`` keeps a gradient only if
-``param_is_not_shared`` (no ``shared=True`` attribute) and
-``param_is_not_tensor_parallel_duplicate`` (split by TP, or this is TP rank 0); each rank then
+``MegatronOptimizer._filter_grads_for_norm`` (called by ``get_grads_for_grad_norm``; before 0.19.0
+``get_main_grads_for_grad_norm``) keeps a gradient only if ``param_is_not_shared`` (no
+``shared=True`` attribute) and ``param_is_not_tensor_parallel_duplicate`` (split by TP, or this is
+TP rank 0) -- and ``param_is_not_gtp_duplicate``, always true without GTP weight remat; each rank then
 sums the squares of what it kept and ``get_grad_norm_fp32`` all-reduces the sums.
 :func:`norm_rows` asks Megatron's own two predicates about every parameter of a rank;
 :func:`total_norm` adds the kept squares of all ranks the way ``get_grad_norm_fp32`` does, and
