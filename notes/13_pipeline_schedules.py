@@ -86,7 +86,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `get_forward_backward_func` | 无（读 `parallel_state` 的 PP、VP 大小） | 三个 schedule 函数之一 | `parallel_state` | 只读大小 | 否 | 否 | `forward_backward_func = get_forward_backward_func()` |
+# | `get_forward_backward_func` | 可选的 `pp_size`、`vp_size`、`schedule_pg_collection`；缺省读 `parallel_state` 的 PP、VP 大小 | 三个 schedule 函数之一 | `parallel_state` | 只读大小 | 否 | 否 | `forward_backward_func = get_forward_backward_func()` |
 # | `forward_backward_no_pipelining` | `forward_step_func`、data iterator、model、m | 每个 micro-batch 的 loss 字典（list） | `forward_step`、`backward_step`、`no_sync_func`、`finalize_model_grads_func` | 否（除非 finalize 里的 DP 归约） | batch 已由调用方切成 m 份 | 是：累积梯度 | `forward_backward_func(...)` |
 # | `forward_backward_pipelining_without_interleaving` | 同上，model 只有一个 chunk | 只有最后一个 stage 返回 loss 字典，其余返回 `[]` | `P2PCommunicator`、`forward_step`、`backward_step` | **是**：PP 群的 p2p | 模型按层切；batch 按 micro-batch 流过 | 是：累积本 stage 的梯度 | 同上 |
 # | `forward_backward_pipelining_with_interleaving` | 同上，model 和 data iterator 都是 v 个的 list | 同上 | 同上 + `get_schedule_table` | **是**：PP 群的 p2p（两个方向同时） | 模型切成 p·v 段，每个 rank 持 v 段 | 同上 | 同上 |
@@ -182,6 +182,11 @@ Table(["配置", "rank", "chunk", "pre_process", "post_process", "全局层号"]
 # ### 三选一
 #
 # `get_forward_backward_func` 只看两个数（[schedules.py 第 156–162 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L156-L162)）：PP 大小 > 1 吗？VP 大小是 `None` 吗？
+# 唯一的例外是 0.19.0 新加的参数 `schedule_pg_collection`：传入多模块（几个子模型各自一套并行网格）的群集合时，
+# 它直接返回 1F1B（[`schedules.py:149`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L149)）。本篇不传，走上面的两个数。
+#
+# > **旧版（core_v0.18.0）：** `get_forward_backward_func(pp_size=None, vp_size=None)` 没有 `schedule_pg_collection` 参数，
+# > 只按这两个数三选一。
 
 # %%
 Table(["配置", "get_forward_backward_func() 返回"],
@@ -219,7 +224,9 @@ Table(["配置", "mean loss", "loss 相同", "梯度个数", "梯度逐元素相
 # ### warm-up、steady、cool-down
 #
 # 非 interleaved：rank r 先做 `p−r−1` 个只有 forward 的 warm-up（[schedules.py 第 2243–2244 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L2243-L2244)，
-# 不超过 m），然后 `m − warm-up` 个"一个 forward 接一个 backward"的 steady 步，最后补做 warm-up 那么多个
+# 不超过 m；0.19.0 的写法是"通信器的总 stage 数 − 当前 stage − 1"，普通的 `P2PCommunicator` 里这两个属性就是 PP 群的大小和本 rank 的序号，
+# [`p2p_communication.py::P2PCommunicator.total_stages`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L177)、
+# [`p2p_communication.py::P2PCommunicator.current_stage`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/p2p_communication.py#L182)），然后 `m − warm-up` 个"一个 forward 接一个 backward"的 steady 步，最后补做 warm-up 那么多个
 # backward（cool-down）。interleaved 的 warm-up 是 `(p−r−1)·2 + (v−1)·g`（g = `microbatch_group_size_per_vp_stage`，
 # 缺省等于 p；[schedules.py 第 937–938 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L937-L938)），总数变成 v·m。下表左边是代码的公式（在每个 rank 上调用
 # `get_pp_rank_microbatches`），右边是从运行记录里数出来的：一个 forward 之后紧接着做 backward、中间只隔着
