@@ -27,7 +27,7 @@ _KNOWN_WARNINGS = (
     # torch 2.13 deprecates the collectives Megatron calls.
     r"all_gather_into_tensor` is deprecated",
     r"reduce_scatter_tensor` is deprecated",
-    # Every TransformerConfig: its own default cuda_graph_scope="full" is deprecated.
+    # Every TransformerConfig: its own default cuda_graph_modules="full" is deprecated (transformer_config.py:2415).
     r"full scope is deprecated",
     # A MoE config without moe_ffn_hidden_size falls back to ffn_hidden_size.
     r"moe_ffn_hidden_size is not set",
