@@ -58,7 +58,8 @@
 # | [`distrib_optimizer.py::DistributedOptimizer._get_main_param_and_optimizer_states`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L1090) | ⑤ 那段的主参数和 `exp_avg` / `exp_avg_sq` |
 # | [`distrib_optimizer.py::DistributedOptimizer.get_grad_stats_parallel_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L796) | ⑤ 梯度范数在哪个群里求和 |
 # | [`param_and_grad_buffer.py::_ParamAndGradBucketGroup.start_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L377) | ⑤ 更新后的参数 all-gather |
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：batch 沿序列切成 2·CP 块（遗留问题 1） |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：按 batch 里有没有 `cu_seqlens`、是否 hybrid CP 分派切法（遗留问题 1） |
+# | [`utils.py::_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456) | CP：没有 `cu_seqlens` 时走这里，在给定的 CP 群里把序列切成 2·CP 块 |
 # | [`dot_product_attention.py::DotProductAttention`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L26) | CP：local spec 的 attention 拒绝 CP；GQA 时拷贝 K、V（遗留问题 2） |
 
 # %% [markdown]
@@ -71,7 +72,8 @@
 # └─ GPTModel(config, get_gpt_layer_local_spec(), pre_process, post_process)      # stage 1 只建第 2 层
 #    └─ ColumnParallelLinear(linear_fc1)  use_cpu_initialization
 #       └─ layers.py::_initialize_affine_weight_cpu        # 造完整 [32, 16]，留本 TP rank 的 16 行；不通信
-# DistributedDataParallel(...) → _ParamAndGradBuffer        # weight 搬进 param buffer，main_grad = grad buffer 的视图
+# DistributedDataParallel(...)                              # 没传布局时自己调 DistributedOptimizer.compute_full_param_layout（补齐）
+# └─ _ParamAndGradBuffer                                    # weight 搬进 param buffer，main_grad = grad buffer 的视图
 # get_megatron_optimizer(...) → DistributedOptimizer
 # └─ _build_model_gbuf_range                                # bucket 按 DP 均分，本 rank 拥有其中一段
 #
@@ -428,8 +430,11 @@ stage_table(summaries, TINY, PAR)
 # %% [markdown]
 # ## 遗留问题
 #
-# **1. CP 在这个栈上只能切 batch，模型建不起来（运行确认）。** 真实的 `get_batch_on_this_cp_rank` 在 CPU 上能跑：
-# 把序列切成 2·CP 块，CP rank 0 拿第 0、3 块，rank 1 拿第 1、2 块（负载均衡，[笔记 16](../16_context_parallel/)）。但 local spec 的
+# **1. CP 在这个栈上只能切 batch，模型建不起来（运行确认）。** 真实的 `get_batch_on_this_cp_rank` 在 CPU 上能跑。
+# 它要求调用方说明是不是 hybrid CP（`is_hybrid_cp`，必填），并给出 CP 群——下面照 `pretrain_gpt.py` 的调法传
+# `is_hybrid_cp=False` 和 `get_context_parallel_group()`（[`pretrain_gpt.py:167`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L167)）；不给群时，切法读的是整个 world 的
+# 大小和序号（[`utils.py:2483`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2483)），只在 world 恰好就是 CP 群时才对。batch 里没有 `cu_seqlens`，
+# 于是走按序列的负载均衡：把序列切成 2·CP 块，CP rank 0 拿第 0、3 块，rank 1 拿第 1、2 块（[笔记 16](../16_context_parallel/)）。但 local spec 的
 # `DotProductAttention` 在构造时断言 `context_parallel_size == 1`
 # （[`dot_product_attention.py:57`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L57)），
 # CP 的 attention 只有 Transformer Engine 的 `TEDotProductAttention` 一条路，而 TE 需要 CUDA。所以本篇的旅程里没有 CP 那一站；
@@ -442,7 +447,8 @@ def context_parallel_attempt():
 
     parallel_state.initialize_model_parallel(context_parallel_size=2)
     model_parallel_cuda_manual_seed(0)
-    batch = get_batch_on_this_cp_rank(dict(microbatches(1)[0]))
+    batch = get_batch_on_this_cp_rank(dict(microbatches(1)[0]), is_hybrid_cp=False,
+                                      cp_group=parallel_state.get_context_parallel_group())
     try:
         GPTModel(tiny_config(num_layers=2, context_parallel_size=2), get_gpt_layer_local_spec(),
                  vocab_size=VOCAB, max_sequence_length=SEQ)
