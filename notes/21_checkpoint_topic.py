@@ -36,7 +36,7 @@
 #    `--ckpt-convert-format` 只换格式。能从一个真实的 checkpoint 算出模型与优化器各占多少字节。
 # 2. **坐标**：给定一个条目和一个 rank 的 (TP, PP, DP, CP) 坐标，说出它的全局 key、`global_offset`、
 #    `axis_fragmentations` 和 `replica_id` 三个位置各自的含义，以及哪个 rank 真正把它写进文件。
-# 3. **存了什么**：打开一个 checkpoint 目录，认出 `metadata.json`、`.metadata`、`__R_T.distcp`、`common.pt`，
+# 3. **存了什么**：打开一个 checkpoint 目录，认出 `metadata.json`、`.metadata`、`__R_T.distcp` 和藏在 rank 0 文件里的 `common_state`，
 #    说清 optimizer、scheduler、RNG、数据进度各在哪里、加载时在什么条件下被恢复。
 # 4. **改并行度**：说清权重为什么总能换切法，而分布式优化器的状态取决于 sharding type：
 #    哪几种存在、哪种能换 DP、哪种能换 TP，失败时报什么错。
@@ -93,23 +93,23 @@
 # megatron/training/checkpointing.py::save_checkpoint
 # ├─ get_rng_state(ckpt_format, tp_group, pp_group)            # [all_gather_object over DP 只在 --data-parallel-random-init 时]
 # │  └─ ShardedObject("rng_state", [state], (PP, TP), (pp_rank, tp_rank), replica_id=dp_cp_rank)
-# ├─ maybe_save_dataloader_state                                # 内置 loader 没有 save_state：什么也不做
+# ├─ maybe_save_dataloader_state                                # 没给 --dataloader-save：直接返回
 # ├─ _build_sharded_state_dict_metadata(args)                   # distrib_optim_sharding_type = dp_reshardable（缺省）
 # ├─ generate_state_dict(args, model, optimizer, scheduler, rng)
 # │  ├─ model[i].sharded_state_dict(metadata)                   # 每个参数 → ShardedTensor(key, offset, replica_id)
 # │  ├─ optimizer.sharded_state_dict(state_dict, metadata)      # ChainedOptimizer → DistributedOptimizer
 # │  │  └─ sharded_param_state_dp_reshardable                   # 每个 DP rank 的一段桶 → ShardedTensor；不通信
 # │  │     （fully_reshardable：get_parameter_state_dp_zero    # all_gather over dp-cp：[S/d] → d × [S/d]）
-# │  └─ opt_param_scheduler.state_dict()                        # 普通 dict → common.pt
+# │  └─ opt_param_scheduler.state_dict()                        # 普通 dict → common_state
 # └─ dist_checkpointing.save(state_dict, iter_XXXXXXX/, content_metadata=...)
 #    ├─ determine_global_metadata                               # all_gather_object over world：各 rank 的分片清单
 #    ├─ _validate_common_state_dict                             # broadcast_object_list from rank 0：common 部分须一致
-#    ├─ rank 0 写 common.pt                                      # 非分片部分
-#    ├─ DCP 写计划 → 各 rank 写 __<rank>_<i>.distcp               # gather / barrier over world；只写 replica_id 全 0 的片
+#    ├─ 非分片部分 → ShardedObject("common_state", replica_id=rank)   # 只有 rank 0 那份写盘
+#    ├─ DCP 写计划 → 各 rank 写 __<rank>_0.distcp                 # gather / barrier over world；只写 replica_id 全 0 的片
 #    └─ rank 0 写 .metadata、metadata.json                       # gather + broadcast + barrier over world
 #
 # megatron/training/checkpointing.py::load_checkpoint
-# ├─ _load_base_checkpoint → load_common_state_dict            # args、iteration、content_metadata（sharding type）
+# ├─ _load_base_checkpoint → load_common_state_dict            # 每个 rank 单独读 common_state：args、iteration、content_metadata
 # ├─ 比较 (TP, PP)：不同 → 不要 RNG；sharding type 不可重切 → RuntimeError
 # ├─ generate_state_dict(..., is_loading=True)                 # 用**当前**模型和优化器描述"我要哪些片"
 # ├─ dist_checkpointing.load(sharded_state_dict, dir)          # 按当前坐标读区间；形状不符在这里报错
@@ -246,7 +246,7 @@ def cp_replica_ids():
     parallel_state.initialize_model_parallel(context_parallel_size=2)
     config = ModelParallelConfig(context_parallel_size=2, use_cpu_initialization=True)
     layer = ColumnParallelLinear(16, 32, config=config, init_method=torch.nn.init.zeros_, bias=False)
-    # 同 generate_state_dict 的缺省 metadata（checkpointing.py:906）：坐标里的 DP 用 dp-cp 群
+    # 同 generate_state_dict 的缺省 metadata（checkpointing.py:1327）：坐标里的 DP 用 dp-cp 群
     metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
     return (parallel_state.get_context_parallel_rank(), parallel_state.get_data_parallel_rank(),
             parallel_state.get_data_parallel_rank(with_context_parallel=True),
@@ -283,7 +283,7 @@ def save_training_state(ckpt_dir):
         optimizer, init_lr=0.0, max_lr=1e-2, min_lr=1e-3, lr_warmup_steps=8, lr_decay_steps=80,
         lr_decay_style="cosine", start_wd=0.01, end_wd=0.01, wd_incr_steps=80, wd_incr_style="constant")
     optim_reshard.train_step(ddp, optimizer)
-    scheduler.step(increment=8)            # training.py:1729：micro-batch 数 × MBS × DP = 8 个样本
+    scheduler.step(increment=8)            # training.py:2522：micro-batch 数 × MBS × DP（× GTP 重算组 1）= 8 个样本
     pp = parallel_state.get_pipeline_model_parallel_rank()
     tp = parallel_state.get_tensor_model_parallel_rank()
     state_dict = {"args": training_state.training_args(tp=2, pp=1, dp=2, consumed_train_samples=8),
@@ -305,18 +305,23 @@ fresh = run_ranks(save_training_state, 4, ckpt, grid=dict(tp=2))
 Table(["文件", "字节"], training_state.file_rows(ckpt))
 
 # %% [markdown]
-# - `__<rank>_<i>.distcp`：torch DCP 的数据文件，每个 rank 两个写进程各一个。rank 2、3（dp=1）的文件更小：
-#   模型权重和 RNG 在它们那里都是副本，它们只写自己那一段优化器状态（见下面的 key）。
+# - `__<rank>_<i>.distcp`：torch DCP 的数据文件，保存 strategy 缺省一个写线程，每个 rank 一个文件。rank 2、3（dp=1）的文件更小：
+#   模型权重和 RNG 在它们那里都是副本，它们只写自己那一段优化器状态（见下面的 key）。rank 0 的最大，因为非分片部分也在里面（见下）。
 # - `.metadata`：DCP 的索引，每个全局 tensor / object 由哪些块组成、在哪个文件的哪一段。它还记下了保存时的**绝对路径**
 #   和一个随机的 `save_id`，所以大小随目录而变（加载时不用它们，checkpoint 可以整体搬走）。
-# - `common.pt`：rank 0 存的非分片部分；`metadata.json`：格式与版本。
+# - `metadata.json`：格式与版本。非分片部分（args、iteration、scheduler……）没有单独的文件：`dist_checkpointing.save` 把它包成
+#   key 为 `common_state` 的 `ShardedObject`，`replica_id` 取全局 rank（[`serialization.py:439`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L439)），
+#   所以只有 rank 0 写它；`load_common_state_dict` 不建进程群就能把它读出来（[`serialization.py:229`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L229)）。
+#
+# > **旧版（core_v0.18.0）：** 非分片部分由 rank 0 另存为 `common.pt`（[`serialization.py:399`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/dist_checkpointing/serialization.py#L399)），
+# > `metadata.json` 里还多 `common_backend` 两项，下面的 `ShardedObject` 清单里也没有 `common_state`；core_v0.16.1 每个 rank 两个写进程、两个 `.distcp`。
 
 # %%
 print("metadata.json:", metadata_json(ckpt))
 storage_meta = FileSystemReader(ckpt).read_metadata().storage_meta
 print(".metadata 记下的 checkpoint_id 就是保存目录:", storage_meta.checkpoint_id == ckpt)
 common = dist_checkpointing.load_common_state_dict(ckpt)
-Table(["common.pt 里的 key", "类型", "值"], training_state.common_rows(common))
+Table(["common_state 里的 key", "类型", "值"], training_state.common_rows(common))
 
 # %% [markdown]
 # `optimizer` 在 common 里只剩 `param_state_sharding_type`——Adam 的 param_groups（lr、betas、step）因为依赖 DP 分组，
@@ -332,7 +337,8 @@ Table(["全局 key", "global shape", "dtype"],
 # 模型的 13 个 key 与笔记 07 一样（bf16）。优化器多出 6 个 fp32 的 key：`dp_reshardable` 按**桶**存，key 里带着
 # `dp_group_idx_<i>`——i 是这个 rank 在 model-parallel（tp-pp）群里的序号（[optimizer/__init__.py 第 1111 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1111)），
 # 所以 TP=2 有两组；每组三种状态（主权重 `param`、`exp_avg`、`exp_avg_sq`），全局长度 3328 是一个 TP rank 的桶去掉末尾补齐后的长度，
-# 两个 DP rank 各写其中连续的一段。`ShardedObject`（`load_sharded_metadata`，不含模型层的 `_extra_state`）：
+# 两个 DP rank 各写其中连续的一段。`ShardedObject`（`load_sharded_metadata`，不含模型层的 `_extra_state`）——第一行就是上面的
+# `common_state`，`load` 自己读它时会把它从清单里剔掉（[`serialization.py:165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/dist_checkpointing/serialization.py#L165)）：
 
 # %%
 objects = training_state.object_rows(load_sharded_metadata(ckpt))
@@ -379,7 +385,7 @@ print("新优化器的 sharded_state_dict(is_loading=True):", fresh[0])
 #
 # - **optimizer**：模型之外最大的一块，`.distcp` 里。加载条件：不是 `--finetune` / release，没有 `--no-load-optim`，
 #   checkpoint 的 args 里也没有 `no_save_optim`；(TP, PP) 变了还要求 sharding type 完全可重切（下一节）。
-# - **scheduler**：`OptimizerParamScheduler.state_dict()` 的 10 个数进 common.pt。`num_steps` 数的是**样本**（每步加 global batch），
+# - **scheduler**：`OptimizerParamScheduler.state_dict()` 的 10 个数进 `common_state`。`num_steps` 数的是**样本**（每步加 global batch），
 #   加载时总是取 checkpoint 的值，所以换 DP 后只要 global batch 不变，学习率曲线照常接上。其余超参（max_lr、warmup、decay 步数……）
 #   在正式入口的缺省下要求命令行与 checkpoint 一致，否则断言失败；`--override-opt-param-scheduler` 改用命令行的值，
 #   `--use-checkpoint-opt-param-scheduler` 直接用 checkpoint 的值（`OptimizerParamScheduler._check_and_set`）。
@@ -387,8 +393,8 @@ print("新优化器的 sharded_state_dict(is_loading=True):", fresh[0])
 #   （[checkpointing.py 第 2172 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2172)）；否则打印一行 "RNG state will be ignored"，继续训练。本篇 CPU 上 `cuda_rng_state` 存的是 CPU 生成器。
 # - **dataloader progress**：内置的 GPT 数据管线不存任何 loader 状态。进度 = `args.consumed_train_samples`（[checkpointing.py 第 2499 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2499) 读回），
 #   `build_train_valid_test_data_loaders` 把它交给 `MegatronPretrainingSampler`，后者从第 `consumed_samples` 个样本接着切
-#   `micro_batch_size × DP` 的块、每个 DP rank 取自己那段——DP 变了也从同一个全局样本接上。只有带 `save_state` 的 loader
-#   （多模态的 Energon）才由 `maybe_save_dataloader_state` 另存每个 DP rank 一个文件。
+#   `micro_batch_size × DP` 的块、每个 DP rank 取自己那段——DP 变了也从同一个全局样本接上。只有带 `save_state` 的外部 loader
+#   （如多模态的 Energon）才由 `maybe_save_dataloader_state` 另存每个 DP rank 一个文件。
 # - 另外还有 `rerun_state_machine`（本篇没放），只在 world、TP、PP、DP 全部不变时加载（[checkpointing.py 第 2286 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/checkpointing.py#L2286)）。
 
 # %% [markdown]
@@ -454,7 +460,7 @@ Table(["sharding_type", "报错（第一行）"], optim_reshard.error_rows(tp_ch
 #
 # 保存时的通信（上面 DP=2 那次保存，rank 0 记录）。`dp_reshardable` 只有 DCP 自己的协调——交换分片清单、收集写计划、
 # 写完后汇总存储信息，都是 pickle 后的字节，不搬运任何状态 tensor。每次 object 交换先用 `[1]` 交换长度，再交换 `[n]` 个字节；
-# n 随运行变化（例如写进程完成的先后改变了记录的偏移），所以表里写作 n（`optim_reshard.payload_as_n`）：
+# n 随运行变化（pickle 的内容不是每次都一样），所以表里写作 n（`optim_reshard.payload_as_n`）：
 
 # %%
 meanings = {
@@ -501,7 +507,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # | `dp_reshardable` 的优化器条目 | key 带 `dp_group_idx`（tp-pp 序号），全局长 = 桶长（去掉末尾补齐） | TP×PP 坐标选 key，DP 坐标选偏移 |
 # | `fully_reshardable` 的优化器条目 | 与模型条目同坐标，key 前缀 `optimizer.state.<state>.` | 模型坐标 |
 # | `rng_state` | `ShardedObject`，形状 (PP, TP)，副本号 = dp-cp 序号 | PP、TP 坐标 |
-# | common.pt | args、iteration、scheduler、sharding type | rank 0 |
+# | `common_state` | args、iteration、scheduler、sharding type，一个 `ShardedObject` | rank 0 写，各 rank 单独读 |
 
 # %% [markdown]
 # ## 机制解释
@@ -519,7 +525,7 @@ communication_table(optim_reshard.payload_as_n(by_type["dp_zero_gather_scatter"]
 # `--distrib-optim-fully-reshardable-mem-efficient` 改用 gloo 只收到 DP rank 0）；加载时每个 rank 读出自己模型参数的**整块**状态，
 # 再展平、截取自己那段。换来的是与模型一样的坐标，TP、PP、DP 都能换。
 #
-# **正式入口的选择。** `save_checkpoint` 用 `_build_sharded_state_dict_metadata` 选类型，并把它作为 `content_metadata` 写进 common.pt；
+# **正式入口的选择。** `save_checkpoint` 用 `_build_sharded_state_dict_metadata` 选类型，并把它作为 `content_metadata` 写进 common state；
 # `load_checkpoint` 用 `load_content_metadata` 读回，按**保存时**的类型生成加载请求。这意味着：要在将来换 TP / PP，必须在**保存时**
 # 就加 `--dist-ckpt-optim-fully-reshardable`；已经存成 `dp_reshardable` 的，只能用原来的 TP / PP 加载（DP 可变），
 # 或者加 `--no-load-optim` 放弃优化器状态。
