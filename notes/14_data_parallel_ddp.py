@@ -61,7 +61,7 @@
 # ## 调用链
 #
 # ```text
-# megatron/training/training.py::get_model → DistributedDataParallel(config, ddp_config, module)
+# megatron/training/training.py::get_model → wrap_model_chunks_with_ddp → DistributedDataParallel(config, ddp_config, module)
 # ├─ bucket_size: 缺省 max(4e7, 1e6·DP) 个元素；overlap_grad_reduce=False 时改成 None（整块一个 bucket）
 # ├─ 缩放因子 = 1/DP（average_in_collective=False 时；求和之前乘）
 # ├─ group_params_for_buffers: 按 (param dtype, grad dtype, 是否专家参数) 分组
