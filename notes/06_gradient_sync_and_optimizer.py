@@ -40,6 +40,7 @@
 # | [`optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1855) | 全部子优化器一起算范数、裁剪、更新 |
 # | [`optimizer.py::FP32Optimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1303) | fp32 参数：`main_grad` → `.grad`，范数，裁剪，`Adam.step` |
 # | [`clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 本地平方和，在模型并行群里 all-reduce |
+# | [`optimizer.py::MegatronOptimizer.has_grad_norm_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L294) | `clip_grad > 0` 时问"有没有参数属于单独算范数的组（MTP）"：第一次在梯度统计群里 all-reduce 一个标志，之后读缓存 |
 # | [`clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L143) | 范数超过 `clip_grad` 时整体缩放 |
 # | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 正式入口：清零 buffer → schedule → `optimizer.step()` |
 
@@ -52,12 +53,14 @@
 # ├─ forward_backward_func(...)                                    # 笔记 05；backward 的 hook 把 grad 加进 main_grad
 # │  └─ (最后一个 micro-batch 之后) config.finalize_model_grads_func
 # │     └─ finalize_model_grads(model)
-# │        ├─ model_chunk.finish_grad_sync()                       # buffer *= 1/DP，再 all-reduce      dp-cp 群
+# │        ├─ model_chunk.finish_grad_sync() → start_grad_sync()   # buffer *= 1/DP，再 all-reduce      dp-cp 群
 # │        ├─ _allreduce_non_tensor_model_parallel_grads            # 序列并行的 norm 等              tp 群
 # │        └─ _allreduce_embedding_grads                            # PP 首尾共享词嵌入               embedding 群
 # └─ optimizer.step()  = ChainedOptimizer.step
-#    ├─ get_grad_norm → get_grad_norm_fp32                         # 平方和 all-reduce                 tp-pp 群
-#    ├─ clip_grad_by_total_norm_fp32(max_norm=clip_grad)           # 本地缩放，不通信
+#    ├─ get_grad_norm → get_grad_norm_fp32                         # 平方和 all-reduce（不含 MTP 参数）  tp-pp 群
+#    ├─ clip_grad > 0 时：_compute_grad_norms_by_group
+#    │  └─ has_grad_norm_group("mtp")                              # 只在第一步：标志 all-reduce（MAX）  tp-pp 群
+#    ├─ clip_grad_by_total_norm_fp32(max_norm=clip_grad)           # 本地缩放，不通信（MTP 参数按自己的范数另裁）
 #    └─ FP32Optimizer.step_with_ready_grads → torch Adam.step      # 更新参数
 # ```
 #
@@ -68,7 +71,7 @@
 # | `DistributedDataParallel(...)` | config、ddp_config、module | 包装后的 module | grad buffer、bucket group | dp-cp 群（记下，不通信） | 否（不用分布式优化器时不切） | 是：建 buffer、挂 hook | 包装 `gpt_model` 那一步 |
 # | `finalize_model_grads` | model chunk 列表 | 无；`main_grad` 被原地归约 | `finish_grad_sync`、embedding / TP 归约 | dp-cp、tp、embedding | 否 | 是：梯度变成 DP 平均 | `finalize_model_grads([gpt_model])` |
 # | `get_megatron_optimizer` | `OptimizerConfig`、model chunk 列表 | `ChainedOptimizer` | 参数分组、`FP32Optimizer` 或分布式优化器 | 取 dp-cp、tp-pp 群 | 分布式优化器时切状态 | 是：建优化器状态 | simple loop 没有调用它：它用 `torch.optim.Adam` |
-# | `ChainedOptimizer.step` | 无（读 `main_grad`） | `(update_successful, grad_norm, num_zeros)` | 范数、裁剪、Adam | tp-pp（范数） | 否 | 是：参数与 Adam 状态 | `optim.step()` |
+# | `ChainedOptimizer.step` | 无（读 `main_grad`） | `(update_successful, grad_norm, num_zeros)` | 范数、裁剪、Adam | tp-pp（范数；`clip_grad > 0` 时第一步另有一次 MTP 标志的 all-reduce） | 否 | 是：参数与 Adam 状态 | `optim.step()` |
 # | `get_grad_norm_fp32` | 梯度列表、范数类型、群 | 总范数（float） | multi-tensor L2 | tp-pp | 每个 rank 只算自己的切片 | 否 | — |
 # | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:2361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)）、schedule 的 `forward_backward_func`（[training.py:2407](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2407)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:2474](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:2547](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2547)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:2528](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2528)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 
@@ -149,7 +152,8 @@ pictures.draw_grad_path(dp2[0])
 
 # %% [markdown]
 # - **DP 归约只有一次**：整个 grad buffer（不到 1 万个元素，一个 bucket）在 `dp-cp` 群 `[0, 1]` 里 all-reduce（CP=1，就是 DP 群）。细节（bucket、overlap、
-#   为什么先乘 1/DP）见笔记 14。
+#   为什么先乘 1/DP）见笔记 14。0.19.0 的 `start_grad_sync` 在缩放之前先让当前 stream 等待 CUDA graph 回放写梯度的事件
+#   （[param_and_grad_buffer.py:632](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L632)）；这是 GPU 上的流同步，不是通信，CPU 上由补丁 `grad_sync_current_stream` 换成不必等的替身。
 # - **梯度范数不在 DP 群里归约**：DP 归约之后各 DP rank 的梯度已经相同，范数只需在"同一份模型的各切片"之间求和，
 #   也就是 tp-pp 群；这里 TP=PP=1，群里只有自己。用分布式优化器时每个 rank 只有一部分梯度，范数就必须跨 DP 求和（笔记 15）。
 
@@ -163,6 +167,14 @@ pictures.draw_grad_path(dp2[0])
 # `clip_grads_type_check`（见遗留问题 2 和 [CPU 页](../../cpu/)）。下面用 `clip_grad=1.0` 再跑一遍 DP=2 和单进程：
 # 范数 1.66 > 1，裁剪真的发生；`FP32Optimizer` 的 `param.grad` 就是 `main_grad`，所以 step 之后的 `main_grad`
 # 正是被缩放过的梯度。
+#
+# 0.19.0 的 `ChainedOptimizer.step` 把标了 MTP 范数组的参数（多 token 预测层）从主范数里拿出来，用它们自己的范数单独裁剪
+# （[optimizer.py:1912](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1912)）。要不要算这个组，每个 rank 必须回答一致：
+# 一个 rank 可能一个 MTP 参数也没有，而别的 rank 有。所以 `clip_grad > 0` 的第一步在梯度统计群里 all-reduce（MAX）一个
+# `[1]` 的整数标志（[optimizer.py:315](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L315)），答案缓存下来，之后各步不再通信。
+# 下表最后一行是这次 `clip_grad=1.0` 的 step 录到的全部通信：范数一次、标志一次，都在只有自己的 tp-pp 群里。
+#
+# > **旧版（core_v0.18.0）：** 没有单独算范数的参数组：`ChainedOptimizer.step` 用一个总范数裁剪全部参数（[optimizer.py:1451](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/optimizer/optimizer.py#L1451)），`clip_grad > 0` 的 step 里只有算范数那一次 all-reduce。
 
 # %%
 import torch
@@ -182,6 +194,8 @@ Table(["量", "值"], [
      and max_abs_diff(dp2_clip[1]["clipped"], one_clip["clipped"]) < 1e-7],
     ["裁剪后 DP=2 一步的参数与单进程相差 < 1e-6", max_abs_diff(dp2_clip[0]["params"], one_clip["params"]) < 1e-6],
     ["裁剪与不裁剪的参数最大差（Adam 第一步）", round(max_abs_diff(one_clip["params"], one["params"]), 4)],
+    ["clip_grad=1.0 时 step() 录到的通信（rank 0：函数、群、成员）",
+     [(c.where.split("::")[-1], c.group, list(c.ranks)) for c in dp2_clip[0]["step"]]],
 ])
 
 # %% [markdown]
@@ -200,7 +214,8 @@ Table(["量", "值"], [
 # ## 与训练主链路的关系
 #
 # 正式入口 `train_step` 的后半段就是本篇：schedule 末尾由 `config.finalize_model_grads_func` 调用 `finalize_model_grads`，
-# 然后 `optimizer.step()`，根据 `update_successful`（fp16 loss scaling 出现 inf 时为 False）决定是否推进学习率调度。
+# 然后 `optimizer.step()`，根据 `update_successful`（fp16 loss scaling 出现 inf 时为 False；范数超过 `grad_norm_skip_threshold`
+# 时也跳过更新、返回 False，[optimizer.py:1936](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1936)）决定是否推进学习率调度。
 # simple loop 显式调用 `finalize_model_grads`，但优化器用的是 `torch.optim.Adam`，不是 `get_megatron_optimizer`。
 
 # %% [markdown]
@@ -279,7 +294,7 @@ print(round(max_abs_diff(one["params"], one["before"]), 4))
 # <details><summary>答案</summary>
 #
 # 乘以 `1 / (‖g‖ + 1e-6)` ≈ 0.6014（‖g‖ ≈ 1.6628 > 1）。缩放本身不通信；通信只在算范数时（在 tp-pp 群里求平方和），
-# 而这一步 step 里没有任何跨 rank 的集合通信。
+# 而这一步 step 里没有任何跨 rank 的集合通信（第一步那次 MTP 标志的 all-reduce 也在只有自己的 tp-pp 群里）。
 #
 # </details>
 
