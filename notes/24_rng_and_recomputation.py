@@ -40,6 +40,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import CheckpointWithoutOutput
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 
+
 # %% [markdown]
 # ## 阅读目标
 #
@@ -59,7 +60,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_par
 # | [`random.py::CudaRNGStatesTracker.add`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L285) | 用种子造一条新流：临时 `manual_seed`、读出状态、再把设备生成器还原 |
 # | [`random.py::CudaRNGStatesTracker.fork`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L311) | 把一条流换进设备生成器，退出时把走过的状态写回流、换回原来的 |
 # | [`random.py::get_cuda_rng_tracker`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L414) | 全进程唯一的 tracker（第一次调用时建） |
-# | [`random.py::model_parallel_cuda_manual_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L446) | 三条流的种子；[`random.py:480`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L480) 起算 `seed + 2718 + tp_rank` 等 |
+# | [`random.py::model_parallel_cuda_manual_seed`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L446) | 三条流的种子；[`random.py:480`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L480) 起算 `seed + 2718 + tp_rank` 等（打开 GTP weight remat 时再加两条，[`random.py:503`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L503)；本篇不开） |
 # | [`random.py:490`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L490) | 把设备默认生成器设成 `seed`（CPU 层不做这一步，见"机制解释"） |
 # | [`random.py::_get_all_rng_states`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L525) | CPU 生成器、设备生成器、tracker 的全部流，一次取出 |
 # | [`random.py::_fork_rng`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L545) | 重算外面包的一层：重算结束后把三者都放回 backward 当时的状态 |
@@ -68,11 +69,12 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_par
 # | [`random.py::checkpoint`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L663) | 入口：`checkpoint(function, distribute_saved_activations, *args)` |
 # | [`random.py::CheckpointWithoutOutput`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L725) | 连输出也不留：输出的存储释放为 0 字节，由后一个算子的梯度 hook 触发重算 |
 # | [`random.py:740`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L740) | `self.fp8 = fp8 is not None`：缺省的 `fp8=False` 也得到 True |
-# | [`random.py::CheckpointWithoutOutput._recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L768) | hook 里：拨回 RNG、重跑、把结果拷回原来那块（已释放的）存储 |
+# | [`random.py::CheckpointWithoutOutput._recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L768) | hook 里：拨回 RNG、重跑，再让原输出的存储直接指向重算结果的数据（零拷贝，[`random.py:821`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L821)） |
+# | [`random.py::_get_share_storage`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L69) | 上一行用的 C++ 小扩展：第一次调用时用 `torch.utils.cpp_extension.load_inline` 现场编译（[`random.py:73`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L73)） |
 # | [`random.py::CheckpointWithoutOutput.discard_output_and_register_recompute`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L830) | `resize_(0)` 释放输出，在 `hook_tensor` 上注册 `_recompute` |
 # | [`dot_product_attention.py:217`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/dot_product_attention.py#L217) | attention dropout 在 `fork()` 里抽（不开 SP 时） |
 # | [`transformer_block.py:596`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_block.py#L596) | 开 SP 时整个 block 的 forward 都在 `fork()` 里 |
-# | [`recompute.py::checkpointed_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/recompute.py#L21) | `recompute_granularity='full'`：按层调用 `tensor_parallel.checkpoint`（[`recompute.py:142`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/recompute.py#L142)；0.19.0 起从 `TransformerBlock` 的方法搬成这个模块级函数） |
+# | [`recompute.py::checkpointed_forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/recompute.py#L21) | `recompute_granularity='full'`：按层调用 `tensor_parallel.checkpoint`（[`recompute.py:142`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/recompute.py#L142)；较早的版本里它是 `TransformerBlock._checkpointed_forward` 方法） |
 # | [`transformer_layer.py:619`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L619) | selective `layernorm` 重算：`CheckpointWithoutOutput()` 包住 `input_layernorm` |
 # | [`transformer_layer.py:670`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L670) | attention 之后丢掉 norm 的输出，hook 挂在 attention 输出上 |
 # | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L169) | GPU 上初始化本 rank 的权重块：在 `fork()` 里（expert 权重用 `expert-parallel-rng`） |
@@ -93,7 +95,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_par
 #
 # transformer/transformer_block.py::TransformerBlock.forward
 # ├─ SP 时：with tracker.fork()                                        # 整个 block 用 TP 流
-# └─ recompute_granularity='full' → _checkpointed_forward
+# └─ recompute_granularity='full' → megatron/core/recompute.py::checkpointed_forward
 #    └─ tensor_parallel/random.py::checkpoint → CheckpointFunction.apply
 #       ├─ forward:  _get_all_rng_states(); no_grad 跑层; save_for_backward(输入)
 #       └─ backward: _fork_rng(); _set_all_rng_states(forward 时的); enable_grad 重跑; autograd.backward
@@ -119,7 +121,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_par
 # | `get_cuda_rng_tracker` | 可选的 TE / inference / cudagraph 开关 | 全局 tracker | `initialize_rng_tracker` | 否 | 否 | 第一次调用时建 tracker | 任何 `fork()` 之前 |
 # | `CudaRNGStatesTracker.fork` | 流的名字（缺省 `model-parallel-rng`） | 上下文管理器 | `_get_cuda_rng_state` / `_set_cuda_rng_state` | 否（流已按 rank 区分） | 否 | 是：流前进，退出时写回 | `forward_step` 里的 dropout、GPU 上的权重初始化 |
 # | `checkpoint` / `CheckpointFunction` | 函数、`distribute_saved_activations`、输入张量 | 函数的输出（forward 时不带图） | `_get_all_rng_states`、`_fork_rng`、`_set_all_rng_states`；可选 `split_tensor_into_1d_equal_chunks` / `gather_split_1d_tensor` | 仅 `distribute_saved_activations` 时用 TP 群 | 可选：存下的输入按 TP 切 | 否（backward 后 RNG 状态照旧） | `forward_step` 与 `backward` |
-# | `CheckpointWithoutOutput` | 函数、输入；之后的 `hook_tensor` | 函数的输出（存储稍后释放） | `CheckpointWithoutOutputFunction`、`_get_all_rng_states`；`self.fp8` 为真时 TE 的 `activation_recompute_forward` | 否 | 否 | 否 | `forward_step` 与 `backward` |
+# | `CheckpointWithoutOutput` | 函数、输入；之后的 `hook_tensor` | 函数的输出（存储稍后释放） | `CheckpointWithoutOutputFunction`、`_get_all_rng_states`、`_get_share_storage`（C++ 扩展）；`self.fp8` 为真时 TE 的 `activation_recompute_forward` | 否 | 否 | 否 | `forward_step` 与 `backward` |
 # | `_set_random_seed`（`megatron/training`） | `seed`、`data_parallel_random_init` | 无 | `model_parallel_cuda_manual_seed` | 读 PP（与 DP）序号 | 否 | 是：全部生成器 | 初始化 |
 
 # %% [markdown]
@@ -295,8 +297,8 @@ Table(["方式", "backward 前后默认生成器不变", "backward 前后 `model
 # `checkpoint` 至少要留下输入，而且它的**输出**往往还被后一个算子存着（比如 norm 的输出被 attention 的 QKV 线性层存下）。
 # selective `layernorm` 重算用 `CheckpointWithoutOutput`：norm 在 `no_grad` 里跑、只存输入；attention 照常存下 norm 输出的引用；
 # attention 算完后 `discard_output_and_register_recompute` 把 norm 输出的**存储** `resize_(0)`，张量的形状等元数据还在；
-# backward 走到 attention 输出的梯度时，hook 触发 `_recompute`，拨回 RNG、重跑 norm，再把结果拷回那块存储，attention 的 backward
-# 读到的就是原值。这里照 [`transformer_layer.py:619`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L619)
+# backward 走到 attention 输出的梯度时，hook 触发 `_recompute`，拨回 RNG、重跑 norm，再让 norm 输出那个张量的存储直接指向
+# 重算结果的数据（不拷贝字节，[`random.py:821`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L821)），attention 的 backward 读到的就是原值。这里照 [`transformer_layer.py:619`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L619)
 # 到 [`transformer_layer.py:670`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_layer.py#L670) 的写法，对同一层的 `input_layernorm` → `self_attention` 跑一遍（用 `fp8=None`，原因见下一节）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
@@ -308,6 +310,13 @@ without_output_table(results[0]["without_output"])
 # %% [markdown]
 # norm 的输出 `[8, 2, 16]` 本来占 1024 字节，丢弃之后是 0；forward 之后保存的激活少了 1152 字节（norm 输出，加上 norm 自己为
 # backward 存的统计量——它在 `no_grad` 里跑，什么也不存）。norm 在 backward 里重跑了一次，输出与所有梯度与不重算逐位相同。
+#
+# **第一次重算要编译 C++。** "让存储指向重算结果"不是 torch 的公开操作：`random.py` 里带着一段十几行的 C++ 源码
+# （[`random.py:41`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L41)），在存储这一层（张量与 autograd 之下）换掉数据指针，所以共用这块存储的所有视图都看得到新数据，
+# 也不会碰张量的版本计数。`_get_share_storage` 第一次被调用时用 `torch.utils.cpp_extension.load_inline` 把它编译成扩展
+# `share_storage_ext`（[`random.py:69-79`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L69-L79)）：需要机器上有 C++ 编译器和 ninja，本机第一次约 25–30 秒，
+# 结果缓存在 `~/.cache/torch_extensions/`，同一台机器之后直接加载。所以用 `CheckpointWithoutOutput` 的训练（selective
+# `layernorm` / `moe_act` 重算）第一次 backward 会停顿半分钟左右；没有编译器的环境里它在 backward 的 hook 里报错。
 #
 # ### `self.fp8 = fp8 is not None`
 #
@@ -333,7 +342,7 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # 之后主干在这个 `__init__` 的 docstring 里明确写下：缺省值就是会得到 True，好几个 selective 重算模块的 FP8 amax 记账依赖它，
 # 不要改成 `bool(fp8)`，要改须另开 PR 并附 FP8 功能测试
 # （[PR #4531](https://github.com/NVIDIA/Megatron-LM/pull/4531) 合入主干的提交 `7cdba422b8`，改的正是
-# `CheckpointWithoutOutput.__init__` 的 docstring；它还不在任何 tag 里）。读代码时把它当作"缺省走 TE 路径"的开关即可。
+# `CheckpointWithoutOutput.__init__` 的 docstring；core_v0.19.0 还不含它）。读代码时把它当作"缺省走 TE 路径"的开关即可。
 #
 # ### CPU 层：CPU 生成器扮演 GPU 的两个生成器
 #
@@ -378,7 +387,7 @@ print("TransformerLayer(recompute_granularity='selective', recompute_modules=['l
 # ## 遗留问题
 #
 # 1. **没有 TE 时 selective `layernorm` / `moe_act` 重算跑不起来。** 缺省的 `CheckpointWithoutOutput()`（`self.fp8` 为真）
-#    直接用 TE 的名字（[`random.py:691`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L691)），
+#    直接用 TE 的名字（[`random.py:693`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L693)），
 #    上面的运行是 `NameError`。这是有意保留的行为（见"机制解释"）；CPU 上只能像本篇这样自己传 `fp8=None`。
 # 2. **`distribute_saved_activations` 只在不开 SP 时可用**（开 SP 时 `TransformerConfig` 拒绝它：SP 下输入本来就按 s 切了）；
 #    它靠替换存下张量的 `.data` 工作，与 `saved_tensors_hooks`（CPU offload 一类工具的基础）不相容，见上面重算一节。
