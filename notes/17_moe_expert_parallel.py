@@ -361,7 +361,7 @@ pictures.draw_dispatch(flow_table(ep_run).rows[:2], tokens_table(ep_run).rows[:2
 #    `moe_dispatcher_streams`——dispatcher 构造时建 CUDA stream（[token_dispatcher.py 第 469 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/token_dispatcher.py#L469)）；
 #    `moe_host_split_sizes`——`maybe_move_tensor_to_cpu` 只转换 CUDA 张量（[moe_utils.py 第 1184 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1184)），CPU 上 split sizes
 #    留成 torch 张量，`all_to_all_single` 拒收。两者都不改变计算，上面 EP=2 = EP=1 的逐项相等就是证据。
-#    补丁表里还有第三个 `moe_te_general_gemm`，在 0.19.0 已经什么也不做：router 的 gating GEMM 先判断
+#    core_v0.16.1 时还要第三个补丁 `moe_te_general_gemm`，0.19.0 用不着，已经删掉：router 的 gating GEMM 先判断
 #    `te_general_gemm is not None`（[moe_utils.py 第 1326 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L1326)），
 #    而 `moe_utils` 在没有 TE 的分支里已把这个名字设成 `None`（[moe_utils.py 第 41 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_utils.py#L41)），直接走 `torch.mm`；
 #    只有 core_v0.16.1 那样只在导入 TE 成功时才绑定它的版本，缺 TE 才会 `NameError`。

@@ -1,5 +1,6 @@
-"""Mixture of experts without Transformer Engine: the router's GEMM fallback, and the all-to-all
-dispatcher's device-to-host side stream and host split sizes."""
+"""Mixture of experts without Transformer Engine: the all-to-all dispatcher's device-to-host side
+stream and host split sizes. (0.16.1 also needed ``moe_utils.te_general_gemm = None``; at 0.19.0
+``moe_utils`` sets it itself when Transformer Engine is missing, moe_utils.py:41-53.)"""
 
 from __future__ import annotations
 
@@ -15,16 +16,6 @@ from snippets.cpu.base import (
     replace_once,
     scope_torch,
 )
-
-
-def _patch_moe_te_general_gemm():
-    # moe_utils binds te_general_gemm only inside its `try: import transformer_engine` block, but
-    # the router's gating GEMM tests `te_general_gemm is not None` unconditionally, so without TE
-    # the name is simply missing. None selects the function's own torch.mm branch.
-    from megatron.core.transformer.moe import moe_utils
-
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
 
 
 class _NoDtoHStream(NoStream):
@@ -61,24 +52,6 @@ def _patch_moe_host_split_sizes():
 
 
 PATCHES = (
-    Patch(
-        name="moe_te_general_gemm",
-        scope="megatron.core.transformer.moe.moe_utils",
-        what="没有 Transformer Engine 时补上 `moe_utils.te_general_gemm = None`",
-        why="`moe_utils` 只在成功 `import transformer_engine` 的分支里绑定 `te_general_gemm`，"
-        "router 的 gating 线性层却无条件地判断它是否为 `None`：没有 TE 时这个名字不存在，"
-        "每个 MoE 层的第一步就 `NameError`。设为 `None` 即走函数自带的 `torch.mm` 分支。",
-        sites=(
-            Site("megatron/core/transformer/moe/moe_utils.py", 1326, "te_general_gemm is not None"),
-            Site("megatron/core/transformer/moe/moe_utils.py", 1359, "te_general_gemm is not None"),
-        ),
-        apply=_patch_moe_te_general_gemm,
-        proof="一个 rank 上 `moe_utils.router_gating_linea"
-        "r` 的 logits 与输入、"
-        "权重的梯度等于 `x @ Wᵀ` 用 autograd 算的；"
-        "`te_general_gemm` 为 `None`、"
-        "`HAVE_TE` 为 False",
-    ),
     Patch(
         name="moe_dispatcher_streams",
         scope="megatron.core.transformer.moe.token_dispatcher",

@@ -198,7 +198,8 @@ def test_torch_norm_sequence_parallel_layer_equals_tp1():
 
 
 def _moe_router_gemm():
-    # moe_te_general_gemm: without TE the router's gating GEMM must take its torch.mm branch.
+    # Without TE the router's gating GEMM takes its torch.mm branch; at 0.19.0 moe_utils sets
+    # te_general_gemm = None itself (moe_utils.py:41-53), so no CPU patch is involved any more.
     from megatron.core.transformer.moe import moe_utils
 
     torch.manual_seed(0)
@@ -218,7 +219,10 @@ def _moe_router_gemm():
     )
 
 
-def test_moe_te_general_gemm_router_gating_equals_matmul():
+def test_router_gating_without_te_equals_matmul_with_no_patch():
+    from snippets import cpu
+
+    assert "moe_te_general_gemm" not in {p.name for p in cpu.PATCHES}
     assert run_ranks(_moe_router_gemm, 1) == [(False, None, True, True, True)]
 
 
