@@ -44,9 +44,12 @@
 # | [`run_simple_mcore_train_loop.py:267`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L267) | `finalize_model_grads([gpt_model])` |
 # | [`run_simple_mcore_train_loop.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L269) | `optim.step()` |
 # | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | 正式入口的 forward_step |
+# | [`arguments.py::parse_and_validate_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L87) | 在 `pretrain_gpt.py` 的 `__main__` 里解析、校验命令行，存成全局 `args` |
+# | [`argument_utils.py::gpt_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L433) | `args` → `GPTModelConfig`（内含 `TransformerConfig`，笔记 04） |
+# | [`argument_utils.py::pretrain_cfg_container_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/argument_utils.py#L534) | `args` + 模型配置 → `PretrainConfigContainer`（训练、优化器、DDP、checkpoint… 各一份配置） |
 # | [`training.py::pretrain`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1014) | 正式入口总控 |
-# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L42) | 解析参数、建群、设种子 |
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | `get_model`（含 DDP）+ `get_megatron_optimizer` + `load_checkpoint` |
+# | [`initialize.py::initialize_megatron`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L42) | 读已解析的 `args`、建群、设种子 |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 按 `cfg_container.model` 建模型（含 DDP）+ `get_megatron_optimizer` + `load_checkpoint` |
 # | [`training.py::train`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3342) | 训练循环：每步 `train_step`，按间隔 `save_checkpoint` |
 # | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 清零 buffer → schedule → `optimizer.step()` |
 
@@ -55,10 +58,13 @@
 #
 # ```text
 # pretrain_gpt.py  (__main__)
-# └─ megatron/training/training.py::pretrain
+# ├─ arguments.py::parse_and_validate_args                 # 解析命令行，存成全局 args
+# ├─ argument_utils.py::gpt_config_from_args              # args → GPTModelConfig            ← model_provider 里手写的 TransformerConfig(...)
+# ├─ argument_utils.py::pretrain_cfg_container_from_args  # → PretrainConfigContainer
+# └─ megatron/training/training.py::pretrain(full_config, ...)
 #    ├─ initialize.py::initialize_megatron                  # 建群、种子                       ← simple loop: initialize_distributed + model_parallel_cuda_manual_seed
-#    ├─ setup_model_and_optimizer
-#    │  ├─ get_model(model_provider) → DDP 包装             # 建模型、grad buffer             ← model_provider + DistributedDataParallel(...)
+#    ├─ setup_model_and_optimizer(model_type, ..., cfg_container=...)
+#    │  ├─ GPTModelBuilder.build_distributed_models → DDP  # 建模型、grad buffer             ← model_provider + DistributedDataParallel(...)
 #    │  ├─ get_megatron_optimizer(...)                      #                                ← torch.optim.Adam（见下文的问题）
 #    │  └─ checkpointing.py::load_checkpoint                # 续训时加载                       ← load_distributed_checkpoint（放在最后演示）
 #    ├─ build_train_valid_test_data_iterators               # MockGPTDataset / GPTDataset     ← get_train_data_iterator
@@ -86,9 +92,11 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::pretrain` | 数据集 provider、`model_provider`、`model_type`、`forward_step`（外加命令行参数） | 无（返回 `None`；训练结果在 checkpoint 里） | 经 `initialize_megatron`（[training.py:1091](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1091)）调 `parallel_state.initialize_model_parallel` 与 `model_parallel_cuda_manual_seed`；`setup_model_and_optimizer`（[training.py:1228](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1228)）；`build_train_valid_test_data_iterators`（[training.py:1362](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1362)）里的 `BlendedMegatronDatasetBuilder`；`train`（[training.py:1423](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1423)） | 是：`initialize_megatron` 建全部群 | 不直接切：交给下面两个函数与数据迭代器 | 是：从头到尾 | 整个 `__main__` |
-# | `training.py::setup_model_and_optimizer` | `model_provider`、`model_type`、`checkpointing_context` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::pretrain` | 配置容器 `cfg_container`、数据集 provider、`model_type`、`forward_step`（`model_provider` 退为可缺省的关键字参数，`pretrain_gpt.py` 不再传它；`args` 已在 `__main__` 解析好） | 无（返回 `None`；训练结果在 checkpoint 里） | 经 `initialize_megatron`（[training.py:1091](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1091)）调 `parallel_state.initialize_model_parallel` 与 `model_parallel_cuda_manual_seed`；`setup_model_and_optimizer`（[training.py:1228](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1228)）；`build_train_valid_test_data_iterators`（[training.py:1362](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1362)）里的 `BlendedMegatronDatasetBuilder`；`train`（[training.py:1423](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1423)） | 是：`initialize_megatron` 建全部群 | 不直接切：交给下面两个函数与数据迭代器 | 是：从头到尾 | 整个 `__main__` |
+# | `training.py::setup_model_and_optimizer` | `model_type`、`model_provider_func`（可缺省）、`checkpointing_context`，以及只能按关键字传的 `cfg_container`、`pg_collection` | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `cfg_container.model` 有值时（`pretrain_gpt.py` 总是给）由它的 builder 建模型并包 `DistributedDataParallel`（[training.py:2050](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2050)，[`gpt.py::GPTModelBuilder.build_distributed_models`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/gpt.py#L331)），否则退回 `get_model(model_provider_func, ...)`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）；`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
 # | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:2361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)）、schedule 的 `forward_backward_func`（[training.py:2407](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2407)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:2474](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:2547](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2547)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:2528](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2528)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
+#
+# > **旧版（core_v0.18.0）：** `pretrain_gpt.py` 还把 `partial(model_provider, gpt_builder)` 作为第三个位置参数传给 `pretrain`（[pretrain_gpt.py:400](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/pretrain_gpt.py#L400)），`pretrain_cfg_container_from_args(args)` 不带模型配置；`setup_model_and_optimizer(model_provider_func, model_type, checkpointing_context)` 的前两个参数与 0.19.0 相反、没有 `cfg_container`，总是经 `get_model` 建模型（[training.py:1954](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/training/training.py#L1954)）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
@@ -105,8 +113,8 @@ from snippets.train import pictures
 #
 # 下面的 `simple_loop` 逐行复现 simple loop 的 `__main__`（行号见注释），只有三处为 CPU 改动：gloo 代替 NCCL、不调用
 # `torch.cuda.set_device`（`.to(device)` 在 CPU 上什么也不做）、加一行 `torch.manual_seed(123)`（`use_cpu_initialization=True` 从 CPU 默认生成器取初值，
-# `DataLoader` 也从它取打乱的种子；原脚本没有设它，下文单独跑一遍看后果）；数据 helper 已预编译，不调用 `compile_helpers`，tokenizer 用 Core 的 null tokenizer
-# （原脚本的 `_NullTokenizer` 在 `megatron.training` 里，pip 包没有；词表照原脚本取序列长度，但不超过模型的 vocab）。参数 `megatron_optimizer=True` 时换成正式入口的做法：
+# `DataLoader` 也从它取打乱的种子；原脚本没有设它，下文单独跑一遍看后果）；数据 helper 已预编译，不调用 `compile_helpers`。tokenizer 与原脚本相同，是 Core 的 null tokenizer
+# （`MegatronTokenizer.from_pretrained`，library `"null-text"`，[run_simple_mcore_train_loop.py:106](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L106)；词表照原脚本取序列长度，只是不超过模型的 vocab）。参数 `megatron_optimizer=True` 时换成正式入口的做法：
 # `get_megatron_optimizer` + 每步 `zero_grad_buffer()`。
 #
 # 模型和数据的尺寸是参数 `dims`：本篇用它的 `tiny`，正是原脚本的尺寸（2 层、hidden 12、4 个头、vocab 100、序列 64、
@@ -140,7 +148,7 @@ log_table(as_published)
 # 1. Megatron 的 DDP 在 backward 里把梯度累加进 `param.main_grad` 后把 `param.grad` 置为 `None`（笔记 06）。
 #    `torch.optim.Adam` 只看 `param.grad`，遇到 `None` 就跳过这个参数——于是 [`run_simple_mcore_train_loop.py:269`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L269) 的 `optim.step()` 什么也不做。
 # 2. 循环里从不调用 `zero_grad_buffer()`；[`run_simple_mcore_train_loop.py:251`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L251) 的 `optim.zero_grad()` 只清 `param.grad`，
-#    所以 `main_grad` 一步步累加：范数 ≈ 0.50、0.96、1.42、1.88、2.30，近似线性增长。
+#    所以 `main_grad` 一步步累加：范数 ≈ 0.52、1.02、1.54、1.99、2.46，近似线性增长。
 # 3. loss 只在 4.60 附近随 batch 波动：权重不变，变的只是数据（vocab 100 的均匀分布交叉熵是 ln 100 ≈ 4.6052）。
 #
 # 另外，原脚本打印的 `losses_reduced` 是每个 micro-batch 一个 `{"lm loss": tensor}` 的列表，没有在 DP 上平均（这里 DP=1，
@@ -168,7 +176,7 @@ print(checkpoint_line("改后：", fixed))
 print("第 0 步 loss 相同（还没有更新）:", as_published[0]["log"][0]["loss"] == fixed[0]["log"][0]["loss"])
 
 # %% [markdown]
-# 第 0 步 loss 两者相同；之后 loss 下降（4.6045 → 4.5502），权重每步移动约 `lr` = 0.001（Adam 的步长），`main_grad` 每步重新累积。
+# 第 0 步 loss 两者相同；之后 loss 下降（4.6061 → 4.5466），权重每步移动约 `lr` = 0.001（Adam 的步长），`main_grad` 每步重新累积。
 # %% [markdown]
 # ### 没有 `torch.manual_seed` 时，每个 TP rank 读到什么
 #
@@ -259,8 +267,10 @@ layernorm_table(wired)
 # 2. **CPU 生成器没有种子（运行确认）。** 原脚本只调用 `model_parallel_cuda_manual_seed(123)`，它只设 CUDA 与模型并行的 RNG
 #    （[`random.py:490`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L490)）；`use_cpu_initialization=True` 的初值和 `DataLoader` 的打乱
 #    都来自每个进程各不相同的 CPU 默认生成器，两个 TP rank 读不同的样本。本篇为可复现加了 `torch.manual_seed(123)`。
-# 3. **tokenizer 的词表与模型不一致。** 数据集用 `vocab_size=_SEQUENCE_LENGTH`（64）的 null tokenizer，模型 vocab 是 100；mock 数据的 token
-#    只落在前 64 个 id，不出错，但读代码时容易误会。
+# 3. **tokenizer 的词表与模型不一致。** 数据集用 `vocab_size=_SEQUENCE_LENGTH`（64）的 null tokenizer，模型 vocab 是 100。
+#    `"null-text"` 的 `vocab_size` 已含 EOD：EOD 是 63，mock 文档是 `(arange + 1) % 64` 再接一个 EOD
+#    （[gpt_dataset.py:876](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L876)），所以 token 只落在前 64 个 id、63 既是普通 token 又是 EOD。
+#    不出错，但读代码时容易误会。
 
 # %% [markdown]
 # ## 自测
@@ -319,8 +329,9 @@ print("TP rank 1 的 batch 0、1 与 rank 0 相同:", reads_table(wired).rows[1]
 #
 # The simple loop wires Megatron Core by hand: `initialize_model_parallel`, a local-spec `GPTModel`, a mock
 # dataset, Megatron DDP, `get_forward_backward_func`, an explicit `finalize_model_grads` and
-# `dist_checkpointing`; the formal entry does the same inside `pretrain` → `setup_model_and_optimizer` →
-# `train` → `train_step`. Run as published at TP=2, its weights never change: DDP moves gradients into
+# `dist_checkpointing`; the formal entry turns the parsed args into a config container
+# (`gpt_config_from_args`, `pretrain_cfg_container_from_args`) and does the same inside `pretrain` →
+# `setup_model_and_optimizer` (which builds the model from that config) → `train` → `train_step`. Run as published at TP=2, its weights never change: DDP moves gradients into
 # `main_grad` and clears `.grad`, so `torch.optim.Adam` skips every parameter, and `main_grad` keeps
 # accumulating. With `get_megatron_optimizer` and `zero_grad_buffer()` the loss falls. Nothing seeds the CPU
 # generator (`model_parallel_cuda_manual_seed` seeds CUDA only), so each TP rank shuffles its `DataLoader`
