@@ -62,6 +62,8 @@ GQA = EXPERIMENTS["hf-convert"].tiny
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
 # | [`refit.py::swap_model_weights`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L339) | 聚齐：把 TP2·PP2 的 policy 重切成每个 rank 一份 TP1·PP1 的完整模型；反方向把 TP1 重切成 TP2 |
+# | [`refit.py::_build_or_get_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L208) | 重切计划缓存在 refit.py 的模块级字典里，键是两边的并行大小（[`refit.py::_build_plan_cache_key`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/refit.py#L86)），不是模型本身 |
+# | [`planner.py::build_local_reshard_plan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/resharding/planner.py#L454) | 一次 `all_gather_object` 交换各 rank 的参数元数据，每个 rank 自己算出与它有关的收发 |
 # | [`attention.py::SelfAttention.get_query_key_value_tensors`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1812) | 按 query group 拆 `linear_qkv` 的输出；随后对每个 head 做 QK layernorm（[attention.py:1921](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/attention.py#L1921)） |
 # | [`mlp.py::MLP`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L155) | SwiGLU 时 `linear_fc1` 输出 `[gate; up]`，按 `partition_stride=2` 切给 TP（[mlp.py:210](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/mlp.py#L210)） |
 # | [`torch_norm.py::WrappedTorchNorm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/torch_norm.py#L27) | local spec 的 RMSNorm 就是 `torch.nn.RMSNorm`，eps 取 `layernorm_epsilon` |
@@ -84,7 +86,10 @@ GQA = EXPERIMENTS["hf-convert"].tiny
 # ```text
 # snippets/experiments/n25_hf.py::convert(dims, tied)                 # 每个 rank
 # ├─ GPTModel(TP2·PP2)  → train_one_step                              # 1F1B；QK norm、共享 embedding 的梯度先求和
+# ├─ refit.py::clear_plan_cache()                                     # 新的一对模型：旧计划按并行大小缓存，形状不同也会被命中
 # ├─ refit.py::swap_model_weights(policy, full, "gloo")               # TP 分片 + PP stage → 每个 rank 一份完整模型
+# │  ├─ _build_or_get_plan → planner.py::build_local_reshard_plan    # all_gather_object over world：参数元数据；各 rank 自算计划
+# │  └─ reshard_model_weights → execute_reshard_plan                 # gloo 点对点，按 partition_dim / stride 拼
 # ├─ hf_convert.py::to_hf(full tensors)                                # 按 hf_mapping.ROWS：改名、拆、去 padding
 # ├─ 仅 rank 0：Qwen3ForCausalLM(config).load_state_dict(..., strict=True) → logits；三种错误映射
 # ├─ broadcast_object_list(HF state dict)                              # world：每个 rank 拿到同一份 "HF checkpoint"
@@ -94,7 +99,7 @@ GQA = EXPERIMENTS["hf-convert"].tiny
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `swap_model_weights`（聚齐） | TP2·PP2 的 policy、TP1·PP1 的空模型 | 无（写目标模型） | planner、copy service | world 上的对象 collective + gloo 点对点 | 按 `partition_dim` / `partition_stride` 拼 | 只写目标模型 | `optimizer.step()` 之后 |
+# | `swap_model_weights`（聚齐） | TP2·PP2 的 policy、TP1·PP1 的空模型 | 无（写目标模型） | planner（`build_local_reshard_plan`）、copy service | world 上一次 `all_gather_object`（第一次建计划时）+ gloo 点对点 | 按 `partition_dim` / `partition_stride` 拼 | 只写目标模型 | `optimizer.step()` 之后 |
 # | `to_hf` | 完整张量（全局层号） | HF 的 state dict | 无（纯张量） | 否 | 行重排、切分、去 padding | 否 | 同上 |
 # | `load_state_dict(strict=True)` | HF state dict | 无 | 无（`torch.nn.Module`） | 否 | 否 | 写 HF 模型 | 推理引擎加载 |
 # | `to_megatron` | HF state dict | 完整张量 | 无 | 否 | 反向重排、补 padding 行 | 否 | 从 HF checkpoint 开训 |
@@ -126,6 +131,9 @@ listing(hf_convert.to_hf, hf_convert.to_megatron, hf_convert.hf_config)
 # 每个 rank 上：建 TP2·PP2 的 policy、训练一步、`swap_model_weights` 聚齐、转换、strict 加载、比 logits、三种错误映射、反方向。
 # 第一个模型是 `tiny`（8 head、2 个 query group、head_dim 8、QK norm、不共享 embedding → `Qwen3ForCausalLM`），第二个是
 # MHA、无 QK norm、共享 embedding（→ `LlamaForCausalLM`），fc2 恰好是方阵。两者的词表都是 60，Megatron 补到 64。
+# 两个模型在同一次 launch 里走同一对布局（TP2·PP2 → TP1·PP1）。`swap_model_weights` 的计划按两边的并行大小缓存，
+# 不看参数的形状，第二个模型会原样拿到第一个模型的计划，在 `GlooCopyService` 里收发对不上而失败（运行确认：`unmatched local ops`）；所以 `convert` 每换一对模型先调
+# `clear_plan_cache()`。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 listing(n25_hf.train_one_step, n25_hf.convert)
