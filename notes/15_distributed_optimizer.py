@@ -64,7 +64,7 @@
 #
 # ```text
 # megatron/training/training.py::setup_model_and_optimizer(model_type, model_provider_func, ...)
-# ├─ get_model → wrap_model_chunks_with_ddp(...)                         # 每个 model chunk 一次
+# ├─ GPTModelBuilder.build_distributed_models（无模型 config 时退回 get_model）→ 包 DDP  # 每个 model chunk 一次
 # │  ├─ DistributedOptimizer.compute_full_param_layout(params, bucket_size, DP, ddp_config)
 # │  │  └─ _compute_per_buffer_param_layout: 倒序排放；参数起点补齐到 64、
 # │  │                                       bucket 末尾补齐到 lcm(DP, 128)  # 纯本地，只算下标
@@ -103,7 +103,7 @@
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
-# | `training.py::setup_model_and_optimizer` | `model_type`、`model_provider_func`、`checkpointing_context`（或只能按关键字给的 `cfg_container`、`pg_collection`） | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） | `get_model` 里的 `DistributedDataParallel`（[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
+# | `training.py::setup_model_and_optimizer` | `model_type`、`model_provider_func`、`checkpointing_context`（或只能按关键字给的 `cfg_container`、`pg_collection`） | `(model, optimizer, opt_param_scheduler)`，`model` 是每个 virtual stage 一个 DDP 包装的列表（[training.py:2286](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2286)） 模型 config 的 builder 建模型并包上 `DistributedDataParallel`（[training.py:2050](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2050)；没有模型 config 时退回 `get_model`，[training.py:2061](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2061)）、`get_megatron_optimizer`（[training.py:2132](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2132)）、续训时 `load_checkpoint` 里的 `dist_checkpointing`（[training.py:2199](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2199)） | 是：模型按 TP / PP 群建，DDP 记下 dp-cp 群，分布式优化器按 dp 群分片 | 权重按 TP / PP 切；`--use-distributed-optimizer` 时优化器状态按 DP 切 | 是：建参数、grad buffer、优化器状态；续训时从 checkpoint 读回参数与 `args.iteration` | `model_provider()` + `gpt_model.to(device)` + `DistributedDataParallel(...)` + `Adam(...)`（+ `load_distributed_checkpoint`） |
 # | `DistributedOptimizer.compute_full_param_layout` | 全部可训练参数、`bucket_size`、DP 大小、`DistributedDataParallelConfig` | 每块 buffer 一份 `PerBufferParamLayout`（参数区间、bucket 区间、分片数） | `group_params_for_buffers`、`_compute_per_buffer_param_layout` | 只用 DP 的**大小**，不通信 | 否（只算下标） | 否：DDP 拿它建 buffer | simple loop 不用分布式优化器 |
 # | `get_megatron_optimizer` | `OptimizerConfig`、DDP 包装后的 model chunk | `ChainedOptimizer` | `_get_param_groups_and_buffers`、`DistributedOptimizer` / `FP32Optimizer` | 取 dp-cp、tp-pp 等群，不通信 | 否 | 是：建优化器 | simple loop 用 torch 的 `Adam`，没有调用它（笔记 14 遗留问题 2） |
 # | `DistributedOptimizer.__init__` | torch Adam、config、各 chunk 的 buffers、DP 群 | 优化器 | `_build_*` 几个 classmethod | 只取 DP 群的大小和序号 | **是**：按 DP 序号切 buffer | 是：Adam 的参数组换成 shard | 同上 |
@@ -198,7 +198,7 @@ Table(["运行", "返回", "里面", "最里层"],
 # lcm(DP, 128) 的倍数（[param_layout.py 第 26 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/param_layout.py#L26)、[param_layout.py 第 33 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/param_layout.py#L33)），这样 bucket 能被 DP 整除、每段起点对齐。
 # 补齐规则属于优化器，不属于 DDP：`DistributedOptimizer._compute_per_buffer_param_layout` 只凭参数大小和 DP 大小算出
 # 每个参数和每个 bucket 的区间，DDP 的 `_ParamAndGradBuffer` 照着这份布局分配、切视图。正式入口在建 DDP **之前**就算好
-# （`get_model` 里的 `wrap_model_chunks_with_ddp`，[training.py:1880](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1880)），以 `full_param_layout=` 传进去；
+# （builder 路径在 [dist_utils.py:337](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/models/dist_utils.py#L337)，退回的 `get_model` 路径在 `wrap_model_chunks_with_ddp`，[training.py:1880](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1880)），以 `full_param_layout=` 传进去；
 # 本篇的单元格像多数直接用 Megatron Core 的代码一样不传，DDP 就记一条警告、自己调用同一个 classmethod
 # （[distributed_data_parallel.py:143](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L143)），结果相同。
 # 不用分布式优化器时走 DDP 自己那份不补齐的布局（[笔记 14](../14_data_parallel_ddp/)）。

@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 19 模型专题：config、layer spec 与 GPTModel
 #
-# 第三轮·模型专题。[笔记 04](../04_model_provider_and_gpt_model/) 走过"谁造模型"（`get_model` → `model_provider` →
-# `gpt_builder` → `GPTModel`），列出了 TP=2 时每个参数的切法；[笔记 11](../11_transformer_layer/) 把一层拆开走了 forward。
+# 第三轮·模型专题。[笔记 04](../04_model_provider_and_gpt_model/) 走过"谁造模型"（0.19.0 的正式入口是 `GPTModelConfig` →
+# `GPTModelBuilder` → `GPTModel`，旧的 `get_model` → `model_provider` → `gpt_builder` 是退路），列出了 TP=2 时每个参数的切法；[笔记 11](../11_transformer_layer/) 把一层拆开走了 forward。
 # 本篇不重复它们，而是逐条回答 roadmap 模型专题的四个"关注"问题，每条都用真实的 `megatron.core` 在 CPU rank 上跑出来：
 # `TransformerConfig` 在构造之后自己改了哪些字段、拒绝哪些组合；layer spec 里的哪些选择真的由 spec 决定、哪些其实由
 # config 决定（把模型建出来逐模块比较）；以及 TP=2 的 GPT 里每个并行层带着什么标志、这些标志换来哪些通信。
@@ -674,8 +674,8 @@ expert_rows
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# 本篇展开的是 `setup_model_and_optimizer` → `get_model` → `model_provider` → `gpt_builder` 这一步（笔记 04）里的
-# `core_transformer_config_from_args` 和 `GPTModel(config, spec)`。同一个 config 之后还被 DDP、优化器、schedule 读取
+# 本篇展开的是 `setup_model_and_optimizer` 建模型这一步（笔记 04：0.19.0 经 `GPTModelBuilder`，退路是 `get_model` →
+# `model_provider` → `gpt_builder`）里的 `core_transformer_config_from_args` 和 `GPTModel(config, spec)`。同一个 config 之后还被 DDP、优化器、schedule 读取
 # （`sequence_parallel` 决定 `finalize_model_grads` 要不要归约 norm 的梯度，笔记 11、14）；本篇表里的 TP 标志决定
 # `forward_step` 里每一次 TP 通信（[笔记 05](../05_forward_loss_backward/)）；参数上的切分属性被 DDP、分布式优化器、checkpoint 读取
 # （笔记 06、15、07）。simple loop 里对应的是手写的 `TransformerConfig(...)` 加 `GPTModel(config, get_gpt_layer_local_spec(), ...)`。
