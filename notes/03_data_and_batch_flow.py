@@ -39,9 +39,9 @@
 # |---|---|
 # | [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377) | `args` → `GPTDatasetConfig` |
 # | [`pretrain_gpt.py::train_valid_test_datasets_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L444) | 选类（`GPTDataset` / `MockGPTDataset` / SFT），调 builder |
-# | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361) | 只有首 / 尾 stage 的 TP rank 0 建数据集 |
-# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 每个 micro-batch：TP 广播，再 CP 切分 |
-# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119) | TP 群里的 broadcast（0.19.0 起在 `megatron/core/utils.py`，随 pip 包安装；`snippets/data/batch_flow.py` 是本篇的重写） |
+# | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361) | 只有首 / 尾 stage 的 TP rank 0 建数据集（SFT 时每个 stage 的 TP rank 0 都建） |
+# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 每个 micro-batch：TP 广播，展平 packed 样本，再 CP 切分 |
+# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119) | TP 群里的 broadcast（在 `megatron/core/utils.py`，随 pip 包安装；`snippets/data/batch_flow.py` 是本篇的重写） |
 # | [`common_utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/utils/common_utils.py#L507) | `--data-path` 等 → `blend` / `blend_per_split` |
 # | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513) | 调 provider、建 DataLoader |
 # | [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115) | 按 DP rank 取 micro-batch 的下标 |
@@ -52,11 +52,13 @@
 # | [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L923) | 写 `.bin`（token）和 `.idx`（长度、文档边界） |
 # | [`indexed_dataset.py::IndexedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L597) | 读它们（mmap） |
 # | [`gpt_dataset.py::GPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L106) | 把文档拼接、切成定长样本 |
-# | [`gpt_dataset.py::GPTDataset.__getitem__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L230) | 一个样本的五个字段 |
+# | [`gpt_dataset.py::GPTDataset.__getitem__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L230) | 一个样本的五个字段（`inter_document_masking` 时改给 `cu_seqlens`、`max_seqlen`，不给 mask） |
 # | [`gpt_dataset.py::_get_ltor_masks_and_position_ids`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L765) | causal mask、loss mask、position ids（可按 EOD 重置） |
 # | [`gpt_dataset.py::MockGPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L898) | 不读文件的合成数据（simple loop 用它） |
 # | [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_dataset.py#L25) | 按权重从几个数据集里取样本 |
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：每个 rank 留 2·CP 块里的两块 |
+# | [`utils.py::flatten_batch_for_packed_sequences`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2565) | packed：把 micro-batch 里各样本的 `cu_seqlens` 合成一条，`[b, s]` 摊平成 `[1, b·s]` |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：按有没有 `cu_seqlens` 分派；普通数据每个 rank 留 2·CP 块里的两块 |
+# | [`utils.py::_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456) | 整条序列的"一头一尾"切分（上一行的缺省分支） |
 # | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | packed（THD）：由 `cu_seqlens` 造 `PackedSeqParams`（[`pretrain_gpt.py:323`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)） |
 # | [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10) | `cu_seqlens_*`、`max_seqlen_*` 交给 attention |
 # | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L82) | simple loop 的数据：mock + 普通 `DataLoader` |
@@ -80,11 +82,17 @@
 #          └─ build_pretraining_data_loader → MegatronPretrainingSampler        # 按 DP rank 取下标
 #
 # train_step → forward_backward_func → pretrain_gpt.py::forward_step
-# └─ pretrain_gpt.py::get_batch
-#    ├─ 中间 stage：直接返回 6 个 None                                          # 输入来自上一 stage
-#    ├─ megatron/training/utils.py::get_batch_on_this_tp_rank               # TP 群 broadcast：TP rank 0 → 其余
-#    └─ 没有 cu_seqlens：megatron/core/utils.py::get_batch_on_this_cp_rank     # 本地切片 [b, s] → [b, s/CP]
-#       有 cu_seqlens：  megatron/core/utils.py::get_thd_batch_on_this_cp_rank # 造 PackedSeqParams
+# ├─ pretrain_gpt.py::get_batch
+# │  ├─ 中间 stage 且不 packing：直接返回 10 个 None（BATCH_KEYS）              # 输入来自上一 stage
+# │  ├─ TP rank 0：next(data_iterator)
+# │  ├─ megatron/core/utils.py::get_batch_on_this_tp_rank                  # TP 群 broadcast：TP rank 0 → 其余
+# │  ├─ megatron/core/utils.py::flatten_batch_for_packed_sequences         # 有 cu_seqlens 时合并，否则原样
+# │  └─ megatron/core/utils.py::get_batch_on_this_cp_rank(batch, is_hybrid_cp, cp_group=...)
+# │     ├─ 没有 cu_seqlens 或 inter-document masking：_get_batch_on_this_cp_rank_per_sequence_balancing
+# │     │                                                                   # 本地切片 [b, s] → [b, s/CP]
+# │     ├─ SFT 的 packed 数据：_get_batch_on_this_cp_rank_per_document_balancing   # 每篇文档各自切（要 TE）
+# │     └─ hybrid CP：按 local_cp_size 取一个临时 CP 群再切
+# └─ 有 cu_seqlens 时：PackedSeqParams(qkv_format="thd", ...)                 # 交给 attention
 # ```
 #
 # **每个函数的阅读记录**（roadmap 第一轮的七问）：
@@ -95,13 +103,14 @@
 # | `train_valid_test_datasets_provider` | 三个 split 的样本数、`vp_stage` | `(train, valid, test)` 数据集（不建的 rank 为 None） | `BlendedMegatronDatasetBuilder`、`GPTDataset` / `MockGPTDataset` | 间接：builder 里的 barrier | 否 | 否 | `BlendedMegatronDatasetBuilder(MockGPTDataset, ...).build()` |
 # | `BlendedMegatronDatasetBuilder.build` | （构造时）类、sizes、`is_built_on_rank`、config | 三个数据集或 None | `IndexedDataset`、`GPTDataset`、`BlendedDataset` | world 群 barrier（下面实测） | 按 `split` 切文档区间 | 否（写索引缓存文件） | 同上 |
 # | `GPTDataset.__getitem__` | 样本下标 | 五个字段的 dict（无 batch 维） | `_get_ltor_masks_and_position_ids` | 否 | 否 | 否 | `DataLoader` 取样本 |
-# | `get_batch`（pretrain_gpt） | data iterator、`vp_stage` | 五个张量 + `packed_seq_params` | 下面两个 | 经下面两个 | 是：CP 切序列 | 推进 iterator | `forward_step_func` 开头的 `next(data_iterator)` |
-# | `get_batch_on_this_tp_rank` | data iterator（只有 TP rank 0 用） | batch dict | `parallel_state` 的 TP 坐标与群 | **是**：TP 群 broadcast | 否（整条序列广播） | 推进 iterator | 无（simple loop 每个 rank 自己读） |
-# | `get_batch_on_this_cp_rank` | batch dict | 同一个 dict，序列维变 `s/CP` | `parallel_state` 的 CP 坐标 | 只读坐标，无通信 | **是**：取第 `r` 与 `2·CP−1−r` 块 | 否 | 无（simple loop 没有 CP） |
+# | `get_batch`（pretrain_gpt） | data iterator、`vp_stage` | `BATCH_KEYS` 顺序的 10 个值（五个字段 + packed 元数据） | 下面三个 | 经下面几个 | 是：CP 切序列 | 推进 iterator | `forward_step_func` 开头的 `next(data_iterator)` |
+# | `get_batch_on_this_tp_rank` | batch dict（只有 TP rank 0 的有内容）、`has_cu_seqlens` 等开关、TP 群与 src rank、stage 位置 | batch dict（10 个键） | 无（群由调用方传入） | **是**：TP 群 broadcast | 否（整条序列广播） | 否 | 无（simple loop 每个 rank 自己读） |
+# | `get_batch_on_this_cp_rank` | batch dict、`is_hybrid_cp`、`cp_group` | 同一个 dict，序列维变 `s/CP` | CP 群的大小与本 rank 序号 | 只读群信息，无通信 | **是**：取第 `r` 与 `2·CP−1−r` 块 | 否 | 无（simple loop 没有 CP） |
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import dataclasses
 import tempfile
+import warnings
 
 import numpy
 import torch
@@ -121,6 +130,9 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, Moc
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.tokenizers import MegatronTokenizer
 
+# IndexedDataset asks torch.distributed which rank it is; this single process has no process group
+_ = warnings.filterwarnings("ignore", message="Could not determine rank")
+
 # %% [markdown]
 # ## 关键对象
 #
@@ -137,7 +149,7 @@ FROM_ARGS = {
     "blend": "get_blend_and_blend_per_split(args)：--data-path",
     "blend_per_split": "同上：--train-data-path / --valid-data-path / --test-data-path",
     "split": "args.split（如 969,30,1）",
-    "tokenizer": "build_tokenizer(args)（或 legacy 的 get_tokenizer()）",
+    "tokenizer": "build_tokenizer(args)",
     "path_to_cache": "args.data_cache_path",
     "reset_position_ids": "args.reset_position_ids",
     "reset_attention_mask": "args.reset_attention_mask",
@@ -146,6 +158,7 @@ FROM_ARGS = {
     "context_parallel_size": "args.context_parallel_size",
     "data_parallel_size": "args.data_parallel_size",
     "sequence_parallel_size": "args.tensor_model_parallel_size * args.sequence_parallel",
+    "inter_document_masking": "args.dataloader_inter_document_masking",
     "mock": "不来自 args：__post_init__ 在 blend、blend_per_split 都为 None 时置 True",
 }
 config_fields = {f.name: f for f in dataclasses.fields(GPTDatasetConfig)}
@@ -167,14 +180,14 @@ Table(["GPTDatasetConfig 字段", "来自", "构造参数?", "缺省值"],
 # ### tokenizer
 #
 # 数据集只向 tokenizer 要三样东西：`eod`（文档结束符）、`vocab_size`（决定 `.bin` 里 token 的 dtype）、`pad`（可选）。
-# `--tokenizer-type NullTokenizer --vocab-size 31` 时 `build_tokenizer` 做的就是下面这一行：
+# `--tokenizer-type NullTokenizer --vocab-size 32` 时 `build_tokenizer` 做的就是下面这一行（[build_tokenizer.py:87](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L87)）：
 
 # %%
-tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=31)
+tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=32)
 print("vocab_size:", tokenizer.vocab_size, " eod:", tokenizer.eod)
 
 # %% [markdown]
-# `NullTokenizer` 把 EOD 放在词表最后（id 31），所以词表大小是 32。
+# `--vocab-size` 已把 EOD 算在内：`NullTokenizer` 缺省把 EOD 放在词表最后一个 id（31），词表大小就是 32。
 #
 # ### 一个真实的 indexed dataset：`.bin` + `.idx`
 #
@@ -299,9 +312,10 @@ Table(["i", "来自", "tokens"], [[i, "ab"[int(blended.dataset_index[i])], blend
 #
 # 下面每个 rank 做正式入口会做的事：`initialize_model_parallel`；用 `is_dataset_built_on_rank` 的规则
 # （首或尾 stage，且 TP rank 0）调 `BlendedMegatronDatasetBuilder`；建了数据集的 rank 建 `DataLoader`；然后 `get_batch`。
-# `get_batch` / `get_batch_on_this_tp_rank` 不在 pip 包里，`snippets.data.batch_flow` 按 tag 上的逻辑重写了它们，
-# 其中 CP 切分调用的是真实的 `megatron.core.utils.get_batch_on_this_cp_rank`。每个 collective 都被
-# `snippets.record.recorder` 记下。
+# `get_batch` 只在 git tag 的 `pretrain_gpt.py` 里；`get_batch_on_this_tp_rank` 随 pip 包安装，但它每次广播不留字段名，
+# 所以 `snippets.data.batch_flow` 按 tag 上的逻辑重写了这两个函数（测试核对重写与真实函数发出同样的广播）；
+# 展平和 CP 切分调用的是真实的 `megatron.core.utils.flatten_batch_for_packed_sequences`、`get_batch_on_this_cp_rank`。
+# 每个 collective 都被 `snippets.record.recorder` 记下。
 #
 # 每个 rank 上跑的是 `snippets/experiments/n03_batch_flow.py` 里的 `run`。序列长度、micro-batch 和词表是参数 `dims`，
 # 本篇用它的 `tiny`：seq 8、micro-batch 2、vocab 32（数据集要 micro-batch × `microbatches` = 4 个样本）。`run` 先让
@@ -321,7 +335,7 @@ summary_table(tp_cp, TP_CP)
 # - **建数据集**：TP rank 0 的两个 rank（0、2，两个 CP 坐标）建，另外两个只陪一次 world barrier。
 #   `build_generic_dataset` 让 global rank 0 先建（写索引缓存），barrier 之后其余要建的 rank 再建（读缓存）。
 # - **读数据**：只有 rank 0、2 有 data iterator；它们处在同一个 DP 坐标，读到的是同一条样本。
-# - **广播**：每个 rank 发出 9 次 broadcast，全在 TP 群里；之后 `tokens` 只剩 `[2, 4]`——CP 切掉了一半序列。
+# - **广播**：每个 rank 发出 5 次 broadcast，全在 TP 群里；之后 `tokens` 只剩 `[2, 4]`——CP 切掉了一半序列。
 #
 # rank 0（发送方）记下的每一次广播，以及 rank 1（接收方）按路线图格式记下的同一串 collective：
 
@@ -332,13 +346,18 @@ sender_table(tp_cp[0])
 receiver_table(tp_cp[1])
 
 # %% [markdown]
-# 9 次里有 4 次是 `cu_seqlens` 的"先发长度、再发内容"，而且发了两遍（长度 0、内容为空张量，因为这份数据没有 packing）：
-# tag 上这两步和 `max_seqlen` 在按 stage 分支的广播之后又无条件重复了一次（见遗留问题 1）。
+# 5 次，每个字段一次：先是四个逐样本的 `[b, s]` 字段（`position_ids` 在 mask 之前），`attention_mask` 最后
+# （[utils.py:2214](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214) 前后）。这份数据没有 packing，`--sft` /
+# `--dataloader-inter-document-masking` 都没开，`cu_seqlens`、`max_seqlen` 就一次也不发（见遗留问题 1）。
+#
+# > **旧版（core_v0.16.1）：** 9 次：`attention_mask` 排在 `position_ids` 之前，末尾还无条件把空的 `cu_seqlens`（长度 + 内容）
+# > 重发一遍（遗留问题 1）。core_v0.18.0 已与 0.19.0 相同，只是决定发不发 `cu_seqlens` 的开关只有 `--sft`。
 #
 # ### CP 切分：每个 rank 留哪两块
 #
-# `get_batch_on_this_cp_rank` 把序列维 `view` 成 `2·CP = 4` 块（每块 2 个 token），CP rank `r` 留第 `r` 块和第
-# `2·CP−1−r` 块。`position_ids` 正好暴露了每个 rank 留下的是原序列的哪些位置：
+# 这份数据没有 `cu_seqlens`，`get_batch_on_this_cp_rank` 就交给整条序列的切法
+# [`_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456)：把序列维 `view` 成
+# `2·CP = 4` 块（每块 2 个 token），CP rank `r` 留第 `r` 块和第 `2·CP−1−r` 块。`position_ids` 正好暴露了每个 rank 留下的是原序列的哪些位置：
 
 # %%
 chunk_table(tp_cp, TINY, TP_CP)
@@ -366,11 +385,14 @@ tp_pp = run_ranks(run, 6, TINY, TP_PP, grid=dict(tp=2, pp=3))
 role_table(tp_pp, TP_PP)
 
 # %% [markdown]
-# - **首 stage**（rank 0、1）只广播输入侧：`tokens`、`attention_mask`、`position_ids`；接收方的 `labels`、`loss_mask` 为 None。
-# - **尾 stage**（rank 4、5）只广播目标侧：`labels`、`loss_mask`、`attention_mask`；接收方的 `tokens`、`position_ids` 为 None。
-#   发送方自己读到了全部字段，所以 rank 4 五个都有——但模型只用它该用的。
-# - **中间 stage**（rank 2、3）根本不进 `get_batch_on_this_tp_rank`：它的输入是上一个 stage 传来的 hidden states
-#   （pipeline 见[笔记 13](../13_pipeline_schedules/)）。它也不建数据集，只陪 builder 的 barrier。
+# - **首 stage**（rank 0、1）只广播输入侧：`tokens`、`position_ids`，最后 `attention_mask`；`labels`、`loss_mask` 为 None。
+# - **尾 stage**（rank 4、5）只广播目标侧：`labels`、`loss_mask`，最后 `attention_mask`；`tokens`、`position_ids` 为 None。
+#   发送方读到的是全部字段，但它也把本 stage 用不到的置成 None（[utils.py:2225](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2225)），
+#   所以 rank 4 和 rank 5 手里的一样。
+# - **中间 stage**（rank 2、3）不 packing 时根本不进 `get_batch_on_this_tp_rank`：它的输入是上一个 stage 传来的 hidden states
+#   （pipeline 见[笔记 13](../13_pipeline_schedules/)）。它也不建数据集，只陪 builder 的 barrier。packed 数据
+#   （`--sft` 或 inter-document masking）例外：中间 stage 的 attention 也要知道文档边界，`get_batch` 不再提前返回，
+#   它只收 `cu_seqlens` 与 `max_seqlen`（[utils.py:2252](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2252)）。
 #
 # ### packed sequence：`cu_seqlens` 与 `max_seqlen`
 #
@@ -382,35 +404,61 @@ role_table(tp_pp, TP_PP)
 #    （累积长度，`[0, 4, 8]` 表示两段 `[0, 4)`、`[4, 8)`）和 `max_seqlen`（最长一段，用来定 kernel 的分块）。
 #    Transformer Engine 的 attention 按段计算，不算段与段之间。
 #
-# 取一个中间含 EOD 的样本，看第 1 种办法造出的字段，并由 EOD 位置算出第 2 种办法要的 `cu_seqlens`：
+# 取一个中间含 EOD 的样本，先看第 1 种办法造出的字段：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 reset_config = dataclasses.replace(config, reset_position_ids=True, reset_attention_mask=True)
 reset_ds, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [6, None, None], lambda: True, reset_config).build()
 # the sample with the most document boundaries inside it
-packed = max((reset_ds[i] for i in range(len(reset_ds))),
-             key=lambda sample: int((sample["tokens"][:-1] == tokenizer.eod).sum()))
-ends = (packed["tokens"][:-1] == tokenizer.eod).nonzero().flatten() + 1  # a document starts after each EOD
-cu_seqlens = torch.tensor([[0, *ends.tolist(), 8]], dtype=torch.int32)
-max_seqlen = cu_seqlens.diff().max().view(1)
+packed_index = max(range(len(reset_ds)), key=lambda i: int((reset_ds[i]["tokens"][:-1] == tokenizer.eod).sum()))
+packed = reset_ds[packed_index]
 print("tokens      :", packed["tokens"].tolist())
 print("position_ids:", packed["position_ids"].tolist())
 print("mask 的可见位置（1 = 可见）:")
 print((~packed["attention_mask"][0]).int())
-print("cu_seqlens:", cu_seqlens.tolist(), " max_seqlen:", max_seqlen.tolist())
 
 # %% [markdown]
-# 有 `cu_seqlens` 时 `get_batch` 走 `get_thd_batch_on_this_cp_rank`（CP=1 时它只负责造 `PackedSeqParams`；
-# CP>1 时它要 TE 算切分下标）。用真实函数造一个，`cu_seqlens`、`max_seqlen` 的形状与正式入口里 micro-batch 1 时一致：
+# 第 2 种办法的元数据也由 `GPTDataset` 自己给：`GPTDatasetConfig(inter_document_masking=True)`（正式入口的
+# `--dataloader-inter-document-masking`）时，`__getitem__` 不造 mask，改为给出 `cu_seqlens` 和 `max_seqlen`，
+# 并同样按文档重置 `position_ids`（[gpt_dataset.py:287](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L287)）。同一个样本：
 
 # %%
-from megatron.core.utils import get_thd_batch_on_this_cp_rank
+doc_config = dataclasses.replace(config, inter_document_masking=True)
+doc_ds, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [6, None, None], lambda: True, doc_config).build()
+doc_sample = doc_ds[packed_index]
+print("字段:", sorted(doc_sample))
+print("tokens 相同:", torch.equal(doc_sample["tokens"], packed["tokens"]),
+      " position_ids 相同:", torch.equal(doc_sample["position_ids"], packed["position_ids"]))
+print("cu_seqlens:", doc_sample["cu_seqlens"].tolist(), " max_seqlen:", int(doc_sample["max_seqlen"]))
 
-one = {k: v[None] for k, v in packed.items()}
-_, packed_seq_params = get_thd_batch_on_this_cp_rank(one, cu_seqlens, None, max_seqlen, cp_size=1, cp_rank=0)
+# %% [markdown]
+# `cu_seqlens` 被补到 `s + 1` 项、尾部用 `s` 填满：各样本的文档数不同，补成等长 `DataLoader` 才能把它们叠成一批。
+# 补齐在 `get_batch` 里去掉：TP 广播之后，[`flatten_batch_for_packed_sequences`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2565)
+# 把一个 micro-batch 的几条样本首尾相接（第 `i` 条的边界加 `i·s`），`[b, s]` 摊平成 `[1, b·s]`，`max_seqlen` 取最大；
+# `forward_step` 再用它造 `PackedSeqParams`（[pretrain_gpt.py:323](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)）。micro-batch 2 时
+# （第 0 条样本内没有文档边界，第 1 条在位置 2 断开）：
+
+# %%
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.utils import flatten_batch_for_packed_sequences
+
+two = next(iter(torch.utils.data.DataLoader(doc_ds, batch_size=2)))
+print("DataLoader 叠出的 cu_seqlens:", describe(two["cu_seqlens"]), " tokens:", describe(two["tokens"]))
+flat = flatten_batch_for_packed_sequences(dict(two))
+print("展平后 cu_seqlens:", flat["cu_seqlens"].tolist(), " tokens:", describe(flat["tokens"]),
+      " max_seqlen:", flat["max_seqlen"].tolist())
+cu = flat["cu_seqlens"].squeeze(0)  # forward_step squeezes the batch dim
+params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                         max_seqlen_q=int(flat["max_seqlen"].item()), max_seqlen_kv=int(flat["max_seqlen"].item()),
+                         tokens_per_sample=8)
 Table(["PackedSeqParams 字段", "值"],
-      [[f.name, getattr(packed_seq_params, f.name).tolist() if torch.is_tensor(getattr(packed_seq_params, f.name))
-        else getattr(packed_seq_params, f.name)] for f in dataclasses.fields(packed_seq_params)])
+      [[f.name, getattr(params, f.name).tolist() if torch.is_tensor(getattr(params, f.name)) else getattr(params, f.name)]
+       for f in dataclasses.fields(params)])
+
+# %% [markdown]
+# > **旧版（core_v0.18.0）：** 只有 SFT 的 packed 数据带 `cu_seqlens`（`GPTDataset` 还没有 `inter_document_masking`），
+# > 也没有 `flatten_batch_for_packed_sequences`：接收方按 `(1, n)` 分配 `cu_seqlens`，即 packed 时 micro-batch 只能是 1
+# > （[core_v0.18.0 的 `get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/utils.py#L1979)）。
 
 # %% [markdown]
 # 本地 attention（`DotProductAttention`）断言 `packed_seq_params is None`，THD 只能在 TE 上跑。它和第 1 种办法算的是同一个数，
@@ -444,6 +492,7 @@ def packed_vs_separate(sample, cu_seqlens):
     return block[0], plain[0], torch.cat(pieces, dim=1)[0]
 
 
+cu_seqlens = flatten_batch_for_packed_sequences({k: v[None] for k, v in doc_sample.items()})["cu_seqlens"]
 block, plain, separate = run_ranks(packed_vs_separate, 1, packed, cu_seqlens)[0]
 def rounded(t):
     return [round(x, 4) for x in t.tolist()]
@@ -473,11 +522,12 @@ print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
 #
 # **只有一个 rank 读盘。** 同一 TP 群的 rank 需要完全相同的 batch（它们合起来是一个模型副本）。与其让每个 rank 各读一份、
 # 祈祷顺序一致，不如让 TP rank 0 读、广播给其余。接收方不知道数据长什么样，只能按 `args`（`micro_batch_size`、
-# `seq_length`、是否在 dataloader 里造 mask）预先分配缓冲——所以广播的顺序、shape、dtype 是发送方和接收方之间的隐式协议，
-# 两边任何一处不一致都会错配（遗留问题 2）。
+# `seq_length`、是否在 dataloader 里造 mask、是否 packed）预先分配缓冲——所以广播的顺序、shape、dtype 是发送方和接收方之间的隐式协议，
+# 两边任何一处不一致都会错配（遗留问题 2 是 0.16.1 的一个实例）。0.19.0 让两边只看同一组开关，而不是发送方看数据、接收方看开关。
 #
 # **只广播本 stage 用得到的。** 首 stage 做 embedding，要 `tokens`、`position_ids`、`attention_mask`；尾 stage 算 loss，
-# 要 `labels`、`loss_mask`（中间层的 attention 也要 mask）；中间 stage 的输入是上一 stage 的激活，不碰数据。
+# 要 `labels`、`loss_mask`（中间层的 attention 也要 mask）；中间 stage 的输入是上一 stage 的激活，不碰数据
+# ——packed 数据除外，它的文档边界每一层的 attention 都要，所以中间 stage 也收 `cu_seqlens`。
 #
 # **CP 切分是纯索引。** 没有通信；每个字段按自己的序列维（`attention_mask` 是第 2 维）切。它发生在 TP 广播之后，
 # 因为同一 CP 群的 rank 各自读了同一条样本（它们有相同的 DP 坐标），各取自己那两块即可。
@@ -505,39 +555,64 @@ print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **`cu_seqlens` 每次发两遍（0.16.1，运行确认）。** 0.16.1 的 `get_batch_on_this_tp_rank` 在按 stage 分支的广播之后，发送方和接收方
-#    各自又定义一遍 `_broadcast_cu_seqlens` 并再调用一次，随后再广播一次 `max_seqlen`。
-#    两边都重复，所以能对上；代价是 PP=1 时 9 次广播里 4 次花在一个通常为空的 `cu_seqlens` 上。
-#    0.19.0 把这个函数搬进 `megatron/core/utils.py` 并重写：只有数据带 `cu_seqlens`（或 hybrid CP）时，
-#    各 stage 的分支里才发它，且只发一次（[`utils.py:2214`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214)）。
-# 2. **带 `max_seqlen` 的 packed 数据在 TP>1 时错配（0.16.1）。** 0.16.1 的接收方给 `max_seqlen` 的缓冲只在 hybrid CP 时分配
-#    （后一次赋值覆盖了按 `args.sft` 分配的那一个），发送方却只要数据里有 `max_seqlen` 就发（`SFTDataset` 的样本就有）。
-#    下面用 `PairedBroadcast` 把一个 TP 群的发送方与接收方在同一进程里对放：第 8 次接收就错位了。
-#    换成 0.16.1 上的原函数，错位完全一样；在两个真实 gloo rank 上跑原函数，接收方把 `max_seqlen`
-#    的字节读成 `cu_seqlens` 的长度，试图分配几十 TB 内存而失败。即使广播对上了，接收方的 `max_seqlen` 是 None，
-#    `get_batch` 里的 `max_seqlen.dim()` 也会失败。上游之后有 [issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092)
-#    与重写 `get_batch` 的 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)。0.19.0 的收发两边用同一个条件：
-#    数据带 `cu_seqlens` 或 hybrid CP 时，接收方才分配 `max_seqlen` 的缓冲（[`utils.py:2285`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2285)），发送方也才发它。
-# 3. **`cu_seqlens_padded` 永远是 None。** `get_batch` 从 batch 里 `pop('cu_seqlens_padded', None)`，但
-#    `get_batch_on_this_tp_rank` 返回的 dict 里根本没有这个键（下面第二格）；THD + CP>1 要用它算切分下标。
+# 1. **`cu_seqlens` 只在开关说"packed"时才发，而且只发一次（已修，运行确认）。** 0.19.0 的
+#    `get_batch_on_this_tp_rank` 不看数据里有没有 `cu_seqlens`，只看 `get_batch` 按 `--sft` /
+#    `--dataloader-inter-document-masking` 算出的 `has_cu_seqlens`（[pretrain_gpt.py:106](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L106)）：
+#    为真时每个 stage 分支里先发长度、再发内容，紧跟着 `max_seqlen`，最后才是 mask（[`utils.py:2214`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214)）；
+#    为假时一次也不发。下面第一格把 `inter_document_masking` 的样本交给一对收发方：开关打开时 7 次广播、两边对得上；
+#    同一份数据、开关关着时只发 4 个字段，`cu_seqlens` 不发，接收方也不等它。
+#
+# > **旧版（core_v0.16.1）：** `get_batch_on_this_tp_rank` 还在 `megatron/training/utils.py`：按 stage 分支广播之后，
+# > 收发两边又各调一次 `_broadcast_cu_seqlens` 再广播一次 `max_seqlen`，PP=1、不 packing 时 9 次广播里 4 次花在空的 `cu_seqlens` 上
+# > （[core_v0.16.1 的 utils.py 第 604 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L604)）。core_v0.18.0 已与 0.19.0 相同（开关名叫 `is_sft`）。
+#
+# 2. **带 `max_seqlen` 的 packed 数据在 TP>1 时错位（已修）。** 0.19.0 的接收方在 `has_cu_seqlens` 或 hybrid CP 时为
+#    `max_seqlen` 分配 `[micro_batch]` 的缓冲（[`utils.py:2285`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2285)），发送方在同一条件下发它，
+#    所以下面第一格里 `max_seqlen` 两边对得上。
+#
+# > **旧版（core_v0.16.1）：** 接收方只在 hybrid CP 时分配 `max_seqlen` 的缓冲（后一次赋值覆盖了按 `args.sft` 分配的那一个），
+# > 发送方却只要数据里有 `max_seqlen` 就发（[core_v0.16.1 的 utils.py 第 671 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L671)）：
+# > 用 `PairedBroadcast` 对放时第 8 次接收错位，真实 gloo rank 上接收方把 `max_seqlen` 的字节读成长度而试图分配几十 TB。
+# > 上游有 [issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092) 与 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)；core_v0.18.0 已修。
+#
+# 3. **`cu_seqlens_padded` 有了通道，却没有数据集填它。** 0.19.0 的 `get_batch` 返回 `BATCH_KEYS` 里的全部 10 个键，
+#    packed 且 CP>1 时 `cu_seqlens_padded` 也按"先长度、后内容"广播（下面第二格：长度为 0）。但 tag 里的 `GPTDataset`
+#    和 `SFTDataset` 只给 `cu_seqlens`，所以它实际总是 None，`forward_step` 退回用 `cu_seqlens`。
+#    （0.16.1 的接收方返回的 dict 里根本没有这个键。）
 # 4. **simple loop 的 mock 数据比看上去贵。** sizes `[1000, None, None]` 仍会为 train / valid / test 各建一个整 epoch 的
 #    索引（上面 seq 64 时每个约一百万样本）；把序列长度改小，样本数和建索引时间成比例变大（seq 8 时约 850 万个）。
+# 5. **inter-document masking + PP≥3 的中间 stage 没有数据可读（读代码所见，未运行）。** 开了
+#    `--dataloader-inter-document-masking`（不开 `--sft`）时 `has_cu_seqlens` 为真，中间 stage 不再提前返回，
+#    它的 TP rank 0 要 `next(data_iterator)` 去取 `cu_seqlens`；可 `is_dataset_built_on_rank` 只在 SFT 时让中间 stage 建数据集
+#    （[pretrain_gpt.py:361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361)），那里的 data iterator 是 None。本站的 CPU 实验没有覆盖这条路径。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
+doc_batch = torch.utils.data.default_collate([doc_sample])  # a micro-batch of 1, as the DataLoader yields it
+for flags in (BatchArgs(1, 8, create_attention_mask_in_dataloader=False, dataloader_inter_document_masking=True),
+              BatchArgs(1, 8, create_attention_mask_in_dataloader=False)):
+    sender, receiver, paired = paired_views("all")
+    sent_log = []
+    get_batch_on_this_tp_rank(iter([doc_batch]), flags, view=sender, log=sent_log)
+    try:
+        got = get_batch_on_this_tp_rank(None, flags, view=receiver)
+        paired.finish()
+        print(f"has_cu_seqlens={flags.has_cu_seqlens}: 对上了，接收方的 cu_seqlens =",
+              None if got["cu_seqlens"] is None else got["cu_seqlens"].tolist(),
+              " max_seqlen =", None if got["max_seqlen"] is None else got["max_seqlen"].tolist())
+    except BroadcastMismatch as err:
+        print("BroadcastMismatch:", err)
+    print("  发送方依次发出:", [entry[0] for entry in sent_log])
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+cp2 = BatchArgs(1, 8, create_attention_mask_in_dataloader=False, dataloader_inter_document_masking=True,
+                context_parallel_size=2)
 sender, receiver, paired = paired_views("all")
-packed_data = {name: packed[name][None] for name in FIELDS} | {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
 sent_log = []
-get_batch_on_this_tp_rank(iter([packed_data]), BatchArgs(1, 8), view=sender, log=sent_log)
-try:
-    get_batch_on_this_tp_rank(None, BatchArgs(1, 8), view=receiver)
-except BroadcastMismatch as err:
-    print("BroadcastMismatch:", err)
-print("发送方依次发出:", [entry[0] for entry in sent_log])
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-sender, receiver, paired = paired_views("all")
-get_batch_on_this_tp_rank(iter([{name: batch0[name] for name in FIELDS}]), BatchArgs(2, 8), view=sender)
-print("get_batch_on_this_tp_rank 返回的键:", list(get_batch_on_this_tp_rank(None, BatchArgs(2, 8), view=receiver)))
+get_batch_on_this_tp_rank(iter([doc_batch]), cp2, view=sender, log=sent_log)
+got = get_batch_on_this_tp_rank(None, cp2, view=receiver)
+paired.finish()
+print("CP=2 时依次发出:", [entry[0] for entry in sent_log])
+print("接收方返回的键:", sorted(got), " cu_seqlens_padded:", got["cu_seqlens_padded"])
 
 # %% [markdown]
 # ## 自测
@@ -546,7 +621,8 @@ print("get_batch_on_this_tp_rank 返回的键:", list(get_batch_on_this_tp_rank(
 #
 # <details><summary>答案</summary>
 #
-# 9 次：五个字段各 1 次，`cu_seqlens` 的"长度 + 内容"两次、且发两遍共 4 次（`max_seqlen`、`local_cp_size` 为 None 不发）。
+# 5 次：五个字段各 1 次，mask 最后；`cu_seqlens` 0 次——没开 `--sft` / `--dataloader-inter-document-masking` 时根本不发它
+# （0.16.1 是 9 次，其中 4 次花在发了两遍的空 `cu_seqlens` 上）。
 #
 # </details>
 
@@ -613,5 +689,6 @@ except Exception as err:
 # `GPTDataset` concatenates documents and cuts windows of `s + 1` tokens, so `labels` are `tokens` shifted by one;
 # `BlendedDataset` mixes datasets by weight. `core_gpt_dataset_config_from_args` fills `GPTDatasetConfig` from args.
 # Per micro-batch, only TP rank 0 reads; `get_batch_on_this_tp_rank` broadcasts the fields its pipeline stage needs
-# (9 broadcasts at PP=1), then `get_batch_on_this_cp_rank` keeps chunks `r` and `2·CP−1−r` for load balance.
-# Packed data replaces the mask by `cu_seqlens`.
+# (5 broadcasts at PP=1, the mask last; `cu_seqlens` only when `--sft` or inter-document masking says the data is
+# packed), then `get_batch_on_this_cp_rank` keeps chunks `r` and `2·CP−1−r` for load balance.
+# Packed data replaces the mask by `cu_seqlens`, which `GPTDataset` itself can emit since 0.19.0.
