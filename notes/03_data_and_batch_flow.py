@@ -110,7 +110,6 @@
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import dataclasses
 import tempfile
-import warnings
 
 import numpy
 import torch
@@ -129,9 +128,6 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.tokenizers import MegatronTokenizer
-
-# IndexedDataset asks torch.distributed which rank it is; this single process has no process group
-_ = warnings.filterwarnings("ignore", message="Could not determine rank")
 
 # %% [markdown]
 # ## 关键对象

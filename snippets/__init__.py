@@ -42,6 +42,9 @@ _KNOWN_WARNINGS = (
     r"Please use DTensor instead",
     # megatron.core.optimizer imports the experimental MIMO model's config (0.19.0), which warns.
     r"MimoModelConfig is experimental",
+    # IndexedDataset asks which rank it is (_rank_utils.py:40); a process outside any process group
+    # (a note's single-process cell) has none, and the warning prints the machine's path.
+    r"Could not determine rank from torch\.distributed",
     # megatron.training's layer specs without Transformer Engine use the local expert linears.
     r"supports MoE experts",
     # Core's null tokenizer imports transformers, whose tqdm.auto looks for ipywidgets in a kernel.
