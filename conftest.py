@@ -11,7 +11,7 @@ def pytest_addoption(parser):
         "--megatron-src",
         dest="megatron_src",
         default=None,
-        help="a checkout of NVIDIA/Megatron-LM at core_v0.16.1: also check the citations of files "
+        help="a checkout of NVIDIA/Megatron-LM at core_v0.19.0: also check the citations of files "
         "outside the pip package (megatron/training, pretrain_gpt.py, examples/)",
     )
     parser.addoption(

@@ -1,7 +1,7 @@
 """The rank layout explorer's data: every group ``initialize_model_parallel`` creates, for many sizes.
 
 The page (``docs/explorers/layouts.md``) only looks lists up; every list comes from running the real
-``parallel_state.initialize_model_parallel`` of megatron-core 0.16.1 in this process, under
+``parallel_state.initialize_model_parallel`` of megatron-core 0.19.0 in this process, under
 :func:`fake_world`: ``torch.distributed`` reports a world of ``W`` ranks with this process as rank
 0, and ``new_group`` records ``(group_desc, ranks)`` instead of making a group. Megatron builds every
 group on every rank (each rank calls ``new_group`` for all of them, and keeps its own), so one call

@@ -20,7 +20,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("阅读目标", "读完能回答的 3–5 个问题，编号列出。"),
     (
         "源码位置",
-        "表格：`path:line` 链接到 tag `core_v0.16.1` 的具体一行，链接文字写 `file.py::Symbol`，再说它做什么。",
+        "表格：`path:line` 链接到 tag `core_v0.19.0` 的具体一行，链接文字写 `file.py::Symbol`，再说它做什么。",
     ),
     ("调用链", "缩进的 `path::function` 树，一行一个调用，通信或切分写在右边。"),
     (

@@ -1,13 +1,13 @@
-"""Pinned source links: every citation points at tag ``core_v0.16.1`` and names a real line.
+"""Pinned source links: every citation points at tag ``core_v0.19.0`` and names a real line.
 
-``megatron/core/...`` is what ``pip install megatron-core==0.16.1`` installs, so its lines are
+``megatron/core/...`` is what ``pip install megatron-core==0.19.0`` installs, so its lines are
 looked up in the installed package. Everything else the notes cite (``megatron/training/``,
 ``pretrain_gpt.py``, ``examples/``) is not in the pip package: those symbols and lines live in
 one data file, ``pinned_lines.json``, checked against a clone of the tag when one is given
 (``pytest --megatron-src PATH``).
 
 A citation in a note is a markdown link whose text ends with the symbol, for example
-``[`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/parallel_state.py#L548)``;
+``[`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L548)``;
 :func:`check_link` says whether that line really defines that symbol.
 """
 

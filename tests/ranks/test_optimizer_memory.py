@@ -14,7 +14,7 @@ def server():
 
 @pytest.mark.parametrize("d", [1, 2, 8, 64])
 def test_formula_is_megatrons_table(d):
-    # docs/user-guide/features/dist_optimizer.md at core_v0.16.1
+    # docs/user-guide/features/dist_optimizer.md at core_v0.19.0
     table = {
         ("fp16", "fp16"): (20, 4 + 16 / d),
         ("bf16", "fp32"): (18, 6 + 12 / d),

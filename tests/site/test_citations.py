@@ -76,7 +76,7 @@ def test_pinned_data_file_against_a_checkout(request):
     src = megatron_src(request.config)
     if src is None:
         pytest.skip(
-            "pass --megatron-src PATH (a checkout of core_v0.16.1) to check "
+            "pass --megatron-src PATH (a checkout of core_v0.19.0) to check "
             f"{sources.PINNED_FILE.name} against the tag"
         )
     wrong = []

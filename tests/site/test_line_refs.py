@@ -52,7 +52,7 @@ def test_the_finder_sees_what_it_must():
         "__init__.py` 第 591",
     ]
     url = (
-        "https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/core/pipeline_parallel/schedules.py"
+        "https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py"
     )
     assert unlinked(f"（[schedules.py 第 144–150 行]({url}#L144-L150)）") == []
     assert unlinked("```text\nforward_step  # schedules.py:269\n```") == []
@@ -67,5 +67,5 @@ def test_a_note_cell_is_read_as_prose(tmp_path):
 def test_no_plain_text_line_reference_in_prose():
     found = {name: refs for name, text in prose_files().items() if (refs := unlinked(text))}
     assert not found, (
-        f"make each a pinned link (https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/PATH#LN): {found}"
+        f"make each a pinned link (https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/PATH#LN): {found}"
     )
