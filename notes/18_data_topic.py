@@ -46,7 +46,7 @@
 # - [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L16)：`split` → `split_matrix`、`mock`
 # - [`helpers.py::build_sample_idx`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.py#L12) 与 [`megatron/core/datasets/helpers.cpp`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.cpp)：C++ 写的 sample index 与 blend index（pip 包里是编译好的 `helpers_cpp`，CPU 上直接可用）
 # - [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377)、[`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97)、[`pretrain_gpt.py::loss_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L209)
-# - [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119)、[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612)、[`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406)（0.19.0 起都在 core）
+# - [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119)、[`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612)、[`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406)（都在 `megatron/core/utils.py`）
 # - [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10)
 # - [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115)、[`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513)
 #
@@ -103,7 +103,7 @@
 #             └─ MegatronPretrainingSampler                              # 从 consumed 起，每块 mbs·dp 个下标，DP rank r 取第 r 份
 #
 # train → train_step → forward_backward_func → pretrain_gpt.py::forward_step
-# ├─ get_batch                                                     # TP 群 broadcast，CP 切分（笔记 03）；中间 stage 全是 None
+# ├─ get_batch                                                     # TP 群 broadcast，CP 切分（笔记 03）；中间 stage 全是 None（packed 时只拿 cu_seqlens、max_seqlen）
 # ├─ GPTModel.forward(tokens, position_ids, attention_mask, labels=, loss_mask=, packed_seq_params=)
 # │  ├─ embedding.word_embeddings(tokens)                           # 首 stage
 # │  ├─ embedding.position_embeddings(position_ids)                 # 只有 learned_absolute
@@ -137,6 +137,7 @@
 import math
 import re
 import tempfile
+import warnings
 from collections import Counter
 
 import numpy
@@ -161,17 +162,22 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.utils import get_blend_from_list
 from megatron.core.tokenizers import MegatronTokenizer
 
+# IndexedDataset asks torch.distributed which rank it is; this notebook process has no process group
+_ = warnings.filterwarnings("ignore", message="Could not determine rank")
+
 # %% [markdown]
 # ## 关键对象
 #
 # ### 两个小语料
 #
 # 语料 a：10 篇文档，长 2–5 个 token（加 EOD 后 3–6），token 依次递增，便于认出来自哪里；语料 b：8 篇，token 是 20–24 的重复。
-# 每篇文末加 EOD（`NullTokenizer` 的 EOD 是 31），和 `tools/preprocess_data.py` 最后一步一样用 `IndexedDatasetBuilder` 写
-# （笔记 03 实验模块里的 `write_corpus`）：
+# 每篇文末加 EOD，和 `tools/preprocess_data.py` 最后一步一样用 `IndexedDatasetBuilder` 写
+# （笔记 03 实验模块里的 `write_corpus`）。tokenizer 就是 `--tokenizer-type NullTokenizer --vocab-size 32` 建出的那个：
+# core 的 `null-text` 库（[`build_tokenizer.py:88`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L88)），`--vocab-size` 把 EOD 也算在内，
+# EOD 取最后一个 id，32 − 1 = 31（[`null_tokenizer.py:19`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/text/libraries/null_tokenizer.py#L19)）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=31)
+tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=32)
 workdir = tempfile.TemporaryDirectory()
 lengths = [2 + i % 4 for i in range(10)]
 starts = numpy.cumsum([0] + lengths[:-1])
@@ -199,7 +205,7 @@ print("b 的文档长度（含 EOD）:", indexed_b.sequence_lengths.tolist())
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 COMMAND = (f"--data-path {corpus_a} --split 6,2,2 --seq-length 4 --micro-batch-size 1 --global-batch-size 4 "
-           "--train-iters 4 --eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size 31")
+           "--train-iters 4 --eval-interval 2 --eval-iters 1 --tokenizer-type NullTokenizer --vocab-size 32")
 args = parse_args(COMMAND, world_size=2)
 config = core_gpt_dataset_config_from_args(args, tokenizer)
 sizes = get_train_valid_test_num_samples(args)
@@ -402,6 +408,33 @@ print("换 seed 后 dataset_index 相同:", numpy.array_equal(reseeded.dataset_i
 # %% [markdown]
 # 每个前缀里来自 a 的样本数与 0.7·n 的差都小于 1 个样本：比例不是"期望上"等于权重，而是逐前缀地贴着权重走。
 # 所以 blend 不会在小窗口里偏向某个语料，哪怕一个 global batch 只有几个样本。
+#
+# **"差不到 1 个样本"只对两个语料成立。** 贪心只在一个语料落后得最多时才选它（[helpers.cpp 第 116 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/helpers.cpp#L116)），
+# 而各语料"已取数 − n·权重"之和恒为 0，所以被选中的那个此前不领先：任何语料都**领先**不到 1 个样本（至多 1 − w）。
+# 两个语料时一个领先多少、另一个就落后多少，于是两边都在 1 以内。三个以上语料时，几个小语料可能接连被选，大语料就会
+# **落后**超过 1 个样本；能保证的只有"落后的不超过其余语料领先之和"，即小于 K − 2 + w 个（K 是语料数）。
+# 第三个小语料 c（8 篇文档，token 25–28），权重 0.8554 / 0.0746 / 0.07，同样训练 250 步，逐语料看每个前缀的偏差：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+corpus_c = write_corpus(workdir.name, "c", [[25 + i % 4] * (3 + i % 2) for i in range(8)], tokenizer.eod)
+indexed_c = IndexedDataset(corpus_c)  # kept, like a and b (遗留问题 7)
+WEIGHTS3 = (0.8554, 0.0746, 0.07)
+three_args = parse_args(COMMAND.replace(f"--data-path {corpus_a}", "--data-path " + " ".join(
+    f"{w} {c}" for w, c in zip(WEIGHTS3, (corpus_a, corpus_b, corpus_c)))).replace("--train-iters 4", "--train-iters 250"),
+                        world_size=2)
+three = BlendedMegatronDatasetBuilder(GPTDataset, get_train_valid_test_num_samples(three_args), lambda: True,
+                                      core_gpt_dataset_config_from_args(three_args, tokenizer)).build()[0]
+counts3 = numpy.stack([numpy.cumsum(three.dataset_index == d) for d in range(3)], axis=1)
+dev3 = counts3 - numpy.asarray(three.weights)[None] * numpy.arange(1, len(three) + 1)[:, None]
+Table(["语料", "权重", "最多领先（样本）", "上界 1 − w", "最多落后（样本）", "落后的上界 K − 2 + w", "最多落后时的 n"],
+      [[name, round(float(w), 4), round(float(dev3[:, d].max()), 4), round(1 - float(w), 4),
+        round(float(-dev3[:, d].min()), 4), round(1 + float(w), 4), int(dev3[:, d].argmin()) + 1]
+       for d, (name, w) in enumerate(zip("abc", three.weights))])
+
+# %% [markdown]
+# 大语料 a 在第 220 个样本处落后了 1.188 个样本（c、b 在相隔几步之内先后被选，a 还没补回来），超过 1，但仍在 K − 2 + w 之内；
+# 没有哪个语料领先到 1 个样本。
+# 所以多语料时的准确说法是：每个语料"不会超前 1 个样本，落后不超过 K − 1 个"，比例仍然逐前缀贴着权重，只是贴得没有两个语料时那么紧。
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
@@ -607,8 +640,15 @@ communication_table(pp[1]["calls"], meanings={
 # %% [markdown]
 # ### 6. packed sequence：`cu_seqlens`、`max_seqlen` 怎样到 attention
 #
-# 从第 4 节的数据集里挑文档最多的那条样本，当作一个 packed（THD）micro-batch：`tokens [1, 8]`，文档边界由 EOD 位置算出，
-# 正式入口里 `get_batch` → `get_thd_batch_on_this_cp_rank` 把它们装进 `PackedSeqParams(qkv_format="thd")`（笔记 03）。
+# 从第 4 节的数据集里挑文档最多的那条样本，当作一个 packed（THD）micro-batch：`tokens [1, 8]`，文档边界由 EOD 位置算出。
+# 正式入口里（数据集给出 `cu_seqlens` 时：`--sft` 或 `--dataloader-inter-document-masking`），`get_batch` 先在 TP 群里广播，
+# `flatten_batch_for_packed_sequences` 把各样本的 `cu_seqlens` 合成一条 `(1, N)`，再由 `get_batch_on_this_cp_rank` 按 CP 切
+# （SFT 时按文档分块：[`utils.py::_get_batch_on_this_cp_rank_per_document_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2406)）；
+# `forward_step` 把 `cu_seqlens` squeeze 成一维（[`pretrain_gpt.py:314`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L314)），
+# 装进 `PackedSeqParams(qkv_format="thd")`（[`pretrain_gpt.py:323`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)）交给模型。下面直接造这个 `PackedSeqParams`。
+#
+# > **旧版（core_v0.18.0）：** 同样先广播再切 CP，但没有 `flatten_batch_for_packed_sequences`，是否带 `cu_seqlens` 只看 `--sft`；
+# > `forward_step` 取 `cu_seqlens[0]` 变成一维（[`pretrain_gpt.py:216`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/pretrain_gpt.py#L216)）。core_v0.16.1 则走 `get_thd_batch_on_this_cp_rank`，交给模型的 `cu_seqlens` 仍是二维（遗留问题 4）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def packed_runs(packed):
@@ -633,7 +673,7 @@ def packed_runs(packed):
     tokens, labels, cu_seqlens = packed["tokens"], packed["labels"], packed["cu_seqlens"]
     longest = int(cu_seqlens.diff().max())
 
-    def params(cu, max_seqlen):  # what get_thd_batch_on_this_cp_rank builds
+    def params(cu, max_seqlen):  # what forward_step builds (pretrain_gpt.py:323)
         return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
 
@@ -668,7 +708,7 @@ def packed_runs(packed):
 
 
 # the sample with the most documents in it, cut at its EODs: what a packed (THD) micro-batch holds
-sample = max((model_data[i] for i in range(len(model_data))), key=lambda s: int((s["tokens"][:-1] == 31).sum()))
+sample = max((model_data[i] for i in range(len(model_data))), key=lambda s: int((s["tokens"][:-1] == tokenizer.eod).sum()))
 ends = ((sample["tokens"][:-1] == tokenizer.eod).nonzero().flatten() + 1).tolist()
 packed = dict(tokens=sample["tokens"][None], labels=sample["labels"][None],
               cu_seqlens=torch.tensor([0, *ends, 8], dtype=torch.int32))
@@ -728,7 +768,10 @@ print("cu_seqlens 形状 [1, n]:", where(packed_out["cu_seqlens [1, n]"]))
 # 所以 `cu_seqlens` 让 packed batch 与"每篇文档单独跑"逐 token 相同：RoPE 每段从位置 0 起（真实代码），attention 不跨段（TE 的工作）。
 # 与笔记 03 的"块对角 mask + 重置位置"不同，它在 RoPE 模型上也对（那边的 `position_ids` 在 RoPE 下不起作用）。
 # `max_seqlen` 不改变结果，只决定 RoPE 表的长度（以及 TE kernel 的分块）；它必须不小于最长的一段：否则
-# `_apply_rotary_pos_emb_thd` 给每段切 RoPE 行时切不满（3 个 token 的段只拿到 2 行），拼起来比 token 少，在相乘处失败。最后一行是遗留问题 4：正式入口交给模型的 `cu_seqlens` 是 `[1, n]`。
+# `_apply_rotary_pos_emb_thd` 逐段做 RoPE 时给这一段切不满 RoPE 行（3 个 token 的段只拿到 2 行），在这一段的相乘处失败。
+# （`max_seqlen` 恰好等于总 token 数 8 时，RoPE 表被当作整条 packed 序列的位置表，每段按自己在 `cu_seqlens` 里的起点取行，
+# [`rope_utils.py:225`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L225)：位置不再从 0 起，但 RoPE 的注意力只看段内的相对位置，所以结果仍相同。）
+# 最后一行是遗留问题 4：`cu_seqlens` 若是 `[1, n]`，按段切分时就失败。
 #
 # ### 7. 续训：跳过已消费的样本
 #
@@ -794,7 +837,8 @@ build_table(resume)
 # 与并行方式无关；续训只需记住"已经走到第几个样本"。代价是：sizes 是序列的一部分，改训练长度就是换序列。
 #
 # **blend 贴着权重走。** `build_blending_indices` 每一步选"目标数 − 已取数"最大的语料，这是一种确定性的误差扩散：
-# 任何前缀里各语料的样本数都与 `n × 权重` 相差不到 1。顶层 size 是各语料 `ceil(size × 权重)` 之和，所以比要求的略多。
+# 任何前缀里没有哪个语料比 `n × 权重` 多出 1 个样本；两个语料时两边都相差不到 1，K 个语料时一个语料最多落后 K − 1 个（第 3 节的三语料表）。
+# 顶层 size 是各语料 `ceil(size × 权重)` 之和，所以比要求的略多。
 #
 # **字段各有读者。** 五个字段在模型里各去一处：`tokens` 去词嵌入、`position_ids` 去 learned 位置嵌入（RoPE 下无人读）、
 # `attention_mask` 去每层 core attention、`labels` 去 loss；`loss_mask` 留在模型外的 `loss_func`。这正是 `get_batch`
@@ -837,12 +881,15 @@ build_table(resume)
 #    改用 [`get_default_causal_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/utils.py#L37)；
 #    用 `--reset-attention-mask` 时，首尾 stage 按文档屏蔽而中间 stage 跨文档 attention。TE 的 attention 在 `causal` 类型下
 #    本来就不看 mask 参数（TE 的约定，本机无 TE，未验证），那时 `--reset-attention-mask` 对哪个 stage 都不起作用——要隔开文档，用 packed 格式。
-# 4. **0.16.1 的正式入口给模型的 `cu_seqlens` 是二维的（运行确认非融合 RoPE 会失败）。** 0.16.1 的 `get_batch_on_this_tp_rank`
-#    断言 `cu_seqlens.shape[0] == 1`，之后一路不 squeeze，`get_thd_batch_on_this_cp_rank` 原样放进 `PackedSeqParams`；
-#    非融合的 RoPE THD 路径拿到二维张量就失败（第 6 节最后一行；0.19.0 上失败在按段切分的
-#    [`rope_utils.py:223`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L223)）。0.19.0 的正式入口不再这样：`flatten_batch_for_packed_sequences`
-#    把各样本的 `cu_seqlens` 合成 `(1, N)`（[`utils.py:2597`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2597)），`forward_step` 造 `PackedSeqParams`
-#    之前再 squeeze 成一维（[`pretrain_gpt.py:314`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L314)）。
+# 4. **`cu_seqlens` 必须是一维的（运行确认二维会失败）。** 正式入口的 batch 里 `cu_seqlens` 带着 batch 维：
+#    `flatten_batch_for_packed_sequences` 把各样本的 `cu_seqlens` 合成 `(1, N)`（[`utils.py:2597`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2597)），
+#    `forward_step` 造 `PackedSeqParams` 之前才 squeeze 成一维（[`pretrain_gpt.py:314`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L314)）。
+#    自己写 `forward_step`、直接把 batch 里的 `cu_seqlens` 交给 `PackedSeqParams` 的代码若漏了这一步，
+#    非融合的 RoPE THD 路径在按段切分处失败（第 6 节最后一行，[`rope_utils.py:223`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/rope_utils.py#L223)）。
+#
+# > **旧版（core_v0.18.0）：** 正式入口同样先去掉 batch 维（[`pretrain_gpt.py:216`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/pretrain_gpt.py#L216) 取 `cu_seqlens[0]`）。
+# > core_v0.16.1 没有这一步：`get_batch_on_this_tp_rank` 只断言 `cu_seqlens.shape[0] == 1`，二维张量原样进了 `PackedSeqParams`，非融合 RoPE 因此失败。
+#
 # 5. **续训改 `--train-iters` / `--train-samples` 会换数据顺序（运行确认）。** 第 2 节：epoch 数或"最后 epoch 单独打乱"一变，
 #    `document_index` 与 `shuffle_index` 整个换掉，而 `consumed_train_samples` 仍按旧序列的偏移跳过。多 epoch 的小语料上，
 #    延长训练再续训会重复一些样本、漏掉另一些。blend 里每个语料的 `num_samples` 随总 size 按权重变化，同样受影响。
@@ -935,6 +982,7 @@ print(packed_out["rotary_length"], int(packed["cu_seqlens"].diff().max()))
 # `core_gpt_dataset_config_from_args` copies args into `GPTDatasetConfig`; `--data-path` becomes a blend, and split sizes
 # follow from train and eval iterations. The builder cuts documents by `--split`; each `GPTDataset` shuffles documents,
 # then samples, with one seeded RNG over whole epochs, so changing the sizes changes the order. `BlendedDataset`
-# interleaves greedily, within one sample of the weights. The model reads tokens, mask and labels; `loss_mask` only enters
+# interleaves greedily: no corpus ever runs a full sample ahead of its weight, so two corpora stay within one sample (with K
+# corpora one can lag by up to K − 1). The model reads tokens, mask and labels; `loss_mask` only enters
 # `loss_func`; RoPE ignores `position_ids`. Packed batches restart RoPE per segment and need TE attention. Resuming skips
 # `consumed_train_samples`, at any DP size.
