@@ -137,7 +137,6 @@
 import math
 import re
 import tempfile
-import warnings
 from collections import Counter
 
 import numpy
@@ -161,9 +160,6 @@ from megatron.core.datasets.gpt_dataset import GPTDataset
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.utils import get_blend_from_list
 from megatron.core.tokenizers import MegatronTokenizer
-
-# IndexedDataset asks torch.distributed which rank it is; this notebook process has no process group
-_ = warnings.filterwarnings("ignore", message="Could not determine rank")
 
 # %% [markdown]
 # ## 关键对象
