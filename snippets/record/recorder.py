@@ -10,8 +10,11 @@ then also rebinds every module-level copy of them. Megatron copies some at impor
 tensor parallelism makes. Only the outermost call is recorded (``batch_isend_irecv`` calls
 ``isend`` inside; that is one record, not three).
 
-Forward or backward: a collective issued while autograd is executing a backward node is
-"backward"; anything else is "forward".
+The phase says what step of training issued the collective (:func:`phase_of`): "backward" while
+autograd runs a backward node; otherwise the Megatron code on the stack decides: "grad sync"
+(``finalize_model_grads`` after the backward), "optimizer step" (``megatron/core/optimizer``),
+"refit" (``megatron/core/resharding``), "checkpoint" (``dist_checkpointing``, the training
+checkpointing), "setup" (process groups being made); anything else is "forward".
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class Collective:
     ranks: tuple  # the group's global ranks
     before: str  # shape(s) going in
     after: str  # shape(s) coming out
-    phase: str  # "forward" or "backward"
+    phase: str  # forward, backward, grad sync, optimizer step, refit, checkpoint, setup (phase_of)
     where: str  # the Megatron function that issued it, "file.py::func"
     extra: dict = field(default_factory=dict)  # peer rank, split sizes, reduce op, ...
 
@@ -240,7 +243,7 @@ def _make_record(name, args, kwargs, before) -> Collective:
         ranks=ranks,
         before=before,
         after=after,
-        phase="backward" if torch._C._current_autograd_node() is not None else "forward",
+        phase=phase_of(),
         where=_megatron_caller(),
         extra=extra,
     )
@@ -285,6 +288,33 @@ def group_label(group) -> tuple[str, tuple]:
         if candidate is group:
             return name, ranks
     return f"ranks {list(ranks)}", ranks
+
+
+PHASES = (
+    # (a piece of a Megatron file's path or a function name on the stack, the phase); innermost wins
+    ("distributed/finalize_model_grads.py", "grad sync"),
+    ("megatron/core/optimizer/", "optimizer step"),
+    ("megatron/core/resharding/", "refit"),
+    ("megatron/core/dist_checkpointing/", "checkpoint"),
+    ("megatron/training/checkpointing.py", "checkpoint"),
+    ("megatron/core/parallel_state.py", "setup"),
+)
+"""What step of training a collective belongs to, by the Megatron code that issued it."""
+
+
+def phase_of() -> str:
+    """The phase of a collective being issued now: "backward" inside autograd's backward, else the
+    innermost frame matching :data:`PHASES`, else "forward"."""
+    if torch._C._current_autograd_node() is not None:
+        return "backward"
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        for piece, phase in PHASES:
+            if piece in path:
+                return phase
+        frame = frame.f_back
+    return "forward"
 
 
 def _megatron_caller() -> str:

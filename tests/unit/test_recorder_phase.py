@@ -1,0 +1,47 @@
+"""The phase column says what step of training issued a collective, from the Megatron code on the stack."""
+
+import pytest
+import torch
+
+from snippets.record.recorder import phase_of
+
+
+def issued_from(path: str) -> str:
+    """phase_of() called from code whose file is ``path`` (as a Megatron frame would be)."""
+    return eval(compile("phase_of()", path, "eval"), {"phase_of": phase_of})
+
+
+@pytest.mark.parametrize(
+    "path, phase",
+    [
+        ("/venv/megatron/core/optimizer/distrib_optimizer.py", "optimizer step"),
+        ("/venv/megatron/core/optimizer/clip_grads.py", "optimizer step"),
+        ("/venv/megatron/core/distributed/finalize_model_grads.py", "grad sync"),
+        ("/venv/megatron/core/resharding/refit.py", "refit"),
+        ("/venv/megatron/core/dist_checkpointing/serialization.py", "checkpoint"),
+        ("/venv/megatron/training/checkpointing.py", "checkpoint"),
+        ("/venv/megatron/core/parallel_state.py", "setup"),
+        ("/venv/megatron/core/tensor_parallel/mappings.py", "forward"),
+    ],
+)
+def test_phase_follows_the_issuing_megatron_code(path, phase):
+    assert issued_from(path) == phase
+
+
+def test_inside_autograd_backward_it_is_backward():
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(phase_of())
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(issued_from("/venv/megatron/core/optimizer/x.py"))  # autograd wins
+            return g * 2
+
+    x = torch.ones(2, requires_grad=True)
+    Probe.apply(x).sum().backward()
+    assert seen == ["forward", "backward"]
