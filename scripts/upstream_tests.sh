@@ -5,12 +5,13 @@
 #   scripts/upstream_tests.sh --megatron-src PATH [--nproc 8] [--timeout 600] [--out DIR]
 #                             [--with-flaky] [AREA...]
 #
-# PATH is a checkout of core_v0.16.1 (only its tests/ directory is used; megatron.core is the
-# installed megatron-core==0.16.1). AREAs default to all of: parallel_state tensor_parallel
-# schedules serialization dispatchers. One torchrun per area, one after another, each bounded by
-# --timeout seconds (tests not reached by then are counted as such); rank 0 records each test's outcome
-# in --out as it ends, and a table of counts per file is printed. Tests marked both flaky and
-# flaky_in_dev are deselected, as Megatron's CI never runs them (run_ci_test.sh); --with-flaky runs them.
+# PATH is a checkout of core_v0.19.0 (only its tests/ directory is used; megatron.core and
+# megatron.training are the installed megatron-core==0.19.0). AREAs default to all of:
+# parallel_state tensor_parallel schedules serialization dispatchers. One torchrun per area, one
+# after another, each bounded by --timeout seconds (tests not reached by then are counted as such);
+# rank 0 records each test's outcome in --out as it ends, and a table of counts per file is printed.
+# Tests marked both flaky and flaky_in_dev are deselected, as Megatron's CI never runs them
+# (run_ci_test.sh); --with-flaky runs them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SRC="" NPROC=8 TIMEOUT=600 OUT="" AREAS=()
@@ -21,12 +22,12 @@ while [[ $# -gt 0 ]]; do
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --with-flaky) export UPSTREAM_WITH_FLAKY=1; shift ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
     *) AREAS+=("$1"); shift ;;
   esac
 done
 if [[ -z "$SRC" || ! -d "$SRC/tests/unit_tests" ]]; then
-  echo "usage: $0 --megatron-src PATH (a checkout of Megatron-LM core_v0.16.1 with tests/unit_tests)" >&2
+  echo "usage: $0 --megatron-src PATH (a checkout of Megatron-LM core_v0.19.0 with tests/unit_tests)" >&2
   exit 2
 fi
 [[ ${#AREAS[@]} -eq 0 ]] && AREAS=(parallel_state tensor_parallel schedules serialization dispatchers)

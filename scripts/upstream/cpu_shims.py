@@ -13,13 +13,14 @@ import json
 import os
 import re
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import training_stub
 from torch.distributed import distributed_c10d as c10d
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.device_mesh import DeviceMesh
 
 import snippets  # noqa: F401  (warning filters, before Megatron warns)
@@ -45,6 +46,11 @@ SHIMS = [
         "tests call dist.new_group with their own PP group's ranks, so two groups of different ranks are "
         "made under one name and their eager connects wait on each other; they never talk over them",
     ),
+    (
+        "new_group(backend='nccl') from test files",
+        "a group the test itself asks NCCL for (test_expert_all_gather_group's two all-gather groups) is made "
+        "over gloo, like the world; Megatron's own new_group calls go to torch unchanged",
+    ),
     ("Utils.set_world_size", "asks torch.cuda.device_count() for the world size: the torchrun world instead"),
     ("skipif CUDA not available", "markers whose reason names CUDA / GPU availability are dropped"),
     (
@@ -58,18 +64,7 @@ SHIMS = [
     ),
     ("DeviceMesh in test modules", 'a mesh the test builds with "cuda" is built on the CPU'),
     ("Tensor.cuda / Tensor.to / Module.cuda / Module.to", "called from a test file: stay on the CPU"),
-    (
-        "is_te_min_version in test modules",
-        "without TE, Megatron's helper raises TypeError; the tests' copy says False (bound while a test "
-        "module is imported, the only time megatron.core.utils's name is swapped)",
-    ),
     ("ensure_test_data", "the conftest's dataset download (no network) is skipped"),
-    (
-        "caplog as in pytest 8.3.5",
-        "Megatron pins pytest==8.3.5, whose log capture sees only what reaches the root logger; pytest "
-        "9.2 also attaches to non-propagating loggers, so torch's own DEBUG records (dcp_logger, meant "
-        "for a NullHandler) land in caplog.text: capture is attached to the root logger only again",
-    ),
     (
         "process groups after each test",
         "Megatron's destroy_model_parallel drops its groups without destroying them (only the *_GLOO "
@@ -78,13 +73,18 @@ SHIMS = [
     ),
     (
         "remove_sharded_tensors in test modules",
-        "the test calls it on rank 0 only, the others wait in a barrier: if it raises, rank 0 joins that "
-        "barrier before re-raising, so the failure stays this test's and does not break the world's gloo "
-        "connections for every later test (the test still fails on every rank)",
+        "test_remove_sharded_tensors has rank 0 rewrite the checkpoint right after every rank has listed and "
+        "read it, with no barrier between (test_serialization.py:567-580): with 8 ranks on 2 shared cores a "
+        "slower rank reads it half-rewritten, fails, and its TempNamedDir finalizer deletes the directory "
+        "under rank 0. Rank 0's call first waits until each rank has read the metadata (counted in the "
+        "tests' own store by the test module's FileSystemReader); if the call raises, rank 0 joins the "
+        "others' barrier before re-raising, so the failure stays this test's",
     ),
     (
-        "megatron.training",
-        "not in megatron-core and needs triton: training_stub.py gives _set_random_seed, refuses the rest",
+        "_set_random_seed in test modules",
+        "megatron.training's version seeds the model-parallel RNG streams only if torch.cuda.device_count() > 0 "
+        "(initialize.py:447), so on a CPU the MoE tests' experts find no expert-parallel-rng stream: while a "
+        "test's own call runs, that module's torch counts the torchrun world's devices, as on GPUs",
     ),
 ]
 
@@ -198,6 +198,7 @@ def _move_args(args, kwargs):
 
 def _install_method_shims():
     tensor_to, module_cuda, module_to = torch.Tensor.to, torch.nn.Module.cuda, torch.nn.Module.to
+    dist_new_group = torch.distributed.new_group
 
     def tensor_cuda(self, *args, **kwargs):
         if _from_tests():
@@ -217,6 +218,15 @@ def _install_method_shims():
             args, kwargs = _move_args(args, kwargs)
         return module_to(self, *args, **kwargs)
 
+    def new_group(*args, **kwargs):
+        if _from_tests():
+            if kwargs.get("backend") == "nccl":
+                kwargs["backend"] = "gloo"
+            if len(args) > 2 and args[2] == "nccl":  # new_group(ranks, timeout, backend, ...)
+                args = (*args[:2], "gloo", *args[3:])
+        return dist_new_group(*args, **kwargs)
+
+    torch.distributed.new_group = new_group
     torch.Tensor.cuda = tensor_cuda  # a shadow the CPU layer's time-scoped patches put back intact
     torch.Tensor.to = to
     torch.nn.Module.cuda = m_cuda
@@ -268,7 +278,6 @@ def _no_download(assets_dir):
 def _install_start_up_shims():
     # Run when pytest loads this plugin, before it loads the tests' conftest.py.
     sys.path.insert(0, os.path.dirname(os.path.abspath(os.environ["UPSTREAM_TESTS_DIR"])))
-    training_stub.install()  # before the tests' helpers import from it
     try:
         from tests.test_utils.python_scripts import download_unit_tests_dataset
     except ImportError:
@@ -294,36 +303,60 @@ def _is_cuda_skip(mark) -> bool:
     return mark.name == "skipif" and bool(_CUDA_SKIP.search(reason)) and not _NOT_CUDA.search(reason)
 
 
-def _te_min_version(version, check_equality=True):
-    return False  # no Transformer Engine here (the tests' conftest asks before every test)
+def _read_key(path) -> str:
+    return f"upstream/metadata_read/{os.path.abspath(os.fspath(path))}"
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
-    # Some test modules call is_te_min_version at import (in skipif and if-blocks): while a test
-    # module is imported, and only then, the name they import answers False.
-    if not isinstance(collector, pytest.Module):
-        yield
-        return
-    from megatron.core import utils
+class _TestFileSystemReader(FileSystemReader):
+    """torch's reader as a test module sees it: each read of the metadata is counted in the store."""
 
-    real = utils.is_te_min_version
-    utils.is_te_min_version = _te_min_version
-    try:
-        yield
-    finally:
-        utils.is_te_min_version = real
+    def __init__(self, path, *args, **kwargs):
+        super().__init__(path, *args, **kwargs)
+        self._counted_path = path
+
+    def read_metadata(self, *args, **kwargs):
+        from tests.unit_tests.test_utilities import Utils
+
+        metadata = super().read_metadata(*args, **kwargs)
+        if Utils.store is not None:
+            Utils.store.add(_read_key(self._counted_path), 1)
+        return metadata
 
 
-def _barrier_on_error(fn):
-    """A call the test makes on one rank while the others wait in a barrier: on error, meet them."""
+def _after_readers(fn):
+    """The tests' rank-0-only remove_sharded_tensors: after every rank's read; on error, meet the barrier."""
 
-    def wrapper(*args, **kwargs):
+    def wrapper(checkpoint_dir, *args, **kwargs):
+        from tests.unit_tests.test_utilities import Utils
+
+        deadline = time.monotonic() + 120
+        key = _read_key(checkpoint_dir)
+        while Utils.store is not None and Utils.store.add(key, 0) < Utils.world_size:
+            if time.monotonic() > deadline:
+                break  # let the test itself report whatever is wrong
+            time.sleep(0.05)
         try:
-            return fn(*args, **kwargs)
+            return fn(checkpoint_dir, *args, **kwargs)
         except Exception:
             torch.distributed.barrier()
             raise
+
+    return wrapper
+
+
+def _seeded_as_on_gpus(fn):
+    """megatron.training's ``_set_random_seed`` as a test calls it: the device count of a GPU machine."""
+    from megatron.training import initialize
+
+    def wrapper(*args, **kwargs):
+        real = initialize.torch
+        initialize.torch = ModuleProxy(
+            torch, cuda=ModuleProxy(torch.cuda, device_count=lambda: int(os.environ.get("WORLD_SIZE", "1")))
+        )
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            initialize.torch = real
 
     return wrapper
 
@@ -347,7 +380,7 @@ _NEVER_WHY = "marked flaky and flaky_in_dev: Megatron's CI runs it in neither en
 
 def pytest_collection_modifyitems(session, config, items):
     from megatron.core.dist_checkpointing import remove_sharded_tensors
-    from megatron.core.utils import is_te_min_version
+    from megatron.training.initialize import _set_random_seed
 
     for name, module in list(sys.modules.items()):
         if not name.startswith("tests."):
@@ -356,10 +389,12 @@ def pytest_collection_modifyitems(session, config, items):
             module.torch = _TEST_TORCH
         if getattr(module, "DeviceMesh", None) is DeviceMesh:
             module.DeviceMesh = _TestDeviceMesh
-        if getattr(module, "is_te_min_version", None) is is_te_min_version:
-            module.is_te_min_version = _te_min_version
         if getattr(module, "remove_sharded_tensors", None) is remove_sharded_tensors:
-            module.remove_sharded_tensors = _barrier_on_error(remove_sharded_tensors)
+            module.remove_sharded_tensors = _after_readers(remove_sharded_tensors)
+        if getattr(module, "FileSystemReader", None) is FileSystemReader:
+            module.FileSystemReader = _TestFileSystemReader
+        if getattr(module, "_set_random_seed", None) is _set_random_seed:
+            module._set_random_seed = _seeded_as_on_gpus(_set_random_seed)
     for item in items:
         for node in item.listchain():
             node.own_markers[:] = [m for m in node.own_markers if not _is_cuda_skip(m)]
@@ -374,30 +409,6 @@ def pytest_collection_modifyitems(session, config, items):
             items[:] = keep
             config.hook.pytest_deselected(items=never)
             _record([{"id": item.nodeid, "outcome": "deselected", "message": _NEVER_WHY} for item in never])
-
-
-# --------------------------------------------------------------- log capture as the tests expect it
-
-
-def _capture_at_root_only():
-    from _pytest import logging as pytest_logging
-
-    enter = pytest_logging.catching_logs.__enter__
-    if getattr(enter, "_root_only", False):
-        return
-
-    def root_only(self):
-        handler = enter(self)
-        for logger in self.attached_loggers[1:]:  # [0] is the root logger
-            logger.removeHandler(self.handler)
-        del self.attached_loggers[1:]
-        return handler
-
-    root_only._root_only = True
-    pytest_logging.catching_logs.__enter__ = root_only
-
-
-_capture_at_root_only()
 
 
 # --------------------------------------------------------------- process groups between tests
