@@ -99,7 +99,7 @@
 # | `backward_step` | 输入张量、输出（loss）、输出梯度 | 输入张量的梯度（PP 用） | `grad_scale_func` | 经模型的 TP 反向 | 否 | 是：累加梯度 | schedule 内部 |
 # | `vocab_parallel_cross_entropy` | logits 分片 `[s, b, V/TP]`、target `[s, b]` | 逐 token loss `[s, b]` | 参数 `tp_group`：`GPTModel` 的 loss 传它自己的 TP 群（[language_module.py:194](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)），不传时退回全局 TP 群 | **是**：3 次 all-reduce | 输入按词表切 | 否 | `GPTModel` 内部 |
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 from functools import partial
 
 import torch
@@ -137,7 +137,7 @@ from snippets.record.tables import Table
 # 这个 rank 函数在 `snippets/experiments/n05_loss.py` 里，模型尺寸、sequence、micro-batch 大小和个数是参数 `dims`
 # （本篇用它的 `tiny`；`tokens_kept` 按它算出 16 和 6）。
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 listing(tokens_kept, one_step)
 
 # %%
@@ -208,7 +208,7 @@ annotate(calls[:half], num_layers=1)
 #
 # 把 TP=2 两个 rank 的梯度按各参数的 `partition_dim` / `partition_stride` 拼回（[笔记 04](../04_model_provider_and_gpt_model/) 的 `gather`），与 TP=1 比较：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 def full_grad(name, row):
     shards = [r["grads"][name] for r in tp2]
     return gather(shards, row["partition_dim"], row["stride"]) if row["split"] else shards[0]
@@ -239,7 +239,7 @@ Table(["参数", "partition_dim", "两 rank 的复制梯度相同", "拼回后�
 # 每次运行看两件事：梯度等于哪个目标的梯度；`train_step` 会记下什么。最后一种打开 `calculate_per_token_loss`，
 # 这时 schedule 不除，由 `finalize_model_grads` 除以全局 token 数，它只对 DDP 包装的模型工作，所以这一次包了 DDP。
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 def who_divides():
     from snippets.train import loss_flow
 
@@ -378,7 +378,7 @@ pictures.draw_loss_division(divides, tokens=[16, 6])
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 from collections import Counter
 
 print(Counter(c.phase for c in calls[:half]), {c.api for c in calls}, {c.group for c in calls})
@@ -393,7 +393,7 @@ print(Counter(c.phase for c in calls[:half]), {c.api for c in calls}, {c.group f
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print(list(tp2[0]["logits"].shape), [c.before for c in calls[:half] if "cross_entropy" in c.where])
 
 # %% [markdown]
@@ -406,7 +406,7 @@ print(list(tp2[0]["logits"].shape), [c.before for c in calls[:half] if "cross_en
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print([(label, a, b) for label, _, a, b in outcomes if label.startswith("3 个值")])
 
 # %% [markdown]
@@ -418,7 +418,7 @@ print([(label, a, b) for label, _, a, b in outcomes if label.startswith("3 个�
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print({label: round(report, 4) for label, report, _, _ in outcomes if "2 个值" in label})
 
 # %% [markdown]
@@ -431,7 +431,7 @@ print({label: round(report, 4) for label, report, _, _ in outcomes if "2 个值"
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print([(name.split("decoder.")[-1], same) for name, dim, same, _ in grad_rows if "layernorm.weight" in name])
 
 # %% [markdown]

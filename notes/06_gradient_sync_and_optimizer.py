@@ -75,7 +75,7 @@
 # | `get_grad_norm_fp32` | 梯度列表、范数类型、群 | 总范数（float） | multi-tensor L2 | tp-pp | 每个 rank 只算自己的切片 | 否 | — |
 # | `training.py::train_step` | `forward_step`、`data_iterator`、model 块列表、optimizer、`opt_param_scheduler`、config、`forward_backward_func` | 元组 `(loss_reduced, skipped_iter, should_checkpoint, should_exit, exit_code, grad_norm, num_zeros_in_grad, …)` | 每块 `zero_grad_buffer`（[training.py:2361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2361)）、schedule 的 `forward_backward_func`（[training.py:2407](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2407)，末尾经 `config.finalize_model_grads_func` 做梯度归约）、`MegatronOptimizer.step`（[training.py:2474](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2474)） | 是：dp-cp（梯度归约；日志用的 loss 在 dp-cp 群 all-reduce，[training.py:2547](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2547)）、tp-pp（梯度范数） | batch 已按 DP 切、再按 micro-batch 切；参数按 TP / PP 切 | 是：参数、优化器状态、学习率（`opt_param_scheduler.step`，[training.py:2528](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2528)）、iterator 前进 | 循环体：`optim.zero_grad()` → `forward_backward_func(...)` → `finalize_model_grads([gpt_model])` → `optim.step()` |
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 from snippets.record import recorder
 from snippets.experiments import EXPERIMENTS
 from snippets.experiments.n06_train_step import MEANINGS, train_step
@@ -103,7 +103,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 # 这个 rank 函数在 `snippets/experiments/n06_train_step.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的
 # `tiny`），模型由笔记 14 的同一个 `build_model` 建。
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 listing(train_step)
 
 # %%
@@ -248,7 +248,7 @@ Table(["量", "值"], [
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print(dp2[0]["grad_none_before_step"], dp2[0]["grad_is_main_grad_after_step"])
 
 # %% [markdown]
@@ -260,7 +260,7 @@ print(dp2[0]["grad_none_before_step"], dp2[0]["grad_is_main_grad_after_step"])
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print([(c.api, c.group, list(c.ranks)) for c in dp2[0]["finalize"] + dp2[0]["step"] if len(c.ranks) > 1])
 
 # %% [markdown]
@@ -273,7 +273,7 @@ print([(c.api, c.group, list(c.ranks)) for c in dp2[0]["finalize"] + dp2[0]["ste
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print(dp2[0]["grad_norm"] == dp2[1]["grad_norm"], abs(dp2[0]["grad_norm"] - by_hand) < 1e-5)
 
 # %% [markdown]
@@ -285,7 +285,7 @@ print(dp2[0]["grad_norm"] == dp2[1]["grad_norm"], abs(dp2[0]["grad_norm"] - by_h
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print(round(max_abs_diff(one["params"], one["before"]), 4))
 
 # %% [markdown]
@@ -298,7 +298,7 @@ print(round(max_abs_diff(one["params"], one["before"]), 4))
 #
 # </details>
 
-# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 print(round(coeff, 4), [(c.api, list(c.ranks)) for c in dp2_clip[0]["step"] if len(c.ranks) > 1])
 
 # %% [markdown]

@@ -33,7 +33,7 @@ SECTION_NAMES = {
     "optimizer.step": "optimizer.step",
 }
 _COMPUTE = re.compile(r"^(forward|backward) 计算（(\d+) 个")
-_COMM = re.compile(r"^\*\*(\w+)\*\*（(\w+)）$")
+_COMM = re.compile(r"^\*\*(\w+)\*\*（([\w ]+)）$")
 _BUCKET = re.compile(r"^bucket (\d+): ")
 
 
