@@ -219,9 +219,15 @@ def phase_rows(name: str, results: list, m: int) -> list:
     return rows
 
 
-def bubble_row(name: str, results: list, m: int, p: int, v: int) -> list:
+BUBBLE_HEADERS = ["schedule", "p", "v", "m", "总时长（格，1 格 = 一层的 forward）", "量出的气泡", "(p−1)/(v·m+p−1)", "相等"]
+"""One unit for every row: a forward of one layer takes 1, its backward 2, so a stage of 2 layers
+(1F1B, PP=4, 8 layers) takes 2 and an interleaved chunk of 1 layer takes 1: lengths compare."""
+
+
+def bubble_row(name: str, results: list, m: int, p: int, v: int, layers: int) -> list:
     per_rank = [r["runs"][m]["ops"] for r in results]
-    t = timeline.logical_schedule(per_rank, chunks=v, forward=1, backward=2)
+    per_chunk = layers // (p * v)  # layers in one model chunk: a forward takes that many units
+    t = timeline.logical_schedule(per_rank, chunks=v, forward=per_chunk, backward=2 * per_chunk)
     formula = (p - 1) / (v * m + p - 1)
     return [
         name,
@@ -285,8 +291,8 @@ def tables(results: list, dims, par) -> list:
         ]
     out.append(
         Table(
-            ["schedule", "p", "v", "m", "总时长（格）", "量出的气泡", "(p−1)/(v·m+p−1)", "相等"],
-            [bubble_row("interleaved" if par.vp else "1F1B", ranks, m, par.pp, v)],
+            BUBBLE_HEADERS,
+            [bubble_row("interleaved" if par.vp else "1F1B", ranks, m, par.pp, v, dims.layers)],
         )
     )
     return out

@@ -111,14 +111,18 @@ def draw_linear(layout_rows: list[list], comm_rows: list[list], tp: int = 2) -> 
     its default configuration recorded (from ``comm_table``'s rows)."""
     cell = 11
     panels = [
-        ("column", "Column, gather_output=False", "ColumnParallelLinear：按输出维（行）切，f 在矩阵乘之前"),
+        (
+            "column",
+            "Column, gather_output=False",
+            "ColumnParallelLinear：按输出维（行）切；正向不通信，f 融合在反向里（输入梯度 all-reduce）",
+        ),
         ("row", "Row, input_is_parallel=True", "RowParallelLinear：按输入维（列）切，g 在矩阵乘之后"),
     ]
     width, pitch = 1060, 250
     fig = Figure(
         width,
         30 + pitch * 2,
-        title=f"每个 rank 的权重在完整 [out, in] 里的位置，以及 f / g 的通信（TP={tp}）",
+        title=f"每个 rank 的权重在完整 [out, in] 里的位置；column 的 f 融合进反向，row 的 g 在正向（TP={tp}）",
         desc="上：ColumnParallelLinear，rank r 拿主权重的第 r 段行；"
         "下：RowParallelLinear，rank r 拿第 r 段列。右边是这层正向、反向各自经过的 collective。",
     )
