@@ -16,67 +16,37 @@
 # %% [markdown]
 # # 08 parallel_state 与 RankGenerator：每个 rank 的坐标从哪来
 #
-# 第二轮第 1 篇。[笔记 02](../02_distributed_initialization/) 讲"什么时候、按什么顺序建群"，本篇讲
-# "每个群里到底是哪些 rank，为什么"。`RankGenerator` 是纯算术，不需要进程，所以大部分单元格直接在
-# notebook 里调用真实的 `megatron.core.parallel_state.RankGenerator`；最后在 8 个 gloo rank 上跑真实的
-# `initialize_model_parallel`，确认它建出的群和算术一致。
+# 16 张卡、TP=2、PP=2 时，rank 5 和谁一起做 TP、和谁一起做 DP、把激活发给谁？为什么缺省布局让 TP 群落在同一台机器里、
+# 让 PP 群跨机器？加上 EP（和 0.19.0 新增的 `gtp_remat` 维）以后这些群怎么变？答案全在 `parallel_state.py` 的
+# `RankGenerator` 里：一段不需要通信的纯算术。本篇直接调用它算出答案，再让 8 个进程跑真实的
+# `initialize_model_parallel`，核对建出的群与算术一致。
 
 # %% [markdown]
 # ## 阅读目标
 #
 # 1. 给定各维大小和 `order` 字符串，手算任意 rank 的坐标和它所在每种群的成员。
 # 2. 说清 `get_mask` 产生的掩码如何驱动 `generate_masked_orthogonal_rank_groups`：哪些维"在群内变化"，哪些维"决定第几个群"。
-# 3. 说清为什么 `initialize_model_parallel` 用**两个**生成器（decoder 网格、expert 网格）。
-# 4. 复现 seed 000 的 16 卡例子（TP=2、PP=2 ⇒ DP=4；rank 5、rank 13），说清换 `order` 改变什么、哪些 order 合法。
+# 3. 说清为什么 `initialize_model_parallel` 用**两个**生成器（decoder 网格、expert 网格），以及 0.19.0 的 `gtp_remat` 维插在哪里。
+# 4. 复现 16 卡例子（TP=2、PP=2 ⇒ DP=4；rank 5、rank 13），说清换 `order` 改变什么、哪些 order 合法。
 #
-# 任意大小和 `order` 下每种群的成员（包括 Megatron 拒绝的组合和它的原话）可以在[并行布局浏览器](../../explorers/layouts/)里查。
-
-# %% [markdown]
-# ## 源码位置
+# **结论**
 #
-# | 符号 | 角色 |
-# |---|---|
-# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L465) | 一个带顺序的六维网格（0.19.0 在 tp、ep、dp、pp、cp 之外加了 `gtp_remat`） |
-# | [`parallel_state.py::RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L468) | 校验 order、补齐大小为 1 的维、得到 `ordered_size` |
-# | [`parallel_state.py::RankGenerator.get_gtp_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L552) | 0.19.0 新增：`get_ranks("gtp_remat")`，先核对大小 |
-# | [`parallel_state.py::_inject_gtp_remat_axis`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L582) | 0.19.0 新增：把 `gtp_remat` 插进 order（decoder 插在 tp 后，expert 插在 ep 后） |
-# | [`parallel_state.py::RankGenerator.get_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L519) | token → 布尔掩码 |
-# | [`parallel_state.py::RankGenerator.get_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L534) | token → 这一类的全部群 |
-# | [`parallel_state.py::generate_masked_orthogonal_rank_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L269) | 混合进制分解，核心算术 |
-# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L601) | 造两个生成器，按 token 建群 |
-# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L560) | 从每个 PP 群挑 embedding 群 |
-# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/hyper_comm_grid.py#L46) | 另一套 n 维网格建群的实现（遗留问题） |
-
-# %% [markdown]
-# ## 调用链
+# - rank 是混合进制数，`order` 从左到右是变化从快到慢的维。缺省 `tp-cp-ep-dp-pp`、16 卡 TP=2、PP=2：
+#   rank 5 = (tp 1, dp 2, pp 0)，在群 `[4, 5]`、`[1, 3, 5, 7]`、`[5, 13]`；rank 13 在 `[12, 13]`、`[9, 11, 13, 15]`
+#   和同一个 PP 群 `[5, 13]`。一台机器 8 卡时，只有 PP 群跨机器。
+# - 每种群是一个掩码切片：token 里的维在群内变化，其余维决定第几个群。`tp-pp` 是 4 群 × 4，第一个 `[0, 1, 8, 9]`。
+# - `order` 决定谁相邻：`dp-tp-pp` 下 rank 5 的 TP 群是 `[1, 5]`；`tp-pp-dp` 下 DP 群 `[1, 5, 9, 13]` 跨机器。
+# - 两个生成器把同一批 rank 切两次：expert 网格 ETP × EP × EDP 与 decoder 网格共用 PP 群，EP 折进 DP，不另占卡
+#   （8 卡 TP=ETP=2、EP=2：EP 群 `[0, 2]` 在 DP 群 `[0, 2, 4, 6]` 里）。
+# - 0.19.0 的第六维 `gtp_remat` 缺省为 1（`ordered_size` 有 6 项），开启时在 decoder 网格紧跟 tp：16 卡 TP=2、GTP=2、PP=2 下，
+#   rank 5 的梯度归约群 `[1, 5]`，分数据的群 `[1, 3, 5, 7]`，模型并行群 `[4, 5, 6, 7, 12, 13, 14, 15]`。
+# - 一个真实的坑：order 只做子串检查，`tp-tp-dp-pp` 在 8 卡上不报错，算出的 PP 群却是 `[0, 8]` … `[3, 11]`。
 #
-# ```text
-# megatron/core/parallel_state.py::initialize_model_parallel
-# ├─ _inject_gtp_remat_axis(order, after="tp")                    # tp-cp-ep-dp-pp → tp-gtp_remat-cp-ep-dp-pp
-# ├─ RankGenerator(tp=TP, cp=CP, ep=1, dp=DP, pp=PP, order, gtp_remat=GTP)     # decoder 网格，纯算术
-# ├─ _inject_gtp_remat_axis(order, after="ep")                    # tp-cp-ep-dp-pp → tp-cp-ep-gtp_remat-dp-pp
-# ├─ RankGenerator(tp=ETP, cp=1, ep=EP, dp=EDP, pp=PP, order, gtp_remat=EGTP)  # expert 网格，纯算术
-# ├─ 两个网格各 get_ranks("pp")，断言相同                            # 一个 stage 里既有 attention 也有 expert
-# └─ 对每个 token（gtp_remat、dp-cp、dp、cp、tp-gtp_remat-pp、tp、pp、…，顺序见笔记 02）
-#    ├─ RankGenerator.get_ranks(token)
-#    │  ├─ RankGenerator.get_mask(order, token)                   # token → 掩码
-#    │  └─ generate_masked_orthogonal_rank_groups(world, sizes, mask)   # 掩码 → rank 列表
-#    └─ create_group(ranks)  每个列表一次                           # torch.distributed.new_group
-# ```
-#
-# **每个函数的阅读记录：**
-#
-# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
-# |---|---|---|---|---|---|---|---|
-# | `RankGenerator.__init__` | `tp, ep, dp, pp, cp`、`order`、`gtp_remat`（缺省 1） | 补齐后的 `order`、`ordered_size`、`world_size`（六个大小之积，不问 torch） | 无 | 否 | 否 | 否 | `initialize_distributed` 内 |
-# | `RankGenerator.get_mask` | `order`、token | 与 order 等长的布尔列表 | 无 | 否 | 否 | 否 | 同上 |
-# | `RankGenerator.get_ranks` | token | 该类全部群（list of list，各自升序） | `get_mask`、`generate_masked_orthogonal_rank_groups` | 否（只算成员） | 否 | 否 | 同上 |
-# | `generate_masked_orthogonal_rank_groups` | world、按 order 排的大小、掩码 | list of list | 无 | 否 | 否 | 否 | 同上 |
-# | `initialize_model_parallel`（只看"成员"这一面） | 各维大小、`order` | 模块全局变量 | 以上全部、`create_group` | 是 | 否 | 是 | 同上 |
+# 先读：[笔记 02](../02_distributed_initialization/)（何时建群）、本篇的[与基础知识的连接](#与基础知识的连接)；约 20 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n08_rank_generator import (ETP, checked_kinds, comparison_table, generators,
+from snippets.experiments.n08_rank_generator import (ETP, checked_kinds, comparison_table, folded, generators,
                                                      grid_sizes, init_with_experts, run, tables)
 from snippets.ranks.groups import coordinates, describe_rank, group_summary, groups_along, rank_of
 from snippets.ranks.launch import RankError, run_ranks
@@ -86,12 +56,98 @@ from snippets.record.tables import Table
 
 from megatron.core.parallel_state import RankGenerator
 
+panels = [panel_from_generator(RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order=o), (5, 13), order=o)
+          for o in ("tp-cp-ep-dp-pp", "dp-tp-pp")]
+draw_rank_grid(panels, title="order 决定谁相邻：16 卡 TP=2、PP=2 下，缺省 tp-cp-ep-dp-pp 让 rank 5 与 13 只有 PP 群跨机器，"
+                             "dp-tp-pp 把 TP 群拉开、把 DP 群挤成相邻")
+
+# %% [markdown]
+# 图中每行 8 个 rank 是一台机器，红框是 rank 5 和 13，彩线连起它们的 tp、dp、pp 群，跨机器的画在两行之间。
+# 左：缺省 order 只有 PP 群 `[5, 13]` 跨机器；右：`dp-tp-pp` 的 TP 群 `[1, 5]` 隔了 3 个 rank。
+#
+# <details><summary>本页怎么跑出来的</summary>
+#
+# - `RankGenerator` 是纯算术：关键对象一节的单元格直接在 notebook 进程里调用它，不起进程、不建群。
+# - "真实的 `initialize_model_parallel`"那一段起 8 个本地 gloo 进程（`snippets.ranks.launch.run_ranks`），每个进程调
+#   `initialize_model_parallel(tp=2, pp=2, ep=2, etp=1)`，再用 Megatron 的 getter 读回自己的坐标和群
+#   （`snippets.ranks.groups.describe_rank`，与笔记 02 的 `groups` 实验读法相同），结果回到 notebook 进程打印。
+#   实验代码在 `snippets/experiments/n08_rank_generator.py`（`run`、`tables`、`comparison_table`）；
+#   ETP 取 1，这样 order 以 pp 结尾时 EDP = world ÷ (EP·PP) 对任何合法的 EP 都存在。
+# - 不建模型、不搬运 tensor，所以实验的 `tiny` 尺寸全是 1，只用到并行大小。
+# - 命令行复现同一张逐 rank 表和比较表：
+#
+#   ```bash
+#   .venv/bin/python -m snippets.run --nproc-per-node 8 rank-generator --tp 2 --pp 2 --ep 2
+#   ```
+#
+# - 重新执行整页（输出存进 `.ipynb`，CI 用 nbval 逐格比对）：`scripts/execute_notes.sh notes/08_parallel_state_and_rank_generator.py`。
+# - 在 CPU 上建群需要的兼容处理（gloo 代替 NCCL 等）见 [CPU 说明](../../cpu/)；本篇没有额外的补丁。
+#
+# </details>
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号 | 角色 |
+# |---|---|
+# | [`parallel_state.py::RankGenerator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L465) | 一个带顺序的六维网格（0.19.0 在 tp、ep、dp、pp、cp 之外加了 `gtp_remat`） |
+# | [`parallel_state.py::RankGenerator.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L468) | 校验 order、补齐大小为 1 的维、得到 `ordered_size` |
+# | [`parallel_state.py::RankGenerator.get_mask`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L519) | token → 布尔掩码 |
+# | [`parallel_state.py::RankGenerator.get_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L534) | token → 这一类的全部群 |
+# | [`parallel_state.py::generate_masked_orthogonal_rank_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L269) | 混合进制分解，核心算术 |
+# | [`parallel_state.py::initialize_model_parallel`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L601) | 造两个生成器，按 token 建群 |
+# | [`parallel_state.py::_inject_gtp_remat_axis`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L582) | 0.19.0 新增：把 `gtp_remat` 插进 order（decoder 插在 tp 后，expert 插在 ep 后） |
+#
+# <details><summary>另外 3 个符号</summary>
+#
+# | 符号 | 角色 |
+# |---|---|
+# | [`parallel_state.py::RankGenerator.get_gtp_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L552) | 0.19.0 新增：`get_ranks("gtp_remat")`，先核对大小 |
+# | [`parallel_state.py::default_embedding_ranks`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L560) | 从每个 PP 群挑 embedding 群 |
+# | [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/hyper_comm_grid.py#L46) | 另一套 n 维网格建群的实现（遗留问题） |
+#
+# </details>
+
+# %% [markdown]
+# ## 调用链
+#
+# ```text
+# megatron/core/parallel_state.py::initialize_model_parallel
+# ├─ _inject_gtp_remat_axis(order, after="tp")                  # decoder：gtp_remat 插在 tp 后
+# ├─ RankGenerator(tp=TP, cp=CP, ep=1, dp=DP, pp=PP, gtp_remat=GTP)       # decoder 网格
+# ├─ _inject_gtp_remat_axis(order, after="ep")                  # expert：插在 ep 后
+# ├─ RankGenerator(tp=ETP, cp=1, ep=EP, dp=EDP, pp=PP, gtp_remat=EGTP)    # expert 网格
+# ├─ 两个网格的 get_ranks("pp") 必须相同
+# └─ 对每个 token（顺序见笔记 02）
+#    ├─ RankGenerator.get_ranks(token)
+#    │  ├─ RankGenerator.get_mask(order, token)                 # token → 掩码
+#    │  └─ generate_masked_orthogonal_rank_groups(...)          # 掩码 → rank 列表
+#    └─ create_group(ranks)                                     # torch.distributed.new_group
+# ```
+#
+# 建群的顺序与开销见[笔记 02](../02_distributed_initialization/)；这里只看成员怎么算。
+#
+# <details><summary>每个函数的记录（roadmap 七问）</summary>
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `RankGenerator.__init__` | `tp, ep, dp, pp, cp`、`order`、`gtp_remat`（缺省 1） | 补齐后的 `order`、`ordered_size`、`world_size`（六个大小之积，不问 torch） | 无 | 否 | 否 | 否 | `initialize_distributed` 内 |
+# | `RankGenerator.get_mask` | `order`、token | 与 order 等长的布尔列表 | 无 | 否 | 否 | 否 | 同上 |
+# | `RankGenerator.get_ranks` | token | 该类全部群（list of list，各自升序） | `get_mask`、`generate_masked_orthogonal_rank_groups` | 否（只算成员） | 否 | 否 | 同上 |
+# | `generate_masked_orthogonal_rank_groups` | world、按 order 排的大小、掩码 | list of list | 无 | 否 | 否 | 否 | 同上 |
+#
+# `initialize_model_parallel` 的记录（输入各维大小与 `order`，写模块全局变量，建群本身）在[笔记 02](../02_distributed_initialization/)，这里不重抄。
+#
+# </details>
+
 # %% [markdown]
 # ## 关键对象
 #
-# ### seed 000 的 16 卡表
+# ### 16 卡、TP=2、PP=2 的三类群
 #
-# 16 张卡（2 台 × 8），TP=2、PP=2，DP = 16 ÷ (2·2) = 4。seed 000 给出的表（这里把省略号展开）：
+# 16 张卡（2 台 × 8），TP=2、PP=2，DP = 16 ÷ (2·2) = 4。调用真实的 `RankGenerator`，取三类群：
+#
+# <details><summary>seed 000 给出的原表（省略号已展开），与下面的输出逐格相同</summary>
 #
 # <!-- same-as-next-output -->
 # | group | count × size | members |
@@ -100,7 +156,7 @@ from megatron.core.parallel_state import RankGenerator
 # | dp | 4 × 4 | [0, 2, 4, 6] [1, 3, 5, 7] [8, 10, 12, 14] [9, 11, 13, 15] |
 # | pp | 8 × 2 | [0, 8] [1, 9] [2, 10] [3, 11] [4, 12] [5, 13] [6, 14] [7, 15] |
 #
-# 真实的 `RankGenerator` 算出的是：
+# </details>
 
 # %%
 gen = RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order="tp-cp-ep-dp-pp")
@@ -109,13 +165,14 @@ group_summary({token: gen.get_ranks(token) for token in ("tp", "dp", "pp")})
 # %% [markdown]
 # ### 掩码与混合进制
 #
-# `RankGenerator` 把 order 从左到右读成"从变化最快到最慢"的维。rank 就是一个混合进制数，每一位是一个坐标：
+# `RankGenerator` 把 order 从左到右读成变化从快到慢的维，rank 是一个混合进制数，每一位是一个坐标：
 #
 # rank = tp + 2·cp + 2·ep + 2·dp + 8·pp（步长 = 左边各维大小之积；cp、ep 大小为 1 不占位）。
-# 0.19.0 的 `RankGenerator` 多认一维 `gtp_remat`（缺省 1）；order 里没写它，就补在最后，所以下面打印的 order
-# 以 `-gtp_remat` 结尾、`ordered_size` 有 6 项，掩码也是 6 个布尔值。大小为 1 的维不占位，rank 的算法不变。
 #
-# 一个 token（如 `"dp"`、`"tp-pp"`）变成一个掩码：被选中的维**在群内变化**，没被选中的维**固定**、
+# 0.19.0 的 `RankGenerator` 多认一维 `gtp_remat`（缺省 1）；order 里没写就补在最后，所以下面的 order
+# 以 `-gtp_remat` 结尾，`ordered_size` 和掩码都是 6 项；大小为 1，rank 的算法不变。
+#
+# 一个 token（如 `"dp"`、`"tp-pp"`）变成一个掩码：被选中的维**在群内变化**，没被选中的维**固定**，
 # 它们的取值决定"这是第几个群"。所以群大小 = 被选中各维大小之积，群数 = world ÷ 群大小。
 
 # %%
@@ -125,11 +182,11 @@ Table(["token", "mask", "群数 × 群大小", "第 0 个群"],
         gen.get_ranks(t)[0]] for t in ("tp", "dp", "pp", "tp-pp", "dp-cp", "tp-dp")])
 
 # %% [markdown]
-# 这段算术可以用十几行读得懂的代码重写：`snippets.ranks.groups.coordinates` 把 rank 拆成各维坐标，
-# `groups_along(token)` 把"除 token 以外各维坐标都相同"的 rank 归成一组。它和真实的 `get_ranks`
-# 对每个 token 都给出同样的群：
+# 以 `tp-pp` 为例：选中 tp（步长 1）和 pp（步长 8），群大小 2·2 = 4；第 0 个群的群内序号 0–3 拆成
+# (tp, pp) = (0,0) (1,0) (0,1) (1,1)，乘上步长就是 `[0, 1, 8, 9]`。
+# 按"其余坐标都相同的 rank 归成一组"自己重写十几行，8 种 token 都与 `get_ranks` 相同（折叠单元格）。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 sizes = dict(tp=2, cp=1, ep=1, dp=4, pp=2, gtp_remat=1)
 tokens = ("tp", "dp", "pp", "cp", "tp-pp", "dp-cp", "tp-dp", "tp-dp-cp")
 print(all(sorted(gen.get_ranks(t)) == groups_along(t, sizes, gen.order) for t in tokens))
@@ -149,12 +206,13 @@ Table(["rank", "坐标", "tp", "dp", "pp", "tp-pp"],
         *groups_of(r, gen).values()] for r in (5, 13)])
 
 # %% [markdown]
-# 和 seed 000 一致：rank 5 在 `[4, 5]`、`[1, 3, 5, 7]`、`[5, 13]` 里；rank 13 在 `[12, 13]`、`[9, 11, 13, 15]`、`[5, 13]` 里。
-# 两台机器各 8 卡时，TP 与 DP 群都在机内，只有 PP 群跨机。
+# 两个 rank 只差 pp 坐标：TP、DP 群各在自己的机器上，共用的 PP 群 `[5, 13]` 跨机器；
+# 模型并行群 `tp-pp` 是 `[4, 5, 12, 13]`，同一份模型的四个切片。
 #
 # ### 换一个 order
 #
-# order 决定谁相邻。同样 16 卡、TP=2、PP=2，rank 5 在三种 order 下的群：
+# order 决定谁相邻。同样 16 卡、TP=2、PP=2，rank 5 在三种 order 下的群（开头的图画的是第一、三行；
+# 任意大小和 order，含 Megatron 拒绝的组合，见[并行布局浏览器](../../explorers/layouts/)）：
 
 # %%
 def order_row(order):
@@ -169,18 +227,7 @@ Table(["order", "补齐后", "rank 5 的 tp", "dp", "pp"],
 # - 缺省 `tp-cp-ep-dp-pp`：TP 相邻、PP 跨度最大（跨机）。
 # - `tp-pp-dp`（正式入口的 `--use-tp-pp-dp-mapping` 给的是等价的 `tp-cp-ep-pp-dp`）：PP 群 `[5, 7]` 进了机内，
 #   DP 群 `[1, 5, 9, 13]` 跨机，梯度归约走机间网络。
-# - `dp-tp-pp`：TP 群 `[1, 5]` 不再相邻——TP 的高频 all-reduce 可能离开 NVLink。
-#
-# 把缺省 order 和 `dp-tp-pp` 并排画出来（每行 8 个 rank 看作一台机器；红框是 rank 5 和 13，彩色线连起它们的
-# tp、dp、pp 群，跨机器的群画在两行之间）。缺省 order 下只有 PP 群跨机器；`dp-tp-pp` 下 TP 群 `[1, 5]`
-# 虽仍在机内，却隔了 3 个 rank，DP 群则挤成相邻的 4 个：
-
-# %%
-panels = [panel_from_generator(RankGenerator(tp=2, ep=1, dp=4, pp=2, cp=1, order=o), (5, 13), order=o)
-          for o in ("tp-cp-ep-dp-pp", "dp-tp-pp")]
-draw_rank_grid(panels, title="16 卡、TP=2、PP=2、DP=4：两种 order 下 rank 5 与 rank 13 的群")
-
-# %% [markdown]
+# - `dp-tp-pp`：TP 群 `[1, 5]` 不再相邻，DP 群挤成相邻的 `[4, 5, 6, 7]`；机器再小一些，TP 的高频 all-reduce 就会离开 NVLink。
 #
 # 大小为 1 的维如果没写进 order，会被补到末尾（`tp-pp-dp` → `tp-pp-dp-ep-cp-gtp_remat`）；大小大于 1 的维没写就报错：
 
@@ -198,7 +245,7 @@ except RuntimeError as err:
 # | decoder 网格 | TP | CP | 1 | DP = world ÷ (TP·CP·PP·GTP) | PP |
 # | expert 网格 | ETP（缺省 = TP） | 1 | EP | EDP = world ÷ (ETP·EP·PP·EGTP) | PP |
 #
-# （GTP、EGTP 是 0.19.0 的第六维 `gtp_remat` 在两个网格上的大小，缺省都是 1，见下面"0.19.0 的 gtp_remat 维"。）
+# （GTP、EGTP：0.19.0 的 `gtp_remat` 维在两个网格上的大小，缺省 1，见下文。）
 #
 # 固定 PP 坐标后，剩下的 rank 被切了两次：稠密层看成 `TP × CP × DP`，expert 看成 `ETP × EP × EDP`。
 # EP 因此不需要额外的卡，它"折叠"进了稠密的 DP（和 CP）里。8 卡、TP=2、EP=2 的两个网格：
@@ -226,11 +273,11 @@ group_summary({t: cp_gen.get_ranks(t) for t in ("tp", "cp", "dp", "dp-cp", "tp-c
 #
 # ### 0.19.0 的 `gtp_remat` 维
 #
-# 0.19.0 加了"带权重重物化的广义张量并行"：权重在 TP 之外再按输出维切给 GTP 个 rank，每次前向、反向前用 all-gather
-# 临时拼回整块。这些 rank 处理**不同**的数据，所以 GTP 像 TP 一样占用自己的 rank（DP 变成 world ÷ (TP·CP·PP·GTP)），
+# 0.19.0 加了"带权重重物化的广义张量并行"：权重在 TP 之外再按输出维切给 GTP 个 rank，前向、反向前用 all-gather
+# 临时拼回。这些 rank 处理**不同**的数据，所以 GTP 像 TP 一样占用自己的 rank（DP 变成 world ÷ (TP·CP·PP·GTP)），
 # 而"全部拿不同数据的 rank"是 `gtp_remat-dp` 群。`initialize_model_parallel` 用 `_inject_gtp_remat_axis` 把这一维插在
 # tp 后面（[parallel_state.py:857](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/parallel_state.py#L857)），让 GTP 群也是相邻 rank。
-# 16 卡、TP=2、GTP=2、PP=2 ⇒ DP=2 时，rank 5 的群（纯算术，本站的 CPU 进程不开 GTP）：
+# 16 卡、TP=2、GTP=2、PP=2 ⇒ DP=2 时 rank 5 的群（纯算术）：
 
 # %%
 from megatron.core.parallel_state import _inject_gtp_remat_axis
@@ -255,67 +302,50 @@ Table(["token", "rank 5 所在的群"],
 # %% [markdown]
 # ## Tensor / Process Group 语义
 #
-# 本篇不搬运 tensor，它决定的是之后每次 collective 的参与者。全部群的种类（"网格"指上面两个生成器）：
+# 本篇不搬运 tensor，它决定之后每次 collective 的参与者。全部群的种类：
 #
 # | token（网格） | getter | 成员含义 | 主要使用者 |
 # |---|---|---|---|
-# | `tp`（decoder） | `get_tensor_model_parallel_group` | 只有 TP 坐标不同 | TP 层的 f / g（笔记 09、10）、`get_batch` 的 TP 广播 |
+# | `tp`（decoder） | `get_tensor_model_parallel_group` | 只有 TP 坐标不同 | TP 层的 f / g（笔记 09、10）、batch 广播 |
 # | `cp`（decoder） | `get_context_parallel_group` | 只有 CP 坐标不同 | attention 交换 K/V（笔记 16） |
-# | `dp`（decoder；缺省还跨 `gtp_remat`） | `get_data_parallel_group()` | 只有 DP（和 GTP）坐标不同（不含 CP） | 数据采样：决定本 rank 读哪些样本 |
+# | `dp`（decoder；缺省还跨 `gtp_remat`） | `get_data_parallel_group()` | 只有 DP（和 GTP）坐标不同 | 数据采样 |
 # | `dp-cp`（decoder） | `get_data_parallel_group(with_context_parallel=True)` | DP、CP 坐标都可不同 | DDP 梯度归约、分布式优化器切分（笔记 14、15） |
 # | `pp`（两网格相同） | `get_pipeline_model_parallel_group` | 只有 PP 坐标不同 | stage 间 send / recv（笔记 13） |
 # | `tp-pp`（decoder；0.19.0 的 token 是 `tp-gtp_remat-pp`） | `get_model_parallel_group` | 同一份模型的全部切片（不含 CP） | 梯度范数、inf 检查 |
-# | `tp-dp-cp` / `tp-dp`（0.19.0 的 token 里也插了 `gtp_remat`） | `get_tensor_and_data_parallel_group` | 同一 PP stage 的全部 rank | FP8 amax 归约 |
+# | `tp-dp-cp` / `tp-dp`（0.19.0 也插了 `gtp_remat`） | `get_tensor_and_data_parallel_group` | 同一 PP stage 的全部 rank | FP8 amax 归约 |
 # | embedding | `get_embedding_group` | 每个 PP 群的首尾 | 共享词嵌入的梯度 all-reduce |
 # | `ep`（expert） | `get_expert_model_parallel_group` | 只有 EP 坐标不同 | token dispatcher 的 all-to-all（笔记 17） |
 # | `tp`（expert） | `get_expert_tensor_parallel_group` | 只有 ETP 坐标不同 | expert 内部的 TP |
-# | `gtp_remat`（两网格各一） | `get_gtp_weight_remat_group` / `get_expert_gtp_weight_remat_group` | 只有 GTP 坐标不同（缺省每人一群） | 0.19.0：权重重物化的 all-gather |
+# | `gtp_remat`（两网格各一） | `get_gtp_weight_remat_group` / `get_expert_gtp_weight_remat_group` | 只有 GTP 坐标不同 | 0.19.0：权重重物化的 all-gather |
 # | `dp`（expert） | `get_expert_data_parallel_group` | 持有同一份 expert 切片（含 CP） | expert 参数的梯度归约 |
 #
 # ### 真实的 `initialize_model_parallel` 与算术一致吗？
 #
-# 8 个 gloo rank，TP=2、PP=2、EP=2（ETP=1，这样 order 以 pp 结尾时 EDP 也合法）。每个 rank 调真实的
-# `initialize_model_parallel`，再用 Megatron 的 getter 报出自己在两个网格上的坐标和所在的每个群（`describe_rank`，
-# 和[笔记 02](../02_distributed_initialization/) 的 `groups` 实验读法相同），合并后与两个 `RankGenerator` 逐类比较。
-# `run` 只多读了 expert 网格上的三个坐标：
+# 8 个进程（TP=2、PP=2、EP=2、ETP=1）各调真实的 `initialize_model_parallel`，再用 getter 读回坐标和群：
+# 7 类群都与两个 `RankGenerator` 的 `get_ranks` 相同，坐标也都等于混合进制分解（核对表折叠在逐 rank 表下面）。
+#
+# 逐 rank 表里值得看的是 expert 三列：每个 stage 的 4 个 rank 被切了两次，稠密层看成 TP × DP = 2 × 2，
+# expert 看成 ETP × EP × EDP = 1 × 2 × 2。ETP=1 时 expert 网格里变化最快的是 ep 维，所以 `ep` 群 `[0, 1]`
+# 正好落在稠密 `tp` 群的位置上，`etp` 群只有自己，`edp` 群 `[0, 2]` 与稠密的 `dp` 群相同。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(init_with_experts, run)
-
-# %% [markdown]
-# 比较用的两个生成器由 `generators(par)` 按同样的大小造出（decoder 网格 `tp × cp × dp × pp`，expert 网格
-# `ETP × EP × EDP × PP`），`comparison_table` 对每类群取 getter 报出的群与 `get_ranks(token)` 并排：
+listing(init_with_experts, run, grid_sizes, generators, checked_kinds, comparison_table)
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(grid_sizes, generators, checked_kinds, comparison_table)
-
-# %%
 TINY = EXPERIMENTS["rank-generator"].tiny
 PAR = Parallel(world=8, tp=2, pp=2, ep=2)
 real = run_ranks(run, 8, TINY, PAR, grid=dict(tp=2, pp=2, ep=2, etp=ETP))
 per_rank, expert_coords, compared = tables(real, TINY, PAR)
-compared
-
-# %% [markdown]
-# 同一次运行里每个 rank 的坐标与群（笔记 02 的逐 rank 表，加上 expert 的三类群）。每个 stage 的 4 个 rank 被切了两次：
-# 稠密层看成 TP × DP = 2 × 2，expert 看成 ETP × EP × EDP = 1 × 2 × 2。ETP=1 时 expert 网格里变化最快的是 ep 维，
-# 所以 `ep` 群 `[0, 1]` 正好落在稠密 `tp` 群的位置上，`etp` 群只有自己，`edp` 群 `[0, 2]` 与稠密的 `dp` 群相同。
-
-# %%
 per_rank
 
-# %% [markdown]
-# 每个 rank 在 expert 网格上的坐标由 getter 报出（`get_expert_tensor_parallel_rank`、`get_expert_model_parallel_rank`、
-# `get_expert_data_parallel_rank`），右列检查两个网格的坐标都等于 `snippets.ranks.groups.coordinates` 的混合进制分解：
-
-# %%
-expert_coords
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+folded("核对表：getter 报出的每类群 = RankGenerator.get_ranks；每个 rank 的 expert 坐标", compared, expert_coords)
 
 # %% [markdown]
 # ## 机制解释
 #
-# **一切群都是"掩码切片"。** 把 rank 看成一个多维数组的扁平下标，一种群就是"只让若干维变化、其余维固定"
-# 得到的切片。给出"哪些维变化"（掩码），同一个函数就能算出任何组合群（`tp-pp`、`tp-dp-cp`…），order 也只在一处生效。
+# **一切群都是"掩码切片"。** rank 是多维数组的扁平下标，一种群是只让若干维变化的切片；给出掩码，同一个函数
+# 就算出任何组合群（`tp-pp`、`tp-dp-cp`…），order 只在一处生效。
 #
 # **为什么 TP 在最左。** 最左的维步长为 1，TP 群由相邻 rank 组成。启动器通常把同一台机器的进程编成连续的 rank，
 # 所以 TP ≤ 单机卡数时 TP 群在机内，走 NVLink。PP 在最右，PP 群跨度最大；PP 只传激活，对带宽最不敏感。
@@ -332,35 +362,45 @@ expert_coords
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# 所有"这个 rank 该拿哪一份"的决策都从这里的坐标出发：权重切片（TP / ETP 坐标，笔记 04、10）、
-# 样本分配（不含 CP 的 DP 坐标，笔记 03）、序列切片（CP 坐标，笔记 16）、层的分配（PP 坐标，笔记 13）、
-# expert 分配（EP 坐标，笔记 17）、优化器状态分片（dp-cp 坐标，笔记 15）。
+# "这个 rank 拿哪一份"都从这里的坐标出发：权重切片（TP / ETP，笔记 04、10）、样本（不含 CP 的 DP，笔记 03）、
+# 序列切片（CP，笔记 16）、层（PP，笔记 13）、expert（EP，笔记 17）、优化器状态分片（dp-cp，笔记 15）。
 
 # %% [markdown]
 # ## 与基础知识的连接
 #
-# - **行主序下标**：把 rank 当作形状为 `(pp, dp, ep, cp, tp)` 的数组的扁平下标（最右的 tp 变化最快），
-#   order 字符串就是从"最快"到"最慢"的轴。`get_ranks` 就是沿若干轴取切片。
+# - **行主序下标**：rank 是形状 `(pp, dp, ep, cp, tp)` 的数组的扁平下标（tp 变化最快），`get_ranks` 沿若干轴取切片。
 # - **正交并行**：TP、CP、DP、PP 作用在不同对象上（权重的行列、序列、样本、层），可以独立组合；
 #   两个掩码不相交时，一个 rank 的两种群只交于它自己。
 
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **order 校验是子串匹配，重复的名字不会被拒绝（运行确认）。** `__init__` 只检查每个名字"是否出现在 order 字符串里"。
-#    下面 `order="tp-tp-dp-pp"` 在 8 卡的网格上没有报错，却算出了含 rank 8–11 的 PP 群——这个世界里根本没有这些 rank。
-#    正式入口只会传两种合法 order，不会触发；自己调 `initialize_model_parallel` 时要当心。
-# 2. **docstring 与代码不一致。** `initialize_model_parallel` 的文档说 order 缺省是 `tp-dp-pp`、只支持两种；
-#    签名缺省是 `tp-cp-ep-dp-pp`，代码接受任何写全了非 1 维的排列（但 PP 不在最后时要求 EDP = DP）。
-# 3. **`HyperCommGrid` 与 `RankGenerator` 并存。** `hyper_comm_grid.py` 是另一套 n 维网格建群的实现，
-#    RL 的推理模型用它另建一套群：0.19.0 里由 [`shards.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/inference/shards.py#L18)
-#    造两个 `HyperCommGrid`（decoder、expert），正式入口在给推理模型另设并行尺寸时调用它。它不认 `gtp_remat` 维。
+# **Megatron 的坑**
+#
+# 1. **order 校验是子串匹配，重复的名字不会被拒绝（下面的运行）。** `__init__` 只检查每个名字是否出现在 order 里。
+#    `order="tp-tp-dp-pp"` 在 8 卡网格上不报错，却算出含 rank 8–11 的 PP 群，而这个世界没有这些 rank。
+#    正式入口只传两种合法 order；自己调 `initialize_model_parallel` 时要当心。
+# 2. **docstring 与代码不一致。** `initialize_model_parallel` 的文档说 order 缺省 `tp-dp-pp`、只支持两种；
+#    签名缺省是 `tp-cp-ep-dp-pp`，代码接受任何写全非 1 维的排列（PP 不在最后时要求 EDP = DP，见自测 4 的运行）。
+# 3. **`HyperCommGrid` 与 `RankGenerator` 并存。** [`hyper_comm_grid.py::HyperCommGrid`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/hyper_comm_grid.py#L46) 是另一套 n 维网格建群的实现，
+#    RL 的推理模型用它另建一套群：[`shards.py::build_inference_pg_collection`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/inference/shards.py#L18)
+#    造两个 `HyperCommGrid`（decoder、expert），正式入口给推理模型另设并行尺寸时调用它；它不认 `gtp_remat` 维。
 #    两者对同一组大小是否给出相同的 rank 列表，留到笔记 22 核对。
 
 # %%
 odd = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-tp-dp-pp")
 print("world_size:", odd.world_size, " 补齐后:", odd.order)
 print("pp 群:", odd.get_ranks("pp"))
+
+# %% [markdown]
+# <details><summary>在 CPU 上怎么跑的</summary>
+#
+# - 关键对象一节和上面的坑只调用 `RankGenerator` 的算术，不需要进程，也不需要任何 CPU 补丁。
+# - 核对 `initialize_model_parallel` 的那次运行（和自测 4、5）起 8 个本地进程，后端是 gloo；群的成员由同一段
+#   `RankGenerator` 算术决定，与 NCCL 下相同。8 个进程只为凑够 TP × PP × EP = 8 的最小世界，没有模型和数据。
+# - `gtp_remat` 只算了成员：本站在 CPU 上建群时不开 GTP，所以 GTP=2 的群只来自 `RankGenerator` 的算术。
+#
+# </details>
 
 # %% [markdown]
 # ## 自测

@@ -16,49 +16,135 @@
 # %% [markdown]
 # # 10 ColumnParallelLinear 与 RowParallelLinear：权重怎么切，f 和 g 放在哪
 #
-# 第二轮第 3 篇。[笔记 09](../09_tp_mappings/) 把 f、g 和 sequence parallel 的那一对当作独立的函数来跑；本篇看
-# `tensor_parallel/layers.py` 里的两个线性层怎么用它们。下面的单元格在 2 个和 4 个 gloo rank 上构造**真实的**
-# `ColumnParallelLinear` / `RowParallelLinear`，打印每个 rank 的权重 shape，录下正反向的每个 collective，并把输出、
-# 输入梯度、权重梯度、bias 梯度逐一和主进程里一个普通的 `nn.Linear` 比较。旁边放一份我们自己写的等价实现
-# （`snippets/tp/tp_linear.py`，约 130 行代码），证明它和真实的层算出同样的数。
+# 张量并行把一个 `nn.Linear` 拆到几个 rank 上：权重沿哪一维切，每个 rank 拿到完整权重的哪一块？Megatron-LM 论文里的
+# f 和 g 两次通信，落在这两个层的哪一步——为什么在 profiler 里找不到 `ColumnParallelLinear` 调用 f？开了 sequence
+# parallel 又多出哪些通信？本篇在 2 个和 4 个 rank 上构造**真实的** `ColumnParallelLinear` / `RowParallelLinear`，
+# 录下正反向的每个 collective，再把输出和全部梯度与一个普通的 `nn.Linear` 对比。
 
 # %% [markdown]
 # ## 阅读目标
 #
-# 1. 说出两种层在每个 rank 上的权重 shape：Megatron 和 `nn.Linear` 一样存 `[out, in]`，column 切第 0 维（输出），
-#    row 切第 1 维（输入）；bias 哪个切、哪个不切。
-# 2. 说清 `gather_output`、`input_is_parallel` 各多出什么通信。
-# 3. 找到 `allreduce_dgrad` 是在哪一行决定的，以及为什么 `ColumnParallelLinear` 在 TP>1 时根本不调用 f。
-# 4. 说出开 sequence parallel 后两种层的通信换成了什么，以及 row 层的 bias 梯度为什么变成了"部分和"。
-# 5. 说清 `use_cpu_initialization=True` 时权重怎么来：每个 rank 造完整的主权重再切，所以结果与 TP 大小无关。
+# 1. 说出两种层在每个 rank 上的权重与 bias 的 shape，以及它们是完整权重的哪一块。
+# 2. 说清 f 在哪里：为什么 TP>1 时 `ColumnParallelLinear` 根本不调用 f，输入梯度的 all-reduce 由谁发出。
+# 3. 说清 `gather_output`、`input_is_parallel` 各多出什么通信，一个 column → row 对一共通信几次。
+# 4. 说出开 sequence parallel 后通信换成了什么、为什么反向多一次 all-gather、row 层的 bias 梯度为什么是部分和。
+#
+# **结论**
+#
+# - 两种层都像 `nn.Linear` 一样存 `[out, in]`。`ColumnParallelLinear(8, 16)` 切第 0 维（输出）：TP=2 时 rank 1 拿完整权重
+#   `[16, 8]` 的第 8–15 行，bias 也切；`RowParallelLinear(16, 8)` 切第 1 维（输入）：rank 1 拿 `[8, 16]` 的第 8–15 列，
+#   bias `[8]` 不切、求和之后只加一次。
+# - **f 被融合进了反向**：TP=2 时 f 被调用 0 次。column 层正向不通信，输入梯度的 all-reduce（`[4, 2, 8]`）由矩阵乘自己的
+#   autograd Function 在 backward 里异步发出（[layers.py:639](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639)），
+#   开关 `allreduce_dgrad` 在构造时就定了（[layers.py:1066](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)）。
+# - row 层正向一次 all-reduce（g），反向不通信。一个 column → row 对（MLP）在 TP=2 上正向 1 次、反向 1 次 all-reduce。
+# - 开 SP 后 all-reduce 全部消失：MLP 对正向 AG RS、反向 AG AG RS（AG = all-gather，RS = reduce-scatter）。反向的第二次
+#   AG 是 column 层只存了输入分片、为算权重梯度再收齐一次：多一次通信，省下 `(tp-1)/tp` 的激活内存。
+# - TP=2 和 4、六种配置，输出和三种梯度都等于一个 `nn.Linear`；只有 SP 下 row 层的 bias 梯度是部分和，由
+#   `finalize_model_grads` 在 TP 群里加起来。
+# - 切几份由 TP 群的大小决定，不看 config：config 写 TP=1、群里有 2 个 rank，权重照样是 `[8, 8]`。
+#
+# 先读：[笔记 09](../09_tp_mappings/)（f、g 与 SP 那一对通信），线性层的梯度公式见 [与基础知识的连接](#与基础知识的连接)；约 18 分钟。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+import os
+
+os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；不设它，每个 rank 的 linear 函数会警告一次
+
+import torch
+from IPython.display import Markdown
+
+from snippets.record import recorder
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.n10_linear import (CASES, build, comm_table, inputs, kinds, kinds_table,
+                                             layout_table, part, run_cases, weight_layout)
+from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
+from snippets.record.tables import Table
+from snippets.tp import pictures
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
+from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer import TransformerConfig
+from megatron.core.utils import init_method_normal
+
+TINY = EXPERIMENTS["linear"].tiny
+HIDDEN, FFN, S, B = TINY.hidden, TINY.ffn, TINY.seq, TINY.micro_batch_size
+X, G, BIAS = inputs(TINY)  # 完整输入、上游梯度和 bias，每个 rank 上和这里都是同一份
+
+
+def folded(summary, table):
+    """A table that only proves the page right: closed, one click away."""
+    return Markdown(f"<details><summary>{summary}</summary>\n\n{table.markdown()}\n\n</details>")
+
+
+layouts = {tp: run_ranks(weight_layout, tp, TINY, tp) for tp in (2, 4)}
+results = {tp: run_ranks(run_cases, tp, TINY, tp) for tp in (2, 4)}
+pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
+
+# %% [markdown]
+# <details><summary>本页怎么跑出来的</summary>
+#
+# - 实验在 `snippets/experiments/n10_linear.py`：`build` 用 `ModelParallelConfig` + `init_method_normal(0.02)` 构造真实的层
+#   （`use_cpu_initialization=True`，保留主权重），`weight_layout` 用两个探针 `init_method` 读出每个 rank 拿到主权重的哪些行、列，
+#   `run_cases` 在 `CASES` 的六种配置上各做一次录下 collective 的正反向，并用同一份主权重构造
+#   `snippets/tp/tp_linear.py` 里我们自己的等价实现（约 130 行）做同样的事。图由 `snippets/tp/pictures.py::draw_linear` 画。
+# - 尺寸是实验的 `tiny`：hidden 8、ffn 16、`[s, b] = [4, 2]`；rank 是本机的 gloo 进程（`run_ranks` 从 notebook 里起，
+#   结果传回主进程打印）。通信表由 `snippets.record.recorder` 记录；含义列先查模块的 `IN_LAYER` 表，再退回记录器的 `MEANINGS`。
+# - 重跑本页：`scripts/execute_notes.sh notes/10_column_row_parallel_linear.py`。只跑实验、打印同样的表：
+#   `.venv/bin/python -m snippets.run --nproc-per-node 2 linear --tp 2`；换成真实一层的尺寸：
+#   `.venv/bin/python -m snippets.run --nproc-per-node 8 linear --dims qwen3-8b --tp 8`。
+# - 在 CPU 上跑 Megatron 用到的补丁见 [CPU 页](../../cpu/)；本篇的层主要用到其中的 `current_device`（层和通信函数在 `torch.cuda.current_device()` 上分配缓冲）。
+#
+# </details>
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(build, weight_layout, part, run_cases)
 
 # %% [markdown]
 # ## 源码位置
 #
+#
 # | 符号 | 角色 |
 # |---|---|
 # | [`layers.py::ColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L869) | 按输出切：每个 rank `[out/tp, in]` |
-# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L918) | 分配、初始化权重；决定 `allreduce_dgrad` |
 # | [`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066) | `allreduce_dgrad = world_size > 1 and not sequence_parallel and not disable_grad_reduce` |
 # | [`layers.py::ColumnParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1100) | 选择是否调用 f；矩阵乘；可选 gather |
 # | [`layers.py:1139`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1139) | 四个条件任一成立就**跳过** f |
 # | [`layers.py::RowParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1249) | 按输入切：每个 rank `[out, in/tp]`，bias 不切 |
-# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1285) | SP 要求 `input_is_parallel`；bias 标上 `sequence_parallel` |
 # | [`layers.py::RowParallelLinear.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1430) | 可选 scatter；矩阵乘；g 或 reduce-scatter；最后加 bias |
-# | [`layers.py:1448`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1448) | row 层写死 `allreduce_dgrad = False` |
 # | [`layers.py::linear_with_grad_accumulation_and_async_allreduce`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L755) | 两种层共用的矩阵乘入口 |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L525) | 自己写正反向的 autograd Function |
-# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L530) | SP 时先 all-gather 输入；只存本 rank 的输入分片 |
 # | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L583) | 输入梯度的 all-reduce（= f 的反向）或 SP 的 all-gather + reduce-scatter |
 # | [`layers.py:639`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639) | 异步 all-reduce 输入梯度，与权重梯度的矩阵乘重叠 |
+#
+# <details><summary>其余符号（初始化、row 层构造、autograd Function 本身、SP 参数的梯度求和）</summary>
+#
+# | 符号 | 角色 |
+# |---|---|
+# | [`layers.py::ColumnParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L918) | 分配、初始化权重；决定 `allreduce_dgrad` |
+# | [`layers.py::RowParallelLinear.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1285) | SP 要求 `input_is_parallel`；bias 标上 `sequence_parallel` |
+# | [`layers.py:1448`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1448) | row 层写死 `allreduce_dgrad = False` |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L525) | 自己写正反向的 autograd Function |
+# | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L530) | SP 时先 all-gather 输入；只存本 rank 的输入分片 |
 # | [`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184) | 造完整主权重，按 `partition_dim`、`stride` 切出本 rank 的块 |
 # | [`layers.py::_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L169) | 只在本 rank 的块上、用 TP 专用 RNG 流初始化 |
 # | [`layers.py::set_tensor_model_parallel_attributes`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L136) | 给参数挂上 `tensor_model_parallel`、`partition_dim`、`partition_stride` |
 # | [`model_parallel_config.py::ModelParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/model_parallel_config.py#L46) | `tensor_model_parallel_size`、`sequence_parallel`、`use_cpu_initialization` |
 # | [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416) | SP 时把标了 `sequence_parallel` 的参数梯度在 TP 群里加起来 |
+#
+# </details>
 
 # %% [markdown]
 # ## 调用链
+#
+# 两种层的 forward 都走同一个矩阵乘入口 `linear_with_grad_accumulation_and_async_allreduce`，区别只在它前后：
+# column 层（TP>1）跳过 f、把 `allreduce_dgrad=True` 交给入口，输入梯度的 all-reduce 由入口的 backward 发出；
+# row 层传 `allreduce_dgrad=False`，矩阵乘之后调 g（或 SP 的 reduce-scatter），最后加 bias。
+#
+# <details><summary>完整调用链</summary>
 #
 # ```text
 # megatron/core/tensor_parallel/layers.py
@@ -88,7 +174,9 @@
 #    └─ + bias                                                                           # 求和之后只加一次
 # ```
 #
-# **每个函数的阅读记录：**
+# </details>
+#
+# <details><summary>每个函数的记录（roadmap 七问）</summary>
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
@@ -98,46 +186,15 @@
 # | `RowParallelLinear.forward` | `[s, b, in/tp]`（或完整 `[s, b, in]`） | `([s, b, out]，SP 时 [s/tp, b, out], bias 或 None)` | 同一个 linear 函数、scatter、g 或 reduce-scatter | 是：TP 群 | 合并部分和；SP 时按 sequence 切 | 否 | 模型 forward |
 # | `LinearWithGradAccumulationAndAsyncCommunication` | 输入、权重、bias、`allreduce_dgrad`、`sequence_parallel`、群 | `X Wᵀ + b`；反向给 dX、dW、db | `get_global_memory_buffer`（SP 的收齐缓冲） | 是：反向 all-reduce，或 SP 的 all-gather / reduce-scatter | SP 时 sequence 维 | 否（`gradient_accumulation_fusion` 时直接累加进 `main_grad`） | 模型 forward / backward |
 # | `_initialize_affine_weight_cpu` | 空的本地权重、`output_size`、`input_size`、`partition_dim`、`stride`、`init_method` | 本地权重被填好（可选返回主权重） | `set_tensor_model_parallel_attributes` | 只读 TP 序号 | 是：从主权重切块 | 是：消耗 RNG | `model_provider` |
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-import os
-
-os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron 推荐的设置；不设它，每个 rank 的 linear 函数会警告一次
-
-import torch
-
-from snippets.record import recorder
-from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n10_linear import (CASES, build, comm_table, inputs, kinds, kinds_table,
-                                             layout_table, part, run_cases, weight_layout)
-from snippets.ranks.launch import run_ranks
-from snippets.record.listing import listing
-from snippets.record.tables import Table
-from snippets.tp import pictures
-
-from megatron.core import parallel_state
-from megatron.core.model_parallel_config import ModelParallelConfig
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from megatron.core.utils import init_method_normal
+#
+# </details>
 
 # %% [markdown]
 # ## 关键对象
 #
 # 形状取一个缩小的 MLP：`hidden = 8`、`ffn = 16`，激活 `[s, b, h] = [4, 2, 8]`。column 层 `8 → 16`（像 `linear_fc1`），
 # row 层 `16 → 8`（像 `linear_fc2`）。构造方式就是 Megatron 的：一个 `ModelParallelConfig`，一个 `init_method`。
-#
-# 本篇在 rank 上跑的函数（`build`、`weight_layout`、`run_cases`）都在 `snippets/experiments/n10_linear.py` 里，
-# 尺寸是参数 `dims`（hidden、ffn、sequence、micro-batch），本篇用它的 `tiny`。`build` 就是 Megatron 的构造方式：
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(build)
-
-# %%
-TINY = EXPERIMENTS["linear"].tiny
-HIDDEN, FFN, S, B = TINY.hidden, TINY.ffn, TINY.seq, TINY.micro_batch_size
-
-# %% [markdown]
-# `build` 的核心只是两个构造调用。在 2 个 rank 上直接调一次，把 column 的输出原样交给 row，看每个 rank 上的 shape：
+# 在 2 个 rank 上各构造一对，把 column 的输出原样交给 row，看每个 rank 上的 shape：
 
 # %%
 def column_then_row(tp):
@@ -160,51 +217,24 @@ Table(["rank", "fc1.weight", "h", "fc2.weight", "y"],
 # %% [markdown]
 # 两个权重碰巧都是 `[8, 8]`，来历却不同：column 的是 `[16/2, 8]`（切输出维），row 的是 `[8, 16/2]`（切输入维）。
 # `h` 的最后一维 8 = 16/2，正是 row 层要的那一段输入，所以中间不用通信；`y` 已经是完整的 `[4, 2, 8]`。
-
-# %% [markdown]
-# ### 每个 rank 的权重：切哪一维，拿到主权重的哪一块
 #
-# 用两个特殊的 `init_method` 当探针：先把主权重的第 `i` 行第 `j` 列填成 `i`、再建一次填成 `j`，就能从每个 rank 的分片
-# 直接读出它拿到了主权重的哪些行、哪些列（fp32 表示到 2²⁴ 的整数都是精确的，真实尺寸的层也能这样读）：
+# ### 每个 rank 拿到完整权重的哪一块
+#
+# 用两个特殊的 `init_method` 当探针：先把完整权重（主权重）的第 `i` 行第 `j` 列填成 `i`、再建一次填成 `j`，
+# 每个 rank 的分片就自己说出了它是主权重的哪些行、哪些列（TP=2 和 TP=4）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(weight_layout)
-
-# %%
-layouts = {tp: run_ranks(weight_layout, tp, TINY, tp) for tp in (2, 4)}
 layout_table(layouts)
 
 # %% [markdown]
-# - `ColumnParallelLinear(8, 16)` 的 rank `r` 拿主权重 `[16, 8]` 的第 `r` 段**行**（输出），所有列：`[16/tp, 8]`；
-#   bias 也按输出切（`[16/tp]`）。
-# - `RowParallelLinear(16, 8)` 的 rank `r` 拿所有行、第 `r` 段**列**（输入）：`[8, 16/tp]`；bias `[8]` 不切，
-#   每个 rank 一份完整的。
-# - 最后一列是 CPU 初始化的代价：每个 rank 都先在内存里造出完整的 `[out, in]` 主权重
+# - column 层的 rank `r` 拿第 `r` 段**行**（输出）、所有列：`[16/tp, 8]`，`partition_dim = 0`；bias 也按输出切（`[16/tp]`）。
+# - row 层的 rank `r` 拿所有行、第 `r` 段**列**（输入）：`[8, 16/tp]`，`partition_dim = 1`；bias `[8]` 不切，每个 rank 一份完整的。
+# - 最后一列是 `use_cpu_initialization=True` 的代价：每个 rank 都先造出完整的 `[out, in]` 主权重
 #   （[`layers.py::_initialize_affine_weight_cpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L184)），
-#   再切出自己那块。好处是结果与 TP 大小无关：用同一个种子，把分片拼回去就是单进程初始化的那个矩阵。下面用真正的
-#   `init_method_normal(0.02)` 验证（TP=2、TP=4 各跑一次，后面的数值比较也复用这两次运行）。
-
-# %% [markdown]
-# 六种配置在模块的 `CASES` 里：每种是（层，构造参数，本 rank 的输入是完整 `X` 沿哪一维的一段，输出是完整 `Y` 沿哪一维的一段；
-# `None` = 完整）——column 的 `gather_output=False/True`、row 的 `input_is_parallel=True/False`，以及两者开 SP。
-# `inputs` 用固定种子造出完整输入 `X`、完整的上游梯度 `G` 和完整 bias（Megatron 把 bias 初始化为 0，换成随机的才看得出它加在哪里），
-# 每个 rank 上和主进程里都是同一份：
-
-# %%
-X, G, BIAS = inputs(TINY)
-print("X:", {k: list(v.shape) for k, v in X.items()}, " G:", {k: list(v.shape) for k, v in G.items()})
-
-# %% [markdown]
-# 每个 rank 上：对每种配置构造真实的层，把 bias 换成 `BIAS`（column 取自己那段），取自己那份输入和上游梯度，
-# 正向、反向各一次并录下 collective；再用同一个主权重构造 `snippets.tp.tp_linear` 里我们自己的层，做同样的事：
+#   再切出自己那块。好处是结果与 TP 大小无关：同一个种子下，TP=2、TP=4 的分片拼回去都等于单进程初始化的那个矩阵
+#   （两种层、两种 TP 都相等，表折叠在下面）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(part, run_cases)
-
-# %%
-results = {tp: run_ranks(run_cases, tp, TINY, tp) for tp in (2, 4)}
-
-
 def single_process_init(kind):
     torch.manual_seed(0)
     master = torch.empty(FFN, HIDDEN) if kind == "column" else torch.empty(HIDDEN, FFN)
@@ -212,32 +242,25 @@ def single_process_init(kind):
     return master
 
 
-Table(["层", "TP", "分片拼回 = 单进程初始化"],
-      [[kind, tp, torch.equal(torch.cat([res[name, "real"]["w"] for res in results[tp]], 0 if kind == "column" else 1),
-                              single_process_init(kind))]
-       for kind, name in (("column", "Column, gather_output=False"), ("row", "Row, input_is_parallel=True"))
-       for tp in (2, 4)])
+folded("分片拼回 = 单进程初始化（column / row，TP=2、4）",
+       Table(["层", "TP", "分片拼回 = 单进程初始化"],
+             [[kind, tp, torch.equal(torch.cat([res[name, "real"]["w"] for res in results[tp]],
+                                               0 if kind == "column" else 1), single_process_init(kind))]
+              for kind, name in (("column", "Column, gather_output=False"), ("row", "Row, input_is_parallel=True"))
+              for tp in (2, 4)]))
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
 #
-# ### 每种配置的通信（TP=2，录下来的）
+# ### 每种配置的通信（TP=2）
 #
-# 含义列先按 (发出者, API, phase) 查模块里的 `IN_LAYER` 表，再退回 `snippets.record.recorder.MEANINGS`：
+# 六种配置：column 层的 `gather_output=False/True`，row 层的 `input_is_parallel=True/False`，以及两者开 SP。每种配置在每个
+# rank 上喂完整输入 `X` 里本 rank 的那份，正向、反向各一次，录下 rank 0 的每个 collective（页首的图画的是前两种缺省配置）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 comm_table(results[2])
 
 # %% [markdown]
-# 把上面的分片表（TP=2）和这张通信表里两个缺省配置的行画在一起：左边是完整的 `[out, in]` 主权重里每个 rank 的那块，
-# 右边是这层正向、反向各经过的 collective。
-
-# %%
-pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
-
-# %% [markdown]
-# 从表里读：
-#
 # - **Column（`gather_output=False`）正向不通信，反向一次 all-reduce**，发出者是 `layers.py::backward`，
 #   不是 `mappings.py::_reduce`——f 的反向被合并进了矩阵乘的 autograd Function（下一节）。
 # - **`gather_output=True` 多一次正向 all-gather**（`[4, 2, 8] → [8, 2, 8]`，再重排成 `[4, 2, 16]`），反向只是切分。
@@ -245,8 +268,9 @@ pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
 #   （不通信），反向多一次 all-gather 把输入梯度收齐。
 # - **开 SP**：column 正向 all-gather 输入、反向 all-gather 输入 + reduce-scatter 输入梯度；row 正向 reduce-scatter、
 #   反向 all-gather。all-reduce 全部消失。
-
-# %% [markdown]
+#
+# phase 列只有 forward 和 backward：这两个层的通信全在模型的正反向里；梯度同步和优化器步是笔记 14、15 的事。
+#
 # ### `allreduce_dgrad`：f 其实不在 `ColumnParallelLinear` 里
 #
 # [`layers.py:1066`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)
@@ -265,12 +289,14 @@ def who_reduces_dgrad(tp, sequence_parallels):
     rows = []
     for sp in sequence_parallels:
         f_calls.clear()
-        layer = build(TINY, "column", tp, sequence_parallel=sp)
+        config = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True)
+        fc1 = ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=init_method_normal(0.02),
+                                   bias=True, gather_output=False)
         x = torch.randn(S // tp if sp else S, B, HIDDEN, requires_grad=True)
         with recorder.record() as calls:
-            y, _ = layer(x)
+            y, _ = fc1(x)
             y.sum().backward()
-        rows.append([tp, sp, layer.allreduce_dgrad, len(f_calls),
+        rows.append([tp, sp, fc1.allreduce_dgrad, len(f_calls),
                      ", ".join(f"{c.api} @ {c.where.split('/')[-1]}" for c in calls if c.phase == "backward") or "—"])
     return rows
 
@@ -283,16 +309,16 @@ Table(["TP", "sequence_parallel", "allreduce_dgrad", "f 被调用次数", "反�
 # [`layers.py:639`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639)
 # 在 `LinearWithGradAccumulationAndAsyncCommunication.backward` 里以 `async_op=True` 发出，随后才算权重梯度
 # `dW = dYᵀ X`，最后才等它完成：通信和权重梯度的矩阵乘重叠。这要求 GPU 按发出顺序执行 kernel，所以 Megatron 建议
-# `CUDA_DEVICE_MAX_CONNECTIONS=1`（本篇第一个单元格设了它，否则会在 [layers.py 第 856 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L856) 警告）。
-# 数学上它仍然是 f 的反向：各 rank 对同一份输入的梯度相加。
-
-# %% [markdown]
+# `CUDA_DEVICE_MAX_CONNECTIONS=1`，否则在 [layers.py 第 856 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L856) 警告。
+# 数学上它仍然是 f 的反向：各 rank 对同一份输入的梯度相加。把 f 做成一个单独的 autograd Function，all-reduce
+# 只能在它自己的 backward 里同步地做完；融合进矩阵乘的 backward，才有机会和 `dW` 的计算同时进行。
+#
 # ### 数值：真实的层 = 一个普通的 `nn.Linear`
 #
-# 在主进程里用拼回的主权重和完整的 `BIAS` 构造 `nn.Linear`，对完整的 `X`、`G` 做一次正反向。再把各 rank 的结果
-# 按它们的分布拼回来比较。每个张量在各 rank 上的分布（也就是上面 `CASES` 的后两列，加上权重和 bias 梯度的）：
+# 在主进程里用拼回的主权重和完整 bias 构造 `nn.Linear`，对完整的 `X`、`G` 做一次正反向，再把各 rank 的结果按它们的
+# 分布拼回来比较。每个张量在各 rank 上怎么分布：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def layout(name):
     kind, kwargs, x_dim, y_dim = CASES[name]
     column = kind == "column"
@@ -337,23 +363,38 @@ def compare(tp, who, against="dense"):
     return rows
 
 
-Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"], compare(2, "real") + compare(4, "real"))
+folded("拼回来 = nn.Linear（TP=2、4，六种配置，四种张量）",
+       Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"], compare(2, "real") + compare(4, "real")))
 
 # %% [markdown]
-# 两种 TP、六种配置、四种张量全部等于 `nn.Linear`。注意 "Row, SP" 的 bias 梯度要先把各 rank **相加**：
+# 两种 TP、六种配置、四种张量全部等于 `nn.Linear`（表折叠在上面）。只有 "Row, SP" 的 bias 梯度要先把各 rank **相加**：
+# 开 SP 后 row 层的输出按 sequence 切开，每个 rank 只拿到自己那几个位置的输出梯度，bias 梯度 `Σ dY` 也就只覆盖这些位置。
+# Megatron 在构造时给这个 bias 标上 `sequence_parallel=True`，训练时由
+# [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416)
+# 在 TP 群里把标了它的参数梯度加起来（LayerNorm 的参数同理）。层本身给出的只是部分和。直接调一次这个函数：
 
 # %%
-row_sp = [res["Row, SP", "real"] for res in results[2]]
-dense_db = dense_reference("row", assemble([r["w"] for r in row_sp], 1))["db"]
-print("bias.sequence_parallel:", row_sp[0]["bias_sequence_parallel"])
-print("每个 rank 的 db 单独等于 dense:", [torch.allclose(r["db"], dense_db, atol=1e-6) for r in row_sp])
-print("两个 rank 的 db 相加等于 dense:", torch.allclose(row_sp[0]["db"] + row_sp[1]["db"], dense_db, atol=1e-6))
+def row_sp_bias_grad():
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=2,
+                               tensor_model_parallel_size=2, sequence_parallel=True, use_cpu_initialization=True)
+    fc2 = RowParallelLinear(FFN, HIDDEN, config=config, init_method=init_method_normal(0.02),
+                            bias=True, input_is_parallel=True, skip_bias_add=False)
+    r = parallel_state.get_tensor_model_parallel_rank()
+    y, _ = fc2(X["row"].chunk(2, -1)[r])  # 输出按 sequence 切
+    y.backward(G["row"].chunk(2, 0)[r])
+    before = fc2.bias.grad.clone()
+    fc2.ddp_config = DistributedDataParallelConfig()  # finalize 从模型块上读它
+    _allreduce_non_tensor_model_parallel_grads([fc2], config)
+    return fc2.bias.sequence_parallel, list(y.shape), before, fc2.bias.grad
 
-# %% [markdown]
-# 开 SP 后 row 层的输出按 sequence 切开，每个 rank 只拿到自己那几个位置的输出梯度，bias 梯度 `Σ dY` 也就只覆盖这些位置。
-# Megatron 在构造时给 row 层的 bias 标上 `sequence_parallel=True`，训练时由
-# [`finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/finalize_model_grads.py#L416)
-# 在 TP 群里把它们加起来（LayerNorm 的参数同理）。层本身给出的只是部分和。
+
+runs = run_ranks(row_sp_bias_grad, 2)
+dense_db = G["row"].sum((0, 1))  # nn.Linear 的 bias 梯度
+print("bias.sequence_parallel:", runs[0][0], "  每个 rank 的输出:", runs[0][1])
+print("finalize 之前，各 rank 的 db 单独等于 dense:", [torch.allclose(r[2], dense_db, atol=1e-6) for r in runs])
+print("finalize 之前，两个 rank 的 db 相加等于 dense:", torch.allclose(runs[0][2] + runs[1][2], dense_db, atol=1e-6))
+print("finalize 之后，各 rank 的 db 等于 dense:", [torch.allclose(r[3], dense_db, atol=1e-6) for r in runs])
 
 # %% [markdown]
 # ## 机制解释
@@ -375,56 +416,20 @@ print("两个 rank 的 db 相加等于 dense:", torch.allclose(row_sp[0]["db"] +
 # 不开 SP 时，TP 区域之外（LayerNorm、dropout、残差）的激活在每个 rank 上完整重复。开 SP 后它们按 sequence 维切开，
 # 区域的入口从 f 换成 sequence 维的 all-gather，出口从 g 换成 reduce-scatter——[笔记 09](../09_tp_mappings/) 算出的那一对
 # 共轭。Megatron 把入口的 all-gather 放进 linear 的 autograd Function 里，并且只保存本 rank 的输入分片，
-# 反向需要完整输入算 `dW` 时**再 all-gather 一次**：多一次通信，省下 `(tp-1)/tp` 的激活内存。所以上表 "Column, SP"
-# 的反向有两个 collective。
-#
-# ### 我们自己的实现
-#
-# `snippets/tp/tp_linear.py` 只有这些：四个以 Megatron 函数命名的 autograd Function（f、g、最后一维的 gather/scatter、
-# sequence 维的 all-gather/reduce-scatter），和两个层——column 层 `f → F.linear → (gather)`，row 层
-# `(scatter) → F.linear → g → + bias`。它和真实的层在同一份主权重上算出同样的数（TP=2、4，全部六种配置）：
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-def ours_vs_real(tp):
-    rows = []
-    for name in CASES:
-        per_rank = [(res[name, "ours"], res[name, "real"]) for res in results[tp]]
-        rows.append([tp, name] + [all(torch.allclose(o[key], m[key], atol=1e-6) for o, m in per_rank)
-                                  for key in ("y", "dx", "dw", "db")])
-    return rows
-
-
-Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"], ours_vs_real(2) + ours_vs_real(4))
-
-# %% [markdown]
-# 数一样，通信却不完全一样。按 collective 的种类（AR = all-reduce，AG = all-gather，RS = reduce-scatter）并排：
-
-# %%
-kinds_table(results[2])
-
-# %% [markdown]
-# 唯一的差别在 "Column, SP" 的反向：我们的实现让 autograd 保存收齐后的完整输入，所以反向只有一次 RS；Megatron
-# 保存分片、反向再 AG 一次。这是内存换通信的取舍，不影响结果。
-
-# %% [markdown]
-# ## 与训练主链路的关系
-#
-# 模型构造（`model_provider` → `GPTModel`）时，每个 `TransformerLayer` 里的 `linear_qkv`、`linear_fc1` 是
-# `ColumnParallelLinear`（`gather_output=False`），`linear_proj`、`linear_fc2` 是 `RowParallelLinear`
-# （`input_is_parallel=True`）；输出层是 `ColumnParallelLinear`（配合 vocab-parallel 的 cross entropy，不 gather）。
-# 训练时它们都在 `forward_backward_func` 的模型 forward / backward 里，通信就是上面录到的那些：每个 column→row 对
-# 正向 1 次、反向 1 次 all-reduce，开 SP 后换成 AG/RS（一层里的计数见笔记 11）。之后 `finalize_model_grads` 处理
-# 标了 `sequence_parallel` 的参数梯度，优化器按 `tensor_model_parallel` 属性区分切分与复制的参数（例如梯度范数里
-# 复制的参数只算一次，见 [`layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95)）。把一个 MLP 对（column → gelu → row）在 TP=2 上录一遍，不开和开 SP：
+# 反向需要完整输入算 `dW` 时**再 all-gather 一次**：多一次通信，省下 `(tp-1)/tp` 的激活内存。
+# 把一个 MLP 对（column → gelu → row）在 TP=2 上录一遍，不开和开 SP：
 
 # %%
 def mlp_pair(sequence_parallels):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     recorded = {}
     for sp in sequence_parallels:
-        fc1 = build(TINY, "column", 2, sequence_parallel=sp)
-        fc2 = build(TINY, "row", 2, input_is_parallel=True, sequence_parallel=sp)
-        x = torch.randn(S // 2 if sp else S, B, HIDDEN, requires_grad=True)
+        config = ModelParallelConfig(tensor_model_parallel_size=2, sequence_parallel=sp, use_cpu_initialization=True)
+        fc1 = ColumnParallelLinear(HIDDEN, FFN, config=config, init_method=init_method_normal(0.02),
+                                   bias=True, gather_output=False)
+        fc2 = RowParallelLinear(FFN, HIDDEN, config=config, init_method=init_method_normal(0.02),
+                                bias=True, input_is_parallel=True, skip_bias_add=False)
+        x = torch.randn(S // 2 if sp else S, B, HIDDEN, requires_grad=True)  # SP：每个 rank 只有一半 sequence
         with recorder.record() as calls:
             h, _ = fc1(x)
             y, _ = fc2(torch.nn.functional.gelu(h))
@@ -439,6 +444,45 @@ Table(["MLP（TP=2）", "正向", "反向"],
        for sp, calls in mlp_calls.items()])
 
 # %% [markdown]
+# 不开 SP：正向只有 row 出口的 AR（g），反向只有 column 入口的 AR（f 的反向）。开 SP：正向 AG（column 收齐输入）+ RS
+# （row 的出口），反向 AG（RS 的反向）+ AG（column 重新收齐输入）+ RS（column 的输入梯度）。按 ring 算法，一次 AR 的
+# 通信量等于一次 RS 加一次 AG，所以 SP 并没有多花入口和出口的通信，只多了反向那次重新收齐的 AG。
+#
+# ### 一份可读的等价实现
+#
+# 本篇还带了一份约 130 行的等价实现：column 层 `f → F.linear → (gather)`，row 层 `(scatter) → F.linear → g → + bias`，
+# f、g 和 SP 的那对通信各是一个以 Megatron 函数命名的 autograd Function。它在同一份主权重上和真实的层算出同样的数
+# （TP=2、4，六种配置，表折叠在下面），通信却不完全一样（AR = all-reduce）：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+def ours_vs_real(tp):
+    rows = []
+    for name in CASES:
+        per_rank = [(res[name, "ours"], res[name, "real"]) for res in results[tp]]
+        rows.append([tp, name] + [all(torch.allclose(o[key], m[key], atol=1e-6) for o, m in per_rank)
+                                  for key in ("y", "dx", "dw", "db")])
+    return rows
+
+
+display(folded("等价实现 = 真实的层（TP=2、4，六种配置，四种张量）",
+               Table(["TP", "配置", "输出", "输入梯度", "权重梯度", "bias 梯度"], ours_vs_real(2) + ours_vs_real(4))))
+kinds_table(results[2])
+
+# %% [markdown]
+# 唯一的差别在 "Column, SP" 的反向：等价实现让 autograd 保存收齐后的完整输入，所以反向只有一次 RS；Megatron
+# 保存分片、反向再 AG 一次。这是内存换通信的取舍，不影响结果。
+
+# %% [markdown]
+# ## 与训练主链路的关系
+#
+# 模型构造（`model_provider` → `GPTModel`）时，每层的 `linear_qkv`、`linear_fc1` 是 `ColumnParallelLinear`
+# （`gather_output=False`），`linear_proj`、`linear_fc2` 是 `RowParallelLinear`（`input_is_parallel=True`）；输出层也是
+# `ColumnParallelLinear`（配合 vocab-parallel 的 cross entropy，不 gather）。它们的通信都在 `forward_backward_func` 的模型
+# forward / backward 里（一整层的计数见[笔记 11](../11_transformer_layer/)）。之后 `finalize_model_grads` 加起标了
+# `sequence_parallel` 的梯度；优化器按 `tensor_model_parallel` 属性区分切分与复制的参数，例如梯度范数里复制的参数只算一次
+# （[`layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95)）。
+
+# %% [markdown]
 # ## 与基础知识的连接
 #
 # - **分块矩阵乘**：`X Wᵀ` 按 `W` 的行分块得到 `Y` 的列块（column），按 `W` 的列分块（同时切 `X` 的列）得到 `Y` 的加数（row）。
@@ -451,22 +495,21 @@ Table(["MLP（TP=2）", "正向", "反向"],
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **seed 000 说 "f 在 `linear_qkv` 内部"，运行显示它被融合掉了。** 只有 TP=1 时 `ColumnParallelLinear` 才调用 f
+# **Megatron 的坑**
+#
+# 1. **常见的说法是"f 在 `linear_qkv` 内部"，运行显示它被融合掉了。** 只有 TP=1 时 `ColumnParallelLinear` 才调用 f
 #    （此时不通信）；TP>1 时输入梯度的 all-reduce 由 linear 的 backward 直接发出（上面的探针表）。
 #    读 profiler 时要在 `LinearWithGradAccumulationAndAsyncCommunication` 里找它，不是在 `_CopyToModelParallelRegion` 里。
 # 2. **row 层忽略自己的 `tp_group` 去找全局群。** [`layers.py:1466`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1466)
 #    给 linear 函数传 `tp_group=None`，后者再经 `get_tensor_model_parallel_group_if_none` 取全局 TP 群（并在 rank 0 发弃用警告）。
 #    因为 row 层在 linear 函数里既不 all-reduce 也不开 SP，这个群不被使用，结果不受影响；但即使构造时给了显式的
 #    `tp_group`，linear 函数内部仍会去查全局的 `parallel_state`。
-# 3. **`ModelParallelConfig.tensor_model_parallel_size` 不决定切几份（运行确认）。** 切分大小来自 TP 群的大小
+# 3. **`ModelParallelConfig.tensor_model_parallel_size` 不决定切几份。** 切分大小来自 TP 群的大小
 #    （[`layers.py:958`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L958)
-#    的 `get_pg_size(self.tp_group)`），config 里的数在 `__post_init__` 里只用来检查 SP、给 expert TP 和 0.19.0 新增的
-#    权重分片数（`tensor_parallel_num_weight_shards`）定默认值；层里只有 expert 层拿它和 `expert_tensor_parallel_size` 比较
-#    （[`layers.py:961`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L961)）。下面的单元格在 TP=2 的群里
+#    的 `get_pg_size(self.tp_group)`）；config 里的数只在 `__post_init__` 里检查 SP、给 expert TP 和 0.19.0 新增的
+#    `tensor_parallel_num_weight_shards` 定默认值，层里只有 expert 层拿它和 `expert_tensor_parallel_size` 比较
+#    （[`layers.py:961`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L961)）。下面在 TP=2 的群里
 #    用 `tensor_model_parallel_size=1` 的 config 构造 column 层：照样切成两半，不报错。
-# 4. **GPU 初始化路径本篇没有跑。** `use_cpu_initialization=False` 时 `_initialize_affine_weight_gpu` 在 TP 专用的 RNG 流
-#    （种子随 TP 序号变化，见笔记 02）下只初始化本 rank 的块，拼回去一般不等于 TP=1 的权重；它在 CPU 上需要 RNG tracker
-#    的兼容补丁，[笔记 24](../24_rng_and_recomputation/) 专门讲这些 RNG 流。
 
 # %%
 def config_says_tp1():
@@ -479,6 +522,20 @@ def config_says_tp1():
 
 print("config 说 TP=1，TP 群有 2 个 rank；每个 rank 的 weight:", run_ranks(config_says_tp1, 2))
 
+# %% [markdown]
+# <details><summary>在 CPU 上怎么跑的</summary>
+#
+# - rank 是本机的 gloo 进程，尺寸取最小的能看清切分的：hidden 8、ffn 16、`[s, b] = [4, 2]`，TP=2 和 4。层在 CPU 上构造，
+#   靠 [CPU 页](../../cpu/)里的补丁让 `torch.cuda.current_device()` 返回 `"cpu"`，Megatron 的文件一行不改。
+# - 页首的单元格设了 `CUDA_DEVICE_MAX_CONNECTIONS=1`：CPU 上没有 kernel 的执行顺序可言，设它只为了不让每个 rank 的 linear
+#   函数在 [layers.py 第 856 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L856)
+#   警告一次。
+# - **GPU 初始化路径本篇没有跑。** `use_cpu_initialization=False` 时
+#   [`_initialize_affine_weight_gpu`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L169)
+#   在 TP 专用的 RNG 流（种子随 TP 序号变化，见笔记 02）下只初始化本 rank 的块，拼回去一般不等于 TP=1 的权重；它在 CPU 上需要
+#   RNG tracker 的兼容补丁，[笔记 24](../24_rng_and_recomputation/) 专门讲这些 RNG 流。
+#
+# </details>
 
 # %% [markdown]
 # ## 自测

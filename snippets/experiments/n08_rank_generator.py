@@ -8,6 +8,7 @@ every group (:func:`snippets.ranks.groups.describe_rank`, the same reading as th
 experiment). ``tables`` prints every rank's groups (note 02's per-rank table with the expert
 columns), every rank's expert coordinates next to :func:`snippets.ranks.groups.coordinates`, and note
 08's table: each kind of group as the getters report it against ``RankGenerator.get_ranks``.
+The last two only confirm the run (every row ``True``): the note shows them behind :func:`folded`.
 """
 
 from __future__ import annotations
@@ -109,3 +110,12 @@ def tables(results: list, dims, par) -> list:
         expert_coordinate_table(results, par),
         comparison_table(results, par),
     ]
+
+
+def folded(summary: str, *tables: Table):
+    """``tables`` behind a closed ``<details>`` whose summary is ``summary``: checks whose every row
+    is ``True`` are one sentence in the note, and their tables stay one click away."""
+    from IPython.display import Markdown
+
+    body = "\n\n".join(t.markdown() for t in tables)
+    return Markdown(f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>")
