@@ -16,20 +16,92 @@
 # %% [markdown]
 # # 12 词表并行：VocabParallelEmbedding 与 vocab_parallel_cross_entropy
 #
-# 第二轮第 5 篇。模型的两头都和词表打交道：开头的 embedding 是 `[V, h]` 的表，结尾的 output layer 产生 `[s, b, V]` 的 logits。
-# Qwen3 的 V 约 15 万，一张表就有 6 亿参数，logits 更是按 token 数乘 V 增长。Megatron 把两者都**按词表维**切给 TP 各卡，
-# 并且从不在一张卡上拼出完整的 V。本篇在 gloo rank 上运行真实的 `VocabParallelEmbedding` 和
-# `vocab_parallel_cross_entropy`，与 PyTorch 的稠密版本逐个比较值和梯度，记录它们的通信；
-# 最后用运行查清：开 label smoothing 时，TP>1 的结果为什么和 PyTorch、也和 TP=1 对不上。
+# 模型两头都有词表：开头的 embedding 是 `[V, h]` 的表，结尾的 output layer 产生 `[s, b, V]` 的 logits。Qwen3 的 V 约 15 万，
+# 一张表就有 6 亿参数。开 TP 时，Megatron 怎么把词表切给各卡？两头各要几次通信？为什么完整的 `[s, b, V]` 从不出现在
+# 一张卡上？开 label smoothing、或关掉 `parallel_output` 时又会算错什么？
 
 # %% [markdown]
 # ## 阅读目标
 #
-# 1. 每个 TP rank 管哪一段词表（`VocabUtility`），为什么正式入口要把词表 pad 到 `128·TP` 的倍数。
-# 2. `VocabParallelEmbedding.forward`：越界 token 怎么处理，为什么一次 all-reduce（SP 时一次 reduce-scatter）就得到完整的 embedding，backward 为什么不通信。
-# 3. `vocab_parallel_cross_entropy`：3 次 `[s, b]` 的 all-reduce 怎样拼出完整词表上的 softmax 交叉熵，backward 为什么不通信。
-# 4. label smoothing 在 TP>1 时算的是什么（逐行），这是有意的定义还是 bug。
-# 5. 在 `GPTModel` 里两者怎么接：`parallel_output` 为什么必须为真才能算 loss。
+# 1. 每个 TP rank 管哪一段词表，为什么要把词表 pad 到 `128·TP` 的倍数。
+# 2. `VocabParallelEmbedding`：越界 token 怎么处理，为什么一次 all-reduce 就得到完整的 embedding，backward 为什么不通信。
+# 3. `vocab_parallel_cross_entropy`：3 次 `[s, b]` 的 all-reduce 怎样拼出完整词表上的交叉熵，backward 为什么不通信。
+# 4. label smoothing 在 TP>1 时算的是什么；`GPTModel` 的 `parallel_output` 为什么必须为真才能算 loss。
+#
+# **结论**
+#
+# - **词表按 TP 连续切段**，V 须被 TP 整除，正式入口把它 pad 到 `128·TP` 的倍数：Qwen3 的 151,936 在 TP=2 时成 152,064
+#   （每卡 76,032 行），TP=8 时成 152,576。output layer 按同样的段切。
+# - **embedding**：每个 token 只有一张卡查得到，其余卡给 0，forward 一次 all-reduce `[b, s, h]`（本页 `[2, 4, 6]`）；
+#   SP 时换成 reduce-scatter（`[4, 2, 6] → [2, 2, 6]`）。backward 不通信（SP 时一次 all-gather）。
+# - **交叉熵**：forward 3 次 all-reduce（MAX、SUM、SUM），每次都是 `[s, b]`（本页 `[4, 2]`），与 V 无关；backward 0 次。
+# - **融合版**只发 2 次 all-reduce（`[4, 2]`、`[8, 2]`），梯度却写死成 bf16：fp32 下与稠密梯度差 0.0017。
+# - **两个坑**：label smoothing 在 TP>1 时只对本卡那段词表平均，TP=2 两个 rank 的 loss 是 4.6366 和 4.601，正确值 4.6214
+#   （上游 #737）；`parallel_output=False` 时带 label 算 loss，多出 `log TP`（TP=2：0.6931）。
+#
+# 先读：[笔记 10](../10_column_row_parallel_linear/)（`ColumnParallelLinear`）、[笔记 05](../05_forward_loss_backward/)（loss 在 step 里的位置）；
+# 基础见[与基础知识的连接](#与基础知识的连接)；约 18 分钟。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+from snippets.experiments import EXPERIMENTS
+from snippets.experiments.n12_vocab import (ALPHA, ce_comm_table, ce_inputs, cross_entropy_run, embedding_comm_table,
+                                        embedding_run)
+from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
+from snippets.site.sources import installed_root
+from snippets.record.tables import Table
+from snippets.tp import pictures
+from snippets.tp.vocab_parallel import smoothed_loss, smoothed_loss_on_rank
+
+import math
+import re
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.tensor_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
+from megatron.core.tensor_parallel.utils import VocabUtility
+from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+TINY = EXPERIMENTS["vocab"].tiny
+V, H, S, B = TINY.vocab, TINY.hidden, TINY.seq, TINY.micro_batch_size
+emb = {tp: run_ranks(embedding_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (2, 4)}
+logits, target, weight = ce_inputs(TINY)
+ce = {tp: run_ranks(cross_entropy_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (1, 2, 4)}
+pictures.draw_vocab(V, {tp: [r[False]["range"] for r in ranks] for tp, ranks in emb.items()},
+                    ce_comm_table(ce[2][0][0.0]["calls"]).rows, ce[2][0][0.0]["local_shape"])
+
+# %% [markdown]
+# 上：运行里 `VocabParallelEmbedding` 报出的各卡词表段；下：TP=2 时交叉熵 forward 的三次 all-reduce。
+#
+# <details><summary>本页怎么跑出来的</summary>
+#
+# 页面上的每个数都来自在本机 gloo rank（CPU 进程）上跑的真实 Megatron Core 0.19.0。实验在
+# `snippets/experiments/n12_vocab.py`（源码在这个框下面的折叠块里）：`embedding_run` 在每个 rank 上建两个 `VocabParallelEmbedding`（直接 all-reduce，
+# 和 `reduce_scatter_embeddings=True`），查表并 backward；`cross_entropy_run` 把同一份 `[s, b, V]` logits 的本卡一段交给
+# `vocab_parallel_cross_entropy`（不开 / 开 label smoothing 0.1，传入 TP 群，和 `GPTModel` 的写法一样）和融合版。
+# 通信由 `snippets.record` 的记录器在 `torch.distributed` 上截下，表里的 phase 和"issued by"就是它填的。
+# 尺寸是实验的 `tiny`：V=16、h=6、s=4、b=2；稠密参照（`F.embedding`、`F.cross_entropy`）在 notebook 进程里算。
+# label smoothing 的两个参照在 `snippets/tp/vocab_parallel.py`：`smoothed_loss`（源码注释写的目标分布）和
+# `smoothed_loss_on_rank`（把本卡一段当整个词表的算法）。
+#
+# 自己重跑：
+#
+# ```bash
+# .venv/bin/python -m snippets.run --nproc-per-node 2 vocab --tp 2           # 本页的两张通信表
+# .venv/bin/python -m snippets.run --nproc-per-node 8 vocab --dims qwen3-8b --tp 8   # Qwen3 的 151,936 个 token（8 的倍数，不用 pad）
+# scripts/execute_notes.sh notes/12_vocab_parallel.py                           # 重新执行整页
+# ```
+#
+# CPU 上要做的事（融合版的 `torch.compile` 改成 eager，等等）见[在 CPU 上运行](../../cpu/)和"遗留问题"最后的折叠块。
+#
+# </details>
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(embedding_run, ce_inputs, cross_entropy_run)
 
 # %% [markdown]
 # ## 源码位置
@@ -37,72 +109,63 @@
 # | 符号 | 在本篇里的角色 |
 # |---|---|
 # | [`utils.py::VocabUtility.vocab_range_from_global_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L114) | 全局 V → 本卡 `range(start, end)`，要求 V 被 TP 整除 |
-# | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)` |
 # | [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) | 正式入口建 tokenizer 时调用：V 向上取整到 `make_vocab_size_divisible_by · TP` |
-# | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L245) | 本卡 weight `[V/TP, h]`（CPU 初始化：建完整表再切） |
+# | [`layers.py::VocabParallelEmbedding.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L245) | 本卡 weight `[V/TP, h]` |
 # | [`layers.py::VocabParallelEmbedding.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L330) | mask → 查表 → 清零 → all-reduce / reduce-scatter |
+# | [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213) | 入口：`[s, b, V/TP]` 的 logits、`[s, b]` 的 label、`tp_group` |
+# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L121) | 3 次 all-reduce；label smoothing 分支 |
+#
+# <details><summary>其余符号（10 个）</summary>
+#
+# | 符号 | 在本篇里的角色 |
+# |---|---|
+# | [`utils.py::VocabUtility.vocab_range_from_per_partition_vocab_size`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/utils.py#L105) | 本卡宽度 → `range(rank·w, (rank+1)·w)`（交叉熵用它） |
 # | [`mappings.py::reduce_from_tensor_model_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L498) | forward all-reduce，backward 原样 |
 # | [`mappings.py::reduce_scatter_to_sequence_parallel_region`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/mappings.py#L536) | SP：forward reduce-scatter，backward all-gather |
 # | [`language_model_embedding.py::LanguageModelEmbedding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/embeddings/language_model_embedding.py#L14) | GPT 的 embedding：决定要不要 `reduce_scatter_embeddings`，`[b, s, h] → [s, b, h]` |
-# | [`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213) | 入口：`[s, b, V/TP]` 的 logits、`[s, b]` 的 label |
-# | [`cross_entropy.py::_VocabParallelCrossEntropy.forward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L121) | 3 次 all-reduce；label smoothing 分支 |
 # | [`cross_entropy.py::_VocabParallelCrossEntropy.backward`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L186) | softmax − one-hot，只在本卡 |
-# | [`cross_entropy.py::VocabParallelCrossEntropy.calculate_predicted_logits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L32) | 本卡的 target logit（不归本卡的置 0）和 Σexp |
 # | [`fused_cross_entropy.py::fused_vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fusions/fused_cross_entropy.py#L136) | `cross_entropy_loss_fusion` 时用的版本 |
-# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155) | GPT 的 loss：选融合或非融合版本 |
+# | [`cross_entropy.py::VocabParallelCrossEntropy.calculate_predicted_logits`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L32) | 本卡的 target logit（不归本卡的置 0）和 Σexp |
 # | [`gpt_model.py::GPTModel._postprocess`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L620) | output layer → 有 label 就算 loss |
+# | [`language_module.py::LanguageModule.compute_language_model_loss`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L155) | GPT 的 loss：选融合或非融合版本 |
+# | [`build_tokenizer.py:143`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L143) | 建 tokenizer 时把 pad 后的 V 写进 `args.padded_vocab_size` |
+#
+# </details>
 
 # %% [markdown]
 # ## 调用链
 #
 # ```text
-# megatron/core/models/gpt/gpt_model.py::GPTModel.forward
-# ├─ embedding  language_model_embedding.py::LanguageModelEmbedding.forward      # tokens [b, s]
-# │  └─ tensor_parallel/layers.py::VocabParallelEmbedding.forward                # 本卡 weight [V/TP, h]
-# │     ├─ 越界 token → 下标 0，查表，再把这些位置清零                              # 纯本地
-# │     ├─ mappings.py::reduce_from_tensor_model_parallel_region                 # fwd all-reduce [b, s, h]；bwd 不通信
-# │     └─ 或（SP）mappings.py::reduce_scatter_to_sequence_parallel_region       # fwd reduce-scatter → [s/TP, b, h]；bwd all-gather
+# models/gpt/gpt_model.py::GPTModel.forward
+# ├─ language_model_embedding.py::LanguageModelEmbedding.forward                 # tokens [b, s]
+# │  └─ layers.py::VocabParallelEmbedding.forward                               # 本卡 weight [V/TP, h]
+# │     ├─ 越界 token → 下标 0，查表，再清零                                      # 本地
+# │     ├─ mappings.py::reduce_from_tensor_model_parallel_region                 # fwd all-reduce [b, s, h]
+# │     └─ 或（SP）mappings.py::reduce_scatter_to_sequence_parallel_region       # fwd reduce-scatter；bwd all-gather
 # ├─ decoder（笔记 11）
 # └─ _postprocess
-#    ├─ output_layer  ColumnParallelLinear(h, V, gather_output=not parallel_output)   # 本卡 logits [s, b, V/TP]
+#    ├─ output_layer  ColumnParallelLinear(h, V, gather_output=not parallel_output)   # logits [s, b, V/TP]
 #    └─ language_module.py::LanguageModule.compute_language_model_loss
-#       └─ tensor_parallel/cross_entropy.py::vocab_parallel_cross_entropy(logits, labels, tp_group=self.tp_group)
-#          └─ _VocabParallelCrossEntropy.forward
-#             ├─ all_reduce(MAX)  每个 token 的 logit 最大值                          # [s, b]
-#             ├─ all_reduce(SUM)  target 的 logit（只有拥有它的卡非 0）                 # [s, b]
-#             └─ all_reduce(SUM)  Σ exp(logit − max)                                 # [s, b]
-#          └─ _VocabParallelCrossEntropy.backward                                   # softmax − one-hot，本地，不通信
+#       └─ cross_entropy.py::vocab_parallel_cross_entropy(..., tp_group=self.tp_group)
+#          ├─ _VocabParallelCrossEntropy.forward
+#          │  ├─ all_reduce(MAX)  logit 最大值                                       # [s, b]
+#          │  ├─ all_reduce(SUM)  target 的 logit                                   # [s, b]
+#          │  └─ all_reduce(SUM)  Σ exp(logit − max)                                 # [s, b]
+#          └─ _VocabParallelCrossEntropy.backward                                   # 本地，不通信
 # ```
 #
-# **每个函数的阅读记录：**
+# <details><summary>每个函数的记录（roadmap 七问）</summary>
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
 # | `VocabUtility.vocab_range_from_global_vocab_size` | V、rank、TP | `range(start, end)` | `divide` | 否（纯算术） | 决定词表怎么切 | 否 | 建模型 |
 # | `VocabParallelEmbedding.__init__` | V、h、config | 本卡 weight `[V/TP, h]` | `VocabUtility`、`_initialize_affine_weight_cpu` | 读 TP 群的 rank/size | 是：按词表维切 weight | 建参数 | 建模型 |
 # | `VocabParallelEmbedding.forward` | token id `[b, s]` | `[b, s, h]`（SP：`[s/TP, b, h]`） | `reduce_from_...` 或 `reduce_scatter_to_sequence_parallel_region` | TP 群 | weight 按词表切；SP 时输出按 s 切 | 否 | `forward_step` |
-# | `vocab_parallel_cross_entropy` | 本卡 logits `[s, b, V/TP]`、label `[s, b]`、`label_smoothing`、`tp_group` | 每 token 的 loss `[s, b]`（各卡相同——不开 smoothing 时） | `VocabParallelCrossEntropy`、`VocabUtility` | 传入的 `tp_group`（缺省全局 TP 群）3 次 all-reduce | logits 按词表切 | 否 | `loss_func` 之前（`GPTModel` 内） |
+# | `vocab_parallel_cross_entropy` | 见[笔记 05 的记录](../05_forward_loss_backward/)；另有 `label_smoothing` | 每 token 的 loss `[s, b]`（各卡相同——不开 smoothing 时） | `VocabParallelCrossEntropy`、`VocabUtility` | 传入的 `tp_group`（缺省全局 TP 群）3 次 all-reduce | logits 按词表切 | 否 | `loss_func` 之前（`GPTModel` 内） |
 # | `_VocabParallelCrossEntropy.backward` | `[s, b]` 的上游梯度 | 本卡 logits 的梯度 `[s, b, V/TP]` | 无 | 否 | 同上 | 否 | `backward` |
 # | `LanguageModule.compute_language_model_loss` | label `[b, s]`、logits | loss `[b, s]` | 上面两种交叉熵之一 | 间接 | 否 | 否 | `forward_step` |
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-from snippets.experiments import EXPERIMENTS
-from snippets.experiments.n12_vocab import (ALPHA, ce_comm_table, ce_inputs, cross_entropy_run, embedding_comm_table,
-                                        embedding_run, padded)
-from snippets.ranks.launch import run_ranks
-from snippets.site.sources import installed_root
-from snippets.record.listing import listing
-from snippets.record.tables import Table
-from snippets.tp import pictures
-from snippets.tp.vocab_parallel import smoothed_loss, smoothed_loss_on_rank
-
-import math
-import re
-
-import torch
-import torch.nn.functional as F
-from megatron.core import parallel_state
-from megatron.core.tensor_parallel.utils import VocabUtility
+#
+# </details>
 
 # %% [markdown]
 # ## 关键对象
@@ -113,53 +176,46 @@ from megatron.core.tensor_parallel.utils import VocabUtility
 # 所以正式入口先把 tokenizer 的词表向上取整到 `make_vocab_size_divisible_by · TP` 的倍数
 # （[`arguments.py:2358`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L2358) 缺省 128）。
 # 做这件事的 [`build_tokenizer.py::vocab_size_with_padding`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L124) 在
-# `megatron/core` 里（pip 包中就有），建 tokenizer 时由 [`build_tokenizer.py:143`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L143)
-# 调用；它只读 `args` 的三项，下面直接调它。多出来的"假 token"只是永远不会出现的类别。
-#
-# 本篇在 rank 上跑的函数，和同一个公式的一行版 `padded`（自测里用），都在 `snippets/experiments/n12_vocab.py` 里，
-# 尺寸（词表、hidden、sequence、micro-batch）是参数 `dims`，本篇用它的 `tiny`：
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(padded)
+# `megatron/core` 里，建 tokenizer 时由 [`build_tokenizer.py:143`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L143)
+# 调用；它只读 `args` 的三项，下面直接调它。多出的"假 token"是永远不会出现的类别。
 
 # %%
-from types import SimpleNamespace
-
-from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
-
-
 def megatron_padded(vocab, tp):  # 正式入口的 args 里它只读这三项
     args = SimpleNamespace(make_vocab_size_divisible_by=128, tensor_model_parallel_size=tp, rank=0)
     return vocab_size_with_padding(vocab, args, logging_enabled=False)
 
 
 QWEN3_VOCAB = 151936   # Qwen3 tokenizer 的 vocab_size
-print("vocab_size_with_padding = padded:",
-      all(megatron_padded(v, tp) == padded(v, tp) for v in (16, 50257, QWEN3_VOCAB) for tp in (1, 2, 4, 8)))
 rows = []
-for name, vocab, tp in (("tiny", 16, 2), ("tiny", 16, 4), ("Qwen3-8B", megatron_padded(QWEN3_VOCAB, 2), 2),
+for name, vocab, tp in (("本页", 16, 2), ("本页", 16, 4), ("Qwen3-8B", megatron_padded(QWEN3_VOCAB, 2), 2),
                         ("Qwen3-8B", megatron_padded(QWEN3_VOCAB, 8), 8)):
     ranges = [VocabUtility.vocab_range_from_global_vocab_size(vocab, r, tp) for r in range(tp)]
     rows.append([name, vocab, tp, ranges[0][1] - ranges[0][0], ranges[:2] + (["…"] if tp > 2 else [])])
 Table(["", "V（pad 之后）", "TP", "每卡宽度", "各卡 range(start, end)"], rows)
 
 # %% [markdown]
-# Qwen3 的 151,936 在 TP=2 时 pad 到 152,064（多 128 个），TP=8 时 pad 到 152,576。hidden 4096 时每卡的 embedding 表是
-# 76,032 × 4096 ≈ 311M 个参数——比笔记 11 里一整层每卡的 96M 还大三倍，这就是为什么词表也要切。
+# Qwen3 在 TP=2 时多 pad 128 个。hidden 4096 时每卡的 embedding 表是 76,032 × 4096 ≈ 311M 个参数——
+# 比笔记 11 里一整层每卡的 96M 还大三倍，这就是为什么词表也要切。
 #
-# ### `VocabParallelEmbedding` 等于稠密的 embedding
+# ### `VocabParallelEmbedding`：每卡一段表
 #
-# V=16、h=6，token `[b, s] = [2, 4]`。同一个种子建两个真实的 `VocabParallelEmbedding`：一个直接 all-reduce，
-# 一个 `reduce_scatter_embeddings=True`（SP 的走法，输出按 s 切）。稠密参照是把各卡的表 all-gather 起来的完整表上的 `F.embedding`。
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(embedding_run)
+# 在 2 张、4 张卡上各建一个真实的 `VocabParallelEmbedding(V=16, h=6)`，问每卡拿到了什么：
 
 # %%
-TINY = EXPERIMENTS["vocab"].tiny
-V, H = TINY.vocab, TINY.hidden
-emb = {tp: run_ranks(embedding_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (2, 4)}
+def build_embedding(tp):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    config = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True)
+    emb = VocabParallelEmbedding(V, H, init_method=torch.nn.init.normal_, config=config)
+    return list(emb.weight.shape), (emb.vocab_start_index, emb.vocab_end_index)
 
+
+Table(["TP", "rank", "本卡 weight", "本卡词表段"],
+      [[tp, rank, *got] for tp in (2, 4) for rank, got in enumerate(run_ranks(build_embedding, tp, tp, grid=dict(tp=tp)))])
+
+# %% [markdown]
+# 每卡只存 `[V/TP, h]`，段和 `VocabUtility` 算的一样。运行里用同一个种子再建两次——一次直接 all-reduce，一次
+# `reduce_scatter_embeddings=True`（SP 的走法，输出按 s 切）——查表 `[b, s] = [2, 4]` 的 token 并 backward，
+# 输出和 weight 的梯度都等于把各卡的表拼起来后的稠密 `F.embedding`（TP=2、4 各两种走法，下一格只打一行）。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def dense_embedding(tokens, full, sp):
@@ -170,30 +226,43 @@ def dense_embedding(tokens, full, sp):
     return y.detach(), weight.grad
 
 
-rows = []
+same = []
 for tp, ranks in emb.items():
     for sp in (False, True):
         y, grad = dense_embedding(ranks[0]["tokens"], ranks[0]["full"], sp)
         got = torch.cat([r[sp]["y"] for r in ranks]) if sp else ranks[0][sp]["y"]
-        rows.append([tp, sp, ranks[0][sp]["shape"], [r[sp]["range"] for r in ranks],
-                     torch.allclose(got, y, atol=1e-6),
-                     torch.allclose(torch.cat([r[sp]["grad"] for r in ranks]), grad, atol=1e-5)])
-Table(["TP", "SP（reduce-scatter）", "每卡 weight", "各卡词表段", "输出 = 稠密", "梯度 = 稠密"], rows)
+        same.append(torch.allclose(got, y, atol=1e-6)
+                    and torch.allclose(torch.cat([r[sp]["grad"] for r in ranks]), grad, atol=1e-5))
+print(f"输出和梯度 = 稠密 F.embedding：{sum(same)} / {len(same)} 种配置（TP=2、4 × 不开 / 开 reduce-scatter）")
 
 # %% [markdown]
-# ### `vocab_parallel_cross_entropy` 等于 `F.cross_entropy`
+# ### `vocab_parallel_cross_entropy`：每卡一段 logits
 #
-# logits `[s, b, V] = [4, 2, 16]` 在每卡上相同（固定种子），每卡取自己那一段 `[4, 2, V/TP]` 交给真实的 `vocab_parallel_cross_entropy`；
-# 对 loss 乘一个随机权重再 backward，检查梯度里"乘上游梯度"那一步。TP=1、2、4，不开和开 label smoothing（0.1）各跑一次：
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(ce_inputs, cross_entropy_run)
+# logits `[s, b, V] = [4, 2, 16]` 在每卡上相同（固定种子），每卡取自己那一段 `[4, 2, V/TP]` 交给真实的
+# `vocab_parallel_cross_entropy`，和 `GPTModel` 一样把 TP 群传进去：
 
 # %%
-S, B = TINY.seq, TINY.micro_batch_size
-logits, target, weight = ce_inputs(TINY)
-ce = {tp: run_ranks(cross_entropy_run, tp, TINY, tp, grid=dict(tp=tp)) for tp in (1, 2, 4)}
+def cross_entropy_on_rank(tp, label_smoothing=0.0):
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    local = logits.chunk(tp, dim=-1)[rank].clone()                       # 本卡 [s, b, V/TP]
+    return vocab_parallel_cross_entropy(local, target, label_smoothing,
+                                        tp_group=parallel_state.get_tensor_model_parallel_group())
 
+
+def torch_ce(x, smoothing=0.0):
+    return F.cross_entropy(x.reshape(-1, V), target.reshape(-1), reduction="none",
+                           label_smoothing=smoothing).view(S, B)
+
+
+losses = run_ranks(cross_entropy_on_rank, 2, 2, grid=dict(tp=2))
+print("每卡 loss 的 shape:", [list(l.shape) for l in losses],
+      "| 两卡相同且 = F.cross_entropy:", all(torch.allclose(l, torch_ce(logits), atol=1e-5) for l in losses))
+
+# %% [markdown]
+# 每卡拿到的是**完整的**逐 token loss `[s, b]`，而且各卡一样。运行里还在 TP=1、2、4 上对 loss 乘一个随机权重再 backward：
+# 各卡 loss 都等于 `F.cross_entropy`，各卡的梯度沿词表维拼起来等于稠密梯度，通信都是 forward 3 次、backward 0 次
+# （TP=1 时 3 次 all-reduce 也照样发出，只是群里只有自己）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def dense_grad(loss_fn):
@@ -203,88 +272,40 @@ def dense_grad(loss_fn):
     return loss.detach(), x.grad
 
 
-def torch_ce(x, smoothing=0.0):
-    return F.cross_entropy(x.reshape(-1, V), target.reshape(-1), reduction="none",
-                           label_smoothing=smoothing).view(S, B)
-
-
 ref_loss, ref_grad = dense_grad(torch_ce)
-Table(["TP", "每卡 logits", "每卡的 loss = F.cross_entropy", "梯度（拼起来）= 稠密", "通信次数 fwd / bwd"],
-      [[tp, list(ranks[0][0.0]["grad"].shape),
-        all(torch.allclose(r[0.0]["loss"], ref_loss, atol=1e-5) for r in ranks),
-        torch.allclose(torch.cat([r[0.0]["grad"] for r in ranks], dim=-1), ref_grad, atol=1e-6),
-        f"{sum(c.phase == 'forward' for c in ranks[0][0.0]['calls'])} / "
-        f"{sum(c.phase == 'backward' for c in ranks[0][0.0]['calls'])}"] for tp, ranks in ce.items()])
-
-# %% [markdown]
-# 不开 smoothing 时完全对上（TP=1 时 3 次 all-reduce 也照样发出，只是群里只有自己）。开 smoothing 呢？
-# 每卡返回的平均 loss，和两种参照比：PyTorch 的 `label_smoothing=0.1`，以及 Megatron 源码注释里写明的目标分布
-# （label 上 `1−α`，其余 `K−1` 个类各 `α/(K−1)`，K 是词表大小），即 `snippets.tp.vocab_parallel.smoothed_loss`：
-
-# %%
-torch_loss = torch_ce(logits, ALPHA)
-stated = smoothed_loss(logits, target, ALPHA)
-rows = [["PyTorch F.cross_entropy(label_smoothing=0.1)", "—", round(torch_loss.mean().item(), 4), "—"],
-        ["源码注释的目标分布（整个词表）", "—", round(stated.mean().item(), 4), "—"]]
-for tp, ranks in ce.items():
-    for rank, r in enumerate(ranks):
-        rows.append([f"Megatron TP={tp}", rank, round(r[ALPHA]["loss"].mean().item(), 4),
-                     torch.allclose(r[ALPHA]["loss"], smoothed_loss_on_rank(logits, target, ALPHA, tp, rank),
-                                    atol=1e-5)])
-Table(["", "rank", "平均 loss", "= smoothed_loss_on_rank"], rows)
-
-# %% [markdown]
-# 三件事：
-#
-# 1. **TP=1 时 Megatron 等于源码注释的定义**，但和 PyTorch 差 0.0023：两者对"平滑"的定义不同。PyTorch 把 α 均匀分给**全部** K 个类
-#    （label 拿 `1−α+α/K`），Megatron 只分给 label 以外的 K−1 个。代数上，Megatron 的 α 等于 PyTorch 的 `α·K/(K−1)`（下一格验证）。
-# 2. **TP>1 时每个 rank 的 loss 都不一样**：TP=2 的两个 rank 一个偏高、一个偏低，TP=4 更分散；逐个 token 看，偏差到 0.1 量级
-#    （下一格；具体大小随 logits 而变，机制不变）。
-# 3. 每个 rank 的数都被 `smoothed_loss_on_rank` 一项不差地复现：它把**本卡那一段词表**当成了整个词表（见"遗留问题 1"）。
-
-# %%
-rescaled = torch_ce(logits, ALPHA * V / (V - 1))
-print("Megatron TP=1 = PyTorch(α·K/(K−1)):", torch.allclose(ce[1][0][ALPHA]["loss"], rescaled, atol=1e-5),
-      " | = 源码注释的定义:", torch.allclose(ce[1][0][ALPHA]["loss"], stated, atol=1e-5))
-print("TP=2 两个 rank 的 loss 相同:", torch.allclose(ce[2][0][ALPHA]["loss"], ce[2][1][ALPHA]["loss"]))
-for tp in (2, 4):
-    print(f"TP={tp} 各 rank 与源码注释的定义逐 token 的最大差:",
-          [round((r[ALPHA]["loss"] - stated).abs().max().item(), 4) for r in ce[tp]])
+ok = {tp: all(torch.allclose(r[0.0]["loss"], ref_loss, atol=1e-5) for r in ranks)
+      and torch.allclose(torch.cat([r[0.0]["grad"] for r in ranks], dim=-1), ref_grad, atol=1e-6) for tp, ranks in ce.items()}
+counts = {tp: (sum(c.phase == "forward" for c in ranks[0][0.0]["calls"]),
+               sum(c.phase == "backward" for c in ranks[0][0.0]["calls"])) for tp, ranks in ce.items()}
+print("loss 与拼起来的梯度 = 稠密:", ok, "| 通信次数 (forward, backward):", counts)
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
 #
-# 全部通信都在 TP 群里。embedding（TP=2，rank 0）：不开 SP 时 forward 一次 all-reduce `[b, s, h]`，backward 没有通信；
-# `reduce_scatter_embeddings=True` 时 forward 是 reduce-scatter（顺带把 `[b, s, h]` 转成 `[s, b, h]` 再按 s 切），backward 是 all-gather：
+# 全部通信都在 TP 群里。embedding（TP=2，rank 0）：不开 SP 时 forward 一次 all-reduce `[b, s, h]`，backward 不通信；
+# `reduce_scatter_embeddings=True` 时 forward 是 reduce-scatter（顺带把 `[b, s, h]` 转成 `[s, b, h]` 再按 s 切），backward 是 all-gather，
+# 由 `_gather_along_first_dim` 在 autograd 里发出：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 embedding_comm_table(emb[2][0])
 
 # %% [markdown]
-# 交叉熵（TP=2，rank 0）：forward 3 次 all-reduce，每次都是 `[s, b]`——和 V 无关；backward 没有通信。
+# 交叉熵（TP=2，rank 0）：forward 3 次 all-reduce，每次都是 `[s, b]`——和 V 无关；backward 没有通信。页首的图就是这三行。
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 ce_comm_table(ce[2][0][0.0]["calls"])
 
 # %% [markdown]
-# 画在一起：上面两条是各卡管的词表段（TP=2、TP=4 的运行里 `VocabParallelEmbedding` 自己报出的 `vocab_start_index`、
-# `vocab_end_index`），下面是 TP=2 时交叉熵 forward 的三次 all-reduce（上表的三行）。
-
-# %%
-pictures.draw_vocab(V, {tp: [r[False]["range"] for r in ranks] for tp, ranks in emb.items()},
-                    ce_comm_table(ce[2][0][0.0]["calls"]).rows, ce[2][0][0.0]["local_shape"])
-
-# %% [markdown]
-# 两种通信量对比（每个 token）：拼出完整 logits 要 all-gather `V` 个数；vocab-parallel 交叉熵只 all-reduce 3 个数。
+# 两种做法的通信量（每个 token）：先拼出完整 logits 要 all-gather `V` 个数；vocab-parallel 交叉熵只 all-reduce 3 个数。
 # Qwen3 的 V≈15 万，差 5 万倍，而且完整的 `[s, b, V]` 从未在一张卡上出现。
 #
 # **融合版**（`cross_entropy_loss_fusion=True` 时 `compute_language_model_loss` 用它）把 target logit 和 Σexp 拼成一个张量，
 # 只发 2 次 all-reduce（第二次是 `[2s, b]`）；它不支持 label smoothing。同一组输入：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 fused = ce[2]
 print("融合版每卡 loss = F.cross_entropy:", all(torch.allclose(r["fused"]["loss"], ref_loss, atol=1e-5) for r in fused))
-print("通信:", [(c.api, c.before) for c in fused[0]["fused"]["calls"]])
+print("通信:", [(c.phase, c.api, c.before) for c in fused[0]["fused"]["calls"]])
 fused_grad = torch.cat([r["fused"]["grad"] for r in fused], dim=-1)
 print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", round((fused_grad - ref_grad).abs().max().item(), 4),
       " = 稠密梯度舍入到 bf16:", torch.allclose(fused_grad, ref_grad.bfloat16().float(), atol=1e-6))
@@ -292,7 +313,7 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # %% [markdown]
 # 融合版的梯度被**截到了 bf16**：`calculate_gradients` 最后无条件 `.to(torch.bfloat16)`
 # （[`fused_cross_entropy.py:82`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fusions/fused_cross_entropy.py#L82)），
-# autograd 再把它转回输入的 fp32。用 bf16 训练时无所谓；用 fp32 logits 时，这一步悄悄丢了精度（遗留问题 3）。
+# autograd 再把它转回输入的 fp32。用 bf16 训练时无所谓；用 fp32 logits 时，这一步悄悄丢了精度（坑 3）。
 
 # %% [markdown]
 # ## 机制解释
@@ -304,15 +325,48 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # backward：`reduce_from_tensor_model_parallel_region` 的 backward 原样传梯度，每卡拿到完整的 `[b, s, h]` 梯度，
 # 但 embedding 的 backward 只会往本卡的行里累加——被清零的位置梯度也是 0，所以不会错加到第 0 行。不需要通信。
 #
-# **交叉熵：把 log-sum-exp 拆成三个标量的归约。** 对每个 token，`loss = log Σ_j exp(z_j) − z_target`。
+# **交叉熵：把 log-sum-exp 拆成三个 `[s, b]` 的归约。** 对每个 token，`loss = log Σ_j exp(z_j) − z_target`。
 # 先 all-reduce(MAX) 得到全局最大值 m，各卡算 `exp(z − m)` 的本地和，再 all-reduce(SUM) 得全局和；
-# target 的 logit 只在拥有它的卡上非 0，all-reduce(SUM) 之后每卡都有。三个数都是 `[s, b]`，与 V 无关。
-# 每卡把 `exp(z − m)` 除以全局和，得到的就是**全局归一化**的 softmax 的本卡一段；梯度 `softmax − one-hot` 逐元素、只看本卡的列，
-# 所以 backward 没有通信。label 不在本卡的 token，one-hot 那一项本卡不减（`softmax_update` 为 0）。
+# target 的 logit 只在拥有它的卡上非 0，all-reduce(SUM) 之后每卡都有。`_VocabParallelCrossEntropy.forward` 把每一步交给
+# `VocabParallelCrossEntropy` 的静态方法，三次 all-reduce 夹在它们中间。下一格在一个进程里对两段 logits 依次调这些静态方法，
+# 用 `max` / `sum` 代替 all-reduce，看清三个数各是什么：
+
+# %%
+shards = [z.clone() for z in logits.chunk(2, dim=-1)]                  # TP=2：rank 0、rank 1 的 [s, b, 8]
+maxes = [VocabParallelCrossEntropy.calculate_logits_max(z)[1] for z in shards]
+m = torch.stack(maxes).amax(0)                                          # ← all-reduce(MAX)
+parts = [VocabParallelCrossEntropy.calculate_predicted_logits(
+             z, target, m, *VocabUtility.vocab_range_from_per_partition_vocab_size(V // 2, rank, 2))
+         for rank, z in enumerate(shards)]
+predicted = sum(p[2] for p in parts)                                    # ← all-reduce(SUM)
+sum_exp = sum(p[3] for p in parts)                                      # ← all-reduce(SUM)
+softmax = [VocabParallelCrossEntropy.calculate_cross_entropy_loss(p[4], predicted, sum_exp)[0] for p in parts]
+loss = torch.log(sum_exp) - predicted
+print("三个归约的 shape:", list(m.shape), list(predicted.shape), list(sum_exp.shape))
+print("各卡拥有 target 的 token 数:", [int((~p[0]).sum()) for p in parts], "（共 s·b =", S * B, "）")
+print("loss = F.cross_entropy:", torch.allclose(loss, torch_ce(logits), atol=1e-5),
+      "| 两段 softmax 拼起来 = 全局 softmax:", torch.allclose(torch.cat(softmax, -1), torch.softmax(logits, -1), atol=1e-6))
+
+# %% [markdown]
+# 每卡把 `exp(z − m)` 除以**全局**的和，得到的正是全局 softmax 的本卡一段。梯度 `softmax − one-hot` 逐元素、只看本卡的列，
+# 所以 backward 没有通信：label 不在本卡的 token，one-hot 那一项本卡不减（`softmax_update` 为 0）。用同样的静态方法在每一段上
+# 各算一遍梯度，拼起来就是稠密梯度：
+
+# %%
+grads = []
+for (target_mask, masked_target_1d, *_), p in zip(parts, softmax):
+    grad_2d, arange_1d, softmax_update, grad_input = \
+        VocabParallelCrossEntropy.prepare_gradient_calculation_operands(p, target_mask)
+    grads.append(VocabParallelCrossEntropy.calculate_gradients(
+        grad_2d, arange_1d, masked_target_1d, softmax_update, grad_input, weight))
+print("各段本地算的梯度拼起来 = 稠密梯度:", torch.allclose(torch.cat(grads, -1), ref_grad, atol=1e-6))
+
+# %% [markdown]
 # 三次 all-reduce 在哪个群里做，由 `vocab_parallel_cross_entropy` 的 `tp_group` 参数决定
 # （[`cross_entropy.py::vocab_parallel_cross_entropy`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L213)；不传时退回全局 TP 群，
 # [`cross_entropy.py:124`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L124)）。GPT 的 loss 把模型自己的 TP 群传进去
 # （[`language_module.py:194`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)），和 output layer 用的是同一个群。
+# 本卡的词表段也按这个群的 rank 和大小算（`vocab_range_from_per_partition_vocab_size`）。
 #
 # > **旧版（core_v0.18.0）：** `vocab_parallel_cross_entropy(logits, target, label_smoothing)` 没有 `tp_group` 参数，三次 all-reduce
 # > 总在 `parallel_state` 的全局 TP 群里做，GPT 的 loss 也只传 logits 和 label
@@ -325,10 +379,9 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# 每个训练 step 的第一次和最后一次 TP 通信都在这里：`GPTModel` 的 embedding（笔记 04 建模型，笔记 05 跑 forward/backward）
-# 一次 all-reduce（或 SP 的 reduce-scatter），loss 三次 `[s, b]` 的 all-reduce。之后 `loss_func` 拿到的是每个 token 的 loss，
-# 乘 `loss_mask` 求和（笔记 05）。共享 embedding 且 PP>1 时，首尾两个 stage 各有一份同样的 `[V/TP, h]`，
-# 它们的梯度在 embedding 群里 all-reduce（笔记 08 的 embedding 群、`finalize_model_grads`）。
+# 每个 step 的第一次和最后一次 TP 通信都在这里：embedding 一次 all-reduce（或 SP 的 reduce-scatter），loss 三次 `[s, b]` 的
+# all-reduce（笔记 05 的 forward）。之后 `loss_func` 把逐 token 的 loss 乘 `loss_mask` 求和。共享 embedding 且 PP>1 时，
+# 首尾两个 stage 各有一份 `[V/TP, h]`，梯度在 embedding 群里 all-reduce（笔记 08、`finalize_model_grads`）。
 
 # %% [markdown]
 # ## 与基础知识的连接
@@ -340,46 +393,57 @@ print("梯度 dtype:", fused_grad.dtype, " 与 fp32 稠密梯度的最大差:", 
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **label smoothing 在 TP>1 时是 bug，不是定义（运行确认）。** 源码注释写明的目标是"label `1−α`、其余各 `α/(K−1)`"，K 是词表大小，
-#    TP=1 时代码也确实这样算（上面与 `smoothed_loss` 相等）。TP>1 时有两行把本卡当成了整个词表：
-#    `vocab_size = exp_logits.size(-1)` 取的是本卡宽度 `V/TP`
-#    （[`cross_entropy.py:158`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L158)，
-#    进入 [`cross_entropy.py:170`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L170) 的系数），
-#    `log_probs.mean(dim=-1)` 只对本卡一段求平均、之后没有 all-reduce
-#    （[`cross_entropy.py:175`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L175)）；
-#    backward 用同一个本卡宽度（[`cross_entropy.py:200`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L200)）。
-#    结果各 rank 的 loss 互不相同，每卡留下的梯度是"自己那份 loss"对本卡 logits 的梯度，
-#    拼起来不是任何一个统一 loss 的梯度。上游已有报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)（2024 年提出，查阅时仍开放）。
-#    影响面：0.19.0 的 Megatron Core 里没有任何调用方传 `label_smoothing`（下一格在已安装的包里搜），融合版根本不支持，
-#    所以正式 GPT 训练碰不到；直接调这个函数的外部代码会碰到。
-# 2. **`parallel_output=False` 时带 label 算 loss，多出 `log(TP)`（运行确认）。** output layer 以 `gather_output=not parallel_output` 构造
-#    （[`gpt_model.py:280`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L280)），
-#    于是每卡拿到**完整的** `[s, b, V]` logits，却照样交给 `vocab_parallel_cross_entropy`
-#    （[`gpt_model.py:794`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L794) →
-#    [`language_module.py:194`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)）。
-#    函数把"本卡宽度"V 当作一段，Σexp 被 TP 张卡各加一遍，loss 多出 `log(TP)`；backward 用的 softmax 也小了 TP 倍，梯度跟着错。
-#    下面用真实的小 `GPTModel`（fp32）验证：TP=2 时 loss 正好多 `log 2`，backward 照常跑完，梯度却和 `parallel_output=True` 不同。
-#    TP=1 时 loss 是对的，backward 却直接报错：TP=1 的 gather 原样返回输入，autograd 把它当 view，
-#    而交叉熵就地改写了它的输入（第 5 条）。bf16 训练时 `.float()` 先复制一份，TP=1 就不会报错（按代码推断，本篇没有跑 bf16）。
-#    `parallel_output=False` 本是推理时要完整 logits 用的，训练别这样配。
-# 3. **融合交叉熵的梯度总是 bf16。** 上面的运行：fp32 logits 的梯度与稠密结果有 1e-3 量级的差，恰好等于把稠密梯度舍入到 bf16。
-#    这是代码里写死的类型转换，配合 bf16 训练没有问题；用 fp32 做数值对比或调试时要知道它。
-# 4. **V 必须被 TP 整除。** `VocabUtility` 用 `divide` 断言整除，模型这一层自己不 pad；pad 只在建 tokenizer 时做（`vocab_size_with_padding`，正式入口才走这一步）。
-#    直接用 Megatron Core 搭模型时要自己 pad（自测 4）。
-# 5. **fp32 logits 会被就地改写（运行确认）。** `calculate_logits_max` 里的 `.float()` 对 fp32 张量返回它自己
-#    （[`cross_entropy.py:25`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L25)），
-#    之后减最大值、`exp(out=...)`、除以和都是就地操作，backward 又在保存下来的同一块内存上就地算梯度。
-#    结果：forward 之后，调用方手里的 logits 变成了 softmax；backward 之后又变成了梯度（下面最后一格）。
-#    GPT 训练不会再读 logits，所以无害；自己调这个函数、之后还想用 logits（算准确率、打日志）时，先 `clone()`。
+# **Megatron 的坑**
+#
+# **1. label smoothing 在 TP>1 时是 bug，不是定义。** 同一个 `cross_entropy_on_rank` 开 `label_smoothing=0.1`，在 TP=1、2、4 上跑，
+# 和 PyTorch 的 `label_smoothing=0.1`、以及源码注释写明的目标分布（label 上 `1−α`，其余 `K−1` 个类各 `α/(K−1)`，K 是词表大小）比：
+
+# %%
+smoothed = {tp: run_ranks(cross_entropy_on_rank, tp, tp, ALPHA, grid=dict(tp=tp)) for tp in (1, 2, 4)}
+stated = smoothed_loss(logits, target, ALPHA)                   # 源码注释写的目标分布，在整个词表上
+rows = [["PyTorch F.cross_entropy(label_smoothing=0.1)", "—", round(torch_ce(logits, ALPHA).mean().item(), 4), "—"],
+        ["源码注释的目标分布（整个词表）", "—", round(stated.mean().item(), 4), "—"]]
+for tp, losses in smoothed.items():
+    for rank, loss in enumerate(losses):
+        rows.append([f"Megatron TP={tp}", rank, round(loss.mean().item(), 4),
+                     torch.allclose(loss, smoothed_loss_on_rank(logits, target, ALPHA, tp, rank), atol=1e-5)])
+Table(["", "rank", "平均 loss", "= 把本卡一段当整个词表"], rows)
+
+# %% [markdown]
+# TP=1 时 Megatron 等于源码注释的定义；和 PyTorch 差 0.0023 只因 PyTorch 把 α 分给**全部** K 个类、Megatron 只分给
+# 其余 K−1 个，Megatron 的 α 相当于 PyTorch 的 `α·K/(K−1)`（下一格验证）。TP>1 时各 rank 的 loss 互不相同，
+# 逐 token 偏差到 0.1 量级，且都被"把本卡一段词表当成整个词表"一项不差地复现。两行：`vocab_size = exp_logits.size(-1)` 是本卡宽度
+# （[`cross_entropy.py:158`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L158)，
+# 进入 [`cross_entropy.py:170`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L170) 的系数），
+# `log_probs.mean(dim=-1)` 只对本卡一段求平均、不再 all-reduce
+# （[`cross_entropy.py:175`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L175)）；
+# backward 用同一个本卡宽度（[`cross_entropy.py:200`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L200)）。
+# 各卡梯度拼起来不是任何统一 loss 的梯度。上游报告：[NVIDIA/Megatron-LM#737](https://github.com/NVIDIA/Megatron-LM/issues/737)
+# （2024 年提出，查阅时仍开放）。0.19.0 的 Megatron Core 里没有调用方传 `label_smoothing`（下一格搜过），融合版不支持它，
+# 所以正式 GPT 训练碰不到，直接调这个函数的代码会碰到。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
+rescaled = torch_ce(logits, ALPHA * V / (V - 1))
+print("Megatron TP=1 = PyTorch(α·K/(K−1)):", torch.allclose(smoothed[1][0], rescaled, atol=1e-5),
+      " | = 源码注释的定义:", torch.allclose(smoothed[1][0], stated, atol=1e-5))
+print("TP=2 两个 rank 的 loss 相同:", torch.allclose(smoothed[2][0], smoothed[2][1]))
+for tp in (2, 4):
+    print(f"TP={tp} 各 rank 与源码注释的定义逐 token 的最大差:",
+          [round((loss - stated).abs().max().item(), 4) for loss in smoothed[tp]])
 root = installed_root()
 callers = sorted(str(p.relative_to(root)) for p in (root / "megatron" / "core").rglob("*.py")
                  if "label_smoothing" in p.read_text())
 print("megatron/core 里出现 label_smoothing 的文件:", callers)
 
+# %% [markdown]
+# **2. `parallel_output=False` 时带 label 算 loss，多出 `log(TP)`。** output layer 以 `gather_output=not parallel_output` 构造
+# （[`gpt_model.py:280`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L280)），
+# 每卡拿到**完整的** `[s, b, V]` logits，却照样交给 `vocab_parallel_cross_entropy`
+# （[`gpt_model.py:794`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/gpt/gpt_model.py#L794) →
+# [`language_module.py:194`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)）。
+# Σexp 被 TP 张卡各加一遍，loss 多出 `log(TP)`；backward 的 softmax 也小了 TP 倍，梯度跟着错。真实的小 `GPTModel`（fp32）：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %%
 def gpt_loss(tp):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -392,9 +456,8 @@ def gpt_loss(tp):
                                tensor_model_parallel_size=tp, attention_dropout=0.0, hidden_dropout=0.0)
     tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
     labels = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(2))
-    position_ids = torch.arange(8).expand(2, 8)
-    causal = torch.triu(torch.ones(1, 1, 8, 8, dtype=torch.bool), diagonal=1)
-    losses, backward = {}, {}
+    position_ids, causal = torch.arange(8).expand(2, 8), torch.triu(torch.ones(1, 1, 8, 8, dtype=torch.bool), 1)
+    losses, grads = {}, {}
     for parallel_output in (True, False):
         torch.manual_seed(0)
         model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=32,
@@ -403,25 +466,58 @@ def gpt_loss(tp):
         losses[parallel_output] = loss.item()
         try:
             loss.backward()
-            backward[parallel_output] = model.decoder.final_layernorm.weight.grad
+            grads[parallel_output] = model.decoder.final_layernorm.weight.grad
         except RuntimeError as err:
-            backward[parallel_output] = f"RuntimeError: {str(err)[:60]}…"
-    if isinstance(backward[False], torch.Tensor):
-        backward[False] = "梯度相同" if torch.allclose(backward[True], backward[False]) else "梯度不同"
-    return losses, backward[False]
+            grads[parallel_output] = f"RuntimeError: {str(err)[:60]}…"
+    return losses, grads
 
 
+gpt = {tp: run_ranks(gpt_loss, tp, tp, grid=dict(tp=tp))[0] for tp in (1, 2)}
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 rows = []
-for tp in (1, 2):
-    (losses, backward), *_ = run_ranks(gpt_loss, tp, tp, grid=dict(tp=tp))
+for tp, (losses, grads) in gpt.items():
+    backward = grads[False]
+    if isinstance(backward, torch.Tensor):
+        backward = "梯度相同" if torch.allclose(grads[True], backward) else "梯度不同"
     rows.append([f"TP={tp}", losses[True], losses[False], losses[False] - losses[True], math.log(tp), backward])
 Table(["", "loss（parallel_output=True）", "loss（False）", "差", "log(TP)", "False 时的 backward"], rows)
 
+# %% [markdown]
+# TP=2 时 loss 正好多 `log 2`，backward 跑完但梯度不同。TP=1 时 loss 对，backward 却报错：TP=1 的 gather 原样返回输入，
+# autograd 把它当 view，而交叉熵就地改写了它（坑 5）；bf16 训练时 `.float()` 先复制一份，就不会报错（按代码推断，没有跑 bf16）。
+# `parallel_output=False` 是推理要完整 logits 时用的，训练别这样配。
+#
+# **3. 融合交叉熵的梯度总是 bf16。** 前面的运行：fp32 logits 的梯度与稠密结果差 0.0017，正是舍入到 bf16 的误差。
+# bf16 训练无妨；用 fp32 做数值对比或调试时要知道它。
+#
+# **4. V 必须被 TP 整除。** 模型自己不 pad，只有正式入口建 tokenizer 时 pad；直接用 Megatron Core 搭模型要自己 pad（自测 4）。
+#
+# **5. fp32 logits 会被就地改写。** `calculate_logits_max` 里的 `.float()` 对 fp32 张量返回它自己
+# （[`cross_entropy.py:25`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/cross_entropy.py#L25)），
+# 之后减最大值、`exp(out=...)`、除以和都就地做，backward 又在同一块内存上就地算梯度：
+
 # %%
-r = ce[2][0][0.0]
-print("forward 之后，rank 0 的输入 logits = 本卡的 softmax:",
+x = logits.clone()
+print("calculate_logits_max 返回的就是输入本身:", VocabParallelCrossEntropy.calculate_logits_max(x)[0] is x)
+r = ce[2][0][0.0]          # 运行里 TP=2、rank 0 的 vocab_parallel_cross_entropy
+print("forward 之后，输入 logits = 本卡的 softmax:",
       torch.allclose(r["after_forward"], torch.softmax(logits, -1).chunk(2, -1)[0], atol=1e-6))
 print("backward 之后，输入 logits = 它自己的梯度:", torch.equal(r["after_backward"], r["grad"]))
+
+# %% [markdown]
+# GPT 训练不再读 logits，所以无害；自己调它、之后还要用 logits（算准确率、打日志）时，先 `clone()`。
+#
+# <details><summary>在 CPU 上怎么跑的</summary>
+#
+# - 融合版 `fused_vocab_parallel_cross_entropy` 被 `torch.compile` 包着；在 CPU rank 上实验把 `torch._dynamo` 关掉，
+#   让它 eager 执行，算的是同一套公式（通信次数和 bf16 梯度都不受影响）。
+# - `VocabParallelEmbedding` 和坑 2 的小 `GPTModel` 用 `use_cpu_initialization=True`：先在 CPU 上建完整的表再切给各卡。
+# - 尺寸是 V=16、h=6、s=4、b=2（坑 2 的模型 V=32、h=16、s=8），都选成笔记本电脑上几秒跑完、又能逐个数对照的大小；
+#   坑 2 只跑 fp32，bf16 下 TP=1 不报错是按代码推断的。
+# - gloo 上的 rank 由 `snippets.ranks.launch.run_ranks` 从 notebook 进程 fork 出来，其余 CPU 适配见[在 CPU 上运行](../../cpu/)。
+#
+# </details>
 
 # %% [markdown]
 # ## 自测
@@ -435,7 +531,7 @@ print("backward 之后，输入 logits = 它自己的梯度:", torch.equal(r["af
 # </details>
 
 # %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
-v4 = padded(QWEN3_VOCAB, 4)
+v4 = megatron_padded(QWEN3_VOCAB, 4)
 print(v4, VocabUtility.vocab_range_from_global_vocab_size(v4, 3, 4))
 
 # %% [markdown]
@@ -481,7 +577,7 @@ try:
     VocabUtility.vocab_range_from_global_vocab_size(50257, 0, 2)
 except AssertionError as err:
     print("AssertionError:", err)
-print(padded(50257, 2), VocabUtility.vocab_range_from_global_vocab_size(padded(50257, 2), 1, 2))
+print(megatron_padded(50257, 2), VocabUtility.vocab_range_from_global_vocab_size(megatron_padded(50257, 2), 1, 2))
 
 # %% [markdown]
 # **5. 开 label smoothing 0.1、TP=2 时，rank 1 用的"平滑系数"是多少？TP=1 时呢？**
@@ -501,9 +597,9 @@ for tp in (1, 2):
 # %% [markdown]
 # ## 30-second answer
 #
-# Megatron splits the vocabulary contiguously across TP ranks, so V must be padded to a multiple of 128·TP. In
-# VocabParallelEmbedding each rank looks up only its own tokens, zeroes the rest, and one all-reduce (a
-# reduce-scatter under sequence parallelism) completes the embedding; backward needs no communication.
-# vocab_parallel_cross_entropy all-reduces three [s, b] tensors (max, target logit, sum of exp) and its
-# backward is local. Both equal the dense versions exactly, but label smoothing at TP>1 averages over the
-# local shard only: a known bug.
+# Megatron splits the vocabulary contiguously across TP ranks, so V is padded to a multiple of 128·TP.
+# VocabParallelEmbedding looks up only this rank's tokens, zeroes the rest, and one all-reduce (a
+# reduce-scatter under sequence parallelism) completes it; backward needs no communication.
+# vocab_parallel_cross_entropy all-reduces three [s, b] tensors (max, target logit, sum of exp); its
+# backward is local. Both match the dense versions, but label smoothing at TP>1 averages over the local
+# shard only: a known bug.

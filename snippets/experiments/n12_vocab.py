@@ -7,13 +7,12 @@ backpropagates, recording the collectives; ``cross_entropy_run`` feeds this rank
 ``[s, b, vocab]`` logits tensor (:func:`ce_inputs`, the same on every rank) to
 ``vocab_parallel_cross_entropy`` without and with label smoothing, and to the fused version. Note 12
 compares everything with dense ``F.embedding`` / ``F.cross_entropy`` at vocab 16; ``python -m
-snippets.run vocab --dims qwen3-8b --tp 8`` shows the same calls at Qwen3's 151,936 tokens (padded
-as Megatron's training entry pads it, :func:`padded`).
+snippets.run vocab --dims qwen3-8b --tp 8`` shows the same calls at Qwen3's 151,936 tokens (a
+multiple of 8, so no padding is needed there; note 12 pads with Megatron's own
+``vocab_size_with_padding``).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -21,12 +20,6 @@ from snippets.record.tables import Table
 
 ALPHA = 0.1
 """The label smoothing note 12 runs (besides none)."""
-
-
-def padded(vocab, tp, divisible_by=128):
-    """The vocabulary rounded up to a multiple of ``divisible_by * tp`` (Megatron's training entry)."""
-    multiple = divisible_by * tp
-    return math.ceil(vocab / multiple) * multiple
 
 
 def _model_parallel(tp):
@@ -103,7 +96,12 @@ def cross_entropy_run(dims, tp, device="cpu", keep_tensors=True):
     for alpha in (0.0, ALPHA):
         local = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
         with recorder.record() as calls:
-            loss = vocab_parallel_cross_entropy(local, target, label_smoothing=alpha)
+            loss = vocab_parallel_cross_entropy(
+                local,
+                target,
+                label_smoothing=alpha,
+                tp_group=parallel_state.get_tensor_model_parallel_group(),
+            )  # the TP group passed in, as GPTModel's loss does at 0.19.0 (language_module.py:194)
             after_forward = local.detach().clone() if keep_tensors else None
             (loss * weight).sum().backward()
         out[alpha] = dict(calls=calls, local_shape=list(local.shape))
