@@ -160,6 +160,29 @@ def forward_backward(
     return out
 
 
+def weights_of(layer) -> dict:
+    """This rank's weights of ``layer`` (name, shape, split, count), each submodule's class, and
+    the heads / query groups this rank holds: what ``weight_table`` prints."""
+    attn = layer.self_attention
+    return dict(
+        rows=weight_rows(layer),
+        kinds={path: kind_of(layer, path) for path, _ in WALK},
+        heads=attn.num_attention_heads_per_partition,
+        groups=attn.num_query_groups_per_partition,
+        device=str(attn.linear_qkv.weight.device),
+    )
+
+
+def layer_on_meta(dims, tp: int) -> dict:
+    """On every rank: the real layer at ``dims`` on ``torch.device("meta")`` (shapes, no storage:
+    Qwen3-8B's 193M parameters build in a second) and its weights (note 11's first picture)."""
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    layer, _ = build_layer(dims, tp, device="meta")
+    return weights_of(layer)
+
+
 def run(dims, par, keep_tensors: bool = False) -> dict:
     """On every rank: the layer's weights, then one recorded step without and with SP."""
     from megatron.core import parallel_state
@@ -169,13 +192,7 @@ def run(dims, par, keep_tensors: bool = False) -> dict:
     for sp in [False, True] if par.tp > 1 else [False]:
         layer, config = build_layer(dims, par.tp, sp, par.device)
         if not sp:
-            attn = layer.self_attention
-            out["weights"] = dict(
-                rows=weight_rows(layer),
-                kinds={path: kind_of(layer, path) for path, _ in WALK},
-                heads=attn.num_attention_heads_per_partition,
-                groups=attn.num_query_groups_per_partition,
-            )
+            out["weights"] = weights_of(layer)
         out[sp] = forward_backward(layer, config, dims, sp, par.device, keep_tensors)
         del layer
     return out

@@ -214,11 +214,17 @@ def _apis(cell: str) -> list[str]:
     return [] if cell == "—" else [a.strip() for a in cell.split(",")]
 
 
-def draw_layer(weight_rows: list[list], submodule_rows: list[list], tp: int = 2) -> Figure:
+def draw_layer(
+    weight_rows: list[list], submodule_rows: list[list], tp: int = 2, title: str | None = None
+) -> Figure:
     """Note 11: one ``TransformerLayer`` top to bottom (``weight_table``'s rows: submodule, class,
     per-rank weight, split), and beside each submodule the collectives it issued itself
     (``submodule_table``'s rows), forward and backward: without sequence parallel, then with it,
-    side by side (the weights are the same in both; only the collectives change)."""
+    side by side (the weights are the same in both; only the collectives change). The weights
+    may come from another run of the same layer than the collectives (note 11: Qwen3-8B's shapes
+    from the meta-device layer, the collectives from the small layer that ran): which
+    submodule issues which collective does not depend on the sizes. ``title`` replaces the
+    default one."""
     comm = {row[0].replace(" 自身", ""): row[1:] for row in submodule_rows}
     own = comm.get("self_attention", ["—"] * 4)
     if any(c != "—" for c in own):
@@ -232,7 +238,7 @@ def draw_layer(weight_rows: list[list], submodule_rows: list[list], tp: int = 2)
     fig = Figure(
         width,
         height,
-        title=f"一层 TransformerLayer 的子模块、每卡 weight 与通信（TP={tp}，左：不开 SP，右：开 SP）",
+        title=title or f"一层 TransformerLayer 的子模块、每卡 weight 与通信（TP={tp}，左：不开 SP，右：开 SP）",
         desc="从上到下是 forward 的顺序；每个方框是一个子模块和它每卡的 weight 形状（列并行、行并行、复制）；"
         "右侧黄色标记是这个子模块自己发出的 collective，先是不开 SP 的 forward、backward 两列，"
         "再是开 SP 的两列。",
