@@ -54,7 +54,7 @@ def draw_mappings(rows: list[list], tp: int = 2) -> Figure:
     fig = Figure(
         width,
         height,
-        title=f"mappings.py 的 {len(names)} 个函数：正向与反向各经过哪个 collective（TP={tp}）",
+        title=f"mappings.py 的 {len(names)} 个调用：反向做的是正向的转置（TP={tp}）",
         desc="每行一个函数；左半是正向（x → y），右半是反向（dy → dx）；黄框是本方向发出的 collective，"
         "虚线表示不通信。方框里是每个 rank 的张量形状。",
     )
