@@ -317,6 +317,9 @@ without_output_table(results[0]["without_output"])
 # `share_storage_ext`（[`random.py:69-79`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/random.py#L69-L79)）：需要机器上有 C++ 编译器和 ninja，本机第一次约 25–30 秒，
 # 结果缓存在 `~/.cache/torch_extensions/`，同一台机器之后直接加载。所以用 `CheckpointWithoutOutput` 的训练（selective
 # `layernorm` / `moe_act` 重算）第一次 backward 会停顿半分钟左右；没有编译器的环境里它在 backward 的 hook 里报错。
+# 还有一个 torch 自己的坑：venv 路径里有空格时链接失败，torch 传给链接器的 `-L` 路径没加引号（亲见）。
+# 本页在 CPU 上不编译它：CPU 层把这一步换成把重算结果拷进原输出那块 storage（同一块 StorageImpl，视图看到的值相同，
+# 也不动版本计数），上面"逐位相同"的结论因此不变；GPU 上跑的是 Megatron 原样的零拷贝。
 #
 # ### `self.fp8 = fp8 is not None`
 #

@@ -130,6 +130,24 @@ def _patch_rerun_state_rng():
     scope_torch("megatron.core.rerun_state_machine", cuda=view)
 
 
+def _share_storage_by_copy(dst, src):
+    # What the compiled share_storage does at the StorageImpl level (every view of dst sees src's
+    # data, no version-counter bump), done by filling dst's own storage: same values, same views.
+    target, source = dst.untyped_storage(), src.untyped_storage()
+    target.resize_(source.nbytes())
+    target.copy_(source)
+
+
+def _patch_share_storage():
+    # 0.19.0's CheckpointWithoutOutput compiles a C++ extension (load_inline) on first recompute to
+    # point the freed output's storage at the recomputed data. On a CPU zero-copy buys nothing, and
+    # the build needs a compiler and ninja, breaks when the venv's path has a space (torch passes
+    # -L<torch/lib> unquoted: seen), and races when several forked ranks build it at once.
+    from megatron.core.tensor_parallel import random as mrandom
+
+    replace_once(mrandom, "_get_share_storage", lambda original: lambda: _share_storage_by_copy)
+
+
 PATCHES = (
     Patch(
         name="rng_tracker",
@@ -178,5 +196,22 @@ PATCHES = (
         ),
         apply=_patch_rerun_state_rng,
         proof="`RerunStateMachine` 保存状态、抽几个随机数、还原之后，再抽的数与第一次相同",
+    ),
+    Patch(
+        name="share_storage_by_copy",
+        scope="megatron.core.tensor_parallel.random._get_share_storage",
+        what="重算出的输出不再经编译出的 C++ 扩展共享 storage，而是把数据拷进原输出那块（已被释放的）storage",
+        why="0.19.0 的 `CheckpointWithoutOutput` 第一次重算时用 `load_inline` 现场编译一个小扩展，让原输出的 "
+        "StorageImpl 直接指向重算结果（零拷贝、所有 view 都看得到）。CPU 上零拷贝没有好处，编译却要 C++ 编译器和 "
+        "ninja，venv 路径含空格时链接失败（torch 给的 `-L` 路径没加引号，亲见），"
+        "几个 fork 出的 rank 同时编译还会互相踩。"
+        "拷进同一块 storage 后，所有 view 看到的值相同，也不动 tensor 的版本计数。",
+        sites=(
+            Site("megatron/core/tensor_parallel/random.py", 69, "def _get_share_storage"),
+            Site("megatron/core/tensor_parallel/random.py", 821, "share_storage = _get_share_storage()"),
+        ),
+        apply=_patch_share_storage,
+        proof="`CheckpointWithoutOutput` 包住的一段在反向时重算：事先从输出取的 view 看到重算值，"
+        "梯度与不重算时逐位相同，不经编译",
     ),
 )
