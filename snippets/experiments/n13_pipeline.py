@@ -219,7 +219,16 @@ def phase_rows(name: str, results: list, m: int) -> list:
     return rows
 
 
-BUBBLE_HEADERS = ["schedule", "p", "v", "m", "总时长（格，1 格 = 一层的 forward）", "量出的气泡", "(p−1)/(v·m+p−1)", "相等"]
+BUBBLE_HEADERS = [
+    "schedule",
+    "p",
+    "v",
+    "m",
+    "总时长（格，1 格 = 一层的 forward）",
+    "量出的气泡",
+    "(p−1)/(v·m+p−1)",
+    "相等",
+]
 """One unit for every row: a forward of one layer takes 1, its backward 2, so a stage of 2 layers
 (1F1B, PP=4, 8 layers) takes 2 and an interleaved chunk of 1 layer takes 1: lengths compare."""
 
