@@ -238,7 +238,8 @@ def draw_layer(
     fig = Figure(
         width,
         height,
-        title=title or f"一层 TransformerLayer 的子模块、每卡 weight 与通信（TP={tp}，左：不开 SP，右：开 SP）",
+        title=title
+        or f"一层 TransformerLayer 的子模块、每卡 weight 与通信（TP={tp}，左：不开 SP，右：开 SP）",
         desc="从上到下是 forward 的顺序；每个方框是一个子模块和它每卡的 weight 形状（列并行、行并行、复制）；"
         "右侧黄色标记是这个子模块自己发出的 collective，先是不开 SP 的 forward、backward 两列，"
         "再是开 SP 的两列。",
