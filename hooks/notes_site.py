@@ -5,13 +5,14 @@ parts below are plain sibling modules, found from a clone at any path. This file
 events only; each part says in its docstring what it does and why:
 
 - ``site_nav``: the nav's round sections (``ROUNDS``, ``PLAN``), from the notebooks present.
-- ``site_generated``: pages generated from the notes (note map, self-test bank, 30-second answers,
-  note template), put in place of marker comments.
+- ``site_generated``: pages generated from the notes (note map, reading paths with measured
+  minutes, self-test bank, 30-second answers, note template), put in place of marker comments.
 - ``site_note_links``: plain note numbers on docs pages ("笔记 21") become links.
 - ``site_render``: build time (nbconvert converts each notebook once, shares compiled templates, and
   skips a BeautifulSoup round trip).
 - ``site_headings``: a unique, readable id for every heading of a note page; the TOC rebuilt from them.
-- ``site_cells``: offline (no CDN scripts), the download button, folded cells, inline SVGs.
+- ``site_cells``: offline (no CDN scripts), the download button, folded cells, inline SVGs, the
+  note shape's 结论 card and quiet "本页怎么跑出来的" box.
 - ``site_css``: page weight (one shared, purged copy of nbconvert's stylesheet).
 - ``site_search``: Chinese search words, the query segmenter, a smaller search index.
 - ``site_load``: load time (material's script starts after a note page's load event).
@@ -31,19 +32,31 @@ from site_cells import (
     download_button,
     fold_cells,
     inline_svgs,
+    mark_note_shape,
     share_copy_icon,
     squeeze_whitespace,
     strip_cdn_scripts,
 )
 from site_generated import (
+    CHARS_PER_MINUTE,
+    CORE_COMING,
+    CORE_PATH,
     GENERATED,
+    MINUTES_PER_CELL,
+    RL_COMING,
+    RL_PATH,
     SEED_QUESTIONS,
     answers_page,
     find_cell,
+    note_prerequisites,
+    note_question,
+    page_minutes,
+    reading_minutes,
+    reading_minutes_of,
+    reading_paths,
     self_test,
     self_test_bank,
     thirty_second_answer,
-    what_it_runs,
 )
 from site_headings import ANY_ID, fix_headings
 from site_load import run_material_after_load
@@ -66,7 +79,14 @@ from site_search import (
 
 # what tests and hooks/backlinks.py read from this hook (tests/site/test_site.py load_hook)
 __all__ = [
+    "CHARS_PER_MINUTE",
     "CHECKED_LINE",
+    "CORE_COMING",
+    "CORE_PATH",
+    "MINUTES_PER_CELL",
+    "RL_COMING",
+    "RL_PATH",
+    "page_minutes",
     "FocusableMarkup",
     "NOTES_DIR",
     "NOTE_NAME",
@@ -89,7 +109,12 @@ __all__ = [
     "self_test",
     "self_test_bank",
     "thirty_second_answer",
-    "what_it_runs",
+    "note_prerequisites",
+    "note_question",
+    "reading_minutes",
+    "reading_minutes_of",
+    "reading_paths",
+    "mark_note_shape",
     "word_mark_pattern",
 ]
 
@@ -122,7 +147,7 @@ def on_page_content(content, page, config, files):
         return content
     content = strip_cdn_scripts(content)
     content = inline_svgs(content)
-    content = fold_cells(content)
+    content = mark_note_shape(fold_cells(content))
     content = squeeze_whitespace(share_copy_icon(content))
     content = site_css.share_styles(content, page)
     content, tokens = fix_headings(content)
@@ -139,6 +164,8 @@ def on_page_content(content, page, config, files):
 
 
 def on_post_page(output, page, config):
+    # mkdocs-jupyter 0.27 adds its MathJax loader to every finished page, not to the content
+    output = strip_cdn_scripts(output)
     return run_material_after_load(output) if is_note(page) else output
 
 

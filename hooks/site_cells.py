@@ -25,6 +25,9 @@ CDN_SCRIPTS = [
         r".*?</script>\s*<!-- End of mathjax configuration -->",
         re.S,
     ),
+    # mkdocs-jupyter 0.27's own MathJax loader: on every note page it fetches MathJax from jsdelivr
+    # (the notes have no math)
+    re.compile(r"<script data-mkdocs-jupyter-mathjax=\"[^\"]*\">.*?</script>", re.S),
     # mermaid: imported from cdnjs when a .jp-Mermaid block is on the page
     re.compile(r"<script type=\"module\">(?:(?!</script>).)*?jp-Mermaid.*?</script>", re.S),
 ]
@@ -159,6 +162,44 @@ def fold_cells(content: str) -> str:
     return content.replace('<details class="ms-listing">', '<details class="ms-listing" data-search-exclude>')
 
 
+# ---------------------------------------------------------------------------- the note's shape
+# ../shared/NOTE_SHAPE.md: a note answers first. Under 阅读目标 a paragraph "**结论**" and the list
+# after it (with the "先读：…；约 N 分钟。" line that follows) become one card, the first thing a
+# reader's eye lands on. The folded "本页怎么跑出来的" box (how the page is produced) and "在 CPU 上怎么
+# 跑的" (the CPU part of 遗留问题) get a quiet style, and stay out of the search index as the 自测
+# answers do: a search is for the lesson, not for our harness. The other folds (完整调用链, 每个函数的
+# 记录) keep the default style; the call tree is a <pre> (never indexed), the record table below.
+CONCLUSION = re.compile(
+    r"<p>\s*<strong>结论</strong>[^<]*</p>\s*<(ul|ol)>.*?</\1>"
+    r"(?:\s*<p>\s*(?:<strong>)?先读[：:].*?</p>)?",
+    re.S,
+)
+QUIET_FOLDS = ("本页怎么跑出来的", "在 CPU 上怎么跑的")
+# the roadmap's per-function record (函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | ...): reference,
+# folded in the note shape, and ~50 KB of the search index when indexed; its functions stay
+# findable through the 源码位置 tables and the prose
+RECORD_TABLE = re.compile(r"<table>(\s*<thead>\s*<tr>\s*<th[^>]*>\s*函数\s*</th>\s*<th[^>]*>\s*输入)")
+QUIET_DETAILS = re.compile(r"<details>(\s*<summary>\s*(?:%s))" % "|".join(QUIET_FOLDS))
+
+
+def mark_note_shape(content: str) -> str:
+    """The 结论 card and the quiet, unsearched folds of the note shape (see above)."""
+
+    def card(m: re.Match) -> str:
+        block = re.sub(r"<p>(\s*(?:<strong>)?先读[：:])", r'<p class="ms-prereq">\1', m.group(0), count=1)
+        return f'<div class="ms-conclusion">{block}</div>'
+
+    content = CONCLUSION.sub(card, content, count=1)
+    # the goals list just before the card: on a phone the card goes first (extra.css), so the
+    # answer starts on the first screen
+    at = content.find('<div class="ms-conclusion">')
+    goals = content.rfind("<ol>", 0, at)
+    if at > 0 and goals >= 0 and re.fullmatch(r"\s*", content[content.find("</ol>", goals) + 5 : at]):
+        content = content[:goals] + '<ol class="ms-goals">' + content[goals + 4 :]
+    content = RECORD_TABLE.sub(r"<table data-search-exclude>\1", content)
+    return QUIET_DETAILS.sub(r'<details class="ms-howto" data-search-exclude>\1', content)
+
+
 def _unsearched(outputs: str) -> str:
     """A cell's printed tables and text, kept out of the search index: the index is for the
     prose (what a result preview shows), and every reader's browser loads it on every page."""
@@ -212,6 +253,9 @@ def inline_svgs(content: str) -> str:
 
 
 def add_checked_line(content: str) -> str:
-    """One sentence under the note's H1 on how the page is checked (said once, by the site)."""
-    m = re.search(r"</h1>", content)
+    """One sentence on how the page is checked (said once, by the site): inside the note's folded
+    "本页怎么跑出来的" box where it has one (how the page is produced stays out of the reader's
+    path, NOTE_SHAPE.md), else under the note's H1."""
+    box = re.search(r'<details class="ms-howto"[^>]*>\s*<summary>\s*本页怎么跑出来的\s*</summary>', content)
+    m = box or re.search(r"</h1>", content)
     return content[: m.end()] + CHECKED_LINE + content[m.end() :] if m else CHECKED_LINE + content

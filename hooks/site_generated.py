@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -19,48 +20,212 @@ log = logging.getLogger("mkdocs.hooks.notes_site")  # one logger: mkdocs --stric
 NOTE_MAP_MARK = "<!-- note-map -->"
 
 
-RUN_RANKS = re.compile(r"run_ranks\(\s*[A-Za-z_][A-Za-z0-9_.]*\s*,\s*(\d+)")
-MEGATRON_IMPORT = re.compile(r"^[ \t]*from\s+megatron\.core[\w.]*\s+import\s+(\([^)]*\)|[^\n]+)", re.M)
+# ---------------------------------------------------------------------------- reading time
+# A note's minutes are measured, not typed: its visible prose (markdown outside <details>, link
+# targets, URLs and tags stripped, whitespace dropped; as ../shared/tools/note_shape.py measures
+# it) read at CHARS_PER_MINUTE, plus MINUTES_PER_CELL for each code cell whose code is shown (not
+# tagged hide-input or answer): reading it and its output. Rounded up, at least 1.
+CHARS_PER_MINUTE = 500
+MINUTES_PER_CELL = 0.5
+FOLDED = re.compile(r"<details.*?</details>", re.S)
 
 
-def what_it_runs(nb_path: Path, limit: int = 5) -> str:
-    """From a note's code cells: the world sizes it launches and the Megatron names it imports."""
-    sizes, names = set(), []
-    for cell in json.loads(nb_path.read_text(encoding="utf-8")).get("cells", []):
-        if cell.get("cell_type") != "code":
-            continue
-        src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-        sizes.update(int(n) for n in RUN_RANKS.findall(src))
-        for group in MEGATRON_IMPORT.findall(src):
-            for item in re.sub(r"#[^\n]*|[()]", "", group).split(","):
-                name = item.split()[0] if item.split() else ""  # "a as b" -> a
-                if name and name not in names:
-                    names.append(name)
-    ranks = "、".join(str(n) for n in sorted(sizes))
-    shown = ", ".join(f"`{n}`" for n in names[:limit]) + (" …" if len(names) > limit else "")
-    return " · ".join(x for x in (f"{ranks} 个 rank" if ranks else "", shown) if x)
+def visible_prose(markdown: str) -> str:
+    """What a reader sees of a markdown cell without opening a fold: no <details>, no link targets."""
+    markdown = FOLDED.sub("", markdown)
+    markdown = re.sub(r"\]\([^)]*\)", "]", markdown)
+    markdown = re.sub(r"https?://\S+", "", markdown)
+    return re.sub(r"<[^>]+>", "", markdown)
+
+
+def reading_minutes_of(cells: list[dict]) -> int:
+    chars = cells_shown = 0
+    for cell in cells:
+        text = _source(cell)
+        if cell.get("cell_type") == "markdown":
+            chars += len(re.sub(r"\s+", "", visible_prose(text)))
+        elif cell.get("cell_type") == "code" and text.strip():
+            tags = cell.get("metadata", {}).get("tags", [])
+            cells_shown += not ({"hide-input", "answer"} & set(tags))
+    return max(1, math.ceil(chars / CHARS_PER_MINUTE + MINUTES_PER_CELL * cells_shown))
+
+
+def reading_minutes(nb_path: Path) -> int:
+    """Minutes a reader needs for a note's visible path (the rule above)."""
+    return reading_minutes_of(_cells(nb_path))
+
+
+def page_minutes(md_path: Path) -> int:
+    """The same rule for a Markdown page of the site (the code map): its prose, no code cells."""
+    return reading_minutes_of([{"cell_type": "markdown", "source": md_path.read_text(encoding="utf-8")}])
+
+
+def _plain(markdown: str) -> str:
+    """One line of Markdown as table-safe text: links keep their words, no pipes, no line breaks."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
+    text = re.sub(r"\*\*|<[^>]+>", "", text)
+    return " ".join(text.replace("|", "/").split())
+
+
+def note_question(nb_path: Path) -> str:
+    """The question a note answers: the first sentence of its opening paragraph that is a question
+    (notes open with the question they answer), else its title."""
+    cells = _cells(nb_path)
+    first = next((_source(c) for c in cells if c.get("cell_type") == "markdown"), "")
+    body = re.sub(r"^#\s[^\n]*\n", "", first.lstrip(), count=1)
+    paragraph = next(
+        (p for p in re.split(r"\n\s*\n", body) if p.strip() and not p.lstrip().startswith("#")), ""
+    )
+    for sentence in re.findall(r"[^。！？!?]*[？?]", _plain(paragraph)):
+        sentence = re.sub(r"^第.轮第\s*\d+\s*篇[。，]?\s*", "", sentence.strip())
+        for opening, closing in (('"', '"'), ("“", "”"), ("「", "」")):
+            opened = sentence.count(opening) + (sentence.count(closing) if closing != opening else 0)
+            if opened % 2:  # a quote the sentence split left open
+                sentence = sentence.replace(opening, "").replace(closing, "")
+        if len(sentence) >= 6:
+            return sentence
+    short, _, rest = short_title(nb_path, split=True)
+    return rest or short
+
+
+def short_title(nb_path: Path, split: bool = False):
+    """A note's title without its number; with ``split``, (name, "：", the rest) at the first "："
+    (titles read "name：what it shows")."""
+    title = re.sub(r"^\d\d\s+", "", _note_title(nb_path))
+    name, colon, rest = title.partition("：")
+    return (name.strip(), colon, rest.strip()) if split else title
+
+
+PREREQ = re.compile(r"^\s*(?:[-*]\s*)?\**先读\**[：:]\s*(.+)$", re.M)
+
+
+def note_prerequisites(nb_path: Path) -> list[int] | str | None:
+    """What a note says to read first: its "先读：" line (in the cells before 源码位置), as note
+    numbers, or its words when it names no note; None when the note has no such line."""
+    for cell in _cells(nb_path):
+        text = _source(cell)
+        if cell.get("cell_type") == "markdown" and re.search(r"^##\s+源码位置", text, re.M):
+            break
+        m = PREREQ.search(FOLDED.sub("", text)) if cell.get("cell_type") == "markdown" else None
+        if m:
+            line = re.split(r"[；;]\s*约|约\s*\d+\s*分钟", m.group(1))[0]
+            words = re.sub(r"\]\([^)]*\)", "]", line)
+            numbers = [int(n) for n in re.findall(r"(?<!\d)(\d\d)(?!\d)", words)]
+            return list(dict.fromkeys(numbers)) or _plain(line).strip("。；; ")
+    return None
+
+
+# The reading paths of the home page (ROADMAP.md "Reading paths"). A note not written yet is named
+# as coming, never linked.
+CODE_MAP = "code_map.md"
+CORE_PATH = (8, 9, 10, 11, 13, 14, 15, 23)
+CORE_COMING = (26, 28)
+RL_PATH = (6, 22, 25)
+RL_COMING = (27,)
+PATHS_MARK = "<!-- reading-paths -->"
+
+
+def _path_before(number: int) -> int | None:
+    for path in (CORE_PATH, RL_PATH):
+        if number in path[1:]:
+            return path[path.index(number) - 1]
+    return None
+
+
+def read_first(number: int, present: dict[int, Path]) -> str:
+    """The note map's 先读 cell: the note's own "先读：" line, else the note before it on a reading
+    path, else the note before it in the roadmap's order (ROUNDS)."""
+    said = note_prerequisites(present[number])
+    if isinstance(said, str):
+        return said.replace("代码地图", f"[代码地图]({CODE_MAP})", 1)
+    numbers = said or []
+    if not numbers:
+        before = _path_before(number)
+        order = [n for _, ns in ROUNDS for n in ns]
+        if before is None and number in order and order.index(number) > 0:
+            before = order[order.index(number) - 1]
+        numbers = [before] if before else []
+    if not numbers:
+        return f"[代码地图]({CODE_MAP})"
+    return "、".join(
+        f"[{n:02d}]({NOTES_DIR}/{present[n].name})" if n in present else f"{n:02d}" for n in numbers
+    )
 
 
 def note_map(docs_dir: Path) -> str:
-    """The home page's map of notes: every planned note by round, with its status; a note that
-    exists shows its own title and what its cells run (world sizes, Megatron imports)."""
+    """The home page's map of notes: every planned note by round; a note that exists shows its
+    title, the question it answers, its minutes (measured) and what to read first."""
     present = _notes_present(docs_dir)
-    lines = []
+    # the map repeats each note's title and question: kept out of the search index (the notes and
+    # the reading paths above it are found); no <div> inside, as material's search parser wants
+    lines = ['<div class="ms-note-map" markdown="1" data-search-exclude>', ""]
     for round_title, numbers in ROUNDS:
-        lines += [f"**{round_title}**", "", "| # | 笔记 | 跑了什么 | 状态 |", "|---|---|---|---|"]
+        lines += [
+            f"**{round_title}**",
+            "",
+            "| # | 笔记 | 回答的问题 | 分钟 | 先读 |",
+            "|---|---|---|---|---|",
+        ]
         for n in numbers:
             if n in present:
-                title = re.sub(r"^\d\d\s+", "", _note_title(present[n]))
+                title = short_title(present[n], split=True)[0]
                 lines.append(
-                    f"| {n:02d} | [{title}]({NOTES_DIR}/{present[n].name}) "
-                    f"| {what_it_runs(present[n])} | 可运行 |"
+                    f"| {n:02d} | [{title}]({NOTES_DIR}/{present[n].name}) | {note_question(present[n])} "
+                    f"| {reading_minutes(present[n])} | {read_first(n, present)} |"
                 )
             else:
-                lines.append(f"| {n:02d} | {PLAN.get(n, '')} | | 计划中 |")
+                lines.append(f"| {n:02d} | {PLAN.get(n, '')} | 计划中 | | |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join([*lines, "</div>"])
 
 
+def _path_lines(numbers, coming, present: dict[int, Path]) -> tuple[list[str], int]:
+    lines, total = [], 0
+    for n in numbers:
+        if n not in present:
+            log.warning("reading path: note %02d is not in notes/", n)
+    for n in [n for n in (*numbers, *coming) if n in present]:
+        minutes = reading_minutes(present[n])
+        total += minutes
+        lines.append(
+            f"1. **{n:02d}** [{short_title(present[n], split=True)[0]}]({NOTES_DIR}/{present[n].name})"
+            f" · 约 {minutes} 分钟：{note_question(present[n])}"
+        )
+    later = [f"{n:02d}（{PLAN.get(n, '')}）" for n in coming if n not in present]
+    if later:
+        lines.append(f"\n之后接上：{'、'.join(later)}——正在写，写成后自动加进这条路线。")
+    return lines, total
+
+
+def reading_paths(docs_dir: Path) -> str:
+    """The home page's two reading paths, with each note's measured minutes and its question."""
+    present = _notes_present(docs_dir)
+    map_minutes = page_minutes(docs_dir / CODE_MAP)
+    core, core_total = _path_lines(CORE_PATH, CORE_COMING, present)
+    rl, rl_total = _path_lines(RL_PATH, RL_COMING, present)
+    return "\n".join(
+        [
+            f"### 面试核心路线（约 {map_minutes + core_total} 分钟）",
+            "",
+            "从代码地图认路，然后沿一次训练 step 的并行机制一篇篇读下去：",
+            "",
+            f"1. [代码地图]({CODE_MAP}) · 约 {map_minutes} 分钟："
+            "Megatron Core 的目录怎么分，一次训练 step 经过哪些文件？",
+            *core,
+            "",
+            f"### RL 路线（约 {rl_total} 分钟）",
+            "",
+            "做 RL post-training（verl、NeMo RL）的读者：训练端的梯度与优化器，然后是训练与生成之间的权重同步。",
+            "",
+            *rl,
+            "",
+            f"分钟数是量出来的：每篇折叠块之外的文字（去掉链接地址）按每分钟 {CHARS_PER_MINUTE} 个字符，"
+            f"再加每个显示代码的单元格 {MINUTES_PER_CELL} 分钟，向上取整。",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------- generated pages
 # ---------------------------------------------------------------------------- generated pages
 # The self-test bank and the 30-second answers are read from the notebooks at build time, so
 # they cannot drift from the notes. Links inside a note are relative to notes/NN_slug/; on a
@@ -243,6 +408,7 @@ def note_template(docs_dir: Path) -> str:
 
 GENERATED = {
     NOTE_MAP_MARK: lambda d: note_map(d),
+    PATHS_MARK: reading_paths,
     SELF_TEST_MARK: self_test_bank,
     ANSWERS_MARK: answers_page,
     NOTE_TEMPLATE_MARK: note_template,

@@ -22,13 +22,14 @@ NOTE_NAME = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 # (ROADMAP.md). Note 23 closes round 2 (it follows one tensor through every mechanism of 08-17) but
 # its number comes after round 3's; it gets its own last section so the nav reads in number order.
 # Notes added after the first 23 go where the roadmap places them: 24 (RNG and recomputation)
-# right after 12, because 13-17 build on its streams; 25 (HF conversion) after 22, in the RL part.
+# right after 12, because 13-17 build on its streams; 25 (HF conversion) after 22, in the RL part;
+# 26 (cost) and 28 (GPU-only, hangs) after 23, 27 (the trainer's side of RL) after 25 (ROADMAP.md).
 ROUNDS: list[tuple[str, tuple[int, ...]]] = [
     ("第一轮：训练主链路", tuple(range(1, 8))),
     ("第二轮：并行机制", (8, 9, 10, 11, 12, 24, 13, 14, 15, 16, 17)),
     ("第三轮：训练系统专题", tuple(range(18, 22))),
-    ("RL：训推权重同步", (22, 25)),
-    ("串起来：一个 tensor 走过所有并行", (23,)),
+    ("RL：训推权重同步", (22, 25, 27)),
+    ("串起来：一个 tensor 走过所有并行", (23, 26, 28)),
 ]
 
 # Every note the roadmap plans (../shared/ROADMAP.md), for the home page's map. A note that
@@ -59,6 +60,9 @@ PLAN: dict[int, str] = {
     23: "一个 tensor 的旅程",
     24: "随机数与 activation 重算",
     25: "Megatron 与 Hugging Face 的权重互转",
+    26: "成本：内存、通信、FLOPs 与怎样选并行配置",
+    27: "RL 一轮里训练端做的事：log-prob 重算、参考模型与 KL",
+    28: "只有 GPU 能跑的部分，以及作业卡住时怎么找",
 }
 
 

@@ -539,3 +539,49 @@ def test_sidebar_title_covers_no_nav_entry(tab, site_url, note_names):
     tab.goto(f"{site_url}notes/{stem}/")
     got = tab.page.evaluate(SIDEBAR_OVERLAPS)
     assert not got["covered"], f"the sidebar title lies over {got['covered']}"
+
+
+SHAPE_JS = r"""() => {
+  // NOTE_SHAPE.md on a phone: the 结论 card starts on the first screen; the picture after it (the
+  // first drawn SVG before 源码位置) is shown, at least 200 px wide; the howto box is closed
+  const card = document.querySelector('.ms-conclusion');
+  if (!card) return null;
+  const sources = [...document.querySelectorAll('article h2')].find(h => h.textContent.includes('源码位置'));
+  const before = el => !sources || (el.compareDocumentPosition(sources) & Node.DOCUMENT_POSITION_FOLLOWING);
+  const pic = [...document.querySelectorAll('article svg.ms-figure')].find(
+    s => (card.compareDocumentPosition(s) & Node.DOCUMENT_POSITION_FOLLOWING) && before(s));
+  const howto = [...document.querySelectorAll('article details.ms-howto')];
+  const r = card.getBoundingClientRect();
+  return {cardTop: r.top + window.scrollY, cardHeight: r.height, vh: window.innerHeight,
+          facts: card.querySelectorAll('li').length,
+          picture: pic ? {width: pic.getBoundingClientRect().width, shown: !pic.closest('details:not([open])')} : null,
+          howto: howto.map(d => ({open: d.open, summary: d.querySelector('summary').getBoundingClientRect().height}))};
+}"""
+
+
+def test_conclusion_card_starts_on_a_phones_first_screen(phone, site_url, note_names):
+    """Notes in the shape of ../shared/NOTE_SHAPE.md (a **结论** block under 阅读目标): at 390 px
+    the card begins on the first screen, the main picture follows it, readable and not folded,
+    and the "本页怎么跑出来的" box is there, closed. Screenshots: /tmp/shots/shape-NN.png."""
+    shaped, problems = [], []
+    for name in note_names:
+        stem = Path(name).stem
+        phone.goto(f"{site_url}notes/{stem}/")
+        got = phone.page.evaluate(SHAPE_JS)
+        if got is None:
+            continue
+        shaped.append(stem)
+        _shot(phone.page, f"shape-{stem[:2]}.png")
+        if got["cardTop"] + 40 > got["vh"]:
+            problems.append(f"{stem}: the 结论 card starts at {got['cardTop']:.0f} px (screen {got['vh']})")
+        if got["facts"] < 3:
+            problems.append(f"{stem}: the card holds {got['facts']} facts")
+        pic = got["picture"]
+        if not pic or not pic["shown"] or pic["width"] < 200:
+            problems.append(f"{stem}: no readable picture after the card before 源码位置: {pic}")
+        if not got["howto"] or any(h["open"] or h["summary"] < 10 for h in got["howto"]):
+            problems.append(f"{stem}: the 本页怎么跑出来的 box is missing or open: {got['howto']}")
+    if not shaped:
+        pytest.skip("no note has the 结论 block yet")
+    assert not problems, "\n".join(problems)
+    phone.assert_clean()

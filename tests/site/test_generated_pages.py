@@ -112,32 +112,119 @@ def test_editing_a_note_changes_the_bank(tmp_path, hook):
     assert "是四十二" in changed and "是 42" not in changed
 
 
-@real_notes
-def test_note_map_says_what_each_note_runs(site, note_names, hook):
-    home = _page(site, "")
-    for name in note_names:
-        runs = hook.what_it_runs(site.notes_dir / name)
-        assert runs, name
-        first = re.search(r"`([^`]+)`", runs)
-        if first:
-            assert f"<code>{first.group(1)}</code>" in home, name
-
-
-def test_what_it_runs_reads_launches_and_imports(tmp_path, hook):
+def _made_up(path: Path, cells: list) -> Path:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            "from megatron.core import parallel_state as ps\n"
-            "from megatron.core.tensor_parallel import (ColumnParallelLinear,  # f inside\n"
-            "    RowParallelLinear)\n"
-            "out = run_ranks(step, 4, grid=dict(tp=2))\nmore = run_ranks(step, 2)\n"
-        )
-    ]
-    path = tmp_path / "01_x.ipynb"
+    nb.cells = cells
     path.write_text(nbformat.writes(nb), encoding="utf-8")
-    assert hook.what_it_runs(path) == (
-        "2、4 个 rank · `parallel_state`, `ColumnParallelLinear`, `RowParallelLinear`"
+    return path
+
+
+def test_reading_minutes_follow_the_rule(tmp_path, hook):
+    """Visible prose at 500 characters a minute plus half a minute per shown code cell, rounded
+    up: what is folded, a link's target and whitespace are not read; folded code is not either."""
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    prose = "# 99 试验\n\n" + "汉字" * 700 + "\n\n[链接](https://example.com/" + "x" * 3000 + ")"
+    folded = "<details><summary>本页怎么跑出来的</summary>\n\n" + "折叠" * 5000 + "\n\n</details>"
+    cells = [
+        md(prose),  # "#99试验" 5 + 1400 + "[链接]" 4 = 1409 characters
+        md(folded),
+        code("x = 1\nx"),
+        code("y = 2\ny"),
+        code("z = 3", metadata={"tags": ["hide-input"]}),
+        code("print(42)", metadata={"tags": ["answer"]}),
+        code("   "),
+    ]
+    nb = _made_up(tmp_path / "99_trial.ipynb", cells)
+    assert (hook.CHARS_PER_MINUTE, hook.MINUTES_PER_CELL) == (500, 0.5)
+    assert hook.reading_minutes(nb) == 4  # ceil(1409 / 500 + 2 * 0.5) = ceil(3.818)
+    cells[2].metadata["tags"] = ["hide-input"]  # one shown cell fewer: 3.318 -> still 4
+    assert hook.reading_minutes(_made_up(nb, cells)) == 4
+    cells[0].source = "汉字" * 1000  # 2000 characters, one shown cell: 4.5 -> 5
+    assert hook.reading_minutes(_made_up(nb, cells)) == 5
+    assert hook.reading_minutes(_made_up(nb, [md("短")])) == 1
+
+
+def test_question_and_what_to_read_first_come_from_the_note(tmp_path, hook):
+    md = nbformat.v4.new_markdown_cell
+    asked = _made_up(
+        tmp_path / "98_asked.ipynb",
+        [
+            md("# 98 名字：副标题\n\n第二轮第 3 篇。一段话。TP=2 时 [f](../09_x/) 放在哪里？再一句。"),
+            md(
+                "## 阅读目标\n\n1. 目标\n\n**结论**\n\n- 事实\n\n"
+                "先读：[笔记 09](../09_x/)、[10](../10_y/)；约 15 分钟。"
+            ),
+            md("## 源码位置\n\n先读：11"),
+        ],
     )
+    assert hook.note_question(asked) == "TP=2 时 f 放在哪里？"
+    assert hook.note_prerequisites(asked) == [9, 10]
+    plain = _made_up(tmp_path / "97_plain.ipynb", [md("# 97 名字：副标题\n\n没有问句的导语。")])
+    assert hook.note_question(plain) == "副标题" and hook.note_prerequisites(plain) is None
+    quoted = _made_up(tmp_path / "96_q.ipynb", [md('# 96 名字\n\n面试里常问："一层有多少参数？"')])
+    assert hook.note_question(quoted) == "面试里常问：一层有多少参数？"
+
+
+def _path_items(home_html: str) -> list[tuple[str, str]]:
+    """(link, text) of each item of the reading-path lists on the built home page."""
+    items = []
+    for ol in re.findall(r'<h3 id="[^"]*路线[^"]*">.*?<ol>(.*?)</ol>', home_html, re.S):
+        for li in re.findall(r"<li>(.*?)</li>", ol, re.S):
+            href = re.search(r'<a href="([^"]+)"', li)
+            items.append((href.group(1) if href else "", _text(li)))
+    return items
+
+
+@real_notes
+def test_reading_paths_link_existing_notes_with_their_measured_minutes(site, hook):
+    """The home page's two paths: the code map then the core notes, and the RL notes, in the
+    roadmap's order, each link landing on a built page, each note with the minutes the rule gives
+    and the question its opening asks; notes not written yet are named, never linked."""
+    page = site.dir / "index.html"
+    home = page.read_text(encoding="utf-8")
+    items = _path_items(home)
+    present = {int(p.name[:2]): p for p in site.notes_dir.glob("[0-9][0-9]_*.ipynb")}
+    want = ["code_map/"] + [
+        f"notes/{present[n].stem}/"
+        for n in (*hook.CORE_PATH, *hook.CORE_COMING, *hook.RL_PATH, *hook.RL_COMING)
+        if n in present
+    ]
+    assert [href for href, _ in items] == want
+    for href, text in items:
+        target, _ = resolve(site.dir, page, href)
+        assert target.is_file(), href
+        if href.startswith("notes/"):
+            nb = site.notes_dir / (href.split("/")[1] + ".ipynb")
+            assert f"约 {hook.reading_minutes(nb)} 分钟" in text, (href, text)
+            assert _text(hook.note_question(nb).replace("`", ""))[:10] in text, (href, text)
+    assert f"约 {hook.page_minutes(ROOT / 'docs' / 'code_map.md')} 分钟" in items[0][1]
+    for n in (*hook.CORE_COMING, *hook.RL_COMING):
+        if n not in present:
+            assert f"{n:02d}（" in _text(home), n  # named as coming, with no link
+    # the CPU page is for later: not on either path, and named after them
+    assert "cpu/" not in [href for href, _ in items]
+    assert home.index('href="cpu/"') > home.index('href="code_map/"')
+
+
+@real_notes
+def test_note_map_gives_each_note_its_question_minutes_and_what_to_read_first(site, note_names, hook):
+    home = _page(site, "")
+    rows = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", home, re.S):
+        cells = re.findall(r"<td>(.*?)</td>", tr, re.S)
+        if len(cells) == 5 and re.fullmatch(r"\d\d", cells[0]):
+            rows[cells[0]] = cells
+    for name in note_names:
+        nb = site.notes_dir / name
+        number, title, question, minutes, first = rows[name[:2]]
+        assert f'href="notes/{Path(name).stem}/"' in title, name
+        assert _text(minutes) == str(hook.reading_minutes(nb)), name
+        assert _text(hook.note_question(nb).replace("`", ""))[:10] in _text(question), name
+        said = hook.note_prerequisites(nb)
+        if isinstance(said, list):
+            for n in said:
+                assert f"{n:02d}" in _text(first), (name, said, first)
+        assert _text(first), name
 
 
 def test_write_a_note_page_prints_the_template_the_checks_use(site):

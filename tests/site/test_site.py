@@ -484,6 +484,34 @@ def test_no_self_test_answer_is_in_the_search_index(site, note_names):
             assert not leaked, f"{name}: answer text in the search index: {leaked[:2]}"
 
 
+def test_howto_boxes_stay_out_of_the_search_index(site, note_names):
+    """The folded "本页怎么跑出来的" / "在 CPU 上怎么跑的" boxes (how the page is produced) are not in
+    the search index: a search finds the lesson."""
+    text = _search_text(site)
+    boxes = 0
+    for name in note_names:
+        page_text = re.sub(r"[\u200b\s]+", "", text[f"notes/{Path(name).stem}/"])
+        cells = json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
+        markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        folds = re.findall(
+            r"<summary>(?:本页怎么跑出来的|在 CPU 上怎么跑的)</summary>(.*?)</details>", markdown, re.S
+        )
+        rest = re.sub(
+            r"<summary>(?:本页怎么跑出来的|在 CPU 上怎么跑的)</summary>.*?</details>",
+            "",
+            markdown,
+            flags=re.S,
+        )
+        elsewhere = re.sub(r"[\s*`]+", "", rest)
+        for fold in folds:
+            boxes += 1
+            runs = [r for r in re.findall(r"[\u4e00-\u9fff，、：]{8,}", fold) if r not in elsewhere]
+            leaked = [r for r in runs if r in page_text]
+            assert not leaked, f"{name}: howto text in the search index: {leaked[:2]}"
+    if not boxes:
+        pytest.skip("no note has a 本页怎么跑出来的 box yet")
+
+
 def test_search_index_fits_its_budget(site):
     size = (site.dir / "search" / "search_index.json").stat().st_size
     print(f"\nsearch index: {size:,} bytes (budget {SEARCH_INDEX_BUDGET:,})")
@@ -667,8 +695,48 @@ def test_home_page_maps_every_planned_note_with_its_status(site, note_names):
     home = (site.dir / "index.html").read_text(encoding="utf-8")
     for name in note_names:
         assert f'href="notes/{Path(name).stem}/"' in home, name
-    assert home.count("<td>可运行</td>") == len(note_names)
-    assert home.count("<td>计划中</td>") == len(hook.PLAN) - len(note_names)
+    planned = [n for n in hook.PLAN if not any(name.startswith(f"{n:02d}_") for name in note_names)]
+    assert home.count("<td>计划中</td>") == len(planned)
+    assert all(any(n in numbers for _, numbers in hook.ROUNDS) for n in hook.PLAN), (
+        "a planned note has no round"
+    )
+
+
+SHAPED = """<h2 id="阅读目标">阅读目标</h2><ol>
+<li>目标</li>
+</ol>
+<p><strong>结论</strong></p>
+<ul>
+<li>事实 <strong>16</strong></li>
+</ul>
+<p>先读：<a href="../09_x/">笔记 09</a>；约 15 分钟。</p>
+<details><summary>本页怎么跑出来的</summary>
+<p>命令 snippets.run</p>
+</details>
+<table>
+<thead>
+<tr>
+<th>函数</th>
+<th>输入</th>
+</tr></thead></table>
+<table><thead><tr><th>符号</th><th>角色</th></tr></thead></table>
+<details><summary>在 CPU 上怎么跑的</summary><p>补丁</p></details>
+<details><summary>答案</summary><p>42</p></details>"""
+
+
+def test_note_shape_marks_the_card_and_the_quiet_folds():
+    out = load_hook().mark_note_shape(SHAPED)
+    card = re.search(r'<div class="ms-conclusion">(.*?)</div>', out, re.S).group(1)
+    assert card.startswith("<p><strong>结论</strong></p>") and "<li>事实 <strong>16</strong></li>" in card
+    assert '<p class="ms-prereq">先读：' in card  # the 先读 line is the card's footer
+    assert '<ol class="ms-goals">' in out  # the goals list before it (a phone shows the card first)
+    assert out.count('<details class="ms-howto" data-search-exclude>') == 2
+    assert "<table data-search-exclude>\n<thead>\n<tr>\n<th>函数</th>" in out  # the per-function record
+    assert "<table><thead><tr><th>符号</th>" in out  # 源码位置 stays searchable
+    assert "<details><summary>答案</summary>" in out  # other folds are left as they are
+    assert (
+        load_hook().mark_note_shape("<p><strong>结论</strong></p><p>no list</p>").count("ms-conclusion") == 0
+    )
 
 
 def test_pages_workflow_builds_the_strict_site_from_main_and_uploads_it():
