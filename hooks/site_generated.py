@@ -187,10 +187,9 @@ def _path_lines(numbers, coming, present: dict[int, Path]) -> tuple[list[str], i
     for n in [n for n in (*numbers, *coming) if n in present]:
         minutes = reading_minutes(present[n])
         total += minutes
-        lines.append(
-            f"1. **{n:02d}** [{short_title(present[n], split=True)[0]}]({NOTES_DIR}/{present[n].name})"
-            f" · 约 {minutes} 分钟：{note_question(present[n])}"
-        )
+        name, question = short_title(present[n], split=True)[0], note_question(present[n])
+        asks = f"：{question}" if question != name else ""  # a bare title is not said twice
+        lines.append(f"1. **{n:02d}** [{name}]({NOTES_DIR}/{present[n].name}) · 约 {minutes} 分钟{asks}")
     later = [f"{n:02d}（{PLAN.get(n, '')}）" for n in coming if n not in present]
     if later:
         lines.append(f"\n之后接上：{'、'.join(later)}——正在写，写成后自动加进这条路线。")
@@ -198,14 +197,15 @@ def _path_lines(numbers, coming, present: dict[int, Path]) -> tuple[list[str], i
 
 
 def reading_paths(docs_dir: Path) -> str:
-    """The home page's two reading paths, with each note's measured minutes and its question."""
+    """The home page's two reading paths, with each note's measured minutes and its question
+    (their anchors, #面试核心路线 and #rl-路线, do not change with the minutes)."""
     present = _notes_present(docs_dir)
     map_minutes = page_minutes(docs_dir / CODE_MAP)
     core, core_total = _path_lines(CORE_PATH, CORE_COMING, present)
     rl, rl_total = _path_lines(RL_PATH, RL_COMING, present)
     return "\n".join(
         [
-            f"### 面试核心路线（约 {map_minutes + core_total} 分钟）",
+            f"### 面试核心路线（约 {map_minutes + core_total} 分钟） {{#面试核心路线}}",
             "",
             "从代码地图认路，然后沿一次训练 step 的并行机制一篇篇读下去：",
             "",
@@ -213,7 +213,7 @@ def reading_paths(docs_dir: Path) -> str:
             "Megatron Core 的目录怎么分，一次训练 step 经过哪些文件？",
             *core,
             "",
-            f"### RL 路线（约 {rl_total} 分钟）",
+            f"### RL 路线（约 {rl_total} 分钟） {{#rl-路线}}",
             "",
             "做 RL post-training（verl、NeMo RL）的读者：训练端的梯度与优化器，然后是训练与生成之间的权重同步。",
             "",
