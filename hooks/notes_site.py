@@ -34,6 +34,7 @@ from site_cells import (
     inline_svgs,
     mark_note_shape,
     share_copy_icon,
+    show_measured_minutes,
     squeeze_whitespace,
     strip_cdn_scripts,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "reading_minutes_of",
     "reading_paths",
     "mark_note_shape",
+    "show_measured_minutes",
     "word_mark_pattern",
 ]
 
@@ -148,6 +150,7 @@ def on_page_content(content, page, config, files):
     content = strip_cdn_scripts(content)
     content = inline_svgs(content)
     content = mark_note_shape(fold_cells(content))
+    content = show_measured_minutes(content, reading_minutes(Path(page.file.abs_src_path)))
     content = squeeze_whitespace(share_copy_icon(content))
     content = site_css.share_styles(content, page)
     content, tokens = fix_headings(content)

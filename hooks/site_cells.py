@@ -200,6 +200,26 @@ def mark_note_shape(content: str) -> str:
     return QUIET_DETAILS.sub(r'<details class="ms-howto" data-search-exclude>\1', content)
 
 
+PREREQ_LINE = re.compile(r'(<p class="ms-prereq">)(.*?)(</p>)', re.S)
+MINUTES = re.compile(r"约\s*\d+\s*分钟")
+
+
+def show_measured_minutes(content: str, minutes: int) -> str:
+    """The card's 先读 line gives the minutes the site measures (hooks/site_generated.py
+    reading_minutes, as the home page does), not a number typed by hand."""
+
+    def fix(m: re.Match) -> str:
+        said = m.group(2)
+        said = (
+            MINUTES.sub(f"约 {minutes} 分钟", said, count=1)
+            if MINUTES.search(said)
+            else f"{said}（约 {minutes} 分钟）"
+        )
+        return m.group(1) + said + m.group(3)
+
+    return PREREQ_LINE.sub(fix, content, count=1)
+
+
 def _unsearched(outputs: str) -> str:
     """A cell's printed tables and text, kept out of the search index: the index is for the
     prose (what a result preview shows), and every reader's browser loads it on every page."""

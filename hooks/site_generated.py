@@ -109,8 +109,14 @@ def note_prerequisites(nb_path: Path) -> list[int] | str | None:
         m = PREREQ.search(FOLDED.sub("", text)) if cell.get("cell_type") == "markdown" else None
         if m:
             line = re.split(r"[；;]\s*约|约\s*\d+\s*分钟", m.group(1))[0]
+            # notes by link (../09_x/), by "笔记 09、10", or a line that is just numbers ("09、10");
+            # other numbers on the line ("16 卡") are not notes
             words = re.sub(r"\]\([^)]*\)", "]", line)
-            numbers = [int(n) for n in re.findall(r"(?<!\d)(\d\d)(?!\d)", words)]
+            numbers = [int(n) for n in re.findall(r"\]\(\.\./(\d\d)_", line)]
+            for m in re.finditer(r"笔记\s*(\d\d(?:\s*[、,，/和]\s*\d\d)*)(?!\d)", words):
+                numbers += [int(n) for n in re.findall(r"\d\d", m.group(1))]
+            bare = re.match(r"\s*(\d\d(?:\s*[、,，/和]\s*\d\d)*)(?![\d.])", words)
+            numbers += [int(n) for n in re.findall(r"\d\d", bare.group(1))] if bare else []
             return list(dict.fromkeys(numbers)) or _plain(line).strip("。；; ")
     return None
 

@@ -159,6 +159,13 @@ def test_question_and_what_to_read_first_come_from_the_note(tmp_path, hook):
     )
     assert hook.note_question(asked) == "TP=2 时 f 放在哪里？"
     assert hook.note_prerequisites(asked) == [9, 10]
+    for line, want in [
+        ("先读：笔记 08（16 卡的例子）、笔记 02；约 9 分钟。", [8, 2]),
+        ("先读：09、10；约 9 分钟。", [9, 10]),
+        ("先读：[代码地图](../../code_map/)；约 9 分钟。", "代码地图"),
+    ]:
+        other = _made_up(tmp_path / "95_p.ipynb", [md("# 95 x"), md(f"## 阅读目标\n\n{line}")])
+        assert hook.note_prerequisites(other) == want, line
     plain = _made_up(tmp_path / "97_plain.ipynb", [md("# 97 名字：副标题\n\n没有问句的导语。")])
     assert hook.note_question(plain) == "副标题" and hook.note_prerequisites(plain) is None
     quoted = _made_up(tmp_path / "96_q.ipynb", [md('# 96 名字\n\n面试里常问："一层有多少参数？"')])
@@ -225,6 +232,17 @@ def test_note_map_gives_each_note_its_question_minutes_and_what_to_read_first(si
             for n in said:
                 assert f"{n:02d}" in _text(first), (name, said, first)
         assert _text(first), name
+
+
+@real_notes
+def test_note_cards_show_the_measured_minutes(site, note_names, hook):
+    """A 结论 card's 先读 line says the minutes the home page says (measured), whatever was typed."""
+    for name in note_names:
+        line = re.search(
+            r'<p class="ms-prereq">(.*?)</p>', site.note_page(name).read_text(encoding="utf-8"), re.S
+        )
+        if line:
+            assert f"约 {hook.reading_minutes(site.notes_dir / name)} 分钟" in _text(line.group(1)), name
 
 
 def test_write_a_note_page_prints_the_template_the_checks_use(site):

@@ -737,6 +737,11 @@ def test_note_shape_marks_the_card_and_the_quiet_folds():
     assert (
         load_hook().mark_note_shape("<p><strong>结论</strong></p><p>no list</p>").count("ms-conclusion") == 0
     )
+    # the card's minutes are the measured ones
+    shown = load_hook().show_measured_minutes(out, 7)
+    assert '<p class="ms-prereq">先读：<a href="../09_x/">笔记 09</a>；约 7 分钟。</p>' in shown
+    bare = load_hook().show_measured_minutes('<p class="ms-prereq">先读：09</p>', 7)
+    assert bare == '<p class="ms-prereq">先读：09（约 7 分钟）</p>'
 
 
 def test_pages_workflow_builds_the_strict_site_from_main_and_uploads_it():
