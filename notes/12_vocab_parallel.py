@@ -443,7 +443,7 @@ print("megatron/core 里出现 label_smoothing 的文件:", callers)
 # [`language_module.py:194`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L194)）。
 # Σexp 被 TP 张卡各加一遍，loss 多出 `log(TP)`；backward 的 softmax 也小了 TP 倍，梯度跟着错。真实的小 `GPTModel`（fp32）：
 
-# %%
+# %% tags=["hide-input"]
 def gpt_loss(tp):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
