@@ -128,47 +128,10 @@ def test_command_prints_the_table(newer):
     assert "| status | path |" in proc.stdout and "| moved | megatron/core/parallel_state.py |" in proc.stdout
 
 
-OLD = """\
-LIMIT = 3
-
-
-def scale(world):
-    if world > 1:
-        gradient_scaling_factor = 1.0 / world
-        expert_gradient_scaling_factor = 1.0 / world
-    return gradient_scaling_factor
-
-def other():
-    x = 1
-    return x
-
-
-def gone():
-    return 0
-"""
-
-NEW = """\
-# a header line
-LIMIT = 3
-
-
-def scale(world):
-    assert world > 0  # new
-    if world > 1:
-        gradient_scaling_factor = 2.0 / world
-        expert_gradient_scaling_factor = 1.0 / world
-    return gradient_scaling_factor
-
-
-def helper():
-    x = 1
-    return x
-
-
-def other():
-    x = 2
-    return x
-"""
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# One made-up Megatron file at an old and a new tag (tests/unit/test_repin.py reads the same pair).
+OLD = (FIXTURES / "made_up_source_old.py.txt").read_text()
+NEW = (FIXTURES / "made_up_source_new.py.txt").read_text()
 
 FAKE = "megatron/training/fake.py"
 

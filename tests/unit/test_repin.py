@@ -4,50 +4,14 @@ inside the function that held it, and a link is rewritten to the new tag (anchor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from snippets.site import repin
 
-OLD = """\
-LIMIT = 3
-
-
-def scale(world):
-    if world > 1:
-        gradient_scaling_factor = 1.0 / world
-        expert_gradient_scaling_factor = 1.0 / world
-    return gradient_scaling_factor
-
-
-def other():
-    x = 1
-    return x
-
-
-def gone():
-    return 0
-""".splitlines()
-
-NEW = """\
-# a header line
-LIMIT = 3
-
-
-def scale(world):
-    assert world > 0  # new
-    if world > 1:
-        gradient_scaling_factor = 2.0 / world
-        expert_gradient_scaling_factor = 1.0 / world
-    return gradient_scaling_factor
-
-
-def helper():
-    x = 1
-    return x
-
-
-def other():
-    x = 2
-    return x
-""".splitlines()
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# One made-up Megatron file at an old and a new tag (tests/site/test_drift.py reads the same pair).
+OLD = (FIXTURES / "made_up_source_old.py.txt").read_text().splitlines()
+NEW = (FIXTURES / "made_up_source_new.py.txt").read_text().splitlines()
 
 
 def _at(lines: list[str], text: str) -> int:
