@@ -47,6 +47,11 @@ _KNOWN_WARNINGS = (
     r"Could not determine rank from torch\.distributed",
     # megatron.training's layer specs without Transformer Engine use the local expert linears.
     r"supports MoE experts",
+    # dist_checkpointing.load reads the common state with torch's no_dist load
+    # (serialization.py::load_common_state_dict) and calls torch's load with the older argument
+    # order: torch warns about both on every load (0.19.0).
+    r"torch\.distributed is disabled, unavailable or uninitialized",
+    r"The argument order of load has been changed",
     # Core's null tokenizer imports transformers, whose tqdm.auto looks for ipywidgets in a kernel.
     r"IProgress not found",
 )
@@ -65,6 +70,9 @@ _KNOWN_LOG_LINES = {
     # DDP built directly with the distributed optimizer computes the buffer layout itself
     # (distributed/distributed_data_parallel.py:132); training.py passes a precomputed one.
     "megatron.core.distributed.distributed_data_parallel": "DistributedDataParallel: full_param_layout not provided",
+    # A synchronous dist_checkpointing.save goes through async_save(async_strategy="mcore")
+    # (strategies/torch.py), which logs once per process that MCore's own async saver is deprecated.
+    "megatron.core.dist_checkpointing.strategies.torch": "MCore's async save is deprecated",
 }
 
 
