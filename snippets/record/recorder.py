@@ -14,7 +14,7 @@ The phase says what step of training issued the collective (:func:`phase_of`): "
 autograd runs a backward node; otherwise the Megatron code on the stack decides: "grad sync"
 (``finalize_model_grads`` after the backward), "optimizer step" (``megatron/core/optimizer``),
 "refit" (``megatron/core/resharding``), "checkpoint" (``dist_checkpointing``, the training
-checkpointing), "setup" (process groups being made); anything else is "forward".
+checkpointing), "setup" (process groups being made, datasets being built); anything else is "forward".
 """
 
 from __future__ import annotations
@@ -298,6 +298,7 @@ PHASES = (
     ("megatron/core/dist_checkpointing/", "checkpoint"),
     ("megatron/training/checkpointing.py", "checkpoint"),
     ("megatron/core/parallel_state.py", "setup"),
+    ("megatron/core/datasets/", "setup"),  # the builder's barriers while rank 0 writes the index caches
 )
 """What step of training a collective belongs to, by the Megatron code that issued it."""
 

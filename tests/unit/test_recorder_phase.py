@@ -21,6 +21,7 @@ def issued_from(path: str) -> str:
         ("/venv/megatron/core/dist_checkpointing/serialization.py", "checkpoint"),
         ("/venv/megatron/training/checkpointing.py", "checkpoint"),
         ("/venv/megatron/core/parallel_state.py", "setup"),
+        ("/venv/megatron/core/datasets/blended_megatron_dataset_builder.py", "setup"),
         ("/venv/megatron/core/tensor_parallel/mappings.py", "forward"),
     ],
 )
