@@ -190,14 +190,74 @@ def mark_note_shape(content: str) -> str:
         return f'<div class="ms-conclusion">{block}</div>'
 
     content = CONCLUSION.sub(card, content, count=1)
-    # the goals list just before the card: on a phone the card goes first (extra.css), so the
-    # answer starts on the first screen
-    at = content.find('<div class="ms-conclusion">')
-    goals = content.rfind("<ol>", 0, at)
-    if at > 0 and goals >= 0 and re.fullmatch(r"\s*", content[content.find("</ol>", goals) + 5 : at]):
-        content = content[:goals] + '<ol class="ms-goals">' + content[goals + 4 :]
+    content = _goals_after_picture(content)
     content = RECORD_TABLE.sub(r"<table data-search-exclude>\1", content)
     return QUIET_DETAILS.sub(r'<details class="ms-howto" data-search-exclude>\1', content)
+
+
+DIV_TAG = re.compile(r"<div\b|</div>")
+GOALS_LABEL = '<p class="ms-goals-label"><strong>读完本篇能做到</strong></p>'
+
+
+def _div_end(content: str, start: int) -> int:
+    """The index just past the </div> that closes the <div at `start` (-1 if it never closes)."""
+    depth = 0
+    for m in DIV_TAG.finditer(content, start):
+        depth += 1 if m.group(0) != "</div>" else -1
+        if depth == 0:
+            return m.end()
+    return -1
+
+
+def _goals_after_picture(content: str) -> str:
+    """The first screen holds the answer: the 结论 card, then the note's main picture (the first
+    drawn figure after the card, before the next section), then the goals list that the card
+    answers. In the note the goals come first (the roadmap's template); on the page they move below
+    the picture's cell, with a label. Without a picture before the next section the list stays and
+    is marked .ms-goals (a phone shows the card first, extra.css); with no goals list right before
+    the card the page is left as it is."""
+    at = content.find('<div class="ms-conclusion">')
+    goals = content.rfind("<ol>", 0, at)
+    if at < 0 or goals < 0:
+        return content
+    goals_end = content.find("</ol>", goals) + len("</ol>")
+    if not re.fullmatch(r"\s*", content[goals_end:at]):
+        return content
+    card_end = content.find("</div>", at) + len("</div>")
+    section_end = content.find("<h2", card_end)
+    figure = content.find('class="ms-figure', card_end)
+    if figure < 0 or 0 <= section_end < figure:
+        # no picture to show first: the list stays, marked, and a phone shows the card before it
+        return content[:goals] + '<ol class="ms-goals">' + content[goals + 4 :]
+    # the cell that holds the figure: the first cell after the card's whose end lies past it
+    cell = content.find('class="jp-Cell ', card_end)
+    while cell >= 0:
+        start = content.rfind("<div", 0, cell)
+        end = _div_end(content, start)
+        if end < 0 or start > figure:
+            return content
+        if end > figure:
+            break
+        cell = content.find('class="jp-Cell ', end)
+    else:
+        return content
+    # the picture's folded code goes below the picture: the fold's summary line would sit between
+    # the card and the picture
+    cell_html = content[start:end]
+    fold = re.search(r'<details class="ms-fold ms-fold-input">.*?</details>', cell_html, re.S)
+    if fold:
+        inner_end = cell_html.rfind("</div>", 0, cell_html.rfind("</div>"))  # inside the cell's own div
+        closing = cell_html[inner_end:]
+        body = cell_html[: fold.start()] + cell_html[fold.end() : inner_end]
+        cell_html = body + fold.group(0) + closing
+    moved = (
+        '<div class="jp-Cell jp-MarkdownCell ms-goals-cell"><div class="jp-RenderedHTMLCommon '
+        f'jp-RenderedMarkdown jp-MarkdownOutput">{GOALS_LABEL}<ol class="ms-goals">'
+        f"{content[goals + 4 : goals_end]}</div></div>"
+    )
+    # the picture's cell is the note's hero: no "Out[1]:" prompt column beside it (extra.css)
+    cell_html = cell_html.replace('class="jp-Cell ', 'class="ms-hero jp-Cell ', 1)
+    return content[:goals] + content[goals_end:start] + cell_html + moved + content[end:]
 
 
 PREREQ_LINE = re.compile(r'(<p class="ms-prereq">)(.*?)(</p>)', re.S)

@@ -17,9 +17,8 @@
 # # 11 一层 TransformerLayer 走一遍：Qwen3-8B 的维度，TP=2
 #
 # 面试里常有这样一问："Qwen3-8B 的一层切成 TP=2，每张卡存哪些 weight、一共多少参数？forward 和 backward 各通信几次、
-# 是谁发出的？开了 sequence parallel 之后又变成什么？"本篇用 Megatron Core 0.19.0 的真实 `TransformerLayer` 回答：
-# Qwen3-8B 尺寸的层建在 `meta` 设备上（只有 shape，不占内存），读出每卡的 weight；结构相同的小层在 2 个进程上真的
-# forward + backward，记下每次通信和发出它的子模块，再和 TP=1 的层逐个数值比较。
+# 是谁发出的？开了 sequence parallel 之后又变成什么？"本篇用 Megatron Core 0.19.0 真实的 `TransformerLayer` 回答：
+# Qwen3-8B 尺寸的层只读 shape，结构相同的小层在 2 个进程上真的跑一遍，记下每次通信，再和 TP=1 逐个数值比较。
 
 # %% [markdown]
 # ## 阅读目标
@@ -32,13 +31,13 @@
 # **结论**
 #
 # - Qwen3-8B 一层 192,946,432 个参数：attention 41,943,296（含 QK norm 256）、MLP 150,994,944、两个 norm 8,192；TP=2 每卡 96,477,440。
-# - 每卡 weight（`[out, in]`）：`linear_qkv` [3072, 4096]、`linear_proj` [4096, 2048]、`linear_fc1` [12288, 4096]、`linear_fc2` [4096, 6144]；每卡 16 个 Q head、4 个 query group。
-# - 不开 SP：forward 2 次 all-reduce（`linear_proj`、`linear_fc2` 的 g），backward 2 次（`linear_qkv`、`linear_fc1` 的输入梯度）；其余子模块不通信。
-# - 开 SP：forward 2 次 all-gather + 2 次 reduce-scatter，backward 4 次 all-gather + 2 次 reduce-scatter：多出的 2 次 all-gather 为算 weight 梯度把只存了 s/2 的输入拼回来。
-# - QKV 按 query group 交错、`linear_fc1` 用 stride 2：每卡拿到整组的 Q/K/V head 和成对的 gate/up，attention 和 SwiGLU 不需要通信。
-# - TP=2 的输出、梯度都等于 TP=1，唯独 QK norm（开 SP 时还有两个 norm）的梯度要等 `finalize_model_grads` 在 TP 群里 all-reduce：开 SP 时是 [72] 个元素。
+# - 每卡 16 个 Q head、4 个 query group；4 个 linear 每卡的 weight shape 见下图。
+# - 不开 SP：forward 2 次 all-reduce（`linear_proj`、`linear_fc2`），backward 2 次（`linear_qkv`、`linear_fc1`）；其余子模块不通信。
+# - 开 SP：forward 2 次 all-gather + 2 次 reduce-scatter；backward 多出 2 次 all-gather，为算 weight 梯度拼回只存了 s/2 的输入。
+# - QKV 按 query group 交错、`linear_fc1` 用 stride 2：每卡拿到整组 head 和成对的 gate/up，attention 与 SwiGLU 不用通信。
+# - TP=2 的输出和梯度等于 TP=1；只有 QK norm（开 SP 时加上两个 norm）的梯度要等 `finalize_model_grads` all-reduce，开 SP 时 [72] 个元素。
 #
-# 先读：[笔记 09](../09_tp_mappings/)（f、g）、[笔记 10](../10_column_row_parallel_linear/)（列/行并行 linear）；约 20 分钟。
+# 先读：[笔记 09](../09_tp_mappings/)（f、g）、[笔记 10](../10_column_row_parallel_linear/)（列/行并行）；约 20 分钟。
 
 # %% tags=["hide-input"]
 from snippets.experiments import EXPERIMENTS, Parallel
@@ -62,11 +61,11 @@ meta = run_ranks(layer_on_meta, 2, QWEN3_8B, 2, grid=dict(tp=2))               #
 (one,) = (r[False] for r in run_ranks(run, 1, TINY, Parallel(world=1), keep_tensors=True))
 tp2 = run_ranks(run, 2, TINY, Parallel(world=2, tp=2), keep_tensors=True, grid=dict(tp=2))
 two, sp = [r[False] for r in tp2], [r[True] for r in tp2]
-pictures.draw_layer(weight_table(meta[0]).rows, submodule_table(tp2[0], tp=2).rows,
-                    title="Qwen3-8B 的一层（TP=2）：不开 SP 前后向各 2 次 all-reduce；开 SP 后 backward 多 2 次 all-gather")
+pictures.draw_layer_summary(weight_table(meta[0]).rows, submodule_table(tp2[0], tp=2).rows,
+                            title="Qwen3-8B 的一层（TP=2）：不开 SP 前后向各 2 次 all-reduce；开 SP 后 backward 多 2 次 all-gather")
 
 # %% [markdown]
-# 从上到下是 forward 的顺序；黄色标记是该子模块**自己**发出的 collective。
+# 每一列是一个**自己**发出 collective 的子模块（上面是 Qwen3-8B 每卡的 weight），每一行是一个阶段；整层按 forward 顺序的全图在「每个子模块发出的通信」。
 #
 # <details><summary>本页怎么跑出来的</summary>
 #
@@ -292,8 +291,12 @@ print("TP=2:", two[0]["calls"], "次通信，未归属的:", two[0]["missing"],
       " | SP:", sp[0]["calls"], "次通信，未归属的:", sp[0]["missing"])
 submodule_table(tp2[0], tp=2)
 
+# %% tags=["hide-input"]
+pictures.draw_layer(weight_table(meta[0]).rows, submodule_table(tp2[0], tp=2).rows,
+                    title="整层按 forward 顺序：只有 4 个 linear 发 collective，其余子模块不通信")
+
 # %% [markdown]
-# 这就是上面那张图的右半边。不开 SP 时 4 次通信全在 4 个 linear 里；norm、切 QKV、core attention、bda、激活都不通信
+# 表和图是同一份记录：图从上到下是 forward 的顺序，左两列不开 SP，右两列开 SP。不开 SP 时 4 次通信全在 4 个 linear 里；norm、切 QKV、core attention、bda、激活都不通信
 # （"未归属的"是 0：没有一次通信发生在这些子模块之外）。开 SP 后是 10 次（forward 4、backward 6），仍然全在 4 个 linear 里。
 #
 # ## Tensor / Process Group 语义

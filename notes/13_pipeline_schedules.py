@@ -31,20 +31,14 @@
 #
 # **结论**
 #
-# - PP=1 用 `forward_backward_no_pipelining`，PP>1 用 1F1B，再设了 VP 用 interleaved。五种切法的 mean loss
-#   都是 3.7556，69 个梯度与 PP=1 逐位相等：流水线只改变什么时候算，不改变算什么。
-# - 1F1B 的 rank r 先做 w = p−r−1 个 forward（不超过 m），再做 m−w 个"一 forward 一 backward"，最后补 w 个
-#   backward：PP=4、m=8 时 rank 0–3 依次是 (3, 5, 3)、(2, 6, 2)、(1, 7, 1)、(0, 8, 0)。
-# - interleaved 按 chunk 计，共 v·m 个 forward，warm-up (p−r−1)·2 + (v−1)·g（g 缺省为 p）：PP=4、VP=2、m=8 时
-#   rank 0 的 16 个里有 10 个。
-# - 气泡 = (p−1)/(v·m+p−1)，量出来逐行相等：同样 8 层、PP=4、m=4，1F1B 是 0.4286（42 格），
-#   VP=2 是 0.2727（33 格）。
-# - stage 之间只在 PP 群上点对点传 `[seq, micro_batch, hidden]` = `[8, 2, 16]` 的激活和梯度：PP=2、m=4 时
-#   最后一个 stage 发起 5 次 `batch_isend_irecv`。
-# - PP=2 时前后邻居是同一个 rank，interleaved 的批量收发把激活和梯度配反：rank 0 收到的"激活"是 201（应为 101），
-#   loss 成了 3.771，不报错。
+# - PP=1 用 `forward_backward_no_pipelining`，PP>1 用 1F1B，再设 VP 用 interleaved；五种切法 loss 都是 3.7556，梯度逐位相等。
+# - 1F1B 的 rank r 先做 w = min(p−r−1, m) 个 forward：PP=4、m=8 时 rank 0–3 的 (warm-up, steady, cool-down) 是 (3, 5, 3)、(2, 6, 2)、(1, 7, 1)、(0, 8, 0)。
+# - interleaved 按 chunk 计，warm-up = (p−r−1)·2 + (v−1)·g：PP=4、VP=2、m=8 时 rank 0 的 16 个 forward 里有 10 个。
+# - 气泡 = (p−1)/(v·m+p−1)：8 层、PP=4、m=4 时 1F1B 0.4286（42 格），VP=2 降到 0.2727（33 格）。
+# - stage 之间只在 PP 群点对点传 `[8, 2, 16]` 的激活和梯度；PP=2、m=4 时最后一个 stage 发起 5 次 `batch_isend_irecv`。
+# - 坑：PP=2 时 interleaved 的批量收发把激活和梯度配反，rank 0 收到 201（应为 101），loss 变成 3.771，不报错。
 #
-# 先读：[笔记 04](../04_model_provider_and_gpt_model/)（`pre_process` / `post_process`）、[笔记 05](../05_forward_loss_backward/)（PP=1 的 forward、loss、backward）、[笔记 08](../08_parallel_state_and_rank_generator/)（PP 群）；基础概念见文末「与基础知识的连接」；约 20 分钟。
+# 先读：[笔记 04](../04_model_provider_and_gpt_model/)、[笔记 05](../05_forward_loss_backward/)（PP=1 的一步）、[笔记 08](../08_parallel_state_and_rank_generator/)（PP 群）；约 20 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import torch
@@ -101,10 +95,10 @@ def warmups(results, m):
 
 one_f_one_b, interleaved = timeline_of(pp4, 4, 1), timeline_of(vpp4, 4, 2)
 display(pictures.draw_timeline(
-    one_f_one_b, title=f"1F1B，PP=4，m=4：rank 0–3 先做 {warmups(pp4, 4)} 个 forward（p−r−1），"
+    one_f_one_b, unit=20, title=f"1F1B，PP=4，m=4：rank 0–3 先做 {warmups(pp4, 4)} 个 forward（p−r−1），"
                        f"共 {timeline.makespan(one_f_one_b)} 格，气泡 {timeline.bubble_fraction(one_f_one_b):.2f}"))
 pictures.draw_timeline(
-    interleaved, chunks=2,
+    interleaved, chunks=2, unit=20,
     title=f"interleaved，PP=4，VP=2，m=4：warm-up {warmups(vpp4, 4)} 个 chunk forward，"
           f"共 {timeline.makespan(interleaved)} 格，气泡 {timeline.bubble_fraction(interleaved):.2f}")
 

@@ -289,6 +289,75 @@ def draw_layer(
     return fig
 
 
+def draw_layer_summary(
+    weight_rows: list[list], submodule_rows: list[list], tp: int = 2, title: str | None = None
+) -> Figure:
+    """Note 11's first picture, the answer at a glance: :func:`draw_layer` turned on its side and
+    cut to the submodules that issue a collective. One column per such submodule (its per-rank
+    weight on top, coloured by its split), one row per phase (forward, backward; without and with
+    sequence parallel); the submodules that issue nothing are named in one line underneath. Same
+    tables as :func:`draw_layer`, same markers (their tips say the same thing)."""
+    comm = {row[0].replace(" 自身", ""): row[1:] for row in submodule_rows}
+    if any(c != "—" for c in comm.get("self_attention", [])):
+        raise ValueError("self_attention issued collectives of its own: the picture has no column for them")
+    talkers = [r for r in weight_rows if any(c != "—" for c in comm.get(r[0], []))]
+    quiet = [r[0] for r in weight_rows if r not in talkers]
+    if not talkers:
+        raise ValueError("no submodule issued a collective: nothing to draw")
+    label_w, col_w, gap, head_h, row_h, pitch = 124, 178, 8, 40, 22, 28
+    left = 12 + label_w
+    width = left + len(talkers) * (col_w + gap) - gap + 12
+    top = 34 + head_h + 10
+    rows = [(label, offset, j) for label, offset in _SP_PANELS for j in (0, 1)]
+    height = top + len(rows) * pitch + 40
+    fig = Figure(
+        width,
+        height,
+        title=title or f"一层 TransformerLayer 里发通信的子模块（TP={tp}）：不开 SP 与开 SP",
+        desc="每一列是一个自己发出 collective 的子模块和它每卡的 weight 形状；每一行是一个阶段"
+        "（不开 SP 的 forward、backward，开 SP 的 forward、backward）；格子里是它发出的 collective；"
+        "下方一行列出不发通信的子模块。",
+    )
+    fig.legend(12, 12, [("tp", "列并行"), ("fwd2", "行并行"), ("comm", "collective")], size=11, gap=10)
+    kinds = {"列并行": "tp", "行并行": "fwd2"}
+    for i, (name, cls, shape, split, _) in enumerate(talkers):
+        x = left + i * (col_w + gap)
+        kind = next((k for word, k in kinds.items() if str(split).startswith(word)), "light")
+        fig.rect(x, 34, col_w, head_h, kind, tip=f"{name} | {cls} | {shape} | {split}")
+        ink = "on" if kind == "tp" else "ink"
+        fig.text(x + col_w / 2, 34 + 12, name, kind=ink, mono=True, anchor="middle")
+        fig.text(x + col_w / 2, 34 + 29, str(shape), kind=ink, size=11, anchor="middle")
+    for k, (label, offset, j) in enumerate(rows):
+        y = top + k * pitch + (6 if offset else 0)  # a little air between the two SP settings
+        sp = "开 SP" if offset else "不开 SP"
+        fig.text(12, y + row_h / 2, f"{sp} · {'forward ↓' if j == 0 else 'backward ↑'}", size=11)
+        for i, (name, *_rest) in enumerate(talkers):
+            apis = _apis(comm[name][offset + j])
+            if apis:
+                phase = "forward" if j == 0 else "backward"
+                fig.boxed(
+                    left + i * (col_w + gap),
+                    y,
+                    col_w,
+                    row_h,
+                    " + ".join(apis),
+                    "comm",
+                    size=11,
+                    tip=f"{label.format(tp=tp)} | {name} | {phase} | {', '.join(apis)}",
+                )
+    norms = [n for n in quiet if n.endswith("layernorm")]
+    named = ([f"{len(norms)} 个 norm"] if norms else []) + [n for n in quiet if n not in norms]
+    fig.text(
+        12,
+        top + len(rows) * pitch + 20,
+        f"其余 {len(quiet)} 个子模块不发 collective：" + "、".join(named),
+        size=11,
+        kind="muted",
+    )
+    fig.check()
+    return fig
+
+
 _SP_PANELS = (("TP={tp}，不开 sequence parallel", 0), ("TP={tp}，开 sequence parallel", 2))
 """The two halves of :func:`draw_layer`: a label, and where their columns start in a
 ``submodule_table`` row (forward, backward)."""

@@ -77,6 +77,14 @@ def test_layer_picture_is_the_weight_and_submodule_tables():
     assert "TP=2，开 sequence parallel | linear_qkv | backward | all-gather, reduce-scatter" in got
     assert fig.svg() == pictures.draw_layer(weights, subs).svg()
     fig.check()
+    # note 11's first picture: the same markers, one column per submodule that issued any
+    summary = pictures.draw_layer_summary(weights, subs)
+    summary_tips = tips(summary.svg())
+    assert sorted(t for t in summary_tips if t in markers) == sorted(markers)
+    columns = [t.split(" | ")[0] for t in summary_tips if t not in markers]
+    assert columns == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    assert summary.svg() == pictures.draw_layer_summary(weights, subs).svg()
+    summary.check()
 
 
 def test_vocab_picture_is_the_ranges_and_the_cross_entropy_table():

@@ -744,6 +744,41 @@ def test_note_shape_marks_the_card_and_the_quiet_folds():
     assert bare == '<p class="ms-prereq">先读：09（约 7 分钟）</p>'
 
 
+PICTURED = (
+    '<div class="jp-Cell jp-MarkdownCell"><div class="jp-RenderedMarkdown">'
+    '<h2 id="阅读目标">阅读目标</h2><ol>\n<li>目标</li>\n</ol>\n'
+    "<p><strong>结论</strong></p>\n<ul>\n<li>事实 16</li>\n</ul>\n<p>先读：09；约 15 分钟。</p>"
+    "</div></div>\n"
+    '<div class="jp-Cell jp-CodeCell celltag_hide-input">\n<div id="c1" class="jp-Cell jp-CodeCell">\n'
+    '<details class="ms-fold ms-fold-input"><summary>显示代码</summary><div>draw()</div></details>\n'
+    '<div class="jp-OutputArea"><div class="jp-OutputPrompt">Out[1]:</div>'
+    '<div class="jp-RenderedSVG"><svg class="ms-figure"><title>图</title></svg></div></div>\n'
+    "</div>\n</div>\n"
+    '<div class="jp-Cell jp-MarkdownCell"><h2 id="源码位置">源码位置</h2></div>'
+)
+
+
+def test_the_goals_move_below_the_main_picture():
+    """The first screen is the card and the picture: the goals list moves below the picture's
+    cell (with a label), the picture's folded code goes under the picture, the cell is the hero."""
+    out = load_hook().mark_note_shape(PICTURED)
+    card, figure = out.index('class="ms-conclusion"'), out.index('class="ms-figure"')
+    goals, label = out.index('<ol class="ms-goals">'), out.index("读完本篇能做到")
+    fold, section = out.index('<details class="ms-fold ms-fold-input">'), out.index('id="源码位置"')
+    assert card < figure < fold < label < goals < section
+    assert out.count("<li>目标</li>") == 1 and out.count("ms-figure") == 1
+    assert '<div class="ms-hero jp-Cell jp-CodeCell celltag_hide-input">' in out
+    # every <div> still closes: the cell's markup stays whole
+    assert out.count("<div") == out.count("</div>")
+    # a picture after the next heading is not the main picture: nothing moves
+    later = PICTURED.replace(
+        '<div class="jp-Cell jp-CodeCell celltag_hide-input">',
+        '<h2>x</h2><div class="jp-Cell jp-CodeCell celltag_hide-input">',
+    )
+    kept = load_hook().mark_note_shape(later)
+    assert kept.index('<ol class="ms-goals">') < kept.index('class="ms-conclusion"') and "ms-hero" not in kept
+
+
 def test_pages_workflow_builds_the_strict_site_from_main_and_uploads_it():
     import yaml
 
