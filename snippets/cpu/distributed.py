@@ -1,7 +1,7 @@
 """The distributed optimizer and DDP: ``param.type()`` checks in its constructor, the ``.cuda()``
 before its state gather, torch Adam's ``step`` on load, the current stream the gradient sync waits
-on; and the partial distributed optimizer (``num_distributed_optimizer_instances > 1``), which
-needs CUDA streams and is refused."""
+on; the device type of ``TorchFullyShardedDataParallel``'s mesh; and the partial distributed
+optimizer (``num_distributed_optimizer_instances > 1``), which needs CUDA streams and is refused."""
 
 from __future__ import annotations
 
@@ -86,6 +86,25 @@ def _patch_grad_sync_current_stream():
     scope_torch(
         "megatron.core.distributed.param_and_grad_buffer", cuda=cuda_view(current_stream=no_current_stream)
     )
+
+
+class _CpuDeviceMesh:
+    """``DeviceMesh`` as ``torch_fully_sharded_data_parallel`` uses it, on the CPU device type."""
+
+    @staticmethod
+    def from_group(group, device_type, *args, **kwargs):
+        from torch.distributed import DeviceMesh
+
+        return DeviceMesh.from_group(group, "cpu", *args, **kwargs)
+
+
+def _patch_torch_fsdp2_device_mesh():
+    # TorchFullyShardedDataParallel (torch FSDP2 under Megatron) builds its mesh over the DP x CP
+    # group with the device type "cuda" written in; FSDP2 then asks the CUDA runtime which device
+    # is current and places every shard there. Only the name changes on a CPU: gloo does the rest.
+    from megatron.core.distributed import torch_fully_sharded_data_parallel
+
+    torch_fully_sharded_data_parallel.DeviceMesh = _CpuDeviceMesh
 
 
 def _patch_partial_distributed_optimizer():
@@ -191,6 +210,23 @@ PATCHES = (
         apply=_patch_grad_sync_current_stream,
         proof="DP=2、两个 bucket、`overlap_grad_reduce` 开和关："
         "`finalize_model_grads` 之后每个 rank 的 `main_grad` 等于两个 rank 上梯度的平均",
+    ),
+    Patch(
+        name="torch_fsdp2_device_mesh",
+        scope="megatron.core.distributed.torch_fully_sharded_data_parallel",
+        what='模块里的 `DeviceMesh.from_group(group, "cuda")` 改用设备类型 `cpu`',
+        why="`TorchFullyShardedDataParallel`（Megatron 包装的 torch FSDP2）在 DP×CP 群上建 mesh，"
+        "设备类型写死 `cuda`；FSDP2 再向 CUDA 运行时要当前设备来放分片，CPU 版 torch 直接报错。"
+        "换成 `cpu` 之后，分片、all-gather、reduce-scatter 都在 gloo 上照常发生（笔记 15）。",
+        sites=(
+            Site(
+                "megatron/core/distributed/torch_fully_sharded_data_parallel.py",
+                81,
+                'DeviceMesh.from_group(self.process_group, "cuda")',
+            ),
+        ),
+        apply=_patch_torch_fsdp2_device_mesh,
+        proof="DP=2：每个 rank 只存一半参数；一步之后拼回的梯度等于不分片的模型在两份数据上梯度的平均",
     ),
     Patch(
         name="partial_distributed_optimizer",

@@ -71,6 +71,7 @@ _PRELOAD = [
     "megatron.core.tensor_parallel.utils",
     "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.distributed.torch_fully_sharded_data_parallel",
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.resharding.copy_services.gloo_copy_service",
     "megatron.core.transformer.torch_norm",
