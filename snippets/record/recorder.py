@@ -302,20 +302,33 @@ PHASES = (
 )
 """What step of training a collective belongs to, by the Megatron code that issued it."""
 
+OPTIMIZER_CHECKPOINT_ENTRIES = ("sharded_state_dict", "load_state_dict")
+"""The optimizer's own checkpoint entry points. What the optimizer's code issues under one of them
+(``fully_reshardable``'s all-gathers while saving, ``dp_zero_gather_scatter``'s scatter while
+loading) is part of a checkpoint, not of an optimizer step."""
+
 
 def phase_of() -> str:
     """The phase of a collective being issued now: "backward" inside autograd's backward, else the
-    innermost frame matching :data:`PHASES`, else "forward"."""
+    innermost frame matching :data:`PHASES`, else "forward". An "optimizer step" becomes
+    "checkpoint" when an enclosing optimizer frame is one of :data:`OPTIMIZER_CHECKPOINT_ENTRIES`."""
     if torch._C._current_autograd_node() is not None:
         return "backward"
-    frame = sys._getframe(1)
+    frame, found = sys._getframe(1), None
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
-        for piece, phase in PHASES:
-            if piece in path:
-                return phase
+        if found is None:
+            found = next((phase for piece, phase in PHASES if piece in path), None)
+            if found is not None and found != "optimizer step":
+                return found
+        if (
+            found == "optimizer step"
+            and "megatron/core/optimizer/" in path
+            and frame.f_code.co_name in OPTIMIZER_CHECKPOINT_ENTRIES
+        ):
+            return "checkpoint"
         frame = frame.f_back
-    return "forward"
+    return found or "forward"
 
 
 def _megatron_caller() -> str:

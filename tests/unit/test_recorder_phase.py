@@ -46,3 +46,18 @@ def test_inside_autograd_backward_it_is_backward():
     x = torch.ones(2, requires_grad=True)
     Probe.apply(x).sum().backward()
     assert seen == ["forward", "backward"]
+
+
+def test_optimizer_code_under_its_checkpoint_entry_is_checkpoint():
+    """fully_reshardable's gathers run in the optimizer's code, but under its ``sharded_state_dict``
+    (and dp_zero's scatter under ``load_state_dict``): a checkpoint, not an optimizer step."""
+    inner = "/venv/megatron/core/optimizer/distrib_optimizer.py"
+
+    def under(entry: str) -> str:
+        scope = {"issued_from": issued_from, "inner": inner}
+        exec(compile(f"def {entry}():\n    return issued_from(inner)\n", inner, "exec"), scope)
+        return scope[entry]()
+
+    assert under("sharded_state_dict") == "checkpoint"
+    assert under("load_state_dict") == "checkpoint"
+    assert under("step") == "optimizer step"
