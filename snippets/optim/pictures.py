@@ -36,9 +36,10 @@ def draw_shard_map(
     *,
     state_label: str = "Adam exp_avg / exp_avg_sq",
     width: float = 1060,
+    title: str | None = None,
 ) -> Figure:
     """Note 15's ZeRO-1 map: which slice of weights, gradients and optimizer state each DP rank
-    holds (``shards_by_rank``: each rank's shard table rows)."""
+    holds (``shards_by_rank``: each rank's shard table rows); ``title`` replaces the default one."""
     dp = len(shards_by_rank)
     segment = buffer_size // dp
     left, right = 200, width - 20
@@ -50,7 +51,7 @@ def draw_shard_map(
     fig = Figure(
         width,
         height,
-        title=f"ZeRO-1：DP={dp} 时每个 rank 持有什么",
+        title=title or f"ZeRO-1：DP={dp} 时每个 rank 持有什么",
         desc=f"buffer 共 {buffer_size} 个位置，rank r 拥有第 r 段（每段 {segment}）：权重与梯度 buffer "
         "每个 rank 都是整块，但只有本段的梯度被归约；优化器状态只为本段里的参数存在。",
     )
