@@ -297,21 +297,26 @@ def draw_loop_runs(published: list[list], fixed: list[list]) -> Figure:
         ("原样（torch.optim.Adam）", published, "accent"),
         ("改后（get_megatron_optimizer）", fixed, "dp"),
     ]
-    panel_w, gap, top, plot_h = 500, 40, 56, 150
+    panel_w, gap, top, plot_h = 500, 40, 78, 150
     width = 10 + 2 * panel_w + gap + 10
-    height = top + plot_h + 50
+    height = top + plot_h + 30
+    title = (
+        f"原样的 simple loop 跑 {len(published)} 步，权重一步不动、main_grad 越堆越大；"
+        "换 get_megatron_optimizer 并每步 zero_grad_buffer() 后，权重每步移动约 lr"
+    )
     fig = Figure(
         width,
         height,
-        title="simple loop 跑 5 步：原样 vs 用 Megatron 的优化器",
+        title=title,
         desc="原样运行时 main_grad 的范数每步线性增长、权重一步也没动；换成 get_megatron_optimizer 并每步 "
         "zero_grad_buffer 之后，范数每步重新累积、权重每步移动约 lr。",
     )
-    fig.legend(10, 12, [(kind, name) for name, _, kind in runs], size=11)
+    fig.text(10, 14, title, size=13, bold=True)
+    fig.legend(10, 36, [(kind, name) for name, _, kind in runs], size=11)
     n = len(published)
     for p, (name, col) in enumerate(panels):
         x0 = 10 + p * (panel_w + gap)
-        fig.text(x0, 36, name, size=11, bold=True)
+        fig.text(x0, 58, name, size=11, bold=True)
         biggest = max(row[col] for rows in (published, fixed) for row in rows) or 1
         slot = (panel_w - 20) / n
         bar = (slot - 16) / 2

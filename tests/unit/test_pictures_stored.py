@@ -33,8 +33,9 @@ def _table(note: str, source: str) -> list[list[str]]:
 
 
 def _stored_svg(note: str, source: str) -> str:
+    """The SVG stored by the code cell in which a line starts with ``source``."""
     for cell in _cells(note):
-        if "".join(cell["source"]).strip().startswith(source):
+        if any(line.startswith(source) for line in "".join(cell["source"]).splitlines()):
             return next(
                 "".join(o["data"]["image/svg+xml"])
                 for o in cell["outputs"]
