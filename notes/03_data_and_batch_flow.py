@@ -16,55 +16,137 @@
 # %% [markdown]
 # # 03 数据与 batch 流：从 `.bin/.idx` 到每个 rank 手里的五个张量
 #
-# 第一轮第 3 篇。一次训练 step 的第一件事是拿到一个 micro-batch。本篇沿正式入口的数据链路走一遍：
-# `args` 怎么变成 `GPTDatasetConfig`，`BlendedMegatronDatasetBuilder` 怎么造出 train / valid / test，
-# 一个样本里的 `tokens, labels, loss_mask, attention_mask, position_ids` 各是什么，以及 `get_batch`
-# 怎样在 TP 群里广播、再按 CP 坐标切序列。数据集全部用 Megatron 自己的类在本机临时目录里
-# 从几行 token 列表造出来（页面上不打印任何路径）；广播与切分跑在 gloo rank 上。
+# 一次训练 step 的第一件事是取一个 micro-batch。`.bin/.idx` 里的 token 怎样变成 `tokens`、`labels`、`loss_mask`、
+# `attention_mask`、`position_ids` 这五个张量？开了 TP、PP、CP 以后，谁建数据集、谁读、谁收广播，每个 rank 最后手里是什么？
+# 本篇用 Megatron 的数据集类造一个三篇文档的小语料，沿正式入口走一遍，再在 4 个和 6 个进程上真的跑 `get_batch`。
 
 # %% [markdown]
 # ## 阅读目标
 #
-# 1. 说出 `core_gpt_dataset_config_from_args` 把哪些 `args` 填进 `GPTDatasetConfig` 的哪些字段，`mock` 从哪来。
-# 2. 说清 `BlendedMegatronDatasetBuilder.build()` 返回什么；`GPTDataset` 的三张索引表（document / sample / shuffle）各管什么；
-#    `MockGPTDataset` 和 `BlendedDataset` 与它有何不同。
-# 3. 对一个真实样本说出五个字段的 shape、dtype 与含义（`labels` 为什么是 `tokens` 错一位，`attention_mask` 里 True 表示什么）。
-# 4. 说清 `get_batch` 里谁读数据、谁收广播、每个 pipeline stage 广播哪些字段；CP=2 时每个 rank 留下哪两块、为什么。
-# 5. 说清 packed sequence 的 `cu_seqlens`、`max_seqlen` 表达什么，它与"块对角 mask + 重置位置"有什么关系。
+# 1. 说出正式入口怎样从 `args` 造出 `GPTDatasetConfig` 和 train / valid / test，`MockGPTDataset` 何时登场。
+# 2. 对一个 `GPTDataset` 样本说出五个字段的 shape、dtype 与含义，`labels` 为什么是 `tokens` 错一位。
+# 3. 说清 `get_batch` 里谁读数据、谁收广播、每个 pipeline stage 广播哪些字段。
+# 4. 说清 CP=2 时每个 rank 留哪两块、为什么；packed 数据的 `cu_seqlens` 替代了什么。
+#
+# **结论**
+#
+# - 样本是连续 `s+1` 个 token 的窗口：`tokens` 取前 `s` 个，`labels` 取后 `s` 个；micro-batch 2、seq 8 时四个逐 token 字段是 `[2, 8]`，mask 是 `[2, 1, 8, 8]`（True = 屏蔽）。
+# - 只有首、尾 stage 的 TP rank 0 建数据集、读数据：TP=2、PP=3 的 6 个 rank 里只有 rank 0 和 4，其余只陪 builder 的 barrier。
+# - 读到的数据在 TP 群里逐字段 broadcast、mask 最后：PP=1 发 5 次；首 stage 只发 `tokens`、`position_ids`、mask，尾 stage 只发 `labels`、`loss_mask`、mask，中间 stage 一次不发。
+# - CP=2 把序列切成 4 块，CP rank r 留第 r 和第 3−r 块：rank 0 留位置 [0, 1, 6, 7]，另一个留 [2, 3, 4, 5]，causal attention 的工作量两边相等。
+# - packed 数据不带 mask，带文档边界 `cu_seqlens`：样本 `[5, 31, 6, 7, 8, 31, 6, 7]` 是 [0, 2, 6, 8]；micro-batch 2 展平成一条 `[1, 16]`。
+#
+# 先读：[笔记 01](../01_training_run_overview/)（训练主链路）、[笔记 02](../02_distributed_initialization/)（TP / PP / CP 群）；约 20 分钟。
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+import dataclasses
+import tempfile
+
+import torch
+
+from snippets.data.batch_flow import (FIELDS, BatchArgs, BroadcastMismatch, describe,
+                                      get_batch_on_this_tp_rank, paired_views)
+from snippets.data.pictures import draw_batch_flow
+from snippets.experiments import EXPERIMENTS, Parallel
+from snippets.experiments.n03_batch_flow import (chunk_table, data_flow, receiver_table, role_table, run,
+                                                 sender_table, summary_table, write_corpus)
+from snippets.ranks.launch import run_ranks
+from snippets.record.listing import listing
+from snippets.record.tables import Table
+
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.tokenizers import MegatronTokenizer
+
+
+class Folded:
+    """Reference tables: shown closed, one click away."""
+
+    def __init__(self, summary, *tables):
+        self.summary, self.tables = summary, tables
+
+    def _repr_markdown_(self):
+        body = "\n\n".join(t.markdown() for t in self.tables)
+        return f"<details><summary>{self.summary}</summary>\n\n{body}\n\n</details>"
+
+    def __repr__(self):
+        return "\n\n".join(t.markdown() for t in self.tables)
+
+
+TINY = EXPERIMENTS["batch-flow"].tiny
+TP_CP = Parallel(world=4, tp=2, cp=2)
+tp_cp = run_ranks(run, 4, TINY, TP_CP, grid=dict(tp=2, cp=2))
+draw_batch_flow(tp_cp, TINY.seq, TP_CP.tp, TP_CP.cp,
+                title="get_batch：TP rank 0 读数据、在 TP 群里广播；CP rank r 留第 r 和第 3−r 块")
+
+# %% [markdown]
+# TP=2、CP=2：rank 0、2 各是 TP 群的 rank 0，读同一条样本、广播给 rank 1、3；之后每个 rank 按 CP 坐标留两块（深色归 CP rank 0）。
+#
+# <details><summary>本页怎么跑出来的</summary>
+#
+# - 语料：`write_corpus` 用 Megatron 的 `IndexedDatasetBuilder` 把三篇文档写成 `.bin/.idx`，放在临时目录（路径不打印）；
+#   tokenizer 是 `NullTokenizer`（词表 32，EOD 是 31）。尺寸是实验 `batch-flow` 的 `tiny`：seq 8、micro-batch 2、vocab 32。
+# - 多 rank 的部分是 `snippets/experiments/n03_batch_flow.py` 的 `run`：global rank 0 写语料，路径用 `broadcast_object_list`
+#   发给各 rank；每个 rank `initialize_model_parallel`，按 `is_dataset_built_on_rank` 的规则（首或尾 stage 且 TP rank 0）调
+#   `BlendedMegatronDatasetBuilder`，建了数据集的 rank 建 `DataLoader`，然后调一次 `get_batch`。
+# - `pretrain_gpt.get_batch` 只在 git tag 里，不在 pip 包里；`snippets.data.batch_flow` 按 tag 重写了它和 TP 广播，为的是给每次广播记下
+#   字段名（"发送方依次发出"那些列）。`tests/ranks/test_batch_flow.py` 核对重写版与已安装的 `get_batch_on_this_tp_rank` 发出同样的广播；
+#   展平与 CP 切分调的是真实的 `flatten_batch_for_packed_sequences`、`get_batch_on_this_cp_rank`。「谁建、谁读、谁收」一节的
+#   显示单元格直接调 Megatron 的这三个函数，结果与重写版逐 rank 相同。
+# - 每个 collective 由 `snippets.record.recorder` 记下；`get_batch` 在 `forward_step` 里，所以 phase 是 forward。
+# - 复现：`.venv/bin/python -m snippets.run --nproc-per-node 4 batch-flow --tp 2 --cp 2`（本页 TP=2、CP=2 的表），
+#   `--nproc-per-node 6 batch-flow --tp 2 --pp 3`（每个 stage 的表）；整页：`scripts/execute_notes.sh notes/03_data_and_batch_flow.py`。
+# - 在 CPU 上要的改动见文末「在 CPU 上怎么跑的」。
+#
+# </details>
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+listing(write_corpus, data_flow, run)
 
 # %% [markdown]
 # ## 源码位置
 #
 # | 符号（固定到 tag 的行） | 在本篇里的角色 |
 # |---|---|
-# | [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377) | `args` → `GPTDatasetConfig` |
 # | [`pretrain_gpt.py::train_valid_test_datasets_provider`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L444) | 选类（`GPTDataset` / `MockGPTDataset` / SFT），调 builder |
-# | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361) | 只有首 / 尾 stage 的 TP rank 0 建数据集（SFT 时每个 stage 的 TP rank 0 都建） |
-# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 每个 micro-batch：TP 广播，展平 packed 样本，再 CP 切分 |
-# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119) | TP 群里的 broadcast（在 `megatron/core/utils.py`，随 pip 包安装；`snippets/data/batch_flow.py` 是本篇的重写） |
+# | [`pretrain_gpt.py::is_dataset_built_on_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361) | 哪些 rank 建数据集 |
+# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L29) | 造 train / valid / test |
+# | [`gpt_dataset.py::GPTDataset.__getitem__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L230) | 一个样本的五个字段（或 `cu_seqlens`） |
+# | [`pretrain_gpt.py::get_batch`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L97) | 每个 micro-batch：TP 广播、展平 packed 样本、CP 切分 |
+# | [`utils.py::get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2119) | TP 群里按 stage 逐字段 broadcast |
+# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：按有没有 `cu_seqlens` 选切法 |
+# | [`utils.py::_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456) | 整条序列的"一头一尾"切分 |
+#
+# <details><summary>其余 15 个符号</summary>
+#
+# | 符号 | 在本篇里的角色 |
+# |---|---|
+# | [`pretrain_gpt.py::core_gpt_dataset_config_from_args`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L377) | `args` → `GPTDatasetConfig` |
 # | [`common_utils.py::get_blend_and_blend_per_split`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/utils/common_utils.py#L507) | `--data-path` 等 → `blend` / `blend_per_split` |
 # | [`training.py::build_train_valid_test_data_loaders`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L4513) | 调 provider、建 DataLoader |
 # | [`data_samplers.py::MegatronPretrainingSampler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/datasets/data_samplers.py#L115) | 按 DP rank 取 micro-batch 的下标 |
 # | [`gpt_dataset.py::GPTDatasetConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L26) | GPT 数据的全部配置 |
 # | [`blended_megatron_dataset_config.py::BlendedMegatronDatasetConfig.__post_init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_config.py#L99) | 没有 blend 时置 `mock = True`、`split = "1,1,1"` |
-# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L29) | 造三个 split |
-# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder.build_generic_dataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L491) | rank 0 先建（写缓存）→ barrier → 其余 rank 再建 |
-# | [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L923) | 写 `.bin`（token）和 `.idx`（长度、文档边界） |
+# | [`blended_megatron_dataset_builder.py::BlendedMegatronDatasetBuilder.build_generic_dataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_megatron_dataset_builder.py#L491) | rank 0 先建（写索引缓存）→ barrier → 其余 rank 再建 |
+# | [`indexed_dataset.py::IndexedDatasetBuilder`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L923) | 写 `.bin`（token）和 `.idx`（dtype、长度、文档边界） |
 # | [`indexed_dataset.py::IndexedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/indexed_dataset.py#L597) | 读它们（mmap） |
 # | [`gpt_dataset.py::GPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L106) | 把文档拼接、切成定长样本 |
-# | [`gpt_dataset.py::GPTDataset.__getitem__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L230) | 一个样本的五个字段（`inter_document_masking` 时改给 `cu_seqlens`、`max_seqlen`，不给 mask） |
 # | [`gpt_dataset.py::_get_ltor_masks_and_position_ids`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L765) | causal mask、loss mask、position ids（可按 EOD 重置） |
 # | [`gpt_dataset.py::MockGPTDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L898) | 不读文件的合成数据（simple loop 用它） |
-# | [`blended_dataset.py::BlendedDataset`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/blended_dataset.py#L25) | 按权重从几个数据集里取样本 |
-# | [`utils.py::flatten_batch_for_packed_sequences`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2565) | packed：把 micro-batch 里各样本的 `cu_seqlens` 合成一条，`[b, s]` 摊平成 `[1, b·s]` |
-# | [`utils.py::get_batch_on_this_cp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2612) | CP：按有没有 `cu_seqlens` 分派；普通数据每个 rank 留 2·CP 块里的两块 |
-# | [`utils.py::_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456) | 整条序列的"一头一尾"切分（上一行的缺省分支） |
-# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | packed（THD）：由 `cu_seqlens` 造 `PackedSeqParams`（[`pretrain_gpt.py:323`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)） |
-# | [`packed_seq_params.py::PackedSeqParams`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/packed_seq_params.py#L10) | `cu_seqlens_*`、`max_seqlen_*` 交给 attention |
+# | [`utils.py::flatten_batch_for_packed_sequences`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2565) | packed：各样本的 `cu_seqlens` 合成一条，`[b, s]` 摊平成 `[1, b·s]` |
+# | [`pretrain_gpt.py::forward_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L282) | packed：由 `cu_seqlens` 造 `PackedSeqParams`（[`pretrain_gpt.py:323`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)） |
 # | [`run_simple_mcore_train_loop.py::get_train_data_iterator`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/examples/run_simple_mcore_train_loop.py#L82) | simple loop 的数据：mock + 普通 `DataLoader` |
+#
+# </details>
 
 # %% [markdown]
 # ## 调用链
+#
+# 数据集在 `pretrain` 里建一次（provider → builder → `GPTDataset`），每个 micro-batch 在 `forward_step` 开头经 `get_batch` 取一次：
+# TP 广播 → 展平 packed 样本 → CP 切分。
+#
+# <details><summary>完整调用链</summary>
 #
 # ```text
 # pretrain_gpt.py  (__main__ 把 train_valid_test_datasets_provider.is_distributed 设为 True)
@@ -74,7 +156,7 @@
 #          ├─ pretrain_gpt.py::train_valid_test_datasets_provider
 #          │  ├─ core_gpt_dataset_config_from_args(args)          # args → GPTDatasetConfig，纯配置
 #          │  └─ BlendedMegatronDatasetBuilder(cls, sizes, is_dataset_built_on_rank, config).build()
-#          │     ├─ 不建的 rank：每个 split 一次 barrier                              # world 群 barrier
+#          │     ├─ 不建的 rank：每个非空 split 一次 barrier                          # world 群 barrier
 #          │     ├─ cls.build_low_level_dataset → IndexedDataset(.bin/.idx)     # mmap，无通信
 #          │     ├─ build_generic_dataset：rank 0 先建 GPTDataset（写索引缓存）     # world 群 barrier
 #          │     │                          其余要建的 rank 之后读缓存
@@ -95,48 +177,30 @@
 # └─ 有 cu_seqlens 时：PackedSeqParams(qkv_format="thd", ...)                 # 交给 attention
 # ```
 #
-# **每个函数的阅读记录**（roadmap 第一轮的七问）：
+# </details>
+#
+# <details><summary>每个函数的记录（roadmap 七问）</summary>
 #
 # | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
 # |---|---|---|---|---|---|---|---|
 # | `core_gpt_dataset_config_from_args` | `args` | `GPTDatasetConfig` | tokenizer 构造、`GPTDatasetConfig` | 否 | 否 | 否 | `get_train_data_iterator` 里手写的 `GPTDatasetConfig(...)` |
 # | `train_valid_test_datasets_provider` | 三个 split 的样本数、`vp_stage` | `(train, valid, test)` 数据集（不建的 rank 为 None） | `BlendedMegatronDatasetBuilder`、`GPTDataset` / `MockGPTDataset` | 间接：builder 里的 barrier | 否 | 否 | `BlendedMegatronDatasetBuilder(MockGPTDataset, ...).build()` |
-# | `BlendedMegatronDatasetBuilder.build` | （构造时）类、sizes、`is_built_on_rank`、config | 三个数据集或 None | `IndexedDataset`、`GPTDataset`、`BlendedDataset` | world 群 barrier（下面实测） | 按 `split` 切文档区间 | 否（写索引缓存文件） | 同上 |
+# | `BlendedMegatronDatasetBuilder.build` | （构造时）类、sizes、`is_built_on_rank`、config | 三个数据集或 None | `IndexedDataset`、`GPTDataset`、`BlendedDataset` | world 群 barrier | 按 `split` 切文档区间 | 否（写索引缓存文件） | 同上 |
 # | `GPTDataset.__getitem__` | 样本下标 | 五个字段的 dict（无 batch 维） | `_get_ltor_masks_and_position_ids` | 否 | 否 | 否 | `DataLoader` 取样本 |
 # | `get_batch`（pretrain_gpt） | data iterator、`vp_stage` | `BATCH_KEYS` 顺序的 10 个值（五个字段 + packed 元数据） | 下面三个 | 经下面几个 | 是：CP 切序列 | 推进 iterator | `forward_step_func` 开头的 `next(data_iterator)` |
 # | `get_batch_on_this_tp_rank` | batch dict（只有 TP rank 0 的有内容）、`has_cu_seqlens` 等开关、TP 群与 src rank、stage 位置 | batch dict（10 个键） | 无（群由调用方传入） | **是**：TP 群 broadcast | 否（整条序列广播） | 否 | 无（simple loop 每个 rank 自己读） |
 # | `get_batch_on_this_cp_rank` | batch dict、`is_hybrid_cp`、`cp_group` | 同一个 dict，序列维变 `s/CP` | CP 群的大小与本 rank 序号 | 只读群信息，无通信 | **是**：取第 `r` 与 `2·CP−1−r` 块 | 否 | 无（simple loop 没有 CP） |
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-import dataclasses
-import tempfile
-
-import numpy
-import torch
-
-from snippets.data.batch_flow import (FIELDS, BatchArgs, BroadcastMismatch, describe,
-                                 get_batch_on_this_tp_rank, paired_views)
-from snippets.data.pictures import draw_batch_flow
-from snippets.experiments import EXPERIMENTS, Parallel
-from snippets.experiments.n03_batch_flow import (chunk_table, data_flow, receiver_table, role_table, run,
-                                             sender_table, summary_table, write_corpus)
-from snippets.ranks.launch import run_ranks
-from snippets.record.listing import listing
-from snippets.record.tables import Table
-
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-from megatron.core.datasets.indexed_dataset import IndexedDataset
-from megatron.core.tokenizers import MegatronTokenizer
+#
+# </details>
 
 # %% [markdown]
 # ## 关键对象
 #
 # ### `args` → `GPTDatasetConfig`
 #
-# `core_gpt_dataset_config_from_args` 是一个显式的字典：每个字段写明取哪个 `args`（[pretrain_gpt.py 第 391–418 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L391-L418)）。
-# 下表是其中主要的几项（"来自"一列是读代码的记录）；后两列由运行算出：这个名字确实是 `GPTDatasetConfig` 的构造参数，
-# 以及不传时的缺省值。
+# `core_gpt_dataset_config_from_args` 是一个显式的字典，每个字段写明取哪个 `args`（[pretrain_gpt.py 第 391–418 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L391-L418)，下面折叠的表）。
+# `reset_*`、`eod_mask_loss` 缺省是 `None`，`__post_init__` 断言它们被显式给出。`mock` 不能传：`blend`、`blend_per_split` 都为 None 时
+# `__post_init__` 置 `mock = True`、`split = "1,1,1"`；`--mock-data` 只让 provider 选 `MockGPTDataset` 这个**类**。更细的在[笔记 18](../18_data_topic/)。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 FROM_ARGS = {
@@ -164,55 +228,42 @@ def default_of(field):
     return "必填" if field.default is dataclasses.MISSING else field.default
 
 
-Table(["GPTDatasetConfig 字段", "来自", "构造参数?", "缺省值"],
-      [[name, source, config_fields[name].init, default_of(config_fields[name])]
-       for name, source in FROM_ARGS.items()])
+Folded("GPTDatasetConfig 的主要字段：来自哪个 args、能否传入、缺省值",
+       Table(["GPTDatasetConfig 字段", "来自", "构造参数?", "缺省值"],
+             [[name, source, config_fields[name].init, default_of(config_fields[name])]
+              for name, source in FROM_ARGS.items()]))
 
 # %% [markdown]
-# 要点：`random_seed`、`sequence_length` 必填；`reset_*`、`eod_mask_loss` 缺省是 `None`，`__post_init__` 会断言它们被显式给出；
-# `mock` 不能传，它是 `init=False` 的派生字段——`--mock-data` 只决定 provider 用哪个**类**（`MockGPTDataset`），
-# 是否 mock 则由"有没有 blend"决定。
-#
 # ### tokenizer
 #
-# 数据集只向 tokenizer 要三样东西：`eod`（文档结束符）、`vocab_size`（决定 `.bin` 里 token 的 dtype）、`pad`（可选）。
-# `--tokenizer-type NullTokenizer --vocab-size 32` 时 `build_tokenizer` 做的就是下面这一行（[build_tokenizer.py:87](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L87)）：
+# GPT 数据集要 tokenizer 的 `eod` 和可选的 `pad`（`MockGPTDataset` 还用 `vocab_size` 造 token）。`--tokenizer-type NullTokenizer --vocab-size 32`
+# 时 `build_tokenizer` 做的就是这一行（[build_tokenizer.py:87](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L87)）：
 
 # %%
 tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=32)
 print("vocab_size:", tokenizer.vocab_size, " eod:", tokenizer.eod)
 
 # %% [markdown]
-# `--vocab-size` 已把 EOD 算在内：`NullTokenizer` 缺省把 EOD 放在词表最后一个 id（31），词表大小就是 32。
+# `--vocab-size` 已把 EOD 算在内（最后一个 id）。
 #
-# ### 一个真实的 indexed dataset：`.bin` + `.idx`
+# ### `.bin` + `.idx`
 #
-# 预处理脚本（`tools/preprocess_data.py`）最后一步用的就是 `IndexedDatasetBuilder`：token 依次写进 `.bin`，
-# 每条序列的长度和文档边界写进 `.idx`。实验模块的 `write_corpus` 就是这几行（每篇文档末尾加 EOD）：
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(write_corpus)
-
-# %% [markdown]
-# 用它写两个小语料，写在一个临时目录里：
+# 预处理脚本最后一步用 `IndexedDatasetBuilder`：token 写进 `.bin`，dtype、每条序列的长度和文档边界写进 `.idx`。三篇文档，每篇末尾加 EOD：
 
 # %%
 workdir = tempfile.TemporaryDirectory()
 corpus_a = write_corpus(workdir.name, "a", [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15]], tokenizer.eod)
-corpus_b = write_corpus(workdir.name, "b", [[20, 21], [22, 23, 24, 25]], tokenizer.eod)
-
 indexed = IndexedDataset(corpus_a)
 print("序列数:", len(indexed), " sequence_lengths:", indexed.sequence_lengths.tolist(),
       " document_indices:", indexed.document_indices.tolist())
 print("第 1 条序列:", indexed[1].tolist())
 
 # %% [markdown]
-# `.idx` 只记长度与文档边界；`IndexedDataset[i]` 按长度的前缀和在 `.bin` 里 mmap 出第 `i` 条序列。
+# `IndexedDataset[i]` 按长度的前缀和在 `.bin` 里 mmap 出第 `i` 条序列。
 #
 # ### `GPTDataset`：把文档拼起来，切成定长样本
 #
-# 和正式入口一样，经 `BlendedMegatronDatasetBuilder` 造：`split="100,0,0"` 把全部文档分给 train，
-# sizes 里 train 要 6 个样本，valid / test 为 `None`（它们的 split 为空，builder 返回 `None`）。
+# 和正式入口一样经 `BlendedMegatronDatasetBuilder` 造：`split="100,0,0"` 全给 train，要 6 个样本；valid / test 的 split 为空，得 `None`：
 
 # %%
 config = GPTDatasetConfig(
@@ -223,29 +274,24 @@ print(type(train_ds).__name__, "样本数:", len(train_ds), " valid:", valid_ds,
 print("document_index:", train_ds.document_index.tolist())
 print("sample_index  :", train_ds.sample_index.tolist())
 print("shuffle_index :", train_ds.shuffle_index.tolist())
-
-# %% [markdown]
-# 三张索引表：
-#
-# - `document_index`：把文档下标重复若干个 epoch 并打乱。3 篇文档共 21 个 token，一个 epoch 只够 2 个长度 8 的样本，
-#   要 6 个样本就得 3 个 epoch（每个文档下标出现 3 次）。
-# - `sample_index`：第 `j` 行是第 `j` 个样本的起点"(document_index 里的位置, 文档内偏移)"，相邻两行之间恰好
-#   `sequence_length + 1` 个 token（多取的 1 个给 `labels` 用）。
-# - `shuffle_index`：样本层面再打乱一次，`train_ds[i]` 取的是第 `shuffle_index[i]` 个样本。
-#
-# 逐个样本看：
-
-# %%
 Table(["i", "shuffle_index[i]", "tokens", "labels"],
       [[i, int(train_ds.shuffle_index[i]), train_ds[i]["tokens"].tolist(), train_ds[i]["labels"].tolist()]
        for i in range(len(train_ds))])
 
 # %% [markdown]
-# 样本跨越文档边界（31 是 EOD），也会跨 epoch。`labels` 就是同一个 9-token 窗口右移一位：预测下一个 token。
+# 三张索引表：
+#
+# - `document_index`：文档下标重复若干个 epoch 并打乱。三篇文档连同 EOD 共 18 个 token，一个 epoch 只切得出 2 个长 8 的样本，
+#   要 6 个就得 3 个 epoch。
+# - `sample_index`：第 `j` 行是第 `j` 个样本的起点"(document_index 里的位置, 文档内偏移)"，相邻两行隔 `s` 个 token；
+#   样本取到下一个起点为止，共 `s + 1` 个（多的 1 个给 `labels`）。
+# - `shuffle_index`：样本再打乱一次，`train_ds[i]` 是第 `shuffle_index[i]` 个样本。
+#
+# 样本跨越文档边界（31 是 EOD），也跨 epoch。
 #
 # ### 五个字段：shape、dtype、含义
 #
-# `DataLoader` 把样本叠成 batch（这里 micro-batch 2，相当于 `--micro-batch-size 2`）：
+# `DataLoader` 把样本叠成 micro-batch（这里 2，相当于 `--micro-batch-size 2`）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 MEANING = {
@@ -262,13 +308,12 @@ Table(["字段", "shape dtype", "含义", "batch 第 0 行"],
        for name in FIELDS])
 
 # %% [markdown]
-# `attention_mask` 一列只印了第 0 个样本 mask 的最后一行（最后一个 token 能看全部 8 个位置，所以全为 False）。
-# 注意两个方向的约定：数据集里先造 `tril(ones)`（1 = 可见），再用 `< 0.5` 反过来，交给模型的是"True = 屏蔽"。
+# `attention_mask` 一列是第 0 个样本 mask 的最后一行。约定要分清：数据集先造 `tril(ones)`（1 = 可见），再用 `< 0.5` 反过来，
+# 交给模型的是"True = 屏蔽"。
 #
 # ### `MockGPTDataset`：simple loop 用的合成数据
 #
-# 不给 `blend` 时 `GPTDatasetConfig` 自动 `mock = True`、`split = "1,1,1"`；`MockGPTDataset` 的底层是 100000 篇
-# 长度随机（1–4095）的合成文档，第 `k` 个 token 是 `k % vocab_size`，文末一个 EOD。序列长度用 simple loop 的 64：
+# 不读文件：底层是 100000 篇长度随机（1–4095）的合成文档，token 从 1 数起、对词表取模，文末一个 EOD。取 simple loop 的 seq 64，只要 4 个样本：
 
 # %%
 mock_config = GPTDatasetConfig(random_seed=1234, sequence_length=64, tokenizer=tokenizer,
@@ -282,125 +327,106 @@ print("train 分到的合成文档数:", len(mock_train.indices),
 print("mock_train[0] tokens 前 12 个:", mock_train[0]["tokens"][:12].tolist())
 
 # %% [markdown]
-# 只要 4 个样本，train 却有约一百万个：`num_samples` 只是下限，索引总是按整 epoch 建。`split="1,1,1"` 把 100000 篇
-# 合成文档三等分，train 的三分之一约 6.8 千万 token，除以 64 就是这么多样本。sizes 为 `None` 的 valid / test 也各建了一个整 epoch。
-#
-# ### `BlendedDataset`：按权重混合
-#
-# `blend=([a, b], [0.75, 0.25])`：builder 先给每个数据集各造一个 `GPTDataset`（样本数按权重放大一点），再用
-# `BlendedDataset` 按权重交错取样本。带权重时三个 split 都要给出 size（给 `None` 会断言失败），这里给 0：
-
-# %%
-blend_config = GPTDatasetConfig(
-    random_seed=1234, sequence_length=8, blend=([corpus_a, corpus_b], [0.75, 0.25]), split="100,0,0",
-    tokenizer=tokenizer, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
-blended, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [8, 0, 0], lambda: True, blend_config).build()
-print(type(blended).__name__, "样本数:", len(blended), " 内部:", [type(d).__name__ for d in blended.datasets])
-print("dataset_index:", blended.dataset_index.tolist(), " 各数据集被取次数:",
-      numpy.bincount(blended.dataset_index).tolist())
-Table(["i", "来自", "tokens"], [[i, "ab"[int(blended.dataset_index[i])], blended[i]["tokens"].tolist()]
-                               for i in range(4)])
+# train 却有约一百万个样本：`num_samples` 只是下限，索引按整 epoch 建（三分之一的合成文档约 6.8 千万 token，除以 64）；
+# sizes 为 `None` 的 valid / test 也各建一个整 epoch。按权重混合语料的 `BlendedDataset` 见笔记 18。
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
 #
-# ### 谁建数据集、谁读、谁收：TP=2、CP=2
+# ### 谁建、谁读、谁收：TP=2、CP=2
 #
-# 下面每个 rank 做正式入口会做的事：`initialize_model_parallel`；用 `is_dataset_built_on_rank` 的规则
-# （首或尾 stage，且 TP rank 0）调 `BlendedMegatronDatasetBuilder`；建了数据集的 rank 建 `DataLoader`；然后 `get_batch`。
-# `get_batch` 只在 git tag 的 `pretrain_gpt.py` 里；`get_batch_on_this_tp_rank` 随 pip 包安装，但它每次广播不留字段名，
-# 所以 `snippets.data.batch_flow` 按 tag 上的逻辑重写了这两个函数（测试核对重写与真实函数发出同样的广播）；
-# 展平和 CP 切分调用的是真实的 `megatron.core.utils.flatten_batch_for_packed_sequences`、`get_batch_on_this_cp_rank`。
-# 每个 collective 都被 `snippets.record.recorder` 记下。
+# `get_batch` 在每个 micro-batch 开头做三件事：TP rank 0 `next(data_iterator)`，`get_batch_on_this_tp_rank` 在 TP 群里广播，
+# `get_batch_on_this_cp_rank` 按 CP 坐标切序列。下面在 4 个进程上直接调这几个函数（PP=1），TP rank 0 拿上面的 micro-batch，其余 rank 拿空 dict：
+
+# %%
+from megatron.core import parallel_state
+from megatron.core import utils as core_utils  # get_batch_on_this_tp_rank / _cp_rank 在 megatron/core/utils.py
+
+
+def megatron_get_batch(sample, tp, cp, micro_batch_size, seq_length):
+    from snippets.record import recorder
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    batch = dict(sample) if tp_rank == 0 else {}                         # 只有 TP rank 0 读数据
+    with recorder.record() as calls:
+        batch = core_utils.get_batch_on_this_tp_rank(
+            batch, has_cu_seqlens=False, is_hybrid_cp=False, create_attention_mask_in_dataloader=True,
+            broadcast_src_rank=parallel_state.get_tensor_model_parallel_src_rank(),
+            broadcast_group=parallel_state.get_tensor_model_parallel_group(),
+            cp_size=cp, tp_rank=tp_rank, micro_batch_size=micro_batch_size, seq_length=seq_length,
+            mtp_on_this_rank=False)
+    batch = core_utils.flatten_batch_for_packed_sequences(batch)         # 没有 cu_seqlens：原样返回
+    batch = core_utils.get_batch_on_this_cp_rank(batch, is_hybrid_cp=False,
+                                                 cp_group=parallel_state.get_context_parallel_group())
+    return dict(calls=[(c.api, c.group, c.before, c.where) for c in calls],
+                positions=batch["position_ids"][0].tolist(), tokens=batch["tokens"][0].tolist(),
+                shapes={k: describe(batch[k]) for k in ("tokens", "attention_mask")})
+
+
+real = run_ranks(megatron_get_batch, 4, batch0, 2, 2, 2, 8, grid=dict(tp=2, cp=2))
+for rank, r in enumerate(real):
+    (api, group, _, _), shapes = r["calls"][0], " ".join(c[2] for c in r["calls"])
+    print(f"rank {rank}: {len(r['calls'])} 次 {api}（{group} 群）{shapes} | 留下位置 {r['positions']}",
+          f"tokens {r['shapes']['tokens']}  mask {r['shapes']['attention_mask']}")
+print("发出广播的函数:", sorted({c[3] for r in real for c in r["calls"]}))
+
+# %% [markdown]
+# 每个 rank 5 次 broadcast，全在 TP 群里：四个 `[b, s]` 字段依次发，`attention_mask` 最后
+# （[utils.py:2214](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214) 前后）；之后 `tokens` 只剩 `[2, 4]`，CP 切掉了一半序列。
+# 接收方只能按 `args`（`micro_batch_size`、`seq_length`、是否造 mask、是否 packed）先分配空缓冲再收；没开 packing 的开关，`cu_seqlens` 就一次也不发。
 #
-# 每个 rank 上跑的是 `snippets/experiments/n03_batch_flow.py` 里的 `run`。序列长度、micro-batch 和词表是参数 `dims`，
-# 本篇用它的 `tiny`：seq 8、micro-batch 2、vocab 32（数据集要 micro-batch × `microbatches` = 4 个样本）。`run` 先让
-# global rank 0 用 `write_corpus` 把上面语料 a 的三篇文档（长度按 seq 缩放：5/8、3/8、7/8）写进一个临时目录，
-# 路径用 `broadcast_object_list` 发给各 rank（不在记录里，也不打印），再调 `data_flow`：
+# 谁建数据集、谁读，要连 builder 一起跑（每次广播也记下字段名）；留下的位置和 tokens 与上面逐 rank 相同：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(data_flow, run)
-
-# %%
-TINY = EXPERIMENTS["batch-flow"].tiny
-TP_CP = Parallel(world=4, tp=2, cp=2)
-tp_cp = run_ranks(run, 4, TINY, TP_CP, grid=dict(tp=2, cp=2))
+print("与直接调 Megatron 逐 rank 相同:",
+      [(d["positions"], d["tokens"]) == (r["positions"], r["tokens"]) for d, r in zip(tp_cp, real)])
 summary_table(tp_cp, TP_CP)
 
-# %% [markdown]
-# - **建数据集**：TP rank 0 的两个 rank（0、2，两个 CP 坐标）建，另外两个只陪一次 world barrier。
-#   `build_generic_dataset` 让 global rank 0 先建（写索引缓存），barrier 之后其余要建的 rank 再建（读缓存）。
-# - **读数据**：只有 rank 0、2 有 data iterator；它们处在同一个 DP 坐标，读到的是同一条样本。
-# - **广播**：每个 rank 发出 5 次 broadcast，全在 TP 群里；之后 `tokens` 只剩 `[2, 4]`——CP 切掉了一半序列。
-#
-# rank 0（发送方）记下的每一次广播，以及 rank 1（接收方）按路线图格式记下的同一串 collective：
-
-# %%
-sender_table(tp_cp[0])
-
-# %%
-receiver_table(tp_cp[1])
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+Folded("rank 0 依次发出的字段，rank 1 记下的同一串 collective", sender_table(tp_cp[0]), receiver_table(tp_cp[1]))
 
 # %% [markdown]
-# 5 次，每个字段一次：先是四个逐样本的 `[b, s]` 字段（`position_ids` 在 mask 之前），`attention_mask` 最后
-# （[utils.py:2214](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214) 前后）。这份数据没有 packing，`--sft` /
-# `--dataloader-inter-document-masking` 都没开，`cu_seqlens`、`max_seqlen` 就一次也不发（见遗留问题 1）。
-#
-# > **旧版（core_v0.16.1）：** 9 次：`attention_mask` 排在 `position_ids` 之前，末尾还无条件把空的 `cu_seqlens`（长度 + 内容）
-# > 重发一遍（遗留问题 1）。core_v0.18.0 已与 0.19.0 相同，只是决定发不发 `cu_seqlens` 的开关只有 `--sft`。
-#
-# ### CP 切分：每个 rank 留哪两块
-#
-# 这份数据没有 `cu_seqlens`，`get_batch_on_this_cp_rank` 就交给整条序列的切法
-# [`_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456)：把序列维 `view` 成
-# `2·CP = 4` 块（每块 2 个 token），CP rank `r` 留第 `r` 块和第 `2·CP−1−r` 块。`position_ids` 正好暴露了每个 rank 留下的是原序列的哪些位置：
-
-# %%
-chunk_table(tp_cp, TINY, TP_CP)
-
-# %% [markdown]
-# 为什么是"一头一尾"：causal attention 里第 `i` 个 token 要和前 `i` 个 token 算，越靠后的块越贵。按 0,1 | 2,3 直接对半切，
-# CP rank 1 的工作量约是 rank 0 的 3 倍；切成 4 块、各取一头一尾（0+3、1+2），两边相等。
-# `attention_mask` 只切了**行**（query，第 2 维）变成 `[2, 1, 4, 8]`，列（key）仍是整条序列——本 rank 的 query
-# 要看的 key 分散在别的 rank 上，attention 里靠 K/V 在 CP 群里传递补齐（[笔记 16](../16_context_parallel/)）。
-# 同一 TP 群的两个 rank（0 与 1、2 与 3）留下的完全相同：TP 切的是权重，不是数据。
-#
-# 把同一次运行画出来：每行一个 rank，左边是 TP 广播之后它手里的整条 `tokens[0]`（上方数字是位置），右边是 CP 切分后
-# 留下的两块；深色块归 CP rank 0，浅色块归 CP rank 1。
-
-# %%
-draw_batch_flow(tp_cp, TINY.seq, TP_CP.tp, TP_CP.cp, title="一个 micro-batch 经过 get_batch：TP 群内广播，再按 CP 坐标切序列")
+# 只有 TP rank 0（rank 0、2）建数据集、有 data iterator，rank 1、3 只陪一次 world barrier；rank 0、2 的 DP 坐标相同，读到同一条样本。
 #
 # ### 每个 pipeline stage 广播什么：TP=2、PP=3
-#
-# 同一个函数换成 6 个 rank、三个 stage：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 TP_PP = Parallel(world=6, tp=2, pp=3)
 tp_pp = run_ranks(run, 6, TINY, TP_PP, grid=dict(tp=2, pp=3))
 role_table(tp_pp, TP_PP)
 
 # %% [markdown]
-# - **首 stage**（rank 0、1）只广播输入侧：`tokens`、`position_ids`，最后 `attention_mask`；`labels`、`loss_mask` 为 None。
-# - **尾 stage**（rank 4、5）只广播目标侧：`labels`、`loss_mask`，最后 `attention_mask`；`tokens`、`position_ids` 为 None。
-#   发送方读到的是全部字段，但它也把本 stage 用不到的置成 None（[utils.py:2225](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2225)），
-#   所以 rank 4 和 rank 5 手里的一样。
-# - **中间 stage**（rank 2、3）不 packing 时根本不进 `get_batch_on_this_tp_rank`：它的输入是上一个 stage 传来的 hidden states
-#   （pipeline 见[笔记 13](../13_pipeline_schedules/)）。它也不建数据集，只陪 builder 的 barrier。packed 数据
-#   （`--sft` 或 inter-document masking）例外：中间 stage 的 attention 也要知道文档边界，`get_batch` 不再提前返回，
-#   它只收 `cu_seqlens` 与 `max_seqlen`（[utils.py:2252](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2252)）。
+# - **首 stage**（rank 0、1）只广播 `tokens`、`position_ids`，最后 mask。
+# - **尾 stage**（rank 4、5）只广播 `labels`、`loss_mask`，最后 mask；发送方读到全部字段，也把用不到的置成 None
+#   （[utils.py:2239](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2239)），rank 4 和 5 手里一样。
+# - **中间 stage**（rank 2、3）不 packing 时根本不进 `get_batch_on_this_tp_rank`，也不建数据集；packed 时只收 `cu_seqlens` 与 `max_seqlen`
+#   （[utils.py:2252](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2252)）。
+#
+# ### CP 切分：每个 rank 留哪两块
+#
+# 没有 `cu_seqlens` 时，`get_batch_on_this_cp_rank` 交给
+# [`_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456)：序列维 `view` 成
+# `2·CP = 4` 块，CP rank `r` 留第 `r` 块和第 `2·CP−1−r` 块（`position_ids` 说明留下的是哪些位置）：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+chunk_table(tp_cp, TINY, TP_CP)
+
+# %% [markdown]
+# 为什么是"一头一尾"：causal attention 里第 `i` 个 token 要和前 `i` 个 token 算，越靠后的块越贵。按 0,1 | 2,3 直接对半切，
+# CP rank 1 的工作量约是 rank 0 的 3 倍；切成 4 块、各取一头一尾（0+3、1+2），两边相等。
+# `attention_mask` 只切了**行**（query，第 2 维），成了 `[2, 1, 4, 8]`，列（key）仍是整条序列：本 rank 的 query
+# 要看的 key 分散在别的 rank 上，靠 attention 里 K/V 在 CP 群传递补齐（[笔记 16](../16_context_parallel/)）。
+# 同一 TP 群的两个 rank（0 与 1、2 与 3）留下的完全相同：TP 切的是权重，不是数据。
 #
 # ### packed sequence：`cu_seqlens` 与 `max_seqlen`
 #
-# 上面的样本跨文档拼接，缺省 mask 让后一篇文档的 token 也看得见前一篇。有两种办法把文档隔开：
+# 缺省 causal mask 让后一篇文档看得见前一篇。两种办法把文档隔开：
 #
-# 1. **在数据集里**：`reset_attention_mask=True` 造块对角的 causal mask，`reset_position_ids=True` 让每篇文档的位置从 0 重来。
-#    mask 是 `[s, s]` 的稠密张量，attention 仍然算满 `s × s`。
-# 2. **packed / THD 格式**：不造 mask，只告诉 attention 每篇文档在拼接序列里的起止——`cu_seqlens`
-#    （累积长度，`[0, 4, 8]` 表示两段 `[0, 4)`、`[4, 8)`）和 `max_seqlen`（最长一段，用来定 kernel 的分块）。
-#    Transformer Engine 的 attention 按段计算，不算段与段之间。
+# 1. **稠密 mask**：`reset_attention_mask=True` 造块对角的 causal mask，`reset_position_ids=True` 让每篇文档的位置从 0 重来；attention 仍算满 `s × s`。
+# 2. **packed / THD**：不造 mask，只给每篇文档的起止 `cu_seqlens`（累积长度，`[0, 4, 8]` 是 `[0, 4)`、`[4, 8)` 两段）和最长一段 `max_seqlen`；
+#    Transformer Engine 的 attention 按段算，不算段与段之间。
 #
-# 取一个中间含 EOD 的样本，先看第 1 种办法造出的字段：
+# 取中间含 EOD 最多的样本，第 1 种办法：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 reset_config = dataclasses.replace(config, reset_position_ids=True, reset_attention_mask=True)
@@ -414,9 +440,8 @@ print("mask 的可见位置（1 = 可见）:")
 print((~packed["attention_mask"][0]).int())
 
 # %% [markdown]
-# 第 2 种办法的元数据也由 `GPTDataset` 自己给：`GPTDatasetConfig(inter_document_masking=True)`（正式入口的
-# `--dataloader-inter-document-masking`）时，`__getitem__` 不造 mask，改为给出 `cu_seqlens` 和 `max_seqlen`，
-# 并同样按文档重置 `position_ids`（[gpt_dataset.py:287](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L287)）。同一个样本：
+# 第 2 种办法：`inter_document_masking=True`（`--dataloader-inter-document-masking`）时 `__getitem__` 不造 mask，改给 `cu_seqlens`、`max_seqlen`，
+# 同样按文档重置 `position_ids`（[gpt_dataset.py:287](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/datasets/gpt_dataset.py#L287)）。同一个样本：
 
 # %%
 doc_config = dataclasses.replace(config, inter_document_masking=True)
@@ -428,11 +453,8 @@ print("tokens 相同:", torch.equal(doc_sample["tokens"], packed["tokens"]),
 print("cu_seqlens:", doc_sample["cu_seqlens"].tolist(), " max_seqlen:", int(doc_sample["max_seqlen"]))
 
 # %% [markdown]
-# `cu_seqlens` 被补到 `s + 1` 项、尾部用 `s` 填满：各样本的文档数不同，补成等长 `DataLoader` 才能把它们叠成一批。
-# 补齐在 `get_batch` 里去掉：TP 广播之后，[`flatten_batch_for_packed_sequences`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2565)
-# 把一个 micro-batch 的几条样本首尾相接（第 `i` 条的边界加 `i·s`），`[b, s]` 摊平成 `[1, b·s]`，`max_seqlen` 取最大；
-# `forward_step` 再用它造 `PackedSeqParams`（[pretrain_gpt.py:323](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L323)）。micro-batch 2 时
-# （第 0 条样本内没有文档边界，第 1 条在位置 2 断开）：
+# `cu_seqlens` 补到 `s + 1` 项（尾部填 `s`），`DataLoader` 才叠得起来。TP 广播之后 `flatten_batch_for_packed_sequences` 去掉补齐，
+# 把几条样本首尾相接（第 `i` 条的边界加 `i·s`），`[b, s]` 摊平成 `[1, b·s]`；`forward_step` 再用它造 `PackedSeqParams`。micro-batch 2：
 
 # %%
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -447,140 +469,83 @@ cu = flat["cu_seqlens"].squeeze(0)  # forward_step squeezes the batch dim
 params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                          max_seqlen_q=int(flat["max_seqlen"].item()), max_seqlen_kv=int(flat["max_seqlen"].item()),
                          tokens_per_sample=8)
-Table(["PackedSeqParams 字段", "值"],
-      [[f.name, getattr(params, f.name).tolist() if torch.is_tensor(getattr(params, f.name)) else getattr(params, f.name)]
-       for f in dataclasses.fields(params)])
+print("PackedSeqParams:", params.qkv_format, params.cu_seqlens_q.tolist(), params.max_seqlen_q)
 
 # %% [markdown]
+# 本地 attention（`DotProductAttention`）不收 `packed_seq_params`，THD 只在 TE 上跑。它怎样走到 RoPE 和 core attention、
+# 与"各文档分开跑"逐 token 相同，见[笔记 18](../18_data_topic/) 第 6 节。
+#
 # > **旧版（core_v0.18.0）：** 只有 SFT 的 packed 数据带 `cu_seqlens`（`GPTDataset` 还没有 `inter_document_masking`），
 # > 也没有 `flatten_batch_for_packed_sequences`：接收方按 `(1, n)` 分配 `cu_seqlens`，即 packed 时 micro-batch 只能是 1
 # > （[core_v0.18.0 的 `get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/utils.py#L1979)）。
 
 # %% [markdown]
-# 本地 attention（`DotProductAttention`）断言 `packed_seq_params is None`，THD 只能在 TE 上跑。它和第 1 种办法算的是同一个数，
-# 在 CPU 上可以用真实的 `GPTModel`（local spec）验证：同一个 packed 样本，用块对角 mask + 重置位置跑一次，
-# 把各文档拆开各跑一次，逐 token 的 loss 应该相同；用缺省 mask 跑，后面文档的 loss 就变了。
-
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
-def packed_vs_separate(sample, cu_seqlens):
-    from snippets.models.tiny_gpt import tiny_config
-
-    from megatron.core import parallel_state as mpu
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    mpu.initialize_model_parallel()
-    torch.manual_seed(0)  # the full weights come from the default generator (use_cpu_initialization)
-    model_parallel_cuda_manual_seed(0)
-    model = GPTModel(config=tiny_config(num_layers=2), transformer_layer_spec=get_gpt_layer_local_spec(),
-                     vocab_size=32, max_sequence_length=8)
-    tokens, labels = sample["tokens"][None], sample["labels"][None]
-    causal = torch.ones(1, 1, 8, 8).tril() < 0.5
-    with torch.no_grad():
-        block = model(tokens, sample["position_ids"][None], sample["attention_mask"][None], labels=labels)
-        plain = model(tokens, torch.arange(8)[None], causal, labels=labels)
-        pieces = []
-        for start, end in zip(cu_seqlens[0][:-1].tolist(), cu_seqlens[0][1:].tolist()):
-            n = end - start
-            pieces.append(model(tokens[:, start:end], torch.arange(n)[None],
-                                torch.ones(1, 1, n, n).tril() < 0.5, labels=labels[:, start:end]))
-    return block[0], plain[0], torch.cat(pieces, dim=1)[0]
-
-
-cu_seqlens = flatten_batch_for_packed_sequences({k: v[None] for k, v in doc_sample.items()})["cu_seqlens"]
-block, plain, separate = run_ranks(packed_vs_separate, 1, packed, cu_seqlens)[0]
-def rounded(t):
-    return [round(x, 4) for x in t.tolist()]
-
-
-print("块对角 mask + 重置位置:", rounded(block))
-print("各文档分开跑        :", rounded(separate))
-print("缺省 causal mask    :", rounded(plain))
-print("块对角 == 分开跑:", torch.allclose(block, separate, atol=1e-6),
-      " 缺省 == 分开跑:", torch.allclose(plain, separate, atol=1e-6))
-
-# %% [markdown]
-# 第一段的 token 三者相同（第一篇文档本来就只看得见自己）；之后的只有块对角 mask 与"分开跑"一致。
-# `cu_seqlens` 表达的就是这个块结构，只是不用物化 `s × s` 的 mask，也不算块外的 `QKᵀ`。
-
-# %% [markdown]
 # ## 机制解释
 #
-# **三层数据集。** 底层 `IndexedDataset` 只会"按下标取一条 token 序列"（mmap `.bin`）；中层 `GPTDataset` 把文档
-# 按 `document_index` 首尾相接，再按 `sample_index` 切成 `sequence_length + 1` 的窗口，`shuffle_index` 再打乱；
-# 顶层 `BlendedDataset` 按权重在几个中层数据集之间交错取样本。三张索引表在 rank 0 上造好（`sample_index` 用 C++ helper）
-# 并写成 `.npy` 缓存，其余 rank 读缓存——这就是 builder 里"rank 0 先建、barrier、其余再建"的原因。
+# **三层数据集。** 底层 `IndexedDataset` 按下标取一条 token 序列；中层 `GPTDataset` 把文档按 `document_index` 首尾相接，
+# 按 `sample_index` 切成 `s + 1` 的窗口，再用 `shuffle_index` 打乱；顶层 `BlendedDataset` 按权重交错取样本。
+# 索引表在 global rank 0 上造好（`sample_index` 用 C++ helper）并存成 `.npy` 缓存，其余 rank 读缓存：这就是 builder 里
+# "rank 0 先建、barrier、其余再建"的原因。
 #
-# **样本即窗口。** 一个样本是连续 `s + 1` 个 token，`tokens` 取前 `s` 个，`labels` 取后 `s` 个。因此 `labels[i] = tokens[i+1]`，
-# 训练目标是"下一个 token"。文档之间只隔一个 EOD，不加处理时 attention 会跨文档；`reset_attention_mask` /
-# `reset_position_ids`（稠密 mask）或 packed 格式（`cu_seqlens`）把它们隔开。
+# **样本即窗口。** `labels[i] = tokens[i+1]`，一次 forward 同时训练 `s` 个"下一个 token"的预测；文档之间只隔一个 EOD，要靠块对角 mask 或 `cu_seqlens` 隔开。
 #
-# **只有一个 rank 读盘。** 同一 TP 群的 rank 需要完全相同的 batch（它们合起来是一个模型副本）。与其让每个 rank 各读一份、
-# 祈祷顺序一致，不如让 TP rank 0 读、广播给其余。接收方不知道数据长什么样，只能按 `args`（`micro_batch_size`、
-# `seq_length`、是否在 dataloader 里造 mask、是否 packed）预先分配缓冲——所以广播的顺序、shape、dtype 是发送方和接收方之间的隐式协议，
-# 两边任何一处不一致都会错配（遗留问题 2 是 0.16.1 的一个实例）。0.19.0 让两边只看同一组开关，而不是发送方看数据、接收方看开关。
+# **只有一个 rank 读盘。** 同一 TP 群的 rank 合起来是一个模型副本，必须拿完全相同的 batch。与其让每个 rank 各读一份、
+# 指望顺序一致，不如 TP rank 0 读、广播给其余。接收方只能按 `args` 预先分配缓冲，所以广播的顺序、shape、dtype 是发送方与接收方之间
+# 一份隐式协议：两边任何一处对不上，就会卡住或读错（遗留问题 1 的旧版是实例）。0.19.0 让两边只看同一组开关，而不是发送方看数据、接收方看开关。
 #
-# **只广播本 stage 用得到的。** 首 stage 做 embedding，要 `tokens`、`position_ids`、`attention_mask`；尾 stage 算 loss，
-# 要 `labels`、`loss_mask`（中间层的 attention 也要 mask）；中间 stage 的输入是上一 stage 的激活，不碰数据
-# ——packed 数据除外，它的文档边界每一层的 attention 都要，所以中间 stage 也收 `cu_seqlens`。
+# **只广播本 stage 用得到的。** 首 stage 做 embedding，尾 stage 算 loss，中间 stage 的输入是上一 stage 的激活
+# （[笔记 13](../13_pipeline_schedules/)）；但文档边界每一层的 attention 都要，所以 packed 时中间 stage 也收 `cu_seqlens`。
 #
-# **CP 切分是纯索引。** 没有通信；每个字段按自己的序列维（`attention_mask` 是第 2 维）切。它发生在 TP 广播之后，
-# 因为同一 CP 群的 rank 各自读了同一条样本（它们有相同的 DP 坐标），各取自己那两块即可。
+# **CP 切分是纯索引。** 没有通信；每个字段按自己的序列维（`attention_mask` 是第 2 维）切。它发生在 TP 广播之后：
+# 同一 DP 坐标的各 CP rank 读到同一条样本，各取自己那两块即可。
 
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# 数据在 `pretrain` 里建一次（`build_train_valid_test_data_iterators`），每个 micro-batch 在 `forward_step` 开头取一次：
-# `forward_backward_func` 每调用一次 `forward_step` 就推进一次 iterator，一个 global batch 推进 `num_microbatches` 次。
-# simple loop 里这两步是 `get_train_data_iterator()` 和 `forward_step_func` 里的 `next(data_iterator)`：它没有 TP 广播，
-# 每个 rank 各自建 mock 数据集和 `shuffle=True` 的 `DataLoader`——同一 TP 群的 rank 读到同一批，只能靠各进程的 CPU
-# 随机数状态恰好一致（它没有显式设 CPU 种子）；也没有 CP 切分。取到的五个张量原样进 `GPTModel.forward(tokens, position_ids, attention_mask, labels=...)`，
-# `loss_mask` 留给 `loss_func`（[笔记 05](../05_forward_loss_backward/)）。
+# 数据在 `pretrain` 里建一次，每个 micro-batch 在 `forward_step` 开头取一次（一个 global batch 推进 `num_microbatches` 次）。
+# simple loop 没有 TP 广播和 CP 切分：每个 rank 各建 mock 数据集和 `shuffle=True` 的 `DataLoader`，同一 TP 群读到同一批只靠各进程的
+# CPU 随机数状态恰好一致。五个张量进 `GPTModel.forward`，`loss_mask` 留给 `loss_func`（[笔记 05](../05_forward_loss_backward/)）。
 
 # %% [markdown]
 # ## 与基础知识的连接
 #
-# - **语言模型的 teacher forcing**：一次前向同时训练 `s` 个"给定前缀预测下一个 token"的任务，`labels` 是 `tokens` 左移一位，
-#   causal mask 保证位置 `i` 只看 `≤ i`。
-# - **broadcast**：一个 rank 的张量复制到群里所有 rank，各 rank 必须以相同顺序、相同 shape 调用——这与 NCCL / gloo 的
-#   collective 语义一致，也是 `get_batch_on_this_tp_rank` 的脆弱之处。
-# - **负载均衡**：causal attention 的代价随位置线性增长，"一头一尾"的切法是经典的 zig-zag 均衡。
-# - **varlen attention**：`cu_seqlens` 与 FlashAttention 的 `flash_attn_varlen_func` 用的是同一种表示。
+# - **teacher forcing**：`labels` 是 `tokens` 左移一位，causal mask 让位置 `i` 只看 `≤ i`。
+# - **broadcast**：各 rank 必须以相同顺序、相同 shape 调用。
+# - **负载均衡**：causal attention 的代价随位置线性增长，"一头一尾"是经典的 zig-zag 均衡。
+# - **varlen attention**：`cu_seqlens` 与 FlashAttention 的 `flash_attn_varlen_func` 是同一种表示。
 
 # %% [markdown]
 # ## 遗留问题
 #
-# 1. **`cu_seqlens` 只在开关说"packed"时才发，而且只发一次（已修，运行确认）。** 0.19.0 的
-#    `get_batch_on_this_tp_rank` 不看数据里有没有 `cu_seqlens`，只看 `get_batch` 按 `--sft` /
+# **Megatron 的坑**
+#
+# 1. **发不发 `cu_seqlens` 看开关，不看数据。** `get_batch_on_this_tp_rank` 只看 `get_batch` 按 `--sft` /
 #    `--dataloader-inter-document-masking` 算出的 `has_cu_seqlens`（[pretrain_gpt.py:106](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L106)）：
-#    为真时每个 stage 分支里先发长度、再发内容，紧跟着 `max_seqlen`，最后才是 mask（[`utils.py:2214`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214)）；
-#    为假时一次也不发。下面第一格把 `inter_document_masking` 的样本交给一对收发方：开关打开时 7 次广播、两边对得上；
-#    同一份数据、开关关着时只发 4 个字段，`cu_seqlens` 不发，接收方也不等它。
+#    为真时每个 stage 分支里先发长度、再发内容、接着 `max_seqlen`，最后才是 mask（[`utils.py:2214`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2214)）；
+#    为假时一次也不发。下面第一格把 inter-document masking 的样本交给一对收发方：开关打开 7 次广播、两边对得上；
+#    同一份数据开关关着，只发 4 个字段，接收方也不等 `cu_seqlens`。
 #
-# > **旧版（core_v0.16.1）：** `get_batch_on_this_tp_rank` 还在 `megatron/training/utils.py`：按 stage 分支广播之后，
-# > 收发两边又各调一次 `_broadcast_cu_seqlens` 再广播一次 `max_seqlen`，PP=1、不 packing 时 9 次广播里 4 次花在空的 `cu_seqlens` 上
-# > （[core_v0.16.1 的 utils.py 第 604 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L604)）。core_v0.18.0 已与 0.19.0 相同（开关名叫 `is_sft`）。
+# > **旧版（core_v0.16.1）：** 函数在 `megatron/training/utils.py`，两个错后来修了：PP=1 不 packing 时 9 次广播，4 次花在重发的空 `cu_seqlens` 上
+# > （[第 604 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L604)）；接收方只在 hybrid CP 时为 `max_seqlen` 分配缓冲，
+# > TP>1 的 packed 数据第 8 次接收错位（[第 671 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L671)，[issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092)）。core_v0.18.0 起与 0.19.0 相同。
 #
-# 2. **带 `max_seqlen` 的 packed 数据在 TP>1 时错位（已修）。** 0.19.0 的接收方在 `has_cu_seqlens` 或 hybrid CP 时为
-#    `max_seqlen` 分配 `[micro_batch]` 的缓冲（[`utils.py:2285`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2285)），发送方在同一条件下发它，
-#    所以下面第一格里 `max_seqlen` 两边对得上。
+# 2. **`cu_seqlens_padded` 有通道，却没有数据集填它。** packed 且 CP>1 时它也先发长度（下面第二格：长度为 0），
+#    但 `GPTDataset` 和 `SFTDataset` 只给 `cu_seqlens`，它总是 None。
+# 3. **inter-document masking + PP≥3 的中间 stage 没有数据可读（读代码所见，本页没有运行）。** 只开
+#    `--dataloader-inter-document-masking` 时 `has_cu_seqlens` 为真，中间 stage 不再提前返回，它的 TP rank 0 要 `next(data_iterator)`；
+#    可 `is_dataset_built_on_rank` 只在 SFT 时让中间 stage 建数据集（[pretrain_gpt.py:361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361)），那里的 iterator 是 None。
+# 4. **simple loop 的 mock 数据比看上去贵。** sizes `[1000, None, None]` 仍为三个 split 各建一个整 epoch 的索引（seq 64 时每个约一百万样本）。
 #
-# > **旧版（core_v0.16.1）：** 接收方只在 hybrid CP 时分配 `max_seqlen` 的缓冲（后一次赋值覆盖了按 `args.sft` 分配的那一个），
-# > 发送方却只要数据里有 `max_seqlen` 就发（[core_v0.16.1 的 utils.py 第 671 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/megatron/training/utils.py#L671)）：
-# > 用 `PairedBroadcast` 对放时第 8 次接收错位，真实 gloo rank 上接收方把 `max_seqlen` 的字节读成长度而试图分配几十 TB。
-# > 上游有 [issue #4092](https://github.com/NVIDIA/Megatron-LM/issues/4092) 与 [PR #4103](https://github.com/NVIDIA/Megatron-LM/pull/4103)；core_v0.18.0 已修。
+# <details><summary>在 CPU 上怎么跑的</summary>
 #
-# 3. **`cu_seqlens_padded` 有了通道，却没有数据集填它。** 0.19.0 的 `get_batch` 返回 `BATCH_KEYS` 里的全部 10 个键，
-#    packed 且 CP>1 时 `cu_seqlens_padded` 也按"先长度、后内容"广播（下面第二格：长度为 0）。但 tag 里的 `GPTDataset`
-#    和 `SFTDataset` 只给 `cu_seqlens`，所以它实际总是 None，`forward_step` 退回用 `cu_seqlens`。
-#    （0.16.1 的接收方返回的 dict 里根本没有这个键。）
-# 4. **simple loop 的 mock 数据比看上去贵。** sizes `[1000, None, None]` 仍会为 train / valid / test 各建一个整 epoch 的
-#    索引（上面 seq 64 时每个约一百万样本）；把序列长度改小，样本数和建索引时间成比例变大（seq 8 时约 850 万个）。
-# 5. **inter-document masking + PP≥3 的中间 stage 没有数据可读（读代码所见，未运行）。** 开了
-#    `--dataloader-inter-document-masking`（不开 `--sft`）时 `has_cu_seqlens` 为真，中间 stage 不再提前返回，
-#    它的 TP rank 0 要 `next(data_iterator)` 去取 `cu_seqlens`；可 `is_dataset_built_on_rank` 只在 SFT 时让中间 stage 建数据集
-#    （[pretrain_gpt.py:361](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L361)），那里的 data iterator 是 None。本站的 CPU 实验没有覆盖这条路径。
+# - `get_batch_on_this_tp_rank` 用 `torch.cuda.current_device()` 分配接收缓冲：CPU 补丁让它返回 `"cpu"`，广播走 gloo（见[在 CPU 上运行](../../cpu/)）。
+# - 正式入口在 `get_batch` 里把每个字段 `.cuda()`；本页的重写版和上面的显示单元格都省掉这一步，数据留在 CPU。
+# - THD 格式的 attention 要 Transformer Engine，本机没有，所以本页只造到 `PackedSeqParams`，不跑 THD 的 forward。
+# - 数据集 builder 在 INFO / WARNING 级别打日志（如 mock 数据没有缓存目录），在 notebook 里会成为 stderr：`snippets.data.batch_flow`
+#   把 `megatron.core.datasets` 的日志级别调到 ERROR。
+# - 尺寸：seq 8、micro-batch 2、词表 32；mock 数据用 simple loop 的 seq 64。
+#
+# </details>
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 doc_batch = torch.utils.data.default_collate([doc_sample])  # a micro-batch of 1, as the DataLoader yields it
@@ -681,10 +646,8 @@ except Exception as err:
 # %% [markdown]
 # ## 30-second answer
 #
-# Megatron builds GPT data in three layers: an `IndexedDataset` memory-maps `.bin` tokens with an `.idx` of lengths;
-# `GPTDataset` concatenates documents and cuts windows of `s + 1` tokens, so `labels` are `tokens` shifted by one;
-# `BlendedDataset` mixes datasets by weight. `core_gpt_dataset_config_from_args` fills `GPTDatasetConfig` from args.
-# Per micro-batch, only TP rank 0 reads; `get_batch_on_this_tp_rank` broadcasts the fields its pipeline stage needs
-# (5 broadcasts at PP=1, the mask last; `cu_seqlens` only when `--sft` or inter-document masking says the data is
-# packed), then `get_batch_on_this_cp_rank` keeps chunks `r` and `2·CP−1−r` for load balance.
-# Packed data replaces the mask by `cu_seqlens`, which `GPTDataset` itself can emit since 0.19.0.
+# An `IndexedDataset` memory-maps `.bin` tokens with an `.idx` of lengths; `GPTDataset` concatenates documents and cuts
+# windows of `s + 1` tokens, so `labels` are `tokens` shifted by one; `BlendedDataset` mixes datasets by weight. Only TP
+# rank 0 of the first and last pipeline stages builds and reads the data. Per micro-batch, `get_batch_on_this_tp_rank`
+# broadcasts the fields its stage needs (5 broadcasts at PP=1, the mask last), then `get_batch_on_this_cp_rank` keeps
+# chunks `r` and `2·CP−1−r` for load balance. Packed data carries `cu_seqlens` instead of a mask.
