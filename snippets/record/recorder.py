@@ -268,6 +268,8 @@ _GROUP_POSITION = {
     "isend": 2,
     "irecv": 2,
     "barrier": 1,
+    "gather": 3,
+    "scatter": 3,
 }
 
 
@@ -302,10 +304,16 @@ PHASES = (
 )
 """What step of training a collective belongs to, by the Megatron code that issued it."""
 
-OPTIMIZER_CHECKPOINT_ENTRIES = ("sharded_state_dict", "load_state_dict")
+OPTIMIZER_CHECKPOINT_ENTRIES = (
+    "sharded_state_dict",
+    "load_state_dict",
+    "save_parameter_state",
+    "load_parameter_state",
+)
 """The optimizer's own checkpoint entry points. What the optimizer's code issues under one of them
 (``fully_reshardable``'s all-gathers while saving, ``dp_zero_gather_scatter``'s scatter while
-loading) is part of a checkpoint, not of an optimizer step."""
+loading, the legacy format's gloo gather and scatter of the distributed optimizer's state) is part
+of a checkpoint, not of an optimizer step."""
 
 
 def phase_of() -> str:
