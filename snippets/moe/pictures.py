@@ -27,10 +27,15 @@ def _box(fig, x, y, w, h, lines, kind, tip):
 
 
 def draw_dispatch(
-    flow_rows: list[list], token_rows: list[list], allgather_rows: list[list], topk: int = 2
+    flow_rows: list[list],
+    token_rows: list[list],
+    allgather_rows: list[list],
+    topk: int = 2,
+    title: str | None = None,
 ) -> Figure:
     """Note 17 (see the module docstring): ``flow_rows`` / ``token_rows`` of one EP group, in
-    EP-rank order; ``allgather_rows`` the allgather dispatcher's record on the group's first rank."""
+    EP-rank order; ``allgather_rows`` the allgather dispatcher's record on the group's first rank;
+    ``title`` what the note concludes from it (a plain description by default)."""
     ep = len(flow_rows)
     src_w, dst_w, gap, box_h, pitch = 190, 200, 120, 40, 96
     panel = src_w + gap + dst_w
@@ -40,7 +45,7 @@ def draw_dispatch(
     fig = Figure(
         width,
         height,
-        title=f"token → expert → EP rank：alltoall 与 allgather 两种 dispatcher（EP={ep}）",
+        title=title or f"token → expert → EP rank：alltoall 与 allgather 两种 dispatcher（EP={ep}）",
         desc="左：alltoall 只把选中某个 EP rank 上 expert 的 (token, expert) 行发给它，箭头上是行数（input_splits）；"
         "右：allgather 让每个 rank 收下群里的全部 token，再由本地 expert 挑出自己的行。",
     )
