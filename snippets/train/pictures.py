@@ -184,19 +184,26 @@ def draw_loss_division(rows: list[list], tokens: list[int]) -> Figure:
         ("梯度优化的是", 170, "target"),
         ("日志 lm loss", 150, "report"),
     ]
-    gap, lane_h, top = 22, 62, 44
+    gap, lane_h, top = 22, 56, 66
     width = 10 + sum(w for _, w, _ in cols) + gap * (len(cols) - 1) + 10
     height = top + lane_h * len(lanes) + 6
+    default = lanes[0]
+    per_token = next((lane for lane in lanes if "calculate_per_token_loss" in lane["label"]), default)
+    title = (
+        f"缺省（{default['label'].split('（')[0]}）梯度优化{default['target']}、日志记全局 token 平均；"
+        f"只有 calculate_per_token_loss 让梯度也是{per_token['target']}"
+    )
     fig = Figure(
         width,
         height,
-        title="loss 被谁除以什么：五种 loss_func 写法",
+        title=title,
         desc=f"两个 micro-batch 各保留 {' 和 '.join(map(str, tokens))} 个 token；每一行从左到右是 loss 经过的除法，"
         "最后两格是梯度真正优化的目标和 train_step 记下的值。",
     )
+    fig.text(10, 14, title, size=13, bold=True)
     x = 10
     for name, w, _ in cols:
-        fig.text(x + w / 2, 14, name, size=11, anchor="middle", bold=True)
+        fig.text(x + w / 2, 38, name, size=11, anchor="middle", bold=True)
         x += w + gap
     for i, lane in enumerate(lanes):
         y = top + lane_h * i
@@ -258,18 +265,25 @@ def grad_path_steps(result: dict) -> list[dict]:
 def draw_grad_path(result: dict) -> Figure:
     """Note 06: grad → main_grad → bucket → optimizer, with what rank 0's run recorded at each."""
     steps = grad_path_steps(result)
-    box_w, gap, top = 240, 32, 30
+    box_w, gap, top = 240, 32, 54
     width = 10 + len(steps) * (box_w + gap) - gap + 10
     most = max(len(s["facts"]) + len(s["calls"]) for s in steps)
     height = top + 36 + 10 + most * 26 + 10
+    sync = result["finalize"][0] if result["finalize"] else None
+    title = (
+        "梯度住在 main_grad（grad buffer 的视图）："
+        + (f"finalize 里 ×1/DP、{sync.group} 群 all-reduce 一次 {sync.before}，" if sync else "")
+        + "step() 把它当 .grad 用"
+    )
     fig = Figure(
         width,
         height,
-        title=f"一个梯度从 backward 到 optimizer（{result['optimizer']}，rank 0）",
+        title=title,
         desc="autograd 的 .grad 被 DDP 的 hook 加进 main_grad（grad buffer 的一段视图），buffer 在 "
         "finalize_model_grads 里跨 DP 求和，optimizer.step() 把 main_grad 当作 .grad 来更新参数。",
     )
-    fig.legend(10, 12, [("fwd2", "梯度所在的地方"), ("comm", "录到的 collective")], size=11)
+    fig.text(10, 14, title, size=13, bold=True)
+    fig.legend(10, 36, [("fwd2", "梯度所在的地方"), ("comm", "录到的 collective")], size=11)
     for i, step in enumerate(steps):
         x = 10 + i * (box_w + gap)
         with fig.group(step["name"]):
