@@ -218,3 +218,96 @@ def draw_blend(
     fig.legend(left, height - 18, items + [("accent", "偏差")])
     fig.check()
     return fig
+
+
+# ----------------------------------------------------------------------------- note 18: who reads a field
+
+STAGE_NAMES = {"first": "首 stage", "middle": "中间 stage", "last": "尾 stage"}
+
+
+def field_rows(stages, readers) -> list[list]:
+    """``[field, model readers, then per stage: 读 / 给了没读 / 不给]``, fields in the model's order.
+
+    ``stages``: per pipeline rank ``{"stage", "given", "read"}`` (what ``get_batch`` left the stage
+    and what its model read); ``readers``: field -> the modules of a single-rank model that read it
+    (``decoder.layers.0.self_attention.core_attention(attention_mask)``, ...).
+    """
+    order = ("tokens", "position_ids", "attention_mask", "labels", "loss_mask")
+    rows = []
+    for field in order:
+        names = [name.split("(")[0].split(".")[-1] for name in readers[field]]
+        counted = {name: names.count(name) for name in names}
+        who = "，".join(f"{n} ×{k}" if k > 1 else n for n, k in counted.items()) or "模型里无人读"
+        cells = [
+            "读" if field in s["read"] else "给了没读" if field in s["given"] else "不给" for s in stages
+        ]
+        rows.append([field, who, *cells])
+    return rows
+
+
+def draw_fields(stages, readers, *, title: str) -> Figure:
+    """One row per batch field: which module of the model reads it, and what each PP stage gets."""
+    rows = field_rows(stages, readers)
+    left, name_w, who_w, cell_w, row_h = 16, 120, 230, 104, 30
+    x_who, x_cells = left + name_w, left + name_w + who_w
+    content = x_cells + len(stages) * cell_w + 16
+    width = max(content, text_width(title, 13) + 2 * left)
+    top = 64
+    height = top + len(rows) * row_h + 44
+    desc = (
+        "每一行是一个 batch 字段：中间一列是单 rank 模型里读它的模块，右边三列是 PP=3 时 get_batch 给每个 stage "
+        "留下它没有、模型真读了没有。"
+    )
+    fig = Figure(width, height, title=title, desc=desc)
+    fig.text(left, 16, title, size=13, bold=True)
+    fig.text(x_who, 44, "GPTModel 里读它的模块", size=12, kind="muted")
+    for j, s in enumerate(stages):
+        fig.text(
+            x_cells + j * cell_w + (cell_w - 6) / 2,
+            44,
+            STAGE_NAMES[s["stage"]],
+            size=12,
+            anchor="middle",
+            kind="muted",
+        )
+    kinds = {"读": "fwd", "给了没读": "light", "不给": "paper"}
+    for i, (field, who, *cells) in enumerate(rows):
+        y = top + i * row_h
+        with fig.group(field):
+            fig.text(left, y + (row_h - 6) / 2, field, size=12, bold=True, mono=True)
+            fig.text(
+                x_who,
+                y + (row_h - 6) / 2,
+                who,
+                size=11,
+                mono=who != "模型里无人读",
+                kind="ink" if who != "模型里无人读" else "accent",
+            )
+            for j, cell in enumerate(cells):
+                x = x_cells + j * cell_w
+                if cell == "不给":
+                    fig.rect(x, y, cell_w - 6, row_h - 6, "paper", outline="grid", dashed=True)
+                    fig.text(
+                        x + (cell_w - 6) / 2,
+                        y + (row_h - 6) / 2,
+                        cell,
+                        size=11,
+                        anchor="middle",
+                        kind="muted",
+                    )
+                else:
+                    fig.boxed(
+                        x,
+                        y,
+                        cell_w - 6,
+                        row_h - 6,
+                        cell,
+                        kinds[cell],
+                        size=11,
+                        tip=f"{STAGE_NAMES[stages[j]['stage']]}：{field} {cell}",
+                    )
+    x = fig.legend(left, height - 18, [("fwd", "stage 拿到且模型读了"), ("light", "拿到但模型没读")])
+    fig.rect(x, height - 24, 12, 12, "paper", rx=2, outline="grid", dashed=True)
+    fig.text(x + 17, height - 18, "get_batch 不给（None）")
+    fig.check()
+    return fig
