@@ -31,18 +31,13 @@
 #
 # **结论**
 #
-# - rank 是混合进制数，`order` 从左到右是变化从快到慢的维。缺省 `tp-cp-ep-dp-pp`、16 卡 TP=2、PP=2：
-#   rank 5 = (tp 1, dp 2, pp 0)，在群 `[4, 5]`、`[1, 3, 5, 7]`、`[5, 13]`；rank 13 在 `[12, 13]`、`[9, 11, 13, 15]`
-#   和同一个 PP 群 `[5, 13]`。一台机器 8 卡时，只有 PP 群跨机器。
-# - 每种群是一个掩码切片：token 里的维在群内变化，其余维决定第几个群。`tp-pp` 是 4 群 × 4，第一个 `[0, 1, 8, 9]`。
-# - `order` 决定谁相邻：`dp-tp-pp` 下 rank 5 的 TP 群是 `[1, 5]`；`tp-pp-dp` 下 DP 群 `[1, 5, 9, 13]` 跨机器。
-# - 两个生成器把同一批 rank 切两次：expert 网格 ETP × EP × EDP 与 decoder 网格共用 PP 群，EP 折进 DP，不另占卡
-#   （8 卡 TP=ETP=2、EP=2：EP 群 `[0, 2]` 在 DP 群 `[0, 2, 4, 6]` 里）。
-# - 0.19.0 的第六维 `gtp_remat` 缺省为 1（`ordered_size` 有 6 项），开启时在 decoder 网格紧跟 tp：16 卡 TP=2、GTP=2、PP=2 下，
-#   rank 5 的梯度归约群 `[1, 5]`，分数据的群 `[1, 3, 5, 7]`，模型并行群 `[4, 5, 6, 7, 12, 13, 14, 15]`。
-# - 一个真实的坑：order 只做子串检查，`tp-tp-dp-pp` 在 8 卡上不报错，算出的 PP 群却是 `[0, 8]` … `[3, 11]`。
+# - rank 是混合进制数，`order` 从左到右由快到慢：缺省 `tp-cp-ep-dp-pp`、16 卡 TP=2、PP=2 时 rank 5 = (tp 1, dp 2, pp 0)。
+# - rank 5 在 TP 群 `[4, 5]`、DP 群 `[1, 3, 5, 7]`、PP 群 `[5, 13]`：一台机器 8 卡时只有 PP 群跨机器。
+# - 每种群是一个掩码切片，`order` 决定谁相邻：`tp-pp` 是 4 群 × 4，第一个 `[0, 1, 8, 9]`；`dp-tp-pp` 下 rank 5 的 TP 群是 `[1, 5]`。
+# - 两个生成器共用 PP 群，EP 折进 DP：8 卡 TP=ETP=2、EP=2 时 EP 群 `[0, 2]` 在 DP 群 `[0, 2, 4, 6]` 里；0.19.0 的 `gtp_remat` 维缺省 1，开启时紧跟 tp。
+# - 坑：`order` 只做子串检查，`tp-tp-dp-pp` 在 8 卡上不报错，PP 群却成了 `[0, 8]` … `[3, 11]`。
 #
-# 先读：[笔记 02](../02_distributed_initialization/)（何时建群）、本篇的[与基础知识的连接](#与基础知识的连接)；约 20 分钟。
+# 先读：[笔记 02](../02_distributed_initialization/)（何时建群）；约 20 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS, Parallel

@@ -31,17 +31,12 @@
 #
 # **结论**
 #
-# - **f 与 g 互为共轭。** f 正向不通信、反向 `all_reduce`；g 相反。f → 各 rank 不同的计算 → g，
-#   两个 rank 上 `y` 和 `x.grad` 都是 `3.0`（rank 0 贡献 1，rank 1 贡献 2）。
-# - **反向做正向的转置。** TP=2 时 13 个调用每个 rank 共发 20 个 collective；按"A 的正向 = B 的反向"从记录里
-#   算出 7 对共轭：复制 ↔ 求和、切分 ↔ 拼接、all-gather ↔ reduce-scatter、sp2hp ↔ hp2sp。
-# - **"最后一维"的通信沿第一维做。** `gather_from_tensor_model_parallel_region` 先 `all_gather_into_tensor` 成 `[8, 2, 6]`，
-#   再重排成 `[4, 2, 12]`；最后一维的 reduce-scatter 先把块摞成 `[16, 3]`，再 `reduce_scatter_tensor` 成 `[8, 3]`。
-# - **同一个正向，两种反向。** `gather_from_sequence_parallel_region` 的 `tensor_parallel_output_grad=True` 把各 rank 的梯度相加
-#   （两个 rank 都得 `3.0`），`False` 只取自己那块（`1.0` / `2.0`）：看 gather 之后各 rank 算的是否相同。
-# - **g 会原地改写输入。** 连续输入被 all-reduce 覆盖；不连续时 0.19.0 返回副本的全和（`[[10.0, 14.0], [12.0, 16.0]]`），
-#   旧版返回没求和的输入。
-# - **不等分 all-to-all（MoE）的反向对调两张 split 表：** rank 0 正向发 `[1, 3]`、收 `[1, 2]`，反向发 `[1, 2]`、收 `[1, 3]`。
+# - **f 与 g 互为共轭**：f 正向不通信、反向 `all_reduce`，g 相反；f → 各 rank 不同的计算 → g，两个 rank 的 `y` 和 `x.grad` 都是 `3.0`。
+# - **反向做正向的转置**：13 个调用每个 rank 共发 20 个 collective，从记录算出 7 对共轭（复制 ↔ 求和、切分 ↔ 拼接、all-gather ↔ reduce-scatter …）。
+# - **"最后一维"的通信沿第一维做**：先 `all_gather_into_tensor` 成 `[8, 2, 6]`，再重排成 `[4, 2, 12]`。
+# - **同一个正向，两种反向**：`tensor_parallel_output_grad=True` 把梯度相加（都得 `3.0`），`False` 只取自己那块（`1.0` / `2.0`）。
+# - **g 原地改写连续的输入**；不连续时 0.19.0 返回副本的全和 `[[10.0, 14.0], [12.0, 16.0]]`。
+# - **不等分 all-to-all 的反向对调两张 split 表**：rank 0 正向发 `[1, 3]`、收 `[1, 2]`，反向正好反过来。
 #
 # 先读：[笔记 08](../08_parallel_state_and_rank_generator/)（TP 群由哪几个 rank 组成）；约 18 分钟。
 
@@ -63,7 +58,9 @@ from megatron.core.tensor_parallel import mappings
 
 TINY = EXPERIMENTS["mappings"].tiny
 runs = run_ranks(run_every_mapping, 2, TINY, 2)  # 13 个调用，每个正向一次、反向一次，录下每个 collective
-pictures.draw_mappings(record_rows(runs[0]))
+pictures.draw_mappings(record_rows(runs[0]), only=["copy_to_tensor_model_parallel_region (f)",
+                                                  "reduce_from_tensor_model_parallel_region (g)"],
+                       box_w=100, mid_w=170, title="f 与 g 互为共轭（TP=2）：f 正向不通信、反向 all_reduce；g 正好相反")
 
 # %% [markdown]
 # <details><summary>本页怎么跑出来的</summary>
@@ -222,7 +219,13 @@ for r, (y, grad, calls) in enumerate(run_ranks(f_then_g, 2)):
 #
 # ### 13 个调用的通信记录
 #
-# 开头那张图就是这张表：每个函数、每个方向一行，不通信的方向记作 `—`。"通信前 / 通信后"是 collective 的缓冲区 shape，
+# 13 个调用各跑一次正向、一次反向，每个 rank 的张量经过哪个 collective（开头那张图是其中的 f 和 g）：
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+pictures.draw_mappings(record_rows(runs[0]))
+
+# %% [markdown]
+# 图就是下面这张表：每个函数、每个方向一行，不通信的方向记作 `—`。"通信前 / 通信后"是 collective 的缓冲区 shape，
 # "张量"是函数层面的（正向 `x → y`，反向 `dy → dx`）。通信都在 TP 群 `[0, 1]` 里；phase 是模型正向里的 forward 或 autograd 里的 backward。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}

@@ -31,20 +31,14 @@
 #
 # **结论**
 #
-# - 两种层都像 `nn.Linear` 一样存 `[out, in]`。`ColumnParallelLinear(8, 16)` 切第 0 维（输出）：TP=2 时 rank 1 拿完整权重
-#   `[16, 8]` 的第 8–15 行，bias 也切；`RowParallelLinear(16, 8)` 切第 1 维（输入）：rank 1 拿 `[8, 16]` 的第 8–15 列，
-#   bias `[8]` 不切、求和之后只加一次。
-# - **f 被融合进了反向**：TP=2 时 f 被调用 0 次。column 层正向不通信，输入梯度的 all-reduce（`[4, 2, 8]`）由矩阵乘自己的
-#   autograd Function 在 backward 里异步发出（[layers.py:639](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639)），
-#   开关 `allreduce_dgrad` 在构造时就定了（[layers.py:1066](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L1066)）。
-# - row 层正向一次 all-reduce（g），反向不通信。一个 column → row 对（MLP）在 TP=2 上正向 1 次、反向 1 次 all-reduce。
-# - 开 SP 后 all-reduce 全部消失：MLP 对正向 AG RS、反向 AG AG RS（AG = all-gather，RS = reduce-scatter）。反向的第二次
-#   AG 是 column 层只存了输入分片、为算权重梯度再收齐一次：多一次通信，省下 `(tp-1)/tp` 的激活内存。
-# - TP=2 和 4、六种配置，输出和三种梯度都等于一个 `nn.Linear`；只有 SP 下 row 层的 bias 梯度是部分和，由
-#   `finalize_model_grads` 在 TP 群里加起来。
-# - 切几份由 TP 群的大小决定，不看 config：config 写 TP=1、群里有 2 个 rank，权重照样是 `[8, 8]`。
+# - 两种层都存 `[out, in]`：`ColumnParallelLinear(8, 16)` 切输出维，rank 1 拿 `[16, 8]` 的第 8–15 行；`RowParallelLinear(16, 8)` 切输入维，bias 不切。
+# - **f 被融合进了反向**：TP=2 时 f 被调用 0 次，输入梯度的 all-reduce（`[4, 2, 8]`）由矩阵乘的 autograd Function 在 backward 里发出（[layers.py:639](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L639)）。
+# - row 层正向一次 all-reduce（g），反向不通信；MLP 的 column → row 对在 TP=2 上正向、反向各 1 次 all-reduce。
+# - 开 SP 后没有 all-reduce：MLP 正向 AG RS、反向 AG AG RS，多出的 AG 为算权重梯度收齐输入，换来 `(tp-1)/tp` 的激活内存。
+# - TP=2、4 的六种配置，输出和三种梯度都等于一个 `nn.Linear`；只有 SP 下 row 层的 bias 梯度要 `finalize_model_grads` 相加。
+# - 切几份看 TP 群的大小，不看 config：config 写 TP=1、群里 2 个 rank，权重照样是 `[8, 8]`。
 #
-# 先读：[笔记 09](../09_tp_mappings/)（f、g 与 SP 那一对通信），线性层的梯度公式见 [与基础知识的连接](#与基础知识的连接)；约 18 分钟。
+# 先读：[笔记 09](../09_tp_mappings/)（f、g 与 SP 那一对通信）；约 18 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import os
@@ -83,7 +77,8 @@ def folded(summary, table):
 
 layouts = {tp: run_ranks(weight_layout, tp, TINY, tp) for tp in (2, 4)}
 results = {tp: run_ranks(run_cases, tp, TINY, tp) for tp in (2, 4)}
-pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
+pictures.draw_linear_summary(comm_table(results[2]).rows,
+                             title="f 融合进 column 层的反向：输入梯度的 all-reduce 由 layers.py 的 backward 发出；开 SP 后没有 all-reduce（TP=2）")
 
 # %% [markdown]
 # <details><summary>本页怎么跑出来的</summary>
@@ -91,7 +86,7 @@ pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
 # - 实验在 `snippets/experiments/n10_linear.py`：`build` 用 `ModelParallelConfig` + `init_method_normal(0.02)` 构造真实的层
 #   （`use_cpu_initialization=True`，保留主权重），`weight_layout` 用两个探针 `init_method` 读出每个 rank 拿到主权重的哪些行、列，
 #   `run_cases` 在 `CASES` 的六种配置上各做一次录下 collective 的正反向，并用同一份主权重构造
-#   `snippets/tp/tp_linear.py` 里我们自己的等价实现（约 130 行）做同样的事。图由 `snippets/tp/pictures.py::draw_linear` 画。
+#   `snippets/tp/tp_linear.py` 里我们自己的等价实现（约 130 行）做同样的事。图由 `snippets/tp/pictures.py` 的 `draw_linear_summary`（开头）和 `draw_linear`（关键对象）画。
 # - 尺寸是实验的 `tiny`：hidden 8、ffn 16、`[s, b] = [4, 2]`；rank 是本机的 gloo 进程（`run_ranks` 从 notebook 里起，
 #   结果传回主进程打印）。通信表由 `snippets.record.recorder` 记录；含义列先查模块的 `IN_LAYER` 表，再退回记录器的 `MEANINGS`。
 # - 重跑本页：`scripts/execute_notes.sh notes/10_column_row_parallel_linear.py`。只跑实验、打印同样的表：
@@ -226,7 +221,12 @@ Table(["rank", "fc1.weight", "h", "fc2.weight", "y"],
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 layout_table(layouts)
 
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+pictures.draw_linear(layout_table(layouts).rows, comm_table(results[2]).rows)
+
 # %% [markdown]
+# 图把两张表画在一起（TP=2）：左边是每个 rank 的分片在完整权重里的位置，右边是默认配置正向、反向各发的 collective。
+#
 # - column 层的 rank `r` 拿第 `r` 段**行**（输出）、所有列：`[16/tp, 8]`，`partition_dim = 0`；bias 也按输出切（`[16/tp]`）。
 # - row 层的 rank `r` 拿所有行、第 `r` 段**列**（输入）：`[8, 16/tp]`，`partition_dim = 1`；bias `[8]` 不切，每个 rank 一份完整的。
 # - 最后一列是 `use_cpu_initialization=True` 的代价：每个 rank 都先造出完整的 `[out, in]` 主权重

@@ -30,17 +30,13 @@
 #
 # **结论**
 #
-# - **词表按 TP 连续切段**，V 须被 TP 整除，正式入口把它 pad 到 `128·TP` 的倍数：Qwen3 的 151,936 在 TP=2 时成 152,064
-#   （每卡 76,032 行），TP=8 时成 152,576。output layer 按同样的段切。
-# - **embedding**：每个 token 只有一张卡查得到，其余卡给 0，forward 一次 all-reduce `[b, s, h]`（本页 `[2, 4, 6]`）；
-#   SP 时换成 reduce-scatter（`[4, 2, 6] → [2, 2, 6]`）。backward 不通信（SP 时一次 all-gather）。
-# - **交叉熵**：forward 3 次 all-reduce（MAX、SUM、SUM），每次都是 `[s, b]`（本页 `[4, 2]`），与 V 无关；backward 0 次。
-# - **融合版**只发 2 次 all-reduce（`[4, 2]`、`[8, 2]`），梯度却写死成 bf16：fp32 下与稠密梯度差 0.0017。
-# - **两个坑**：label smoothing 在 TP>1 时只对本卡那段词表平均，TP=2 两个 rank 的 loss 是 4.6366 和 4.601，正确值 4.6214
-#   （上游 #737）；`parallel_output=False` 时带 label 算 loss，多出 `log TP`（TP=2：0.6931）。
+# - **词表按 TP 连续切段**，正式入口把 V pad 到 `128·TP` 的倍数：Qwen3 的 151,936 在 TP=2 时成 152,064（每卡 76,032 行）。
+# - **embedding**：token 只在一张卡上查得到，其余卡给 0，forward 一次 all-reduce `[2, 4, 6]`；SP 时换成 reduce-scatter。
+# - **交叉熵**：forward 3 次 all-reduce（MAX、SUM、SUM），每次 `[s, b]` = `[4, 2]`，与 V 无关；backward 不通信。
+# - **融合版**只发 2 次 all-reduce，梯度却写死成 bf16：fp32 下与稠密梯度差 0.0017。
+# - **坑**：label smoothing 在 TP=2 时只对本卡的词表段平均，loss 成了 4.6366 / 4.601（应为 4.6214）；`parallel_output=False` 多出 `log TP` = 0.6931。
 #
-# 先读：[笔记 10](../10_column_row_parallel_linear/)（`ColumnParallelLinear`）、[笔记 05](../05_forward_loss_backward/)（loss 在 step 里的位置）；
-# 基础见[与基础知识的连接](#与基础知识的连接)；约 18 分钟。
+# 先读：[笔记 10](../10_column_row_parallel_linear/)（`ColumnParallelLinear`）、[笔记 05](../05_forward_loss_backward/)（loss 在 step 里的位置）；约 18 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from snippets.experiments import EXPERIMENTS

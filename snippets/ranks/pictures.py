@@ -23,7 +23,7 @@ from snippets.record.tables import Table
 KINDS = ("tp", "dp", "pp")
 """The group kinds a panel draws, nearest the boxes first."""
 
-BW, BH, GAP = 52, 40, 8  # rank box width, height, gap between boxes
+BW, BH, GAP = 48, 40, 6  # rank box width, height, gap between boxes
 LEVEL = 8  # vertical distance between the buses of two kinds
 BAND = LEVEL * len(KINDS) + 8  # height of a bus band (above, between, below the rows)
 PANEL_GAP = 36

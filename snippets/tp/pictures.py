@@ -41,20 +41,35 @@ def _tensor_sides(tensor: str) -> tuple[str, str]:
     return a, b
 
 
-def draw_mappings(rows: list[list], tp: int = 2) -> Figure:
+def draw_mappings(
+    rows: list[list],
+    tp: int = 2,
+    *,
+    only: list[str] | None = None,
+    title: str | None = None,
+    box_w: float = 130,
+    mid_w: float = 176,
+) -> Figure:
     """Note 09: one row per function of the record table (``record_rows``), forward left and
-    backward right; each rank's tensor goes through the collective the run recorded."""
+    backward right; each rank's tensor goes through the collective the run recorded. ``only``
+    keeps the named functions (in the table's order; note 09's first picture is f and g), with
+    narrower boxes (``box_w``, ``mid_w``) when it has to fit beside less."""
     cells = _merge(rows)
     names = list(dict.fromkeys(c[0] for c in cells))
+    if only is not None:
+        missing = [n for n in only if n not in names]
+        if missing:
+            raise ValueError(f"not in the record table: {missing}")
+        names = [n for n in names if n in only]
     pitch = 22 + tp * 20 + (tp - 1) * 10 + 14
     top = 48
-    cell_w = 2 * 130 + 176 + 44
+    cell_w = 2 * box_w + mid_w + 44
     width = 12 + cell_w + 36 + cell_w + 12
     height = top + len(names) * pitch + 4
     fig = Figure(
         width,
         height,
-        title=f"mappings.py 的 {len(names)} 个调用：反向做的是正向的转置（TP={tp}）",
+        title=title or f"mappings.py 的 {len(names)} 个调用：反向做的是正向的转置（TP={tp}）",
         desc="每行一个函数；左半是正向（x → y），右半是反向（dy → dx）；黄框是本方向发出的 collective，"
         "虚线表示不通信。方框里是每个 rank 的张量形状。",
     )
@@ -76,7 +91,7 @@ def draw_mappings(rows: list[list], tp: int = 2) -> Figure:
                 a, b = _tensor_sides(tensor)
                 x = 12 + j * (cell_w + 36)
                 label = f"{api} {shapes}" if api else None
-                if label and text_width(label, 12) > 170:
+                if label and text_width(label, 12) > mid_w - 6:
                     label = api
                 flow_cell(
                     fig,
@@ -86,6 +101,8 @@ def draw_mappings(rows: list[list], tp: int = 2) -> Figure:
                     right=[b] * tp,
                     api=label,
                     tip=f"{name} | {phase} | {api or '—'} | {shapes or '—'} | {tensor}",
+                    box_w=box_w,
+                    mid_w=mid_w,
                 )
     fig.check()
     return fig
@@ -103,6 +120,71 @@ def _spans(text: str) -> tuple[int, int]:
     """``"0–7"`` -> (0, 7)."""
     a, b = str(text).split("–")
     return int(a), int(b)
+
+
+_SHORT_API = {
+    "all_reduce": "all-reduce",
+    "all_gather_into_tensor": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+}
+LINEAR_SUMMARY_CONFIGS = (
+    "Column, gather_output=False",
+    "Row, input_is_parallel=True",
+    "Column, SP",
+    "Row, SP",
+)
+
+
+def draw_linear_summary(comm_rows: list[list], tp: int = 2, *, title: str | None = None) -> Figure:
+    """Note 10's first picture: the collectives each layer's default configuration recorded (from
+    ``comm_table``'s rows), without and with sequence parallel, forward and backward, each with
+    the code that issued it: the column layer's backward all-reduce comes from ``layers.py``
+    (f fused into the matmul's autograd Function), the row layer's from ``mappings.py`` (g)."""
+    by: dict[tuple[str, str], list[list]] = {}
+    for config, phase, api, _group, before, after, issuer, _meaning in comm_rows:
+        by.setdefault((config, phase), []).append([api, before, after, issuer])
+    configs = [c for c in LINEAR_SUMMARY_CONFIGS if any(k[0] == c for k in by)]
+    if not configs:
+        raise ValueError("none of the summary's configurations is in the table")
+    label_w, col_w, gap, row_h, pitch, top = 222, 330, 10, 24, 32, 56
+    width = 12 + label_w + 2 * (col_w + gap) - gap + 12
+    height = top + len(configs) * pitch + 8
+    fig = Figure(
+        width,
+        height,
+        title=title or f"column / row 层各自发出的 collective 与发出它的代码（TP={tp}）",
+        desc="每行一种配置；左列是正向、右列是反向，格子里是这一方向发出的 collective 和发出它的函数，"
+        "空格表示不通信。",
+    )
+    fig.legend(12, 12, [("comm", "collective（@ 发出它的代码）")], size=11)
+    for j, head in enumerate(("forward ↓", "backward ↑")):
+        fig.text(12 + label_w + j * (col_w + gap), 40, head, kind="muted", size=11)
+    for i, config in enumerate(configs):
+        y = top + i * pitch
+        fig.text(12, y + row_h / 2, config, mono=True, size=11)
+        for j, phase in enumerate(("forward", "backward")):
+            calls = by.get((config, phase), [])
+            x = 12 + label_w + j * (col_w + gap)
+            if not calls:
+                fig.text(x + 8, y + row_h / 2, "不通信", kind="muted", size=11)
+                continue
+            apis = " + ".join(_SHORT_API.get(c[0], c[0]) for c in calls)
+            # layers.py::forward / ::backward say where in the layer; a mappings.py helper is g's family
+            issuers = "、".join(
+                dict.fromkeys(c[3].split("::")[0] if c[3].startswith("mappings") else c[3] for c in calls)
+            )
+            fig.boxed(
+                x,
+                y,
+                col_w,
+                row_h,
+                f"{apis} @ {issuers}",
+                "comm",
+                size=11,
+                tip=" | ".join([config, phase] + [f"{c[0]} {c[1]} → {c[2]} @ {c[3]}" for c in calls]),
+            )
+    fig.check()
+    return fig
 
 
 def draw_linear(layout_rows: list[list], comm_rows: list[list], tp: int = 2) -> Figure:
@@ -389,8 +471,8 @@ def draw_vocab(
     three all-reduces ``ce_comm_table`` recorded (``ce_rows``) and leave as the full loss."""
     cell, left = 52, 96
     width = left + vocab * cell + 16
-    strip_h, top = 30, 34
-    ce_top = top + len(ranges) * (strip_h + 30) + 28
+    strip_h, top, below = 26, 32, 26  # a strip, and the room under it for its range labels
+    ce_top = top + len(ranges) * (strip_h + below) + 20
     lanes = tp * 26 + (tp - 1) * 10
     height = ce_top + 30 + lanes + 46
     fig = Figure(
@@ -407,7 +489,7 @@ def draw_vocab(
         bold=True,
     )
     for i, (size, per_rank) in enumerate(ranges.items()):
-        y = top + i * (strip_h + 30)
+        y = top + i * (strip_h + below)
         fig.text(12, y + strip_h / 2, f"TP={size}", bold=True)
         for r, (a, b) in enumerate(per_rank):
             x = left + a * cell

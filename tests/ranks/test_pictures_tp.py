@@ -37,6 +37,13 @@ def test_mappings_picture_is_the_record_table():
         )
     assert fig.svg() == pictures.draw_mappings(record_rows(runs[0])).svg()
     fig.check()
+    # note 09's first picture: f and g only, same cells, narrower boxes
+    pair = ["copy_to_tensor_model_parallel_region (f)", "reduce_from_tensor_model_parallel_region (g)"]
+    small = pictures.draw_mappings(rows, only=pair, box_w=100, mid_w=170)
+    assert tips(small.svg()) == [t for t in tips(fig.svg()) if t.split(" | ")[0] in pair]
+    assert len(tips(small.svg())) == 4 and small.width < fig.width
+    with pytest.raises(ValueError, match="not in the record table"):
+        pictures.draw_mappings(rows, only=["nope"])
 
 
 def test_linear_picture_is_the_layout_and_comm_tables():
@@ -59,6 +66,20 @@ def test_linear_picture_is_the_layout_and_comm_tables():
     assert "Row, input_is_parallel=True | forward | all_reduce | [4, 2, 8] → [4, 2, 8]" in tips(fig.svg())
     assert fig.svg() == pictures.draw_linear(layout, comm).svg()
     fig.check()
+    # note 10's first picture: one cell per (configuration, phase) that communicated, each
+    # naming the table's collectives and the code that issued them
+    summary = pictures.draw_linear_summary(comm)
+    cells = tips(summary.svg())
+    expected = {}
+    for config, phase, api, _g, before, after, issuer, _m in comm:
+        if config in pictures.LINEAR_SUMMARY_CONFIGS:
+            expected.setdefault((config, phase), []).append(f"{api} {before} → {after} @ {issuer}")
+    assert cells == [" | ".join([c, p] + calls) for (c, p), calls in expected.items()]
+    assert (
+        "Column, gather_output=False | backward | all_reduce [4, 2, 8] → [4, 2, 8] @ layers.py::backward"
+        in cells
+    )
+    summary.check()
 
 
 def test_layer_picture_is_the_weight_and_submodule_tables():

@@ -552,7 +552,14 @@ SHAPE_JS = r"""() => {
     s => (card.compareDocumentPosition(s) & Node.DOCUMENT_POSITION_FOLLOWING) && before(s));
   const howto = [...document.querySelectorAll('article details.ms-howto')];
   const r = card.getBoundingClientRect();
+  const p = pic && pic.getBoundingClientRect();
+  const box = pic && pic.closest('.jp-OutputArea-output');
+  const goals = document.querySelector('.ms-goals');
   return {cardTop: r.top + window.scrollY, cardHeight: r.height, vh: window.innerHeight,
+          picBottom: p ? p.bottom + window.scrollY : null,
+          picClipped: box ? box.scrollWidth > box.clientWidth + 1 : null,
+          goalsAfterPicture: !!(pic && goals &&
+                                (pic.compareDocumentPosition(goals) & Node.DOCUMENT_POSITION_FOLLOWING)),
           facts: card.querySelectorAll('li').length,
           picture: pic ? {width: pic.getBoundingClientRect().width, shown: !pic.closest('details:not([open])')} : null,
           howto: howto.map(d => ({open: d.open, summary: d.querySelector('summary').getBoundingClientRect().height}))};
@@ -585,3 +592,32 @@ def test_conclusion_card_starts_on_a_phones_first_screen(phone, site_url, note_n
         pytest.skip("no note has the 结论 block yet")
     assert not problems, "\n".join(problems)
     phone.assert_clean()
+
+
+def test_conclusion_card_and_its_picture_fill_a_desktops_first_screen(tab, site_url, note_names):
+    """At 1400 x 900 a note in the shape shows the answer without a scroll: the whole 结论 card
+    and the whole main picture, not cut at the right (hooks/site_cells.py moves the goals list
+    below the picture and folds the picture's code under it). Screenshots: /tmp/shots/first-NN.png."""
+    shaped, problems = [], []
+    for name in note_names:
+        stem = Path(name).stem
+        tab.goto(f"{site_url}notes/{stem}/")
+        got = tab.page.evaluate(SHAPE_JS)
+        if got is None:
+            continue
+        shaped.append(stem)
+        _shot(tab.page, f"first-{stem[:2]}.png")
+        if got["cardTop"] + got["cardHeight"] > got["vh"]:
+            problems.append(
+                f"{stem}: the card ends at {got['cardTop'] + got['cardHeight']:.0f} px (screen {got['vh']})"
+            )
+        if got["picBottom"] is None or got["picBottom"] > got["vh"]:
+            problems.append(f"{stem}: the picture ends at {got['picBottom']} px (screen {got['vh']})")
+        if got["picClipped"]:
+            problems.append(f"{stem}: the picture is wider than the column: it is cut at the right")
+        if not got["goalsAfterPicture"]:
+            problems.append(f"{stem}: the goals list is not below the picture")
+    if not shaped:
+        pytest.skip("no note has the 结论 block yet")
+    assert not problems, "\n".join(problems)
+    tab.assert_clean()
