@@ -172,7 +172,7 @@ def _dp_zero_sizes_agree(optimizer, loaded: dict) -> bool:
     """Whether a ``dp_zero_gather_scatter`` state fits this layout, decided on every rank.
 
     Megatron compares the checkpoint's buffer size with the current one on DP rank 0 only
-    (distrib_optimizer.py:2001) and the other ranks wait for rank 0 in a scatter; when rank 0
+    (distrib_optimizer.py:2290) and the other ranks wait for rank 0 in a scatter; when rank 0
     raises, they would wait forever. Rank 0 shares the saved sizes first. On a mismatch DP rank 0
     still calls ``load_state_dict`` (to raise Megatron's own error), the others stop here.
     """
@@ -266,7 +266,7 @@ def load_rank(ckpt_root: str, tp: int, sharding_types: tuple) -> dict:
     _freeze_imported_objects()
     model, ddp, optimizer = build(tp, init=False)
     # torch's Adam has no state before its first step, and DistributedOptimizer.state_dict needs
-    # one step count (distrib_optimizer.py:642); Megatron's own zero-gradient step provides it.
+    # one step count (distrib_optimizer.py:839); Megatron's own zero-gradient step provides it.
     optimizer.chained_optimizers[0]._init_optimizer_states_with_dummy_values()
     out = {}
     for sharding_type in sharding_types:
