@@ -301,6 +301,7 @@ PHASES = (
     ("megatron/training/checkpointing.py", "checkpoint"),
     ("megatron/core/parallel_state.py", "setup"),
     ("megatron/core/datasets/", "setup"),  # the builder's barriers while rank 0 writes the index caches
+    ("setup_embeddings_and_output_layer", "setup"),  # a model under construction: tied embeddings, PP > 1
 )
 """What step of training a collective belongs to, by the Megatron code that issued it."""
 
@@ -326,7 +327,8 @@ def phase_of() -> str:
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if found is None:
-            found = next((phase for piece, phase in PHASES if piece in path), None)
+            name = frame.f_code.co_name
+            found = next((phase for piece, phase in PHASES if piece in path or piece == name), None)
             if found is not None and found != "optimizer step":
                 return found
         if (

@@ -29,6 +29,17 @@ def test_phase_follows_the_issuing_megatron_code(path, phase):
     assert issued_from(path) == phase
 
 
+def test_a_model_under_construction_is_setup():
+    """PP > 1 with tied embeddings: the constructor's all-reduce that copies the first stage's word
+    embeddings into the last stage's output layer (note 19) is setup, named by its function."""
+    path = "/venv/megatron/core/models/common/language_module/language_module.py"
+    scope = {"issued_from": issued_from, "path": path}
+    code = "def setup_embeddings_and_output_layer():\n    return issued_from(path)\n"
+    exec(compile(code, path, "exec"), scope)
+    assert scope["setup_embeddings_and_output_layer"]() == "setup"
+    assert issued_from(path) == "forward"  # the same file's loss, outside that function
+
+
 def test_inside_autograd_backward_it_is_backward():
     seen = []
 
