@@ -195,18 +195,7 @@ def mark_note_shape(content: str) -> str:
     return QUIET_DETAILS.sub(r'<details class="ms-howto" data-search-exclude>\1', content)
 
 
-DIV_TAG = re.compile(r"<div\b|</div>")
 GOALS_LABEL = '<p class="ms-goals-label"><strong>读完本篇能做到</strong></p>'
-
-
-def _div_end(content: str, start: int) -> int:
-    """The index just past the </div> that closes the <div at `start` (-1 if it never closes)."""
-    depth = 0
-    for m in DIV_TAG.finditer(content, start):
-        depth += 1 if m.group(0) != "</div>" else -1
-        if depth == 0:
-            return m.end()
-    return -1
 
 
 def _goals_after_picture(content: str) -> str:
@@ -233,8 +222,11 @@ def _goals_after_picture(content: str) -> str:
     cell = content.find('class="jp-Cell ', card_end)
     while cell >= 0:
         start = content.rfind("<div", 0, cell)
-        end = _div_end(content, start)
-        if end < 0 or start > figure:
+        try:
+            end = _div_end(content, start)
+        except ValueError:  # markup that does not close: leave the page as it is
+            return content
+        if start > figure:
             return content
         if end > figure:
             break
