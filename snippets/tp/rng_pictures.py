@@ -20,9 +20,10 @@ def mask_string(mask: list[bool]) -> str:
     return "".join("1" if kept else "0" for kept in mask)
 
 
-def draw_dropout_masks(rows: list[dict]) -> Figure:
+def draw_dropout_masks(rows: list[dict], title: str | None = None) -> Figure:
     """``rows`` per rank: ``rank``, ``tp_rank``, ``inside``, ``outside`` (keep-masks, as
-    :func:`snippets.experiments.n24_rng.seeds_and_masks` returns them)."""
+    :func:`snippets.experiments.n24_rng.seeds_and_masks` returns them); ``title`` what the note
+    concludes from them (a plain description by default)."""
     n = len(rows[0]["inside"])
     cell, gap, label_w, strip_gap = 16, 2, 150, 44
     strip_w = n * (cell + gap) - gap
@@ -34,7 +35,7 @@ def draw_dropout_masks(rows: list[dict]) -> Figure:
     fig = Figure(
         width,
         height,
-        title="每个 rank 的 dropout mask：fork() 外与 fork() 里",
+        title=title or "每个 rank 的 dropout mask：fork() 外与 fork() 里",
         desc="fork() 外的 mask 在所有 rank 上是同一个图样；fork() 里的 mask 只在同一 TP rank 上相同，"
         "不同 TP rank 各不相同。",
     )
@@ -63,9 +64,10 @@ def draw_dropout_masks(rows: list[dict]) -> Figure:
     return fig
 
 
-def draw_saved_bytes(rows: list[list]) -> Figure:
+def draw_saved_bytes(rows: list[list], title: str | None = None) -> Figure:
     """``rows`` as the recompute table prints them: ``[mode, bytes after forward, bytes the
-    recompute saves in backward, ...]``; a byte count that is not a number (not measured) gets no bar."""
+    recompute saves in backward, ...]``; a byte count that is not a number (not measured) gets no bar.
+    ``title``: what the note concludes (a plain description by default)."""
     bar_h, gap, label_w = 18, 8, 310
     scale_max = max(v for r in rows for v in r[1:3] if isinstance(v, int))
     plot_w = 520
@@ -76,7 +78,7 @@ def draw_saved_bytes(rows: list[list]) -> Figure:
     fig = Figure(
         width,
         height,
-        title="一个 TransformerLayer 为 backward 保存的激活字节",
+        title=title or "一个 TransformerLayer 为 backward 保存的激活字节",
         desc="不重算时 forward 之后要一直留着整层的激活；重算时 forward 之后只留输入，"
         "backward 里重算再临时存一层的量。",
     )
