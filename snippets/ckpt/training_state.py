@@ -1,14 +1,15 @@
 """What the training entry puts into a checkpoint besides the model, and how to look inside one.
 
-``megatron/training/checkpointing.py`` ships in the pip package since core 0.19, but its functions
-read the global ``get_args()`` (and ``torch.cuda``'s generator), so note 21 re-creates the pieces of
-its ``generate_state_dict`` from the tag's lines with Megatron Core objects only:
+``megatron/training/checkpointing.py`` ships in the pip package since core 0.19, and note 21 calls
+its ``_build_sharded_state_dict_metadata`` and ``generate_state_dict`` itself. Two inputs it cannot
+take from the training entry:
 
-* :func:`rng_state` -- the per-rank dict of ``get_rng_state`` (Python, NumPy, torch generators and
-  Megatron's RNG tracker). The note wraps it in the same ``ShardedObject`` the training code builds.
-* :func:`training_args` -- the few ``args`` fields that ``load_checkpoint`` reads back: the
-  parallel sizes it compares, and ``consumed_train_samples``, the only record of how far the
-  built-in data loader got.
+* :func:`rng_state` -- the per-rank dict of ``get_rng_state``, which reads the global ``get_args()``
+  and ``torch.cuda``'s generator (Python, NumPy, torch generators and Megatron's RNG tracker). The
+  note wraps it in the same ``ShardedObject`` the training code builds.
+* :func:`training_args` -- an ``args`` namespace with the fields those two functions read and the
+  ones ``load_checkpoint`` reads back: the parallel sizes it compares, and
+  ``consumed_train_samples``, the only record of how far the built-in data loader got.
 
 The rest reads a saved ``torch_dist`` directory from the notebook process, with paths relative to
 it (no temporary path reaches a page): :func:`file_rows`, :func:`describe`, :func:`common_rows`,

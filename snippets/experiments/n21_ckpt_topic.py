@@ -144,3 +144,80 @@ def tables(results: list, dims, par) -> list:
         replica_table(results),
         written_table(results),
     ]
+
+
+def folded(summary: str, table: Table):
+    """``table`` behind a closed ``<details>``: a check whose every row is ``True`` is one sentence in
+    the note, its table one click away (the table's lines still start with ``|``)."""
+    from IPython.display import Markdown
+
+    return Markdown(f"<details><summary>{summary}</summary>\n\n{table.markdown()}\n\n</details>")
+
+
+# ----------------------------------------------------------------------------- a dp_reshardable checkpoint at a new TP
+
+
+def resave_rank(ckpt_root: str, tp: int, saved_as: str, resave_as: str) -> int:
+    """Rank body: load the ``saved_as`` checkpoint at the layout it was saved at, save it as ``resave_as``.
+
+    What one run at the old TP / PP with ``--dist-ckpt-optim-fully-reshardable`` does: ``load_checkpoint``
+    takes the sharding type from the checkpoint's content metadata, the next ``save_checkpoint`` takes
+    it from the flag (``_build_sharded_state_dict_metadata``). Returns Adam's step count after the load.
+    """
+    import os
+
+    from megatron.core import dist_checkpointing
+
+    from snippets.ckpt.optim_reshard_rank import adam_step, build, checkpoint_state_dict
+
+    model, _, optimizer = build(tp, init=False)
+    optimizer.chained_optimizers[0]._init_optimizer_states_with_dummy_values()  # torch Adam: see note 21
+    wanted = checkpoint_state_dict(model, optimizer, saved_as, is_loading=True)
+    loaded = dist_checkpointing.load(wanted, os.path.join(ckpt_root, saved_as))
+    with torch.no_grad():
+        model.load_state_dict(loaded["model"])
+        optimizer.load_state_dict(loaded["optimizer"])
+    target = os.path.join(ckpt_root, resave_as)
+    os.makedirs(target, exist_ok=True)
+    dist_checkpointing.save(checkpoint_state_dict(model, optimizer, resave_as), target)
+    return adam_step(optimizer)
+
+
+def convert_then_reshard(
+    save_grid: dict, load_grid: dict, saved_as="dp_reshardable", resave_as="fully_reshardable"
+) -> dict:
+    """Train and save ``saved_as`` at ``save_grid``, re-save it as ``resave_as`` at the same grid, load that
+    at ``load_grid``; one result with the keys of ``optim_reshard.COLUMNS`` (calls left empty)."""
+    import tempfile
+
+    from snippets.ckpt import optim_reshard
+    from snippets.ckpt.optim_reshard_rank import load_rank, save_rank
+    from snippets.ranks.launch import run_ranks
+
+    def world(grid):
+        return grid.get("tp", 1) * grid.get("dp", 1)
+
+    save_tp, load_tp = save_grid.get("tp", 1), load_grid.get("tp", 1)
+    with tempfile.TemporaryDirectory(prefix="ckpt21-convert-") as root:
+        saved = run_ranks(save_rank, world(save_grid), root, save_tp, (saved_as,), grid=dict(tp=save_tp))
+        run_ranks(resave_rank, world(save_grid), root, save_tp, saved_as, resave_as, grid=dict(tp=save_tp))
+        loaded = run_ranks(load_rank, world(load_grid), root, load_tp, (resave_as,), grid=dict(tp=load_tp))
+    per_rank = [r[resave_as] for r in loaded]
+    errors = [r["error"] for r in per_rank if "error" in r]
+    row = dict(
+        sharding_type=f"{saved_as} → {resave_as}",
+        save=optim_reshard.grid_name(save_grid),
+        load=optim_reshard.grid_name(load_grid),
+        loaded=not errors,
+        **{s: None for s in optim_reshard.STATES},
+        adam_step=None,
+        error=errors[0] if errors else None,
+        save_calls=[],
+        load_calls=[],
+    )
+    if not errors:
+        reference = optim_reshard.assemble([r["pieces"] for r in saved])
+        row.update(optim_reshard.compare(reference, optim_reshard.assemble([r["pieces"] for r in per_rank])))
+        steps = {r["adam_step"] for r in per_rank}
+        row["adam_step"] = steps.pop() if len(steps) == 1 else -1
+    return row
