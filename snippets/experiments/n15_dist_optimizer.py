@@ -9,13 +9,11 @@ optimizer's classes, the grad buffer's buckets, each rank's shard of them (the t
 (:mod:`snippets.optim.optimizer_memory`) and, with ``keep_tensors``, the weights and the buffer before and
 after the reduction (note 15 compares them with no sharding and with one process).
 
-``fsdp_vs_tp`` answers the note's self-test on FSDP: per-rank parameter, gradient and saved-activation
-bytes of one step under torch's FSDP2 and under Megatron TP / SP (:mod:`snippets.dp.fsdp2`).
+The note's FSDP comparison (Megatron's ``TorchFullyShardedDataParallel`` against TP / SP on the same
+model) is a cell of the note itself; its helpers are in :mod:`snippets.dp.fsdp2`.
 """
 
 from __future__ import annotations
-
-import torch
 
 from snippets.experiments.n13_pipeline import microbatches
 from snippets.experiments.n14_ddp import build_model
@@ -171,26 +169,9 @@ def tables(results: list, dims, par) -> list:
     ]
 
 
-def fsdp_vs_tp(dims, par) -> list:
-    """Note 15's self-test 6, on 2 ranks: one micro-batch step of the same tiny ``GPTModel`` whole,
-    under torch's FSDP2 (DP = 2, each rank its own micro-batch), and under Megatron TP = ``par.tp`` (2 in the
-    note) without and with SP (both ranks the same micro-batch); :func:`snippets.dp.fsdp2.step_bytes` of each."""
-    from megatron.core import parallel_state
+def folded(summary: str, *tables: Table):
+    """``tables`` behind a closed ``<details>``: a check the page only needs to state in one sentence."""
+    from IPython.display import Markdown
 
-    from snippets.dp import fsdp2
-
-    dp_rank = torch.distributed.get_rank()
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1)
-    model = fsdp2.tiny_gpt(dims)
-    rows = [("不切分（每个 rank 一份整模型）", fsdp2.step_bytes(model, microbatches(dims, 2)[dp_rank]))]
-    model.zero_grad(set_to_none=True)
-    fsdp2.fully_shard_layers(model)
-    rows.append(("FSDP2 fully_shard，DP=2", fsdp2.step_bytes(model, microbatches(dims, 2)[dp_rank])))
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(par.tp)
-    for sp in (False, True):
-        model = fsdp2.tiny_gpt(dims, tp=par.tp, sequence_parallel=sp)
-        label = f"Megatron TP={par.tp}{'，SP' if sp else ''}"
-        rows.append((label, fsdp2.step_bytes(model, microbatches(dims, 1)[0])))
-    return rows
+    body = "\n\n".join(t.markdown() for t in tables)
+    return Markdown(f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>")
