@@ -176,7 +176,10 @@ def draw_ddp_timeline(plain: dict, overlapped: dict) -> Figure:
     )
 
 
-def draw_overlap_timeline(result: dict) -> Figure:
+def draw_overlap_timeline(
+    result: dict,
+    title: str = "overlap_grad_reduce / overlap_param_gather：bucket 的 RS、AG 何时发出（rank 0）",
+) -> Figure:
     """Note 20: rank 0's last step without overlap and both overlapped steps (distributed optimizer:
     reduce-scatter and all-gather per bucket)."""
     from snippets.dp.overlap_timeline import bucket_namer, timeline
@@ -192,7 +195,7 @@ def draw_overlap_timeline(result: dict) -> Figure:
     ]
     return draw_bucket_timeline(
         lanes,
-        title="overlap_grad_reduce / overlap_param_gather：bucket 的 RS、AG 何时发出（rank 0）",
+        title=title,
         desc="不 overlap 时整块 reduce-scatter 在 finalize_model_grads、all-gather 在 optimizer.step 末尾；"
         "overlap 时每个 bucket 的 all-gather 移进下一次 forward，第 2 步起 reduce-scatter 移进 backward。",
     )
