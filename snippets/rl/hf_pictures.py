@@ -26,15 +26,21 @@ LEGEND = [
 ]
 
 
-def draw_mapping(rows: list[list], *, title: str, desc: str) -> Figure:
-    """``rows``: ``[feature, megatron "name [shape]", [hf "name [shape]", ...], transform key]``."""
-    left_x, left_w, right_x, right_w = 10, 420, 640, 450
+def draw_mapping(
+    rows: list[list], *, title: str, desc: str, left_w: float = 420, gap: float = 210, right_w: float = 450
+) -> Figure:
+    """``rows``: ``[feature, megatron "name [shape]", [hf "name [shape]", ...], transform key]``.
+    ``left_w``, ``gap`` and ``right_w`` size the two columns and the arrows' room between them
+    (note 25's first picture, the rows that are more than a rename, is drawn narrower)."""
+    left_x = 10
+    right_x = left_x + left_w + gap
     row_h, top = 26, 60
+    legend = [item for item in LEGEND if any(KINDS[r[3]] == item[0] for r in rows)]
     height = top + sum(row_h * len(r[2]) + 8 for r in rows) + 20
     fig = Figure(right_x + right_w + 10, height, title=title, desc=desc)
     fig.text(left_x, 16, "Megatron（聚齐后的全局名与 shape）", bold=True)
     fig.text(right_x, 16, "Hugging Face transformers（state_dict 的键）", bold=True)
-    fig.legend(left_x, 40, LEGEND)
+    fig.legend(left_x, 40, legend)
     y = top
     for feature, megatron, hf_names, transform in rows:
         kind = KINDS[transform]
