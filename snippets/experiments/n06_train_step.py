@@ -7,13 +7,25 @@ process start from the same weights), wraps it in ``DistributedDataParallel`` an
 records ``finalize_model_grads`` (the DP all-reduce) and ``optimizer.step()`` (the gradient norm,
 clipping with ``clip_grad``, Adam) separately. Note 06 compares DP=2 with one process, with and
 without clipping; ``python -m snippets.run train-step --dims qwen3-8b --layers 2`` on 8 ranks shows
-the same step's communication at a real model's sizes.
+the same step's communication at a real model's sizes. :func:`per_token_flag_with_two_values` runs
+the schedule with a two-value ``loss_func`` once without and once with ``calculate_per_token_loss``
+(note 06's pitfall: the flag turns the DP mean into a sum).
 """
 
 from __future__ import annotations
 
 from snippets.experiments.n13_pipeline import microbatches
 from snippets.experiments.n14_ddp import build_model
+
+
+def this_rank_microbatches(dims, device="cpu") -> list[dict]:
+    """This DP rank's share of the global batch: ``dims.microbatches`` micro-batches, split evenly
+    across the DP ranks in order (DP rank r of 2 takes 2r and 2r + 1 of 4)."""
+    from megatron.core import parallel_state
+
+    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    n = dims.microbatches // dp
+    return microbatches(dims, dims.microbatches, device)[n * dp_rank : n * (dp_rank + 1)]
 
 
 def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
@@ -37,9 +49,8 @@ def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
     model, config = build_model(dims, device)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, clip_grad=clip_grad), [ddp])
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    n = dims.microbatches // dp
-    mine = microbatches(dims, dims.microbatches, device)[n * dp_rank : n * (dp_rank + 1)]
+    mine = this_rank_microbatches(dims, device)
+    n = len(mine)
     before = by_global_name([ddp], "param") if keep_tensors else None
 
     ddp.zero_grad_buffer()
@@ -78,6 +89,43 @@ def train_step(dims, clip_grad, device="cpu", keep_tensors=True):
             before=before,
             params=by_global_name([ddp], "param"),
         )
+    return out
+
+
+def per_token_flag_with_two_values(dims, device="cpu") -> dict:
+    """On every rank: this DP rank's micro-batches through the schedule with the two-value
+    ``loss_func`` of :mod:`snippets.models.tiny_gpt`, ``finalize_model_grads`` called by the schedule
+    (as the training entry wires it), once with ``calculate_per_token_loss`` off and once on; the
+    ``main_grad`` after each, by global name."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from snippets.models.tiny_gpt import by_global_name, forward_step
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
+    out = {}
+    for per_token in (False, True):
+        model, config = build_model(dims, device)
+        config.calculate_per_token_loss = per_token  # read by DDP's constructor: 1/DP or 1
+        ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+        config.finalize_model_grads_func = finalize_model_grads
+        ddp.zero_grad_buffer()
+        mine = this_rank_microbatches(dims, device)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(mine),
+            model=[ddp],
+            num_microbatches=len(mine),
+            seq_length=dims.seq,
+            micro_batch_size=dims.micro_batch_size,
+        )
+        out[per_token] = by_global_name([ddp], "main_grad")
     return out
 
 
