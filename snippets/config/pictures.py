@@ -159,3 +159,78 @@ def draw_spec_trees(trees: dict, *, title: str) -> Figure:
     fig.legend(16, height - 16, [("accent", "三种 spec 建出的类不同（= diff 表的行）")])
     fig.check()
     return fig
+
+
+# ----------------------------------------------------------------------------- note 19: a TP=2 GPT's layers
+
+SHORT_API = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS"}
+KIND_OF = {  # class -> (fill, how it is split)
+    "VocabParallelEmbedding": ("emb", "按词表切"),
+    "ColumnParallelLinear": ("tp", "列并行"),
+    "RowParallelLinear": ("edp", "行并行"),
+}
+
+
+def short_apis(cell: str) -> str:
+    """'all-gather, reduce-scatter' -> 'AG + RS'; '—' stays."""
+    for name, short in SHORT_API.items():
+        cell = cell.replace(name, short)
+    return cell.replace(", ", " + ")
+
+
+def draw_tp_model(layers, comm, *, title: str) -> Figure:
+    """One column per tensor-parallel layer of a GPT in forward order (plus the collectives issued
+    outside every layer), then one row per (variant, phase) with the collectives each column issued.
+
+    ``layers``: ``[name, class, partition dim, rank 0 weight shape]`` (the last column's class is
+    None); ``comm``: ``[(row label, [cell per column])]`` with cells as :func:`snippets.tp.layer_walk.apis`
+    writes them.
+    """
+    left, col, box_h, row_h = 16, 112, 44, 26
+    x0 = left + 112
+    legend = [("emb", "按词表切"), ("tp", "列并行"), ("edp", "行并行"), ("comm", "这一列发出的通信")]
+    key = "AR = all-reduce，AG = all-gather，RS = reduce-scatter"
+    legend_w = sum(12 + 5 + text_width(name, 12) + 16 for _, name in legend) + text_width(key, 11)
+    width = max(x0 + len(layers) * col + 8, text_width(title, 13) + 2 * left, left + legend_w + 8)
+    top = 40
+    rows_y = top + 22 + box_h + 14
+    height = rows_y + len(comm) * row_h + 40
+    desc = (
+        "每一列是一个 TP 层（按 forward 顺序）或层外的 cross entropy，方块是它的切法与 rank 0 的 weight；"
+        "下面每一行是一种配置的 forward 或 backward，格里是这一列发出的 collective。"
+    )
+    fig = Figure(width, height, title=title, desc=desc)
+    fig.text(left, 16, title, size=13, bold=True)
+    for j, (name, cls, dim, shape) in enumerate(layers):
+        x = x0 + j * col
+        with fig.group(name):
+            fig.text(x + (col - 8) / 2, top + 8, name, size=11, anchor="middle", mono=True, bold=True)
+            if cls is None:
+                fig.rect(x, top + 22, col - 8, box_h, "paper", outline="grid", dashed=True)
+                fig.text(
+                    x + (col - 8) / 2, top + 22 + box_h / 2, "层外", size=11, anchor="middle", kind="muted"
+                )
+                continue
+            kind, how = KIND_OF[cls]
+            fig.rect(x, top + 22, col - 8, box_h, kind, tip=f"{name}: {cls}, dim {dim}, rank 0 {shape}")
+            split = (
+                how if dim in (None, "—") else f"{how} dim {dim}"
+            )  # the output layer: the embedding's weight
+            fig.text(x + (col - 8) / 2, top + 22 + 13, split, size=11, anchor="middle", kind="on")
+            weight = "共享词嵌入" if shape in (None, "—") else str(shape)
+            fig.text(x + (col - 8) / 2, top + 22 + 31, weight, size=11, anchor="middle", kind="on")
+    fig.text(left, top + 22 + box_h / 2, "rank 0 weight", size=11, kind="muted")
+    for i, (label, cells) in enumerate(comm):
+        y = rows_y + i * row_h
+        fig.text(left, y + (row_h - 4) / 2, label, size=11, bold=True)
+        for j, cell in enumerate(cells):
+            x = x0 + j * col
+            text = short_apis(cell)
+            if text == "—":
+                fig.text(x + (col - 8) / 2, y + (row_h - 4) / 2, "—", size=11, anchor="middle", kind="muted")
+            else:
+                fig.boxed(x, y, col - 8, row_h - 4, text, "comm", size=11, tip=f"{label}: {cell}")
+    x = fig.legend(left, height - 16, legend)
+    fig.text(x, height - 16, key, size=11, kind="muted")
+    fig.check()
+    return fig
