@@ -31,12 +31,12 @@
 #
 # **结论**
 #
-# - config 给数字、spec 给类：同一份 config 换 spec，local 建 24 个模块，MoE 只换 `mlp` 槽位（31 个），RMSNorm + QK norm 动 5 个 norm（26 个）。
-# - 建模型只在 PP > 1 且共享词嵌入（或有 MTP）时通信：首尾 stage 在 embedding 群 all-reduce 一次 `[32, 16]`，尾 stage 置零的副本由此等于词嵌入。
-# - `__post_init__` 补字段：ffn 默认 `4h`，命令行 `--swiglu` 却给 `8h/3` 取整（hidden 4096：10880 对 16384）；`output_layer_init_method` 缩小的是 `linear_proj`/`linear_fc2`（0.005），不是输出层（0.02）。
-# - 没有 Apex 时 norm 的种类听 config，QK norm 的开关在 config、类在 spec，MoE 听 spec：`num_moe_experts=2` 配 dense spec 静默建出 `MLP`；正式入口给了 `--spec` 就不看 `--num-experts`。
-# - TP=2 时两对"列并行 → 行并行"（`gather_output=False` / `input_is_parallel=True`）：forward 的 3 次 all-reduce 在词嵌入、`linear_proj`、`linear_fc2`，backward 的 3 次在三个列并行层。
-# - 开 SP 后行并行层改 reduce-scatter、列并行层先 all-gather，`allreduce_dgrad` 关掉；local spec 的 torch norm 本身拒绝 SP。
+# - config 给数字、spec 给类：同一份 config 换 spec，local 建 24 个模块，MoE 只换 `mlp` 槽位（31 个），RMSNorm + QK norm 26 个。
+# - 建模型只在 PP > 1 且共享词嵌入（或有 MTP）时通信：首尾 stage 在 embedding 群 all-reduce 一次 `[32, 16]`。
+# - `__post_init__` 补缺省：ffn 一律 `4h`，命令行 `--swiglu` 却给 `8h/3` 取整（hidden 4096：16384 对 10880）。
+# - `output_layer_init_method`（8 层时 std 0.005）给的是 `linear_proj`、`linear_fc2`，输出层用 `init_method`（0.02）。
+# - spec 与 config 可以不一致：dense spec 配 2 个 expert 静默建出 `MLP`，正式入口给了 `--spec` 就不看 `--num-experts`。
+# - TP=2 两对"列并行 → 行并行"：forward 的 3 次 all-reduce 在词嵌入、`linear_proj`、`linear_fc2`，backward 的在三个列并行层。
 #
 # 先读：[笔记 04](../04_model_provider_and_gpt_model/)（谁造模型）、[笔记 10](../10_column_row_parallel_linear/)（列/行并行）、[笔记 11](../11_transformer_layer/)（一层）；约 20 分钟。
 
