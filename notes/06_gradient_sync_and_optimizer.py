@@ -267,7 +267,7 @@ recorder.communication_table(dp2[0]["step"])
 #   开 overlap 时它会提前到 backward 里、按 bucket 分批发出，见[笔记 14](../14_data_parallel_ddp/)。
 # - **optimizer step 里的 all-reduce 只有自己**：`get_grad_norm_fp32` 把本地平方和在梯度统计群里求和，而群里只有 rank 0。
 #   DP 归约之后各 DP rank 的梯度已经相同，范数只需要在"同一份模型的各切片"之间相加，也就是 TP×PP；所以两个 rank
-#   和单进程报出同一个 1.6628。用分布式优化器时每个 rank 只持有一部分梯度，这个群就变成整个 DP 群（[笔记 15](../15_distributed_optimizer/)）。
+#   和单进程报出同一个 1.6628。用分布式优化器时每个 rank 只持有一部分梯度，这个群就变成一个优化器实例的全部 rank，通常是整个 world（[笔记 15](../15_distributed_optimizer/)）。
 # - **张量没有被切**：不用分布式优化器时每个 DP rank 持有完整的参数、完整的 `main_grad` 和完整的 Adam 状态；DP 只切数据。
 
 # %% [markdown]
@@ -327,7 +327,7 @@ Table(["量", "值"], [
 
 # %% [markdown]
 # 范数 1.6628 > 1，梯度被乘 0.6014；`FP32Optimizer` 的 `.grad` 就是 `main_grad`，所以 step 之后的 `main_grad` 正是被缩放过的梯度。
-# 参数却只差 0.0005：Adam 第一步的 `m̂ / √v̂` 与梯度的整体大小无关，裁剪影响的是之后各步 m、v 的积累。
+# 参数却只差 0.0005：Adam 第一步的 `m̂ / (√v̂ + ε)` 几乎与梯度的整体大小无关，裁剪影响的是之后各步 m、v 的积累。
 #
 # 最后一行多了一次 `has_grad_norm_group`：0.19.0 的 `ChainedOptimizer.step` 把标了 MTP 范数组的参数（多 token 预测层）
 # 从主范数里拿出来，按它们自己的范数另行裁剪（[optimizer.py:1912](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1912)）。
@@ -437,7 +437,7 @@ print([(c.api, c.group, list(c.ranks)) for c in dp2[0]["finalize"] + dp2[0]["ste
 # <details><summary>答案</summary>
 #
 # 相同。范数在 `finalize_model_grads` 之后才算，那时两个 DP rank 的梯度已经是同一个平均值，各自算出的就是全局范数；
-# 只有模型被 TP / PP 切开时才需要在模型并行群里把平方和加起来（分布式优化器时是整个 DP 群）。
+# 只有模型被 TP / PP 切开时才需要在模型并行群里把平方和加起来（分布式优化器时是一个优化器实例的全部 rank）。
 #
 # </details>
 
