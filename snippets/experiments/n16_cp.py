@@ -207,3 +207,73 @@ def tables(results: list, dims, par) -> list:
         f"rank {min(1, par.cp - 1)} 的通信:",
         ring_table(results[min(1, par.cp - 1)]["ring"][1]),
     ]
+
+
+def imbalance_rows(cases):
+    """For each ``(cp, s)``: the contiguous split's slowest / fastest rank and slowest / mean rank,
+    counted from :func:`work_table`, the formula for the first, its long-sequence limit, and the
+    ``2·CP`` split's slowest / mean.
+
+    With ``m = s / cp`` tokens a rank, contiguous rank ``r`` keeps ``m²(r + 1/2) + m/2`` pairs, so
+    the last over the first is ``(m(2·cp − 1) + 1) / (m + 1)``: ``2·cp − 1`` only as ``s`` grows.
+    """
+    rows = []
+    for cp, seq_len in cases:
+        work = work_table(cp, seq_len)
+        naive, zigzag = [r[3] for r in work], [r[4] for r in work]
+        mean = sum(naive) / cp
+        m = seq_len // cp
+        rows.append(
+            [
+                cp,
+                seq_len,
+                round(max(naive) / min(naive), 4),
+                round((m * (2 * cp - 1) + 1) / (m + 1), 4),
+                2 * cp - 1,
+                round(max(naive) / mean, 4),
+                round(max(zigzag) / mean, 4),
+            ]
+        )
+    return Table(
+        [
+            "CP",
+            "s",
+            "连续切 最慢 / 最快",
+            "公式 (m(2·CP−1)+1)/(m+1)",
+            "s → ∞ 的极限 2·CP−1",
+            "连续切 最慢 / 平均",
+            "2·CP 块切 最慢 / 平均",
+        ],
+        rows,
+    )
+
+
+def hop_payloads(calls, phase):
+    """Numbers one rank sends in each recorded ring hop of ``phase`` (``calls``: :func:`ring_vs_full`'s)."""
+    out = []
+    for c in calls:
+        if c.phase == phase:
+            shape = c.before.split(";")[0].removeprefix("isend").strip("[] ")
+            n = 1
+            for size in shape.split(","):
+                n *= int(size)
+            out.append(n)
+    return out
+
+
+def te_backward_payloads(cp: int, kv_numel: int) -> list[int]:
+    """What Transformer Engine's p2p ring (``AttnFuncWithCPAndKVP2P.backward``, BF16/FP16 path) sends
+    in each of its ``cp`` backward hops, for a K+V block of ``kv_numel`` numbers: its buffer is
+    ``[KV, dKV]``; the first hop sends ``KV`` only (no gradient exists yet), the last ``dKV`` only (no
+    one needs the block any more), the ones between both."""
+    if cp == 1:
+        return []
+    return [kv_numel] + [2 * kv_numel] * (cp - 2) + [kv_numel]
+
+
+def folded(summary: str, *tables: Table):
+    """``tables`` behind a closed ``<details>``: a check the page only needs to state in one sentence."""
+    from IPython.display import Markdown
+
+    body = "\n\n".join(t.markdown() for t in tables)
+    return Markdown(f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>")
