@@ -16,129 +16,32 @@
 # %% [markdown]
 # # 20 优化器专题：混合精度、loss scale、分片与裁剪
 #
-# 第三轮第 3 篇。主链路已经走过三遍：[笔记 06](../06_gradient_sync_and_optimizer/) 用 fp32 模型走通了
-# `finalize_model_grads` → `optimizer.step()`，[笔记 14](../14_data_parallel_ddp/) 拆开了 DDP 的 buffer 和 bucket，
-# [笔记 15](../15_distributed_optimizer/) 拆开了分布式优化器的分片。本篇不再重复这些，而是逐条回答路线图"优化器专题"的五个关注点，
-# 每一条都由一次真实的运行回答：同一个 `get_megatron_optimizer` 在不同配置下建出哪个类；bf16 / fp16 时参数有几份、各是什么 dtype；
-# fp16 的动态 loss scale 怎样跳过一步、减半、再长回来；bf16 下分布式优化器每个 rank 多存了什么；梯度范数跨 TP / PP / DP 怎样
-# 不重不漏；overlap 打开后 bucket 的通信在 step 的哪一刻发出。
+# `get_megatron_optimizer` 交回来的是什么对象？bf16 / fp16 训练时一个参数有几份、各是什么 dtype，fp16 的 loss scale
+# 怎样跳过一步、减半、再长回来？分布式优化器每个 rank 省下了什么，梯度范数和裁剪怎样跨 TP / PP / DP 算得和单进程一样，
+# overlap 打开后 bucket 的通信挪到了 step 的哪里？本篇用 Megatron Core 0.19.0 的真实优化器逐条运行回答。
+# 一步优化的主流程见[笔记 06](../06_gradient_sync_and_optimizer/)，分布式优化器的分片见[笔记 15](../15_distributed_optimizer/)，这里不重复。
 
 # %% [markdown]
 # ## 阅读目标
 #
-# 1. **optimizer 如何创建**：`get_megatron_optimizer` → `_get_megatron_optimizer_based_on_param_groups` 对 fp32 / bf16 / fp16 /
-#    分布式优化器 / MoE 各返回哪一串类，grad scaler 选哪个，梯度统计在哪个群里归约。
-# 2. **混合精度**：bf16 与 fp16 时模型权重、`main_grad`、fp32 主参数各是什么 dtype、是不是同一块内存；为什么需要 fp32 主参数。
-# 3. **grad scaler**：loss 在哪里乘上 scale，哪里除回来；溢出时 `step()` 返回什么、参数是否不动、scale 怎样变；`hysteresis` 与
-#    `loss_scale_window` 的确切含义。
-# 4. **分布式优化器的切分**：bf16 时每个 rank 持有哪些 buffer、多大（笔记 15 只看了 fp32）。
-# 5. **梯度范数与裁剪跨 rank**：哪些参数的梯度被跳过（TP 复制的、PP 共享的），为什么 TP=2、PP=2、TP=2 + 分布式优化器 DP=2
-#    的范数都等于单进程；裁剪后的一步也相等。
-# 6. **overlap grad reduce / param gather**：reduce-scatter 与 all-gather 在 backward、`finish_grad_sync`、下一次 forward 的哪里发出，
-#    结果是否与不 overlap 相同。
-
-# %% [markdown]
-# ## 源码位置
+# 1. **optimizer 如何创建**：按哪几个开关选类、建几个内层优化器、选哪个 grad scaler。
+# 2. **混合精度与 grad scaler**：16 位权重、`main_grad`、fp32 主参数各是什么；溢出时怎样跳过和调整 scale。
+# 3. **分布式优化器的切分**：bf16 时每个 rank 持有哪些 buffer、多大。
+# 4. **梯度范数与裁剪跨 rank**：哪些梯度被跳过，为什么任何切法的范数都等于单进程。
+# 5. **overlap grad reduce / param gather**：通信挪到 step 的哪里，结果变不变。
 #
-# 路线图"优化器专题"的"核心文件"一栏是空的。下表补上它：每一行链接到 tag 的那一行，最后一列说本篇在哪一节用它。
+# **结论**
 #
-# | 文件 :: 符号 | 做什么 | 本篇 |
-# |---|---|---|
-# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` | 1 |
-# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 AdamW / SGD，选 grad scaler，选外层的类 | 1 |
-# | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… | 1、3 |
-# | [`optimizer/optimizer.py::MegatronOptimizer._filter_grads_for_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L231) | 过滤：跳过共享的、TP 复制的（开 GTP 时还有 GTP 复制的）参数 | 5 |
-# | [`optimizer/optimizer.py::MegatronOptimizer.get_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L280) | 主范数用的梯度：除去单独成组（MTP）的参数，再过滤 | 5 |
-# | [`optimizer/optimizer.py::MegatronOptimizer.has_grad_norm_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L294) | `clip_grad > 0` 时：有没有哪个 rank 持有 MTP 参数，问一次（MAX）、缓存 | 5 |
-# | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L654) | 16 位与分布式优化器的共同父类：拷梯度、unscale、查 inf | 2、3 |
-# | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L713) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX | 3 |
-# | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) | 拷梯度 → unscale → `grad_scaler.update` | 3 |
-# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L978) | 为每个 16 位参数建 fp32 主参数，换进 AdamW 的参数组 | 2 |
-# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1092) | `main_param.grad = main_grad.float()` | 2 |
-# | [`optimizer/optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1855) | 每一步：prepare → 溢出则返回 → 范数 → 裁剪 → 更新 | 3、5 |
-# | [`optimizer/grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L131) | 动态 loss scale 的策略 | 3 |
-# | [`optimizer/grad_scaler.py::ConstantGradScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L43) | 给了 `loss_scale` 时的固定 scale | 1 |
-# | [`optimizer/clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 本地平方和，在 grad-stats 群里求和 | 5 |
-# | [`optimizer/clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L143) | 范数超过 `clip_grad` 时就地缩放 | 5 |
-# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95) | TP 切过的参数，或 TP rank 0（expert 参数看 expert TP 群） | 5 |
-# | [`transformer/module.py::param_is_not_shared`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L25) | 没有 `shared=True` | 5 |
-# | [`transformer/module.py::Float16Module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L436) | 把模型转成 bf16 / fp16，输入转 16 位、输出转回 fp32 | 2 |
-# | [`models/common/language_module/language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L202) | PP>1 共享词嵌入：最后一个 stage 的副本标 `shared=True` | 5 |
-# | [`optimizer/distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L347) | 16 位参数：只为本 rank 那段建 fp32 主参数 | 4 |
-# | [`optimizer/distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3158) | 不 overlap 时在这里 all-gather 参数 | 6 |
-# | [`distributed/distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel_config.py#L12) | `overlap_grad_reduce`、`overlap_param_gather`、`grad_reduce_in_fp32` | 2、6 |
-# | [`distributed/distributed_data_parallel.py::DistributedDataParallel._make_forward_pre_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L432) | 模块 forward 前：等本模块参数所在 bucket 的 all-gather | 6 |
-# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L532) | 没发就发、等完成、再发下一个 bucket 的 all-gather | 6 |
-# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L857) | backward 里 bucket 的梯度齐了就发 reduce-scatter | 6 |
-# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_grad_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L781) | 不 overlap（或第一步）时在这里发，否则只等 | 6 |
-# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 正式入口：`get_model`（含 `Float16Module`、DDP）后调 `get_megatron_optimizer` | 全篇 |
-# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 正式入口的一步：`update_successful` 为假时不推进学习率 | 3 |
-
-# %% [markdown]
-# ## 调用链
+# - 不用 Megatron FSDP 时总是 `ChainedOptimizer`：稠密参数 1 个内层优化器，开 `overlap_param_gather_with_optimizer_step` 时 2 个，有 expert 参数再加 1 个（最多 3 个）。
+# - 16 位权重算前后向，Adam 更新独立的 fp32 主参数：lr 1e-4 走 3 步后 5378 / 9632 个 bf16 权重一位没变，主参数全变了。
+# - fp16 溢出时 `step()` 返回 False、参数不动；`hysteresis=2` 时第二次溢出才减半（1024 → 512），干净 3 步（window）后翻倍；缺省初值 2³² 在这里白跳 16 步。
+# - 分布式优化器只切 fp32 主参数和 Adam 状态（两个 rank 4768 + 4864 = 9632），bf16 权重和 fp32 梯度 buffer 仍完整：约 12.5 对 18 字节 / 参数。
+# - 范数里 TP 复制的参数只算 TP rank 0、PP 共享的词嵌入只算一份：单进程、TP=2、PP=2、TP2·DP2 都是 1.7747（不过滤时 1.8879、1.9439）。
+# - overlap 只改发出时刻：AG 移进下一次 forward，RS 从第 2 步起移进 backward，权重逐位相同；但 step 刚结束时参数差 0.0101。
 #
-# ```text
-# megatron/training/training.py::setup_model_and_optimizer
-# ├─ get_model: Float16Module(config, model)  (--bf16 / --fp16 时)           # 权重转 16 位
-# │             DistributedDataParallel(config, ddp_config, module)         # grad buffer；bf16 时缺省 fp32 梯度
-# └─ megatron/core/optimizer/__init__.py::get_megatron_optimizer
-#    ├─ _get_param_groups_and_buffers(filter: 非 expert)                     # 稠密参数一组
-#    │  └─ _get_megatron_optimizer_based_on_param_groups
-#    │     ├─ torch.optim.AdamW(param_groups)                               # 没有 TE / Apex
-#    │     ├─ grad_scaler: loss_scale → ConstantGradScaler；fp16 → DynamicGradScaler；否则 None
-#    │     └─ fp16 或 bf16 或分布式优化器？
-#    │        ├─ 分布式优化器 → DistributedOptimizer      grad-stats 群 = intra_dist_opt（tp·pp·dp 全体）
-#    │        ├─ 否则         → Float16OptimizerWithFloat16Params   grad-stats 群 = tp-pp
-#    │        └─ 都不是       → FP32Optimizer                      grad-stats 群 = tp-pp
-#    ├─ _get_param_groups_and_buffers(filter: expert)                      # EP>1 时 expert 参数另一组
-#    │  └─ _get_megatron_optimizer_based_on_param_groups(..., model_parallel_group=expt_tp_pp)
-#    └─ ChainedOptimizer([...])
-#
-# megatron/training/training.py::train_step（每一步）
-# ├─ forward_backward_func(...)
-# │  ├─ forward：DDP forward pre-hook → finish_param_sync                    # overlap_param_gather：all_gather(dp-cp)
-# │  ├─ backward_step: output_tensor = grad_scale_func(loss)               # loss × scale（schedules.py:477）
-# │  └─ backward：DDP hook → register_grad_ready                            # overlap_grad_reduce：reduce_scatter / all_reduce(dp-cp)
-# ├─ finalize_model_grads → finish_grad_sync                               # 不 overlap：在这里发；overlap：等
-# └─ optimizer.step() = ChainedOptimizer.step
-#    ├─ prepare_grads → MixedPrecisionOptimizer.prepare_grads
-#    │  ├─ _copy_model_grads_to_main_grads                                 # main_param.grad = main_grad.float()
-#    │  ├─ _unscale_main_grads_and_check_for_nan                           # × 1/scale；all_reduce(MAX, grad-stats 群)
-#    │  └─ grad_scaler.update(found_inf)                                   # 减半 / 不变 / 翻倍
-#    ├─ found_inf → return (False, None, None)                             # 跳过：参数不动
-#    ├─ get_grad_norm → get_grads_for_grad_norm → _filter_grads_for_norm
-#    │  └─ get_grad_norm_fp32                                              # all_reduce(SUM, grad-stats 群)
-#    ├─ clip_grad > 0：_compute_grad_norms_by_group → has_grad_norm_group("mtp")
-#    │                                                                     # 第一步 all_reduce(MAX, grad-stats 群)，之后读缓存
-#    ├─ clip_grad_by_total_norm_fp32                                       # 本地 × clip/(norm+1e-6)
-#    └─ step_with_ready_grads
-#       ├─ AdamW.step()                                                    # 更新 fp32 主参数（或其分片）
-#       ├─ _copy_main_params_to_model_params                               # 主参数 → 16 位权重
-#       └─ DistributedOptimizer：不 overlap 时 start_param_sync             # all_gather(dp-cp)
-# ```
-#
-# **每个函数的阅读记录：**
-#
-# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
-# |---|---|---|---|---|---|---|---|
-# | `get_megatron_optimizer` | `OptimizerConfig`、DDP 包装的 model chunk | `ChainedOptimizer` | `_get_param_groups_and_buffers`、`_get_megatron_optimizer_based_on_param_groups` | 取 dp-cp、tp-pp、expert 各群，不通信 | 否 | 是：建优化器 | simple loop 不调用（用 torch 的 Adam） |
-# | `_get_megatron_optimizer_based_on_param_groups` | config、参数组、buffers、各群 | 一个 `MegatronOptimizer` | AdamW、grad scaler、三种外层类 | 记下 grad-stats 群 | 分布式优化器时切状态 | 是 | 同上 |
-# | `Float16OptimizerWithFloat16Params.__init__` | AdamW、config、scaler | 优化器 | `copy_tensor_model_parallel_attributes` | 否 | 否 | 是：每个 16 位参数多一份 fp32 `main_param` | 同上 |
-# | `MixedPrecisionOptimizer.prepare_grads` | 无（读 `main_grad`） | 是否发现 inf | `_copy_model_grads_to_main_grads`、`_unscale_main_grads_and_check_for_nan`、`grad_scaler.update` | **是**：found_inf 的 all-reduce(MAX) | 否 | 是：主梯度、loss scale | `optim.step()` 之内 |
-# | `DynamicGradScaler.update` | `found_inf` | 无 | 无 | 否 | 否 | 是：scale 与两个计数器 | 同上 |
-# | `ChainedOptimizer.step` | 无 | `(update_successful, grad_norm, num_zeros)` | 以上全部、`get_grad_norm_fp32`、`clip_grad_by_total_norm_fp32` | **是** | 否 | 是 | `optim.step()` |
-# | `_filter_grads_for_norm`（经 `get_grads_for_grad_norm`） | 本优化器的参数、可选的 `param_filter`（主范数：不属于单独的组） | 要计入范数的梯度 | `param_is_not_shared`、`param_is_not_tensor_parallel_duplicate`、`param_is_not_gtp_duplicate` | 只读 TP（和 GTP）rank | 否 | 否 | 同上 |
-# | `has_grad_norm_group` | 组名（只有 `"mtp"`） | 是否有 rank 持有这组参数（缓存） | `get_grad_stats_parallel_group` | **是**：第一次问时 all-reduce(MAX) | 否 | 否（只写缓存） | 同上 |
-# | `get_grad_norm_fp32` | 梯度列表、grad-stats 群 | 总范数（float） | l2 范数（无 TE / Apex 时 `local_multi_tensor_l2_norm`） | **是**：all-reduce(SUM) | 每个 rank 只算自己持有的 | 否 | 同上 |
-# | `clip_grad_by_total_norm_fp32` | 参数、`clip_grad`、总范数 | 无 | `multi_tensor_scale` | 否 | 否 | 是：梯度就地缩放 | 同上 |
-# | `DDP._make_forward_pre_hook` 的 hook | 模块 | 无 | `finish_param_sync` | **是**：all-gather(dp-cp) | 是：拼回参数分片 | 是：权重变成最新 | forward 之内 |
-# | `_ParamAndGradBucketGroup.register_grad_ready` | 参数 | 无 | `start_grad_sync` | **是**：reduce-scatter / all-reduce(dp-cp) | 是：分布式优化器时按 rank 分段 | 是：梯度归约 | backward 之内 |
-#
-# > **旧版（core_v0.18.0）：** 过滤范数梯度的是 [`optimizer.py::MegatronOptimizer.get_main_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/optimizer/optimizer.py#L140)（没有 `param_filter`），只用共享、TP 复制两个谓词；还没有单独成组的 MTP 范数，所以 `clip_grad > 0` 的第一步也没有那次 MAX all-reduce，第 5、8 节的表里第 1 步会少一次 AR。
+# 先读：[笔记 06](../06_gradient_sync_and_optimizer/)（一步优化）、[笔记 14](../14_data_parallel_ddp/)（DDP 的 bucket）、[笔记 15](../15_distributed_optimizer/)（分布式优化器）；约 25 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-import torch
-
 from snippets.optim import grad_norm, loss_scale, mixed_precision, optimizer_memory
 from snippets.dp import overlap_timeline, pictures as dp_pictures
 from snippets.record.listing import listing
@@ -153,6 +56,9 @@ from snippets.record.tables import Table
 from snippets.models.tiny_gpt import MBS, SEQ, VOCAB, by_global_name, forward_step, global_name, max_abs_diff, microbatches, \
     tiny_config
 
+import torch
+from IPython.display import Markdown, display
+
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
@@ -163,10 +69,34 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
 
+PAR = Parallel(world=2)
+section8 = run_ranks(run_overlap, 2, EXPERIMENTS["overlap"].tiny, PAR)   # 每个 rank：先不 overlap，再 overlap
+dp_pictures.draw_overlap_timeline(
+    section8[0], title="开 overlap：AG 移进下一次 forward，RS 从第 2 步起移进 backward，权重逐位相同（rank 0）")
+
 # %% [markdown]
-# 全篇共用两个小函数，都在 rank 进程里运行。`build` 和正式入口 `get_model` 的顺序一样：建 `GPTModel`，16 位时用
-# `Float16Module` 包一层（它把权重转成 bf16 / fp16），再用 DDP 包装。权重按参数的**全局**名字生成、TP 时取自己那片
-# （`grad_norm.init_full_by_global_name`），所以不管怎么切，拼起来都是同一个单进程模型。`train_step` 是一步里优化器之前的部分。
+# DP=2、分布式优化器、3 个 bucket，rank 0 上的一步：蓝 = 一串模块的 forward，红 = 一串参数的梯度，黄 = 一次 collective
+# （`AG b2` 是 bucket 2 的 all-gather，`RS` 是 reduce-scatter）。第 5 节逐条读它。
+#
+# <details><summary>本页怎么跑出来的</summary>
+#
+# - 所有 rank 都是本机的 gloo 进程，由 `snippets.ranks.launch.run_ranks` 从 notebook 进程 fork 出来，结果交回 notebook 打印。
+# - 模型是 `snippets.models.tiny_gpt.tiny_config` 的小 `GPTModel`（local spec）：4 层、hidden 16、2 个头、vocab 32、序列 8、
+#   micro-batch 2，共 9632 个参数；第 1 节用 1 层。下面折叠的 `build` 与正式入口 `get_model` 顺序相同：建模型，16 位时包
+#   `Float16Module`，再包 DDP。权重按参数的**全局**名字生成、TP 时取自己那片（`grad_norm.init_full_by_global_name`），
+#   所以不管怎么切，拼起来都是同一个单进程模型。`train_step` 是一步里优化器之前的部分（schedule + `finalize_model_grads`）。
+# - 第 3 节（bf16 下分布式优化器的 buffer）是实验 `optimizer-topic`（`snippets/experiments/n20_optimizer_topic.py` 的
+#   `bf16_buffers`、`run`，尺寸取登记项的 `tiny`，即上面的 4 层模型），比较两次运行的权重时只传回字节的 SHA-256。
+# - 第 5 节（overlap）是实验 `overlap`：`n20_optimizer_topic.overlap_run` 用笔记 14 的 `build_model` 建同样的模型、
+#   `bucket_size=3000` 切出 3 个 bucket、每步 2 个 micro-batch、跑 2 步；`n20_overlap.run` 在每个 rank 上先不 overlap、
+#   再 overlap 各跑一次，当场比较权重。`overlap_timeline.markers` 在记录里插入"某个模块开始 forward""某个参数的梯度算好了"，
+#   所以每次通信夹在哪些计算之间看得出来。
+# - 通信表由 `snippets.record.recorder` 记录：每个 collective、发出它的 Megatron 函数和它所属的阶段（optimizer step、grad sync…）。
+# - 复现：`.venv/bin/python -m snippets.run --nproc-per-node 2 optimizer-topic`（第 3 节的表）、
+#   `.venv/bin/python -m snippets.run --nproc-per-node 2 overlap`（第 5 节的表）；`scripts/execute_notes.sh notes/20_optimizer_topic.py` 重新执行整页。
+# - CPU 上要的改动见文末「在 CPU 上怎么跑的」。
+#
+# </details>
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def build(config, ddp_config, share_embeddings=False):
@@ -189,27 +119,144 @@ def train_step(ddp, optimizer, batches):
     finalize_model_grads([ddp])
     return sum(loss["lm loss"].item() for loss in losses) / len(batches)
 
+
+listing(bf16_buffers, run, overlap_run)
+
+# %% [markdown]
+# ## 源码位置
+#
+# | 符号（固定到 tag 的行） | 在本篇里的角色 |
+# |---|---|
+# | [`optimizer/__init__.py::get_megatron_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L988) | 分参数组（稠密 / expert），每组建一个优化器，包成 `ChainedOptimizer` |
+# | [`optimizer/__init__.py::_get_megatron_optimizer_based_on_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L450) | 建 torch 的 AdamW，选 grad scaler，选外层的类 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer.prepare_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) | 拷梯度 → unscale 并查 inf → `grad_scaler.update` |
+# | [`optimizer/grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L131) | 动态 loss scale 的策略 |
+# | [`optimizer/optimizer.py::ChainedOptimizer.step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1855) | 每一步：prepare → 溢出则返回 → 范数 → 裁剪 → 更新 |
+# | [`optimizer/optimizer.py::MegatronOptimizer._filter_grads_for_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L231) | 范数只算不共享、不是 TP 复制的梯度 |
+# | [`optimizer/clip_grads.py::get_grad_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L55) | 本地平方和，在 grad-stats 群里求和 |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.finish_param_sync`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L532) | forward pre-hook 里：没发就发、等完成、预取下一个 bucket |
+#
+# <details><summary>其余 21 个符号</summary>
+#
+# | 符号（固定到 tag 的行） | 在本篇里的角色 |
+# |---|---|
+# | [`optimizer/optimizer_config.py::OptimizerConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer_config.py#L139) | `fp16`、`bf16`、`loss_scale`、`initial_loss_scale`、`hysteresis`、`clip_grad`… |
+# | [`optimizer/optimizer.py::MegatronOptimizer.get_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L280) | 主范数用的梯度：除去单独成组（MTP）的参数，再过滤 |
+# | [`optimizer/optimizer.py::MegatronOptimizer.has_grad_norm_group`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L294) | `clip_grad > 0` 时：有没有哪个 rank 持有 MTP 参数，问一次（MAX）、缓存 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L654) | 16 位与分布式优化器的共同父类 |
+# | [`optimizer/optimizer.py::MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L713) | 乘 1/scale，发现 inf 则置标志，标志在 grad-stats 群里取 MAX |
+# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params.__init__`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L978) | 为每个 16 位参数建 fp32 主参数，换进 AdamW 的参数组 |
+# | [`optimizer/optimizer.py::Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1092) | `main_param.grad = main_grad.float()` |
+# | [`optimizer/optimizer.py::ChainedOptimizer.get_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1760) | 各内层优化器各自求范数，再平方相加 |
+# | [`optimizer/grad_scaler.py::ConstantGradScaler`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L43) | 给了 `loss_scale` 时的固定 scale |
+# | [`optimizer/clip_grads.py::clip_grad_by_total_norm_fp32`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/clip_grads.py#L143) | 范数超过 `clip_grad` 时就地缩放 |
+# | [`tensor_parallel/layers.py::param_is_not_tensor_parallel_duplicate`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L95) | TP 切过的参数，或 TP rank 0（expert 参数看 expert TP 群） |
+# | [`transformer/module.py::param_is_not_shared`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L25) | 没有 `shared=True` |
+# | [`transformer/module.py::Float16Module`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/module.py#L436) | 把模型转成 bf16 / fp16，输入转 16 位、输出转回 fp32 |
+# | [`language_module.py::LanguageModule.setup_embeddings_and_output_layer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L202) | PP>1 共享词嵌入：最后一个 stage 的副本标 `shared=True` |
+# | [`optimizer/distrib_optimizer.py::DistributedOptimizer._build_model_and_main_param_groups`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L347) | 16 位参数：只为本 rank 那段建 fp32 主参数 |
+# | [`optimizer/distrib_optimizer.py::DistributedOptimizer.step_with_ready_grads`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3158) | 不 overlap 时在这里 all-gather 参数 |
+# | [`distributed/distributed_data_parallel_config.py::DistributedDataParallelConfig`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel_config.py#L12) | `overlap_grad_reduce`、`overlap_param_gather`、`grad_reduce_in_fp32` |
+# | [`distributed/distributed_data_parallel.py::DistributedDataParallel._make_forward_pre_hook`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L432) | 模块 forward 前：等本模块参数所在 bucket 的 all-gather |
+# | [`distributed/param_and_grad_buffer.py::_ParamAndGradBucketGroup.register_grad_ready`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L857) | backward 里 bucket 的梯度齐了就发 reduce-scatter |
+# | [`training.py::setup_model_and_optimizer`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2017) | 正式入口：`get_model`（含 `Float16Module`、DDP）后调 `get_megatron_optimizer` |
+# | [`training.py::train_step`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2336) | 正式入口的一步：`update_successful` 为假时不推进学习率 |
+#
+# </details>
+
+# %% [markdown]
+# ## 调用链
+#
+# 建：`get_megatron_optimizer` 把参数分成稠密、expert 两类，每类（和每组 model chunk）建一个内层优化器，包成 `ChainedOptimizer`。
+# 每步：schedule 在 backward 前把 loss 乘 scale，`ChainedOptimizer.step` 依次 unscale 并查 inf、求范数、裁剪、更新、写回 16 位权重。
+#
+# <details><summary>完整调用链</summary>
+#
+# ```text
+# megatron/training/training.py::setup_model_and_optimizer
+# ├─ get_model: Float16Module(config, model)  (--bf16 / --fp16 时)           # 权重转 16 位
+# │             DistributedDataParallel(config, ddp_config, module)         # grad buffer；bf16 时缺省 fp32 梯度
+# └─ megatron/core/optimizer/__init__.py::get_megatron_optimizer
+#    ├─ 稠密 model chunk 分组：[全部]；overlap_param_gather_with_optimizer_step 时 [第 1 个]、[其余]
+#    ├─ 每组：_get_param_groups_and_buffers(filter: 非 expert)
+#    │  └─ _get_megatron_optimizer_based_on_param_groups
+#    │     ├─ torch.optim.AdamW(param_groups)                               # 没有 TE / Apex
+#    │     ├─ grad_scaler: loss_scale → ConstantGradScaler；fp16 → DynamicGradScaler；否则 None
+#    │     └─ 分布式优化器 → DistributedOptimizer      grad-stats 群 = intra_dist_opt（tp·pp·dp 全体）
+#    │        否则 fp16 / bf16 → Float16OptimizerWithFloat16Params   grad-stats 群 = tp-pp
+#    │        都不是 → FP32Optimizer                    grad-stats 群 = tp-pp
+#    ├─ 有 expert 参数：_get_param_groups_and_buffers(filter: expert)      # 所有 chunk 的 expert 参数一组
+#    │  └─ _get_megatron_optimizer_based_on_param_groups(..., model_parallel_group=expt_tp_pp)
+#    └─ ChainedOptimizer([...])
+#
+# megatron/training/training.py::train_step（每一步）
+# ├─ forward_backward_func(...)
+# │  ├─ forward：DDP forward pre-hook → finish_param_sync                    # overlap_param_gather：all_gather(dp-cp)
+# │  ├─ backward_step: output_tensor = grad_scale_func(loss)               # loss × scale
+# │  └─ backward：DDP hook → register_grad_ready                            # overlap_grad_reduce：reduce_scatter / all_reduce(dp-cp)
+# ├─ finalize_model_grads → finish_grad_sync                               # 不 overlap：在这里发；overlap：等
+# └─ optimizer.step() = ChainedOptimizer.step
+#    ├─ prepare_grads → MixedPrecisionOptimizer.prepare_grads
+#    │  ├─ _copy_model_grads_to_main_grads                                 # main_param.grad = main_grad.float()
+#    │  ├─ _unscale_main_grads_and_check_for_nan                           # × 1/scale；all_reduce(MAX, grad-stats 群)
+#    │  └─ grad_scaler.update(found_inf)                                   # 减半 / 不变 / 翻倍
+#    ├─ found_inf → return (False, None, None)                             # 跳过：参数不动
+#    ├─ get_grad_norm → get_grads_for_grad_norm → _filter_grads_for_norm
+#    │  └─ get_grad_norm_fp32                                              # all_reduce(SUM, grad-stats 群)
+#    ├─ clip_grad > 0：_compute_grad_norms_by_group → has_grad_norm_group("mtp")
+#    │                                                                     # 第一步 all_reduce(MAX, grad-stats 群)，之后读缓存
+#    ├─ clip_grad_by_total_norm_fp32                                       # 本地 × clip/(norm+1e-6)
+#    └─ step_with_ready_grads
+#       ├─ AdamW.step()                                                    # 更新 fp32 主参数（或其分片）
+#       ├─ _copy_main_params_to_model_params                               # 主参数 → 16 位权重
+#       └─ DistributedOptimizer：不 overlap 时 start_param_sync             # all_gather(dp-cp)
+# ```
+#
+# </details>
+#
+# <details><summary>每个函数的记录（roadmap 七问）</summary>
+#
+# `get_megatron_optimizer`、`ChainedOptimizer.step`、`get_grad_norm_fp32` 的记录在[笔记 06](../06_gradient_sync_and_optimizer/)，
+# `register_grad_ready` 在[笔记 14](../14_data_parallel_ddp/)，`DistributedOptimizer` 的在[笔记 15](../15_distributed_optimizer/)。
+#
+# | 函数 | 输入 | 输出 | 调用的 Megatron Core 组件 | process group? | tensor / batch 切分? | 改变训练状态? | simple loop 哪一步 |
+# |---|---|---|---|---|---|---|---|
+# | `_get_megatron_optimizer_based_on_param_groups` | config、参数组、buffers、各群 | 一个 `MegatronOptimizer` | AdamW、grad scaler、三种外层类 | 记下 grad-stats 群 | 分布式优化器时切状态 | 是 | simple loop 不调用（用 torch 的 Adam） |
+# | `Float16OptimizerWithFloat16Params.__init__` | AdamW、config、scaler | 优化器 | `copy_tensor_model_parallel_attributes` | 否 | 否 | 是：每个 16 位参数多一份 fp32 `main_param` | 同上 |
+# | `MixedPrecisionOptimizer.prepare_grads` | 无（读 `main_grad`） | 是否发现 inf | `_copy_model_grads_to_main_grads`、`_unscale_main_grads_and_check_for_nan`、`grad_scaler.update` | **是**：found_inf 的 all-reduce(MAX) | 否 | 是：主梯度、loss scale | `optim.step()` 之内 |
+# | `DynamicGradScaler.update` | `found_inf` | 无 | 无 | 否 | 否 | 是：scale 与两个计数器 | 同上 |
+# | `_filter_grads_for_norm`（经 `get_grads_for_grad_norm`） | 本优化器的参数、可选的 `param_filter` | 要计入范数的梯度 | `param_is_not_shared`、`param_is_not_tensor_parallel_duplicate`、`param_is_not_gtp_duplicate` | 只读 TP（和 GTP）rank | 否 | 否 | 同上 |
+# | `has_grad_norm_group` | 组名（只有 `"mtp"`） | 是否有 rank 持有这组参数（缓存） | `get_grad_stats_parallel_group` | **是**：第一次问时 all-reduce(MAX) | 否 | 否（只写缓存） | 同上 |
+# | `clip_grad_by_total_norm_fp32` | 参数、`clip_grad`、总范数 | 无 | `multi_tensor_scale` | 否 | 否 | 是：梯度就地缩放 | 同上 |
+# | `DDP._make_forward_pre_hook` 的 hook | 模块 | 无 | `finish_param_sync` | **是**：all-gather(dp-cp) | 是：拼回参数分片 | 是：权重变成最新 | forward 之内 |
+#
+# > **旧版（core_v0.18.0）：** 过滤范数梯度的是 [`optimizer.py::MegatronOptimizer.get_main_grads_for_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/optimizer/optimizer.py#L140)（没有 `param_filter`），只用共享、TP 复制两个谓词；还没有单独成组的 MTP 范数，所以 `clip_grad > 0` 的第一步也没有那次 MAX all-reduce。
+#
+# </details>
+
 # %% [markdown]
 # ## 关键对象
 #
-# ### 1. optimizer 如何创建：配置决定类
+# ### 1. optimizer 如何创建：配置决定类和个数
 #
-# 在 2 个 rank（DP=2，EP=2 留给 MoE 那一行）上，用同一个单层模型、八种配置各调一次真实的 `get_megatron_optimizer`，
-# 读出它返回的那一串对象：
+# 2 个 rank（DP=2；MoE 的几行 EP=2），同一个 1 层模型、十种配置，各调一次真实的 `get_megatron_optimizer`，读出它返回的对象。
+# 最后两行像 interleaved PP 那样给两个 model chunk，并打开 `overlap_param_gather_with_optimizer_step`：
 
 # %%
 def which_optimizer(cases):
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
     model_parallel_cuda_manual_seed(0)
     rows = []
-    for label, precision, opt_kwargs, moe in cases:
+    for label, precision, opt_kwargs, moe, chunks in cases:
         config = tiny_config(num_layers=1, **precision, **moe)
-        ddp = build(config, DistributedDataParallelConfig(
-            use_distributed_optimizer=opt_kwargs.get("use_distributed_optimizer", False)))
-        optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, **precision, **opt_kwargs), [ddp])
+        ddp_config = DistributedDataParallelConfig(
+            use_distributed_optimizer=opt_kwargs.get("use_distributed_optimizer", False),
+            overlap_param_gather=opt_kwargs.get("overlap_param_gather", False))
+        model_chunks = [build(config, ddp_config) for _ in range(chunks)]
+        optimizer = get_megatron_optimizer(OptimizerConfig(lr=0.01, **precision, **opt_kwargs), model_chunks)
         parts = optimizer.chained_optimizers
-        rows.append([label, type(optimizer).__name__,
-                     " + ".join(f"{type(o).__name__}({type(o.optimizer).__name__})" for o in parts),
+        rows.append([label, type(optimizer).__name__, len(parts),
+                     " + ".join(type(o).__name__ + (f"（{len(o.model_chunks)} chunk）" if chunks > 1 else "") for o in parts),
                      " + ".join(type(getattr(o, "grad_scaler", None)).__name__ for o in parts).replace("NoneType", "None"),
                      parts[0].get_loss_scale().item(),
                      " + ".join(str(torch.distributed.get_process_group_ranks(o.get_grad_stats_parallel_group()))
@@ -218,32 +265,33 @@ def which_optimizer(cases):
 
 
 moe = dict(num_moe_experts=2, moe_ffn_hidden_size=32, expert_model_parallel_size=2)
-cases = [("fp32", {}, {}, {}),
-         ("bf16", dict(bf16=True), {}, {}),
-         ("fp16", dict(fp16=True), {}, {}),
-         ("fp16, loss_scale=1024", dict(fp16=True), dict(loss_scale=1024.0), {}),
-         ("fp32, use_distributed_optimizer", {}, dict(use_distributed_optimizer=True), {}),
-         ("bf16, use_distributed_optimizer", dict(bf16=True), dict(use_distributed_optimizer=True), {}),
-         ("fp32, MoE（EP=2）", {}, {}, moe),
-         ("bf16, MoE（EP=2）, use_distributed_optimizer", dict(bf16=True), dict(use_distributed_optimizer=True), moe)]
+dist = dict(use_distributed_optimizer=True)
+early_ag = dict(use_distributed_optimizer=True, overlap_param_gather=True, overlap_param_gather_with_optimizer_step=True)
+cases = [("fp32", {}, {}, {}, 1),
+         ("bf16", dict(bf16=True), {}, {}, 1),
+         ("fp16", dict(fp16=True), {}, {}, 1),
+         ("fp16, loss_scale=1024", dict(fp16=True), dict(loss_scale=1024.0), {}, 1),
+         ("fp32, 分布式优化器", {}, dist, {}, 1),
+         ("bf16, 分布式优化器", dict(bf16=True), dist, {}, 1),
+         ("fp32, MoE（EP=2）", {}, {}, moe, 1),
+         ("bf16, MoE（EP=2）, 分布式优化器", dict(bf16=True), dist, moe, 1),
+         ("bf16, 分布式优化器, 2 chunk, overlap_..._with_optimizer_step", dict(bf16=True), early_ag, {}, 2),
+         ("同上 + MoE（EP=2）", dict(bf16=True), early_ag, moe, 2)]
 created = run_ranks(which_optimizer, 2, cases)[0]
-Table(["配置", "返回", "里面（最里层）", "grad_scaler", "loss scale", "grad-stats 群"], created)
+Table(["配置", "返回", "内层个数", "内层优化器", "grad_scaler", "loss scale", "grad-stats 群"], created)
 
 # %% [markdown]
-# 读这张表：
-#
-# - **外面总是 `ChainedOptimizer`**（不用 Megatron FSDP 时，[`__init__.py:1224`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1224)）。
-#   它装一个还是两个，取决于有没有 expert 参数：EP>1 时 expert 参数（`allreduce=False`）单独一组、单独一个优化器。
+# - **外面总是 `ChainedOptimizer`**（adam / sgd、不用 Megatron FSDP 时，[`__init__.py:1224`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1224)）。
+#   稠密参数通常一个内层优化器；开 `overlap_param_gather_with_optimizer_step`（正式入口只许 interleaved PP 用）时第一个 model chunk
+#   单独一个、其余 chunk 一个（[optimizer/__init__.py 第 1049–1054 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1049-L1054)），第一个 chunk 一更新完就先发它的参数 all-gather
+#   （[optimizer.py 第 1640–1643 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1640-L1643)）；有 expert 参数时所有 chunk 的 expert 参数再合成一个
+#   （[optimizer/__init__.py 第 1195 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L1195)）。所以是 1、2 或 3 个（Megatron FSDP 那一支只分 1 或 2 个，1 个时不包）。
 # - **里面是哪个类**只看三个开关（[`__init__.py:638`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/__init__.py#L638)）：
-#   `use_distributed_optimizer` → `DistributedOptimizer`；否则 `fp16` 或 `bf16` → `Float16OptimizerWithFloat16Params`；
-#   都没有 → `FP32Optimizer`。fp32 模型开分布式优化器，走的也是混合精度那一支（只是没有 scaler）。
-# - **grad scaler**：给了 `loss_scale` 就是固定的 `ConstantGradScaler`；否则只有 fp16 才建 `DynamicGradScaler`，初值
-#   `initial_loss_scale` 缺省 2³² = 4294967296；bf16 没有 scaler，`get_loss_scale()` 是常数 1。
-# - **grad-stats 群**（范数和 inf 标志在哪里求和）：不分片时是 `tp-pp` 群（这里 TP=PP=1，只有自己）；分布式优化器时是整个
-#   分布式优化器实例（这里 [0, 1]：梯度分散在 DP rank 上，范数必须跨 DP 求和）；expert 优化器用 expert 的 `tp-ep-pp` 群——
-#   EP=2 时两个 rank 各持不同的 expert，所以即使不分片也要跨 rank 求和。两个子优化器的群不同时，`ChainedOptimizer.get_grad_norm`
-#   各自求范数再平方相加（[`optimizer.py::ChainedOptimizer.get_grad_norm`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1760)）。
-# - 最里层是 torch 的 `AdamW`（`decoupled_weight_decay` 缺省为真）：本机没有 Transformer Engine / Apex 的 FusedAdam。
+#   `use_distributed_optimizer` → `DistributedOptimizer`；否则 `fp16` 或 `bf16` → `Float16OptimizerWithFloat16Params`；都没有 → `FP32Optimizer`。
+# - **grad scaler**：给了 `loss_scale` 就是固定的 `ConstantGradScaler`；否则只有 fp16 才建 `DynamicGradScaler`，初值 2³² = 4294967296；
+#   bf16 没有 scaler，loss scale 恒为 1。
+# - **grad-stats 群**（范数和 inf 标志在哪里求和）：不分片时是 `tp-pp` 群；分布式优化器时是整个分布式优化器实例（[0, 1]：梯度分散在
+#   DP rank 上）；expert 优化器用 expert 的群。群不同时 `ChainedOptimizer.get_grad_norm` 各自求范数再平方相加。
 #
 # 三个外层类的继承关系：
 
@@ -254,16 +302,15 @@ for cls in (FP32Optimizer, Float16OptimizerWithFloat16Params, DistributedOptimiz
     print(" → ".join(c.__name__ for c in cls.__mro__[:cls.__mro__.index(object)] if c.__name__ != "ABC"))
 
 # %% [markdown]
-# `MixedPrecisionOptimizer` 是"模型参数和优化器参数不是同一批张量"的共同父类：16 位优化器和分布式优化器都从它继承
-# 拷梯度、unscale、查 inf、把主参数写回模型这几步，区别只在主参数是整份还是一段。
+# 16 位优化器和分布式优化器共享 `MixedPrecisionOptimizer` 的拷梯度、unscale、查 inf、写回模型，区别只在主参数是整份还是一段。
 #
-# ### 2. 混合精度：权重、梯度、主参数
+# ### 2. 混合精度与 grad scaler
 #
-# 1 个 rank，同一个 4 层模型分别用 bf16 和 fp16 训练 3 步。bf16 按正式入口的缺省在 fp32 里累加梯度（`grad_reduce_in_fp32=True`，
-# [`arguments.py:1193`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1193)）；fp16 用 DDP 的缺省（梯度 buffer 也是 fp16）和固定的
-# `loss_scale=1024`。学习率特意取得很小（1e-4），看 16 位权重能不能记住这么小的更新。
+# **权重、梯度、主参数。** 1 个 rank，同一个 4 层模型分别用 bf16 和 fp16 训练 3 步。bf16 按正式入口的缺省在 fp32 里累加梯度
+# （`grad_reduce_in_fp32=True`，[`arguments.py:1193`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1193)）；fp16 用 DDP 的缺省（梯度 buffer 也是 fp16）和固定的
+# `loss_scale=1024`。学习率特意取得很小（1e-4），看 16 位权重能不能记住这么小的更新：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %%
 def main_params(lr, steps):
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
@@ -291,6 +338,8 @@ def main_params(lr, steps):
 
 
 mp = run_ranks(main_params, 1, lr=1e-4, steps=3)[0]
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 rows = []
 for name, r in mp.items():
     kinds = {(x["param"], x["main_grad"], x["main_param"], x["main_is_copy"], x["main_grad_in_buffer"]) for x in r["rows"]}
@@ -302,32 +351,18 @@ Table(["模型", "参数个数", "权重", "main_grad", "main_param", "主参数
        "AdamW 更新的是主参数", "权重 == 主参数转回 16 位", "3 步后权重没变的元素", "3 步后主参数没变的元素"], rows)
 
 # %% [markdown]
-# - **三份数**：模型算 forward / backward 用的是 16 位权重；梯度在 DDP 的 buffer 里（`main_grad`，bf16 时 fp32、fp16 时 fp16）；
-#   `Float16OptimizerWithFloat16Params` 给每个 16 位参数建了一份独立的 fp32 `main_param`，并把 AdamW 参数组里的参数**换成**它
-#   （[`optimizer.py:1009`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1009) 起）。所以 Adam 的动量也是 fp32，对应的是主参数。
-# - **梯度怎么到主参数**：`_copy_model_grads_to_main_grads` 做 `main_param.grad = main_grad.float()`。bf16 配 fp32 buffer 时
-#   `.float()` 什么也不做，主参数的 `.grad` 就是 DDP buffer 的那一段（同一块内存，表中 True）；fp16 时它是一份新的 fp32 拷贝。
-# - **为什么要 fp32 主参数**：lr = 1e-4 时每步每个元素只动约 1e-4。bf16 只有 8 位有效数字（7 位尾数），1 附近的间距是 2⁻⁷ ≈ 0.0078，
-#   这么小的更新写回 bf16 就被舍掉了：3 步之后一半以上的 bf16 权重**一位都没变**，而 fp32 主参数每个元素都变了。
-#   主参数把这些小更新攒起来，攒够了才在 bf16 里体现。fp16 有 11 位有效数字，舍掉的少得多，但它的指数范围小，这就是下一节 loss scale 的事。
-# - **写回**：`step` 的最后把主参数转成 16 位拷回模型（`_copy_main_params_to_model_params`）：表中"权重 == 主参数转回 16 位"对每个元素成立。
-
-# %% [markdown]
-# ### 3. fp16 的动态 loss scale
+# - **三份数**：前后向用 16 位权重；梯度在 DDP 的 buffer 里（`main_grad`，bf16 时 fp32、fp16 时 fp16）；每个 16 位参数还有一份
+#   独立的 fp32 `main_param`，AdamW 参数组里换成的是它。`main_param.grad = main_grad.float()`：bf16 配 fp32 buffer 时两者是同一块内存。
+# - **为什么要 fp32 主参数**：bf16 只有 8 位有效数字，1 附近的间距是 2⁻⁷ ≈ 0.0078，1e-4 的更新写回 bf16 就被舍掉：
+#   3 步之后一半以上的 bf16 权重一位都没变，fp32 主参数每个元素都变了。主参数把小更新攒起来，攒够了才在 bf16 里体现。
 #
-# fp16 能表示的最大数约 65504，6e-5 以下精度开始变差，6e-8 以下直接成 0。小梯度因此会丢失，于是先把 loss 乘一个大数 S 再 backward，所有梯度都大 S 倍；
-# 优化器在更新前乘回 1/S。S 太大时某些梯度溢出成 inf：这一步作废、S 减小；一段时间没溢出，S 再变大。
-# 在 Megatron 里这三处分别是：`config.grad_scale_func = optimizer.scale_loss`（正式入口
-# [`training.py:3530`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3530)），schedule 在 backward 前用它乘 loss
-# （[`schedules.py:562`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L562)）；
-# `_unscale_main_grads_and_check_for_nan` 乘回 1/S 并查 inf；`DynamicGradScaler.update` 调整 S。
-#
-# 下面在 1 个 rank 上用真实的 fp16 模型和真实的优化器跑两组。第一组是缺省配置（初值 2³²、`hysteresis=2`、`loss_scale_window=1000`），
-# 一直跑到第一次更新成功；第二组把初值设成 1024、`loss_scale_window=3`，并在第 1、2 步往一个梯度里**注入 inf**。
-# 每步记下：step 前的 scale S、`step()` 返回的 `update_successful` 和 `grad_norm`、参数变没变、step 后的 scale 与两个计数器，
-# 以及 `‖main_grad‖ / (S·grad_norm)`——它等于 1 就说明 buffer 里放的是放大了 S 倍的梯度、返回的范数是除回来之后的。
+# **fp16 的动态 loss scale。** fp16 6e-8 以下直接成 0，小梯度会丢，于是先把 loss 乘 S 再 backward，更新前乘回 1/S；
+# 溢出成 inf 时这一步作废、S 减小，一段时间没溢出再变大。三处分别是：正式入口把
+# `config.grad_scale_func = optimizer.scale_loss`（[`training.py:3530`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3530)），schedule 在 backward 前用它乘 loss
+# （[`schedules.py:562`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L562)）；`_unscale_main_grads_and_check_for_nan` 乘回 1/S 并查 inf；`DynamicGradScaler.update` 调整 S。
+# 真实的 fp16 模型跑两组：缺省配置（初值 2³²）跑到第一次更新成功；初值 1024、`loss_scale_window=3`，第 1、2 步往一个梯度里**注入 inf**：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %%
 def fp16_steps(opt_kwargs, inject_at, steps, stop_at_first_update=False):
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(0)
@@ -354,33 +389,25 @@ def fp16_steps(opt_kwargs, inject_at, steps, stop_at_first_update=False):
     return rows
 
 
-header = ["step", "S（前）", "注入 inf", "update_successful", "grad_norm", "‖main_grad‖ / (S·grad_norm)",
-          "参数变了", "S（后）", "growth", "hysteresis", "loss"]
 default = run_ranks(fp16_steps, 1, {}, (), 40, stop_at_first_update=True)[0]
 controlled = run_ranks(fp16_steps, 1, dict(initial_loss_scale=1024.0, loss_scale_window=3, hysteresis=2), (1, 2), 7)[0]
-print(f"缺省配置：前 {len(default) - 1} 步全部溢出、被跳过；第一次成功更新时 scale = {default[-1][1]:.0f}（前 3 步与最后 3 步）")
-display(Table(header, default[:3] + default[-3:]))
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+header = ["step", "S（前）", "注入 inf", "update_successful", "grad_norm", "‖main_grad‖ / (S·grad_norm)",
+          "参数变了", "S（后）", "growth", "hysteresis", "loss"]
 print("initial_loss_scale=1024, loss_scale_window=3, hysteresis=2，第 1、2 步注入 inf：")
-Table(header, controlled)
+display(Table(header, controlled))
+print(f"缺省配置：前 {len(default) - 1} 步全部溢出、被跳过；第一次成功更新时 scale = {default[-1][1]:.0f}（前 3 步与最后 3 步）")
+Table(header, default[:3] + default[-3:])
 
 # %% [markdown]
-# 第二张表逐行读：
+# - **step 1 注入 inf**：`update_successful=False`、参数一位未变：`ChainedOptimizer.step` 在 `prepare_grads` 报告 inf 后直接返回
+#   （[`optimizer.py:1864`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1864)）。scale **没有减半**：`hysteresis=2` 允许一次，计数器从 2 减到 1。
+# - **step 2 再注入**：计数器到 0，1024 → 512，同样跳过。**step 3–5 干净**：growth 计数到 `loss_scale_window=3` 时翻倍回 1024，计数器复位。
+# - `‖main_grad‖ / (S·grad_norm)` 恒为 1：buffer 里是放大了 S 倍的梯度，返回的范数是 unscale 之后的。
+# - 缺省初值 2³² 对这个模型大得离谱，十几步之后才第一次更新；正式入口对这些步不推进学习率，记为 skipped iteration。
 #
-# - **step 1 注入 inf**：`update_successful=False`、`grad_norm` 为 `None`、参数一位未变——`ChainedOptimizer.step` 在
-#   `prepare_grads` 报告 inf 后直接返回（[`optimizer.py:1864`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1864)），
-#   不算范数、不裁剪、不更新。但 scale **没有减半**：`hysteresis=2` 允许一次，计数器从 2 减到 1。
-# - **step 2 再注入**：计数器到 0，scale 乘 `backoff_factor=0.5`，1024 → 512。这一步同样被跳过。
-#   loss 列：step 2 与 step 1 用的是不同的 micro-batch，但参数自 step 0 之后没变过。
-# - **step 3–5 干净**：growth 计数 1、2、3，到 `loss_scale_window=3` 时 scale 乘 `growth_factor=2` 回到 1024，两个计数器复位
-#   （hysteresis 回到 2）。
-# - `‖main_grad‖ / (S·grad_norm)` 恒为 1：buffer 里的梯度是放大了 S 倍的，返回的 `grad_norm` 是 unscale 之后的真实范数。
-#
-# 第一张表是缺省配置的真实代价：2³² 对这个模型大得离谱，每一步都溢出；第 0 步用掉那一次宽容，第 1 步起每步减半（hysteresis
-# 计数器一直往负数走，直到下一次增长才复位），十几步之后才第一次真正更新。正式入口把这些步记为 skipped iterations：
-# `train_step` 拿到 `update_successful=False` 时不推进学习率调度。
-#
-# 策略本身是十几行纯算术。`snippets/optim/loss_scale.py` 用自己的话重写了 `DynamicGradScaler.update`（`trace`），
-# 下面直接驱动真实的 `DynamicGradScaler`，喂同一串"是否溢出"，逐步比较：
+# 直接驱动真实的 `DynamicGradScaler`，喂一串"是否溢出"：
 
 # %%
 def scaler_trace(found_infs, initial_scale, growth_interval, hysteresis):
@@ -401,59 +428,41 @@ print("真实 DynamicGradScaler == snippets.optim.loss_scale.trace:", real == lo
 Table(["step", "found_inf", "scale（前）", "scale（后）", "growth", "hysteresis"], real)
 
 # %% [markdown]
-# 注意 step 1 和 step 3：两次溢出**不相邻**（中间 step 2 是干净的），scale 仍然在 step 3 减半。hysteresis 计数器只在"增长"时复位，
-# 干净的一步只让 growth 计数加一，不把 hysteresis 加回去（见遗留问题 1）。
+# step 1 和 step 3 的两次溢出**不相邻**（中间 step 2 是干净的），scale 仍在 step 3 减半：hysteresis 计数器只在"增长"时复位，
+# 干净的一步不把它加回去（坑 1）。
 #
-# ### 4. 分布式优化器在 bf16 下的 buffer
+# ### 3. 分布式优化器的切分：bf16 时每个 rank 持有什么
 #
-# [笔记 15](../15_distributed_optimizer/) 用 fp32 模型看过分片：fp32 时主参数就是模型权重的视图，不另占内存。bf16 才是真实训练的情形：
-# 2 个 rank、DP=2、`grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 持有的 buffer。
-#
-# 这一节的函数在 `snippets/experiments/n20_optimizer_topic.py` 里，模型尺寸和 micro-batch 数是参数 `dims`（本篇用它的
-# `tiny`，就是上面 `tiny_config` 的 4 层模型）。模型的建法与上面的 `build` 相同（`GPTModel` → 按全局名字初始化 →
-# `Float16Module` → DDP）；最后比较两次运行的权重时不传回整份权重，只传回它们字节的 SHA-256（`digest`）。
+# 笔记 15 用 fp32 模型看过分片：那时主参数就是权重的视图，不另占内存。bf16 才是真实训练的情形：2 个 rank、DP=2、
+# `grad_reduce_in_fp32=True`，分别用分布式优化器和不分片的优化器各跑 1 步（Adam 的动量在第一步才建），从真实对象里读每个 rank 的 buffer：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(bf16_buffers, run)
-
-# %%
 TINY = EXPERIMENTS["optimizer-topic"].tiny
-PAR = Parallel(world=2)
 results = run_ranks(run, 2, TINY, PAR)            # 每个 rank：先用分布式优化器跑，再不分片跑
 buffers, owned, per_parameter = tables(results, TINY, PAR)
-buffers
-
-# %% [markdown]
-# - **不变的部分**：每个 rank 都有完整的 bf16 权重（分布式优化器时它是 DDP 的 param buffer，补齐到 10496，all-gather 就拼进这里）
-#   和完整的 fp32 梯度 buffer（10496 / 9632）。
-# - **分片的部分**：fp32 主参数和 Adam 的两个动量。rank 0 只有 4768 个元素的主参数、rank 1 有 4864 个，合起来正好是 9632 个参数；
-#   不分片时每个 rank 各有一整份 9632。这一段是 `_build_model_and_main_param_groups` 里
-#   `shard_model_param.clone().float()` 建出来的——bf16 时是拷贝，fp32 时只是视图（笔记 15）。
-# - 哪些参数在本 rank 有主参数：本 rank 不拥有任何元素的参数，`main_param` 是 `None`（CPU 上这需要一个补丁，见遗留问题 5）。
-#   这个模型里两段的分界线恰好落在参数边界上（补齐到 64 的结果），没有参数被切开：
-
-# %%
+display(buffers)
 print(owned)
 
 # %% [markdown]
-# 每个参数几个字节，实测与[笔记 15](../15_distributed_optimizer/) 的公式（bf16 权重 + fp32 梯度：不分片 18，分片 6 + 12/d）对照，
-# 以及两种优化器走完这一步之后的权重：
+# - **不变的部分**：每个 rank 都有完整的 bf16 权重（DDP 的 param buffer，补齐到 10496，all-gather 就拼进这里）和完整的 fp32 梯度 buffer。
+# - **分片的部分**：fp32 主参数和 Adam 的两个动量：rank 0 有 4768 个元素、rank 1 有 4864 个，合起来正好 9632；不分片时各有一整份。
+#   这一段是 `_build_model_and_main_param_groups` 里 `shard_model_param.clone().float()` 建的：bf16 时是拷贝，fp32 时只是视图。
+#
+# 每个参数几个字节，实测对照笔记 15 的公式（bf16 权重 + fp32 梯度：不分片 18，分片 6 + 12/d），以及走完这一步之后的权重：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 per_parameter
 
 # %% [markdown]
-# 实测比公式多出的 0.5 字节左右是补齐（10496 个位置放 9632 个参数，小模型里 16 元素的 norm 参数各占 64 个位置）。
+# 实测比公式多出的 0.5 字节左右是补齐（10496 个位置放 9632 个参数，16 元素的 norm 参数各占 64 个位置）。
 
 # %% [markdown]
 # ## Tensor / Process Group 语义
 #
-# ### 5. 梯度范数跨 rank：谁被算、谁被跳过
+# ### 4. 梯度范数与裁剪跨 rank：谁被算、谁被跳过
 #
-# 模型共享词嵌入（`share_embeddings_and_output_weights=True`，`gpt_builder` 的缺省），`clip_grad=1.0`，4 个 micro-batch。
-# 同一个函数跑四种切法：单进程、TP=2、PP=2、TP=2 × DP=2 + 分布式优化器。每一步在 `optimizer.step()` 之前用
-# `grad_norm.norm_rows` 问 Megatron 自己的两个谓词每个参数算不算，并录下 `step()` 里的通信。（`_filter_grads_for_norm`
-# 还有第三个谓词 `param_is_not_gtp_duplicate`，只在开 GTP weight remat 时才会说不，这里总是真。）
+# 模型共享词嵌入（`gpt_builder` 的缺省），`clip_grad=1.0`。同一个函数跑四种切法：单进程、TP=2、PP=2、TP=2 × DP=2 + 分布式优化器；
+# `step()` 之前问 Megatron 自己的谓词每个参数算不算，并录下 `step()` 里的通信：
 
 # %%
 def norm_run(tp=1, pp=1, use_distributed_optimizer=False, clip_grad=1.0, steps=1):
@@ -485,9 +494,9 @@ pp2 = run_ranks(norm_run, 2, pp=2)
 tp2dp2 = run_ranks(norm_run, 4, tp=2, use_distributed_optimizer=True)
 
 # %% [markdown]
-# 每个参数在每个 rank 上算不算（✓ 计入；× 不计入，括号里是哪个谓词说不；空白：这个 rank 没有它）。只列一层，其余层相同：
+# 每个参数在每个 rank 上算不算（✓ 计入；× 不计入，括号里是哪个谓词说不；空白：这个 rank 没有它），只列一层：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def mark(row):
     if row is None:
         return ""
@@ -505,19 +514,14 @@ Table(["参数", "TP 切分", *[label for label, _ in runs]],
         *[mark(rows.get(n)) for rows in by_name]] for n in shown])
 
 # %% [markdown]
-# - **TP 复制**：LayerNorm 的 weight / bias、位置嵌入、final norm 不被 TP 切分（`tensor_model_parallel` 为假），两个 TP rank 各有一份
-#   完整的、梯度也相同的拷贝。`param_is_not_tensor_parallel_duplicate` 只让 TP rank 0 的那份计入。被切的参数（QKV、MLP、词嵌入）
-#   每个 rank 只有自己那片，各自都算。
-# - **PP 共享**：PP=2 时词嵌入在 rank 0（第一个 stage 的 `embedding.word_embeddings.weight`），输出层要用同一个矩阵，于是最后一个 stage
-#   另存一份 `output_layer.weight`，`setup_embeddings_and_output_layer` 给它标上 `shared=True`
-#   （[`language_module.py:283`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L283)）。
-#   `finalize_model_grads` 把两份梯度在 embedding 群里相加，两份一样，`param_is_not_shared` 只让第一份计入。
-#   （CPU 上构造这个最后 stage 需要补丁 `shared_embedding_cuda`，见遗留问题 5。）
+# - **TP 复制**：LayerNorm、位置嵌入、final norm 不被 TP 切分，两个 TP rank 各有一份相同的梯度，`param_is_not_tensor_parallel_duplicate`
+#   只让 TP rank 0 的那份计入；被切的参数每个 rank 只有自己那片，各自都算。
+# - **PP 共享**：PP=2 时最后一个 stage 另存一份词嵌入作输出层，`setup_embeddings_and_output_layer` 给它标 `shared=True`
+#   （[`language_module.py:283`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L283)），`param_is_not_shared` 只让第一份计入。
 #
-# 于是每个梯度元素恰好计入一次。把每个 rank 计入的平方和加起来（`grad_norm.total_norm`，就是 `get_grad_norm_fp32` all-reduce 的东西），
-# 对照 `step()` 真实返回的范数、单进程的范数，以及不过滤、全部加起来的"天真"范数：
+# 于是每个梯度元素恰好计入一次。每个 rank 计入的平方和加起来，对照 `step()` 真实返回的范数、单进程的，以及不过滤的"天真"范数：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 reference = one["steps"][0]["norm"]
 table = []
 for label, results in (("单进程", [one]), ("TP=2", tp2), ("PP=2", pp2), ("TP=2 × DP=2，分布式优化器", tp2dp2)):
@@ -529,38 +533,28 @@ for label, results in (("单进程", [one]), ("TP=2", tp2), ("PP=2", pp2), ("TP=
 Table(["切法", "grad-stats 群", "step() 返回的范数（各 rank）", "计入的平方和开方", "不过滤", "= 单进程（差 < 1e-6）"], table)
 
 # %% [markdown]
-# 四种切法返回的范数都是 1.7747，各 rank 一致；不过滤的话 TP=2 多算了复制的 norm 参数，PP=2 多算了一整份词嵌入梯度，结果都偏大。
-# 分布式优化器那一行没有列"计入的平方和"：那里每个 rank 只对自己那段 shard 的梯度求平方和（shard 复制了 TP 属性和 `shared` 标记，
-# 同样过滤），四个 rank 的和才是全部。
-#
-# 一步里 `optimizer.step()` 的全部跨 rank 通信（各取 rank 0，第 1 步）：
+# 四种切法返回的都是 1.7747；不过滤的话 TP=2 多算了复制的 norm 参数，PP=2 多算了一整份词嵌入梯度。分布式优化器那一行里
+# 每个 rank 只对自己那段 shard 求平方和（shard 带着 TP 属性和 `shared` 标记，同样过滤），四个 rank 的和才是全部。
+# `step()` 里的跨 rank 通信（rank 0，第 1 步）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 meanings = {"optimizer/clip_grads.py::get_grad_norm_fp32": "范数：各 rank 计入的平方和相加（SUM）",
             "optimizer/optimizer.py::has_grad_norm_group": "clip_grad > 0：有没有 rank 持有 MTP 参数（MAX，只在第一步问）",
             "distributed/param_and_grad_buffer.py::start_param_sync": "分布式优化器：各 rank 更新过的那段权重拼回完整 buffer"}
 for label, results in (("TP=2", tp2), ("PP=2", pp2)):
     print(label)
     display(communication_table(results[0]["steps"][0]["calls"], meanings))
-print("TP=2 × DP=2，分布式优化器（第一个群是 intra_dist_opt_group，记录器只认得出它的成员）")
+print("TP=2 × DP=2，分布式优化器（第一个群是 intra_dist_opt_group，表里按成员列出）")
 communication_table(tp2dp2[0]["steps"][0]["calls"], meanings, ranks=False)
 
 # %% [markdown]
-# - 不分片时范数在 `tp-pp` 群里求和：TP=2 是 [0, 1]，PP=2 也是 [0, 1]（这两个 rank 一起才是一份完整的模型）。DP 不参与：
-#   `finalize_model_grads` 之后各 DP rank 的梯度相同，再加就重复了。
-# - 分布式优化器时群是 [0, 1, 2, 3]（`intra_dist_opt_group`，这里就是 `tp·pp·dp` 全体）：梯度按 DP 分散了，必须连 DP 一起加。
-#   这一步的 all-gather 在 `dp-cp` 群 [0, 2] 里：它只拼 DP 方向的分片，TP 的两片本来就各管各的。
-# - 范数之后还有一次 `[1]` 的 all-reduce，来自 `has_grad_norm_group`（[`optimizer.py:315`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L315)）：
-#   `clip_grad > 0` 时，`ChainedOptimizer.step` 先要知道有没有参数属于单独算范数、单独裁剪的 MTP（多 token 预测）组，
-#   有的话那组用自己的范数裁剪。每个 rank 只知道自己持有什么，所以把本地的 0 / 1 在 grad-stats 群里取 MAX，答案缓存起来，
-#   以后的步不再问（第 8 节的表里只有第 1 步多一次 AR）。本篇的模型没有 MTP 层，答案是否，裁剪照旧用总范数。
-# - 裁剪本身（乘一个系数）不通信。
+# - 不分片时范数在 `tp-pp` 群 [0, 1] 里求和；DP 不参与（`finalize_model_grads` 之后各 DP rank 的梯度相同，再加就重复）。
+#   分布式优化器时群是 [0, 1, 2, 3]：梯度按 DP 分散了，必须连 DP 一起加；末尾的 all-gather 只在 `dp-cp` 群 [0, 2] 里拼 DP 方向的分片。
+# - 范数之后那次 `[1]` 的 all-reduce 来自 `has_grad_norm_group`（[`optimizer.py:315`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L315)）：
+#   第一步问一次有没有 rank 持有单独裁剪的 MTP 参数，取 MAX 后缓存。
 #
-# ### 6. 裁剪：TP=2 的裁剪一步 = 单进程的裁剪一步
-#
-# 范数 1.7747 > `clip_grad=1.0`，所以每一步梯度都被乘以 `1 / (1.7747 + 1e-6)`。不分片时 `param.grad` 就是 `main_grad`，
-# step 之后读 `main_grad` 就是裁剪后的梯度。把 TP=2 两个 rank 的分片按 `partition_dim` 拼回去（`param_table.gather`），与单进程比较；
-# PP=2 的两个 stage 合起来比较；分布式优化器只比较参数。
+# **裁剪。** 范数 1.7747 > `clip_grad=1.0`，每个梯度乘 `1 / (1.7747 + 1e-6)`。只要每个 rank 拿到同一个、正确的总范数，
+# 各自就地乘同一个系数，结果就和单进程一样：TP=2 拼回的裁剪后梯度与单进程差 0.0，三种切法走完一步 Adam 后的参数都与单进程 allclose。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def full(results, what, step=None):
@@ -587,18 +581,13 @@ for label, results in (("TP=2", tp2), ("PP=2", pp2), ("TP=2 × DP=2，分布式�
                  all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full(results, "params").values(), one["params"].values()))])
 rows.append(["对照：裁剪前与裁剪后的梯度 max |Δ|（裁剪确实改变了梯度）",
              max_abs_diff(one["steps"][0]["clipped"], one["steps"][0]["unclipped"])])
-Table(["检查", "结果"], rows)
+Markdown(f"<details><summary>裁剪的逐项核对</summary>\n\n{Table(['检查', '结果'], rows).markdown()}\n\n</details>")
 
 # %% [markdown]
-# 裁剪要跨 rank 的只有"范数"这个数：只要每个 rank 拿到的是同一个、正确的总范数，各自就地乘同一个系数，结果就和单进程一样。
-# 上一节证明了这个数在每种切法下都正确。（`clip_grad_by_total_norm_fp32` 在 CPU 上需要补丁 `clip_grads_type_check`，见笔记 06。）
-#
-# ### 7. fp16 的溢出标志跨 rank
-#
-# 范数要跨 rank 求和，inf 标志也一样要跨 rank：只要有一个 rank 溢出，**所有** rank 都必须跳过这一步，否则 TP 的两片权重就不再属于同一个模型。
+# **inf 标志也跨 rank。** 只要有一个 rank 溢出，所有 rank 都必须跳过这一步，否则 TP 的两片权重就不再属于同一个模型。
 # TP=2、fp16，只在 TP rank 0 的梯度里注入 inf：
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %%
 def fp16_tp2_overflow():
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     model_parallel_cuda_manual_seed(0)
@@ -618,6 +607,8 @@ def fp16_tp2_overflow():
 
 
 overflow = run_ranks(fp16_tp2_overflow, 2)
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 display(Table(["rank", "注入了 inf", "update_successful", "参数没变", "scale（后）"],
               [[rank, r["injected"], r["update_successful"], r["unchanged"], r["scale"]] for rank, r in enumerate(overflow)]))
 communication_table(overflow[1]["calls"], {
@@ -625,139 +616,94 @@ communication_table(overflow[1]["calls"], {
 
 # %% [markdown]
 # rank 1 自己的梯度干净，却也跳过了这一步、scale 也减半：`found_inf` 在 grad-stats 群里做了 MAX all-reduce
-# （[`optimizer.py:729`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L729)）。
-# 溢出时 step 到此为止，所以只有这一次通信，没有范数的那次（也没有第 5 节 MTP 组的那次询问）。
+# （[`optimizer.py:729`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L729)）。溢出时 step 到此为止，所以只有这一次通信。
+
+# %% [markdown]
+# ### 5. overlap grad reduce 与 overlap param gather
 #
-# ### 8. overlap grad reduce 与 overlap param gather
-#
-# 2 个 rank、DP=2、分布式优化器，`bucket_size=3000` 切出 3 个 bucket，每步 2 个 micro-batch，跑 2 步；一次
-# `overlap_grad_reduce=overlap_param_gather=False`，一次都为 True。录下每一步从 schedule 到 `optimizer.step()` 的全部 collective，
-# 并用 `overlap_timeline.markers` 在同一张记录里插入"某个模块开始 forward""某个参数的梯度算好了"，这样能看出每次通信夹在哪些计算之间。
-#
-# 每个 rank 上的一次运行是 `snippets/experiments/n20_optimizer_topic.py` 里的 `overlap_run`（模型由笔记 14 的同一个 `build_model` 建，
-# 与上面的 `build` 得到同样的权重）。`snippets/experiments/n20_overlap.py` 的 `run` 在每个 rank 上先后跑两次（不 overlap、overlap），
-# 当场比较两次的权重。
+# 开头那张图的运行：DP=2、分布式优化器，`bucket_size=3000` 切出 3 个 bucket，每步 2 个 micro-batch，跑 2 步；一次两个 overlap
+# 开关都关，一次都开。每一步从 schedule 到 `optimizer.step()` 的跨 rank collective 各落在哪里
+# （AG = all-gather 参数，RS = reduce-scatter 梯度，AR = `optimizer.step()` 里的 all-reduce）：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-listing(overlap_run)
-
-# %%
-section8 = run_ranks(run_overlap, 2, EXPERIMENTS["overlap"].tiny, PAR)   # 每个 rank：先不 overlap，再 overlap
 bucket_sizes, where, _, timeline, same = overlap_tables(section8, EXPERIMENTS["overlap"].tiny, PAR)
 print(bucket_sizes)
 where
 
 # %% [markdown]
-# （AG = all-gather 参数，RS = reduce-scatter 梯度，AR = `optimizer.step()` 里的 all-reduce：每步一次范数，第 1 步还有一次
-# MTP 组的询问，见第 5 节；只数跨 rank 的。）
-#
 # - **不 overlap**：每步一次整块的 RS 在 `finalize_model_grads` 里，一次整块的 AG 在 `optimizer.step()` 的末尾
-#   （`DistributedOptimizer.step_with_ready_grads` 里 `should_sync_params` 为真的那一支：不 overlap param gather，
-#   也没有被外层推迟，[`distrib_optimizer.py:3165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3165)）。
-# - **overlap**：三个 bucket 各一次 RS、各一次 AG。AG 全部移进了**下一次 forward**；RS 从第 2 步起移进了 **backward**。
-#   第 1 步的 RS 仍在 finalize 里——和[笔记 14](../14_data_parallel_ddp/) 看到的一样，第一步只数每个参数的梯度会报到几次。
-#   第 1 步的 forward 里也有 3 次 AG：这时还没有任何 step，拼回来的是没变过的参数（遗留问题 2）。
+#   （`DistributedOptimizer.step_with_ready_grads` 里 `should_sync_params` 为真的那一支，[`distrib_optimizer.py:3165`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3165)）。
+# - **overlap**：三个 bucket 各一次 RS、各一次 AG。AG 全部移进**下一次 forward**；RS 从第 2 步起移进 **backward**（第 1 步只数
+#   每个参数的梯度会报到几次，见[笔记 14](../14_data_parallel_ddp/)）。第 1 步的 forward 里也有 3 次 AG：这时还没有任何 step（坑 2）。
+# - **AG 按需发出、预取下一个**：`word_embeddings` 开始 forward 时，pre-hook 发出它的 bucket 2 的 AG 并等它
+#   （[`param_and_grad_buffer.py:551`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L551)），随即异步发出 bucket 1 的（[param_and_grad_buffer.py 第 567 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L567)）；顺序与 forward 用参数的顺序一致。
+# - **RS 紧跟在 bucket 凑齐之后**：从输出层往回算，bucket 0 的 12 个梯度一算完它的 hook 就发出 RS，后面 25 个梯度还在算。
 #
-# 第 2 步（overlap）的完整时间线，rank 0：
+# 图的最后一行就是第 2 步的逐事件记录；真正的"重叠"要 GPU 上独立的通信 stream，这里看到的是发出的时刻。结果是否相同：
 
-# %%
-timeline
-
-# %% [markdown]
-# 同一份记录画成时间线，上面再加上不 overlap 的一步和 overlap 的第 1 步（蓝 = 一串模块的 forward，红 = 一串参数的梯度，
-# 黄 = 一次 collective，`AG b2` 是 bucket 2 的 all-gather；鼠标停在方块上看细节）：
-
-# %%
-dp_pictures.draw_overlap_timeline(section8[0])
-
-# %% [markdown]
-# - **AG 在 forward 里按需发出、预取下一个**：第一个有参数的模块 `word_embeddings` 开始 forward 时，它的 pre-hook 发现自己的 bucket
-#   （bucket 2，buffer 的词嵌入那端）的 AG 还没发，就发出并等它完成（[`param_and_grad_buffer.py:551`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L551)），
-#   随即**异步**发出下一个 bucket 1 的 AG（[param_and_grad_buffer.py 第 567 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L567)）；算到 `layers.1` 的 `linear_proj`（forward 顺序里 bucket 1 的第一个参数）
-#   时才等 bucket 1，再发 bucket 0。AG 的顺序与 forward 用参数的顺序一致，和 bucket 的编号相反。第二个 micro-batch 的 forward 不再 AG。
-# - **RS 在 backward 里、紧跟在 bucket 凑齐之后**：backward 从输出层往回算，`output_layer.weight` 到 `layers.2` 的 `linear_fc2` 这 12 个梯度
-#   一算完，bucket 0 就齐了，它的 hook（`register_grad_ready`）立即发出 RS，后面 25 个梯度还在算。每个 RS
-#   前面恰好刚算完它那个 bucket 的最后一个梯度。
-# - 第一个 micro-batch 的 backward 没有通信（`no_sync`）。
-#
-# gloo 在 CPU 上也给了异步句柄，所以顺序与 GPU 上一致；真正的"重叠"（通信和计算同时进行）要 GPU 上独立的通信 stream，
-# 这里只能看到发出的时刻。结果是否相同：
-
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+display(Markdown(f"<details><summary>第 2 步（overlap）的逐事件记录，rank 0</summary>\n\n{timeline.markdown()}\n\n</details>"))
 same
 
 # %% [markdown]
 # 同步之后逐位相同（0.0）。但**刚做完 step 时**不同：overlap 时 step 只更新了本 rank 那段，另一段要等下一次 forward 的 AG，
-# 这时读参数（存 checkpoint、做评估）读到的是另一半旧值。正式入口存 checkpoint 前因此先 `force_param_sync`
-# （[`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)）；自己调 Megatron Core 时要记得（遗留问题 3）。
+# 这时读参数（存 checkpoint、做评估）读到的是另一半旧值（坑 3）。
 
 # %% [markdown]
 # ## 机制解释
 #
-# **loss scale 的数学。** backward 是线性的：loss 乘 S，每个梯度都乘 S。fp16 的尾数只有 10 位，但相对精度与数值大小无关，
-# 所以放大 S 倍不损失精度，只是把整个梯度分布往 fp16 能表示的区间里挪：太小的不再下溢，太大的（S 过大时）溢出成 inf。
-# 溢出是能检测的（`_amp_foreach_non_finite_check_and_unscale_` 在乘 1/S 的同时查 inf / nan），下溢不能，所以策略是"尽量大、溢出就退"：
-# 每 `loss_scale_window` 步试着翻倍，溢出了减半并丢掉这一步。`hysteresis` 让偶发的一次溢出不立刻减半。
+# **loss scale 的数学。** backward 是线性的：loss 乘 S，每个梯度都乘 S。fp16 的相对精度与数值大小无关，所以放大 S 倍不损失精度，
+# 只是把整个梯度分布往 fp16 能表示的区间里挪：太小的不再下溢，太大的溢出成 inf。溢出能检测（乘 1/S 的同时查 inf / nan），下溢不能，
+# 所以策略是"尽量大、溢出就退"：每 `loss_scale_window` 步试着翻倍，溢出了减半并丢掉这一步，`hysteresis` 让偶发的一次溢出不立刻减半。
 #
-# **为什么 bf16 不要 scaler。** bf16 的指数位和 fp32 一样是 8 位，范围到 3e38，梯度不会下溢或溢出，于是 `grad_scaler` 为 `None`，
-# `get_loss_scale()` 恒为 1，`prepare_grads` 连 inf 检查都跳过（遗留问题 4）。它缺的是精度（7 位尾数），这由 fp32 主参数和 fp32 梯度 buffer 补上：
-# 第 2 节里一半的 bf16 权重吸收不了 1e-4 的更新，主参数可以。
+# **为什么 bf16 不要 scaler。** bf16 的指数位和 fp32 一样是 8 位，梯度不会下溢或溢出，于是 `grad_scaler` 为 `None`、loss scale 恒为 1，
+# `prepare_grads` 连 inf 检查都跳过（坑 4）。它缺的是精度（7 位尾数），由 fp32 主参数和 fp32 梯度 buffer 补上。
 #
-# **过滤为什么是"按参数"的。** 范数是对模型的每个梯度**元素**求平方和。TP 切过的参数，每个 rank 持有不同的元素；TP 复制的参数，
-# 每个 rank 持有相同的元素；PP 共享的词嵌入，两个 stage 持有相同的元素。所以只需对"复制"的那类在 TP 群里留一份（rank 0），
-# 对共享的留第一个 stage 那份，然后在 tp-pp 群里求和。DP 副本持有的元素完全相同，不分片时根本不进群；分片时每个 DP rank 持有不同的段，
-# 才把 DP 也纳入。同一个谓词也用在 `count_zeros_fp32` 和正式入口的参数范数里。
+# **过滤为什么是"按参数"的。** 范数是对每个梯度**元素**求平方和：TP 切过的参数各 rank 持有不同的元素，TP 复制的参数和 PP
+# 共享的词嵌入几个 rank 持有相同的元素，所以后者各留一份，再在持有不同元素的 rank 之间求和。
 #
-# **overlap 为什么能正确。** 梯度归约只要等这个 bucket 的每个参数都报到（次数与第一步记下的相同），与其余 bucket 无关，所以能在 backward
-# 中途发出；参数 all-gather 只要在第一个用到这个 bucket 参数的模块 forward 之前完成，所以能推迟到下一次 forward，由 pre-hook 逐个等待、
-# 逐个预取。两者改变的只是发出时刻，不改变参与求和的数和求和的群，所以结果逐位相同。
+# **overlap 为什么能正确。** 梯度归约只要等这个 bucket 的每个参数都报到，与其余 bucket 无关，所以能在 backward 中途发出；参数
+# all-gather 只要在第一个用到这个 bucket 的模块 forward 之前完成，所以能推迟到下一次 forward，由 pre-hook 逐个等待、逐个预取。
+# 两者改变的只是发出时刻，不改变参与求和的数和求和的群，所以结果逐位相同。
 
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# - **建**：`setup_model_and_optimizer` 先 `get_model`（`--bf16` / `--fp16` 时包 `Float16Module`，再包 DDP），再 `get_megatron_optimizer`；
-#   `--fp16` 且没给 `--loss-scale` 时，正式入口顺手关掉 DDP 的 NaN 检查
-#   （[`arguments.py:1177`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1177)），因为 inf 正是 scaler 要的信号。
-# - **每步**：`train` 把 `optimizer.scale_loss` 挂到 `config.grad_scale_func`，schedule 在 backward 前乘 loss；`train_step` 末尾
-#   `optimizer.step()` 返回 `update_successful`，为假时不推进学习率、记一次 skipped iteration。
-# - **overlap**：`--overlap-grad-reduce` 时 `train` 把 `no_sync` 挂到 config；`--overlap-param-gather` 时正式入口在训练开始时先关掉
-#   forward pre-hook，第一步成功之后才打开（[`training.py:3698`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3698)、
-#   [`training.py:3897`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3897)），存 checkpoint 和评估前强制同步参数。
-# - simple loop 用 torch 的 Adam、fp32，以上都不涉及（笔记 14 遗留问题 2）。
+# - **建**：`setup_model_and_optimizer` 先 `get_model`（包 `Float16Module`、DDP），再 `get_megatron_optimizer`；`--fp16` 且没给
+#   `--loss-scale` 时关掉 DDP 的 NaN 检查（[`arguments.py:1177`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1177)）：inf 正是 scaler 要的信号。
+# - **每步**：`train` 把 `optimizer.scale_loss` 挂到 `config.grad_scale_func`；`update_successful` 为假时不推进学习率。
+# - **overlap**：`--overlap-param-gather` 时正式入口在训练开始时先关掉
+#   forward pre-hook，第一次成功的 step 之后才打开（[`training.py:3698`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3698)、[`training.py:3897`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3897)）。
+#   代码给的理由是：checkpoint 加载或随机初始化若在某个 rank 上出了错，第一次 all-gather 会把它扩散到所有 rank，而一切正常时
+#   这次 all-gather 本来什么也不改。存 checkpoint 和评估前它还会强制同步参数（[`training.py:3045`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3045)）。
+# - simple loop 用 torch 的 Adam、fp32，以上都不涉及。
 
 # %% [markdown]
 # ## 与基础知识的连接
 #
 # - **浮点格式**：fp16 = 1 符号 + 5 指数 + 10 尾数，bf16 = 1 + 8 + 7，fp32 = 1 + 8 + 23。fp16 缺范围，bf16 缺精度，混合精度各补其短。
-# - **torch 的 AMP `GradScaler`**：同一种思路（缺省增长间隔 2000 步、回退 0.5、增长 2），没有 hysteresis。Megatron 的版本多了
-#   hysteresis，而且 inf 标志在 grad-stats 群里取 MAX（第 7 节），保证模型的各片一起跳过。
-# - **`torch.nn.utils.clip_grad_norm_`**：同样的数学；分布式时只是把平方和拆到持有不同元素的 rank 上再 all-reduce。
-# - **ZeRO-1**：分布式优化器分片的是主参数和动量（第 4 节），权重和梯度 buffer 仍是完整的（笔记 15）。
+# - **torch 的 AMP `GradScaler`**：同一种思路（增长间隔 2000、回退 0.5、增长 2），没有 hysteresis；Megatron 的 inf 标志还要跨 rank 取 MAX。
+# - **`torch.nn.utils.clip_grad_norm_`**：同样的数学，分布式时只是把平方和拆到持有不同元素的 rank 上再 all-reduce。
+# - **ZeRO-1**：分布式优化器分片的是主参数和动量，权重和梯度 buffer 仍是完整的（笔记 15）。
 
 # %% [markdown]
 # ## 遗留问题
 #
-# **1. hysteresis 不是"连续"溢出（运行确认）。** `DynamicGradScaler` 的说明写的是连续出现 `hysteresis` 次 NaN 才减小 scale；
-# 代码里 hysteresis 计数器只在增长的那一支里复位
-# （[`grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L131)），干净的一步不复位它。
-# 第 3 节的序列里两次溢出之间隔着干净的一步，scale 照样减半；而且减半一次之后计数器停在 0 以下，直到下一次增长之前**每一次**溢出都减半，
-# 不再有任何宽容。缺省 `loss_scale_window=1000`，所以这段"不宽容期"可长达上千步。
+# **Megatron 的坑**
 #
-# **2. overlap_param_gather 的第一次 forward 白做了一次 all-gather（运行确认）。** 第 8 节第 1 步的 forward 里有 3 次 AG，
-# 那时还没有任何 `step()`。原因是 bucket group 的 `param_gather_dispatched` 初值为假，第一个 pre-hook 就会发出。正式入口为此在训练开始时
-# 先关掉 pre-hook、第一次成功的 step 之后再打开（见上），直接用 Megatron Core 的代码没有这层保护。
-# 另外，`step_with_ready_grads` 里的注释说 overlap 时第一个 all-gather 在下一次 `optimizer.zero_grad()` 里发出
-# （[`distrib_optimizer.py:3179`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3179)），
-# 但这个版本的 [`distrib_optimizer.py::DistributedOptimizer.zero_grad`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2558)
-# 只清梯度；记录也显示 AG 出现在 forward 的 pre-hook 里，而 `zero_grad` 期间没有任何通信（第 2 步时间线的开头）。
+# **1. hysteresis 不是"连续"溢出（运行见第 2 节最后一张表）。** 说明写的是连续 `hysteresis` 次溢出才减小 scale，代码里计数器只在
+# 增长时复位（[`grad_scaler.py::DynamicGradScaler.update`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L131)）。减半一次之后，直到下一次增长（缺省要 1000 步）**每一次**溢出都减半。
 #
-# **3. overlap 时 step 之后参数有一半是旧的（运行确认）。** 见第 8 节最后一张表：max |Δ| 0.0101（约一个 lr），直到下一次 forward。
-# 正式入口存 checkpoint、评估前调用 `force_param_sync` / `disable_forward_pre_hook`；自己写训练循环时，在 step 和下一次 forward 之间读参数前
-# 要调 `ddp.start_param_sync(force_sync=True)`。
+# **2. `overlap_param_gather` 在第一次 `step()` 之前就 all-gather（运行见第 5 节的表）。** bucket group 的 `param_gather_dispatched`
+# 初值为假，第一个 pre-hook 就发出。各 rank 权重一致时它什么也不改，但会把某个 rank 加载或初始化出的错扩散开；正式入口因此先关掉
+# pre-hook，直接用 Megatron Core 时没有这层保护。`step_with_ready_grads` 的注释说第一个 all-gather 在下一次 `zero_grad()` 里发出
+# （[`distrib_optimizer.py:3179`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L3179)），但 [`distrib_optimizer.py::DistributedOptimizer.zero_grad`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L2558) 只清梯度。
 #
-# **4. bf16 时优化器不查 inf（运行确认）。** bf16 没有 grad scaler，`MixedPrecisionOptimizer.prepare_grads` 跳过 unscale 和 inf 检查
-# （[`optimizer.py:741`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) 里 `if self.grad_scaler:` 那一支）。
-# 往 bf16 的一个梯度元素里注入 inf，连跑两步：
+# **3. overlap 时 step 之后参数有一半是旧的（运行见第 5 节最后一张表）。** max |Δ| 0.0101（约一个 lr），直到下一次 forward；
+# 在这之间读参数前要 `ddp.start_param_sync(force_sync=True)`。
+#
+# **4. bf16 时优化器不查 inf。** bf16 没有 grad scaler，`prepare_grads` 跳过 unscale 和 inf 检查
+# （[`optimizer.py:741`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L741) 里 `if self.grad_scaler:` 那一支）。往 bf16 的一个梯度元素里注入 inf，连跑两步：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 def bf16_inf():
@@ -782,23 +728,26 @@ Table(["step", "注入 inf", "loss", "update_successful", "grad_norm", "step 后
       run_ranks(bf16_inf, 1)[0])
 
 # %% [markdown]
-# 第 0 步 `step()` 照样返回成功：范数是 inf，裁剪系数 `1 / (inf + 1e-6)` = 0 把其余 9631 个梯度全部乘成 0，那个 inf 乘 0 成了 NaN，
-# AdamW 把它写进一个权重（和它的动量）。第 1 步的 forward 用到这个权重，loss 就是 NaN，范数 NaN（`NaN < 1` 为假，不裁剪），
-# `step()` 还是返回成功，绝大多数权重变成 NaN。正式入口靠别处兜底：它把 `--check-for-nan-in-loss-and-grad`（缺省开）交给 DDP 的
-# `check_for_nan_in_grad`（[`training.py:1989`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1989)），
-# 梯度归约前检查每个 bucket 的范数，发现 NaN / inf 就报错。只用 Megatron Core、没开这个检查时，一个坏 batch 会静默毁掉 bf16 的权重。
+# 第 0 步 `step()` 照样返回成功：范数 inf，裁剪系数 0 把其余 9631 个梯度乘成 0，inf 乘 0 成了 NaN 写进一个权重；第 1 步
+# 大多数权重变成 NaN。新增的 `grad_norm_skip_threshold` 缺省不启用，设了也不拦 NaN 范数。正式入口靠 DDP 的 `check_for_nan_in_grad`
+# 兜底（[`training.py:1989`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L1989)）；只用 Megatron Core 时，一个坏 batch 会静默毁掉 bf16 的权重。
 #
-# **5. 本篇加的 CPU 补丁（[在 CPU 上运行](../../cpu/)）。** `grad_scaler_device`：两个 scaler 用写死的 `device='cuda'` 建 scale 张量
-# （[`grad_scaler.py:20`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L20)）。
-# `float16_optimizer_type_check`：16 位优化器按 `param.type()` 的 CUDA 类型名分类，CPU 上 `TypeError`
-# （[`optimizer.py:1009`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1009)）。
-# `distrib_optimizer_init_type_check`：分布式优化器给 16 位参数放 `main_param = None` 占位的那个判断在 CPU 上**静默**不成立
-# （[`distrib_optimizer.py:758`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L758)），
-# 不拥有的参数就没有 `main_param` 属性——不报错，但读它的代码（正式入口的参数范数）会退回用完整权重、在每个 DP rank 上重复计数。
-# `shared_embedding_cuda`：PP>1 共享词嵌入时最后一个 stage 的 `weight.data.cuda()`
-# （[`language_module.py:307`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L307)，
-# 笔记 13 遗留问题 4 提到过）。fp16 的数值在 CPU 上与 GPU 不同
-# （矩阵乘的累加方式不同），所以第 3 节"缺省配置跳过 16 步"这个数只属于这台机器和这个小模型，不是 Megatron 的性质。
+# <details><summary>在 CPU 上怎么跑的</summary>
+#
+# 本篇用到的 CPU 补丁（[在 CPU 上运行](../../cpu/)）：
+#
+# - `grad_scaler_device`：两个 scaler 用写死的 `device='cuda'` 建 scale 张量（[`grad_scaler.py:20`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/grad_scaler.py#L20)）。
+# - `float16_optimizer_type_check`：16 位优化器按 `param.type()` 的 CUDA 类型名分类，CPU 上 `TypeError`（[`optimizer.py:1009`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/optimizer.py#L1009)）。
+# - `distrib_optimizer_init_type_check`：分布式优化器给 16 位参数放 `main_param = None` 占位的那个判断在 CPU 上**静默**不成立
+#   （[`distrib_optimizer.py:758`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/optimizer/distrib_optimizer.py#L758)）：不拥有的参数就没有 `main_param` 属性，读它的代码（正式入口的参数范数）
+#   会退回用完整权重、在每个 DP rank 上重复计数。
+# - `shared_embedding_cuda`：PP>1 共享词嵌入时最后一个 stage 的 `weight.data.cuda()`（[`language_module.py:307`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/language_module/language_module.py#L307)，笔记 13 也提到）。
+# - `clip_grads_type_check`：`clip_grad_by_total_norm_fp32` 的类型检查（笔记 06）。
+#
+# fp16 的数值在 CPU 上与 GPU 不同（矩阵乘的累加方式不同），所以第 2 节"缺省配置跳过 16 步"只属于这台机器和这个小模型。
+# 第 4 节 `tp2dp2` 的 `intra_dist_opt_group` 不是 `parallel_state` 有名字的群，通信表按成员列出。
+#
+# </details>
 
 # %% [markdown]
 # ## 自测
@@ -875,11 +824,24 @@ for event in section8[0]["overlapped"][1]:
 print(len(since_forward), since_forward[0], "…", since_forward[-1])
 
 # %% [markdown]
+# **6. 两个 model chunk（interleaved PP）、分布式优化器、开 `overlap_param_gather_with_optimizer_step`，模型还有 MoE 层：`ChainedOptimizer` 里有几个内层优化器？各管什么？**
+#
+# <details><summary>答案</summary>
+#
+# 3 个：第一个 chunk 的稠密参数一个（它更新完就先发自己的参数 all-gather），其余 chunk 的稠密参数一个，所有 chunk 的 expert 参数一个。
+# 不开这个开关时是 2 个，没有 MoE 时再少一个。
+#
+# </details>
+
+# %% tags=["answer"] jupyter={"source_hidden": true, "outputs_hidden": true}
+print({row[0]: (row[2], row[3]) for row in created if "chunk" in row[0] or "同上" in row[0]})
+
+# %% [markdown]
 # ## 30-second answer
 #
-# `get_megatron_optimizer` always returns a `ChainedOptimizer`; inside, `use_distributed_optimizer` picks `DistributedOptimizer`,
-# else fp16/bf16 picks `Float16OptimizerWithFloat16Params`, else `FP32Optimizer`, with expert parameters in a second optimizer.
-# Mixed precision keeps 16-bit weights for compute and fp32 main copies that Adam updates. fp16 adds a dynamic loss scale:
-# an inf skips the step on every rank and halves the scale after `hysteresis` overflows; clean windows double it. The grad norm
-# counts TP-replicated and PP-shared parameters once, so any split gives the one-process norm. Overlap only moves when buckets
-# communicate, not the result.
+# `get_megatron_optimizer` returns a `ChainedOptimizer` of one to three inner optimizers: dense parameters (two when
+# `overlap_param_gather_with_optimizer_step` splits off the first chunk), plus one for experts. Each is a `DistributedOptimizer`,
+# else `Float16OptimizerWithFloat16Params` for fp16/bf16, else `FP32Optimizer`. Adam updates fp32 main copies of the 16-bit
+# weights. fp16's dynamic loss scale skips a step with an inf on any rank and halves after `hysteresis` overflows. The grad
+# norm counts TP-replicated and PP-shared parameters once, so every split gives the one-process norm. Overlap only moves
+# when buckets communicate.

@@ -53,20 +53,28 @@ SHORT = {"all_gather_into_tensor": "AG", "reduce_scatter_tensor": "RS", "all_red
 
 def counts(events) -> list[str]:
     """The step's multi-rank collectives in the schedule's forward, its backward, in
-    ``finalize_model_grads`` and in ``optimizer.step()``: ``AG×3 RS×1``..."""
+    ``finalize_model_grads`` and in ``optimizer.step()``: ``AG×3 RS×1``... The schedule is split by
+    the recorder's phase; the other two parts take every phase their collectives carry (grad sync,
+    optimizer step)."""
     from snippets.dp import overlap_timeline
 
     found = overlap_timeline.where_counts(events)
+
+    def part(section, phase=None):
+        return [
+            api
+            for (where, p), apis in found.items()
+            if where == section and phase in (None, p)
+            for api in apis
+        ]
+
     return [
         " ".join(f"{SHORT.get(api, api)}×{apis.count(api)}" for api in dict.fromkeys(apis))
         for apis in (
-            found.get(key, [])
-            for key in (
-                ("schedule", "forward"),
-                ("schedule", "backward"),
-                ("finalize_model_grads", "forward"),
-                ("optimizer.step", "forward"),
-            )
+            part("schedule", "forward"),
+            part("schedule", "backward"),
+            part("finalize_model_grads"),
+            part("optimizer.step"),
         )
     ]
 
