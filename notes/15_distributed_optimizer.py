@@ -71,8 +71,8 @@ pictures.draw_shard_map([r["shards"] for r in zero1], buffer_size,
                         title="分布式优化器（DP=2）：权重和梯度 buffer 每个 rank 整份，Adam 状态每个 rank 只存自己那一段")
 
 # %% [markdown]
-# 横轴是补齐后的整块 buffer（9728 个位置），每个 rank 三行：权重、梯度 buffer、优化器状态；深色是本 rank 独有的一段，
-# 橙色是被分界线切开的那个参数（鼠标停在小块上看参数名）。
+# 横轴是补齐后的整块 buffer（9728 个位置），每个 rank 三行：权重、梯度 buffer、优化器状态；绿色是本 rank 独有的一段，
+# 红色是被分界线切开的那个参数（鼠标停在小块上看参数名）。
 #
 # <details><summary>本页怎么跑出来的</summary>
 #

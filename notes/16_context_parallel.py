@@ -63,7 +63,8 @@ cp4_table = split_table(run_ranks(batch_on_cp_rank, 4, TINY, 4, grid=dict(cp=4))
 pictures.draw_cp_split(cp4_table.rows, work_table(4, 16))
 
 # %% [markdown]
-# 上面一条是 16 个位置切成的 8 块各归哪个 rank；下面是 causal mask 的下三角，query 行按持有者上色，右边是每个 rank 保留的 (q, k) 对数。
+# 上面一条是 16 个位置切成的 8 块各归哪个 rank；下面是 causal mask 的下三角，query 行按持有者上色，左边按连续切、右边按 Megatron 的
+# 2·CP 块切，各带每个 rank 保留的 (q, k) 对数。
 #
 # <details><summary>本页怎么跑出来的</summary>
 #
