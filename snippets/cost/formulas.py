@@ -373,7 +373,8 @@ def activation_bytes(model: Model, config: Config) -> Figure:
     * no SP, no or selective recomputation: ``compute_activation_memory_without_sp``
       (``s b h (10 + 24/t)`` per layer: Table 2's "TP + selective recomputation" row). It keeps no
       ``s x s`` attention scores, which holds with selective recomputation or a fused (flash)
-      attention kernel, and its 24 counts an MLP of width 4h -- said in ``note``.
+      attention kernel, and its 24 counts an MLP of width 4h -- said in ``note``; it also adds the
+      output layer's logits and multiplies its total by 1.05 for temporaries, the SP one does not.
 
     No number for full recomputation, CP > 1, MoE layers or SP without selective recomputation:
     neither function has a term for them (the module's own comments and Table 2).

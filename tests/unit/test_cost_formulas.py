@@ -1,0 +1,184 @@
+"""snippets.cost.formulas: Megatron's formulas are really called, the published counterparts hold
+where they should, and the refusals are one sentence each."""
+
+from __future__ import annotations
+
+import pytest
+
+from snippets.cost import formulas as F
+from snippets.ranks.parallel_dims import ParallelDims
+
+DENSE = ("qwen3-8b", "dense-8b", "dense-70b")
+
+
+def _megatron():
+    from megatron.training import theoretical_memory_usage as tmu
+    from megatron.training.training import num_floating_point_operations
+
+    return tmu, num_floating_point_operations
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_the_figures_are_megatrons_own(name):
+    """Each figure equals calling Megatron's function on megatron_args directly (no monkeypatch)."""
+    tmu, nfo = _megatron()
+    m = F.MODELS[name]
+    sp = F.Config(nodes=2, tp=4, pp=2, sp=True, recompute="selective", distributed_optimizer=True)
+    no_sp = F.Config(nodes=1, tp=2, pp=2, vp=2, recompute="none")
+    for c in (sp, no_sp):
+        args = F.megatron_args(m, c)
+        assert F.weight_and_optimizer_bytes(m, c).value == tmu.compute_weight_and_optimizer_memory(args)
+        assert F.flops_per_step(m, c).value == nfo(F.megatron_args(m, c), c.global_batch)
+    assert F.activation_bytes(m, sp).value == tmu.compute_activation_memory(
+        F.megatron_args(m, sp), num_microbatches=sp.num_microbatches
+    )
+    assert F.activation_bytes(m, no_sp).value == tmu.compute_activation_memory_without_sp(
+        F.megatron_args(m, no_sp), num_microbatches=no_sp.num_microbatches
+    )
+
+
+def test_bytes_per_parameter_18_and_6_plus_12_over_dp():
+    """Megatron's count: 18 bytes per parameter, or 6 + 12/DP with the distributed optimizer."""
+    m = F.MODELS["dense-8b"]
+    c = F.Config(nodes=4, tp=2, pp=2)  # DP 8
+    params = sum(F.params_per_gpu(m, c).values())
+    assert F.weight_and_optimizer_bytes(m, c).value == pytest.approx(18 * params)
+    dist = c.replace(distributed_optimizer=True)
+    assert F.weight_and_optimizer_bytes(m, dist).value == pytest.approx((6 + 12 / 8) * params)
+    # ZeRO's 16 (2 + 2 + 12) is the bf16-gradient count: refused, not shown as 18.
+    bf16 = F.weight_and_optimizer_bytes(m, c.replace(grad_reduce_in_fp32=False))
+    assert bf16.value is None and "grad_reduce_in_fp32" in bf16.why
+
+
+def test_params_match_the_presets_count():
+    """Megatron's weight formula counts what presets.parameter_count counts, minus what it leaves
+    out (QK norms, and the padding it adds to the vocabulary)."""
+    from snippets.models.presets import PRESETS, parameter_count
+
+    for name in DENSE:
+        m, dims = F.MODELS[name], PRESETS[name]
+        c = F.Config(gpus_per_node=1, vocab_multiple=1)
+        qk = 2 * dims.kv_channels * dims.layers if dims.qk_norm else 0
+        assert sum(F.params_per_gpu(m, c).values()) == parameter_count(dims) - qk
+
+
+def test_activation_34_sbh_over_t_with_ffn_4h():
+    """Table 2 of arXiv 2205.05198: 34 s b h / t per layer with TP + SP + selective recomputation
+    when ffn = 4h; the no-SP variant is s b h (10 + 24/t), times the 1.05 "optimizer and
+    miscellaneous temporaries" factor the no-SP function applies to its total."""
+    m = F.Model("gpt", hidden=1024, heads=16, query_groups=16, kv_channels=64, ffn=4096, vocab=1024, layers=4)
+    s, b, t = 2048, 2, 4
+    base = F.Config(gpus_per_node=t, tp=t, pp=1, seq=s, micro_batch_size=b, vocab_multiple=1)
+    sp = base.replace(sp=True, recompute="selective")
+    more = m.__class__(**{**m.as_dict(), "layers": 8})
+    per_layer = (F.activation_bytes(more, sp).value - F.activation_bytes(m, sp).value) / 4
+    assert per_layer == pytest.approx(34 * s * b * m.hidden / t)
+    per_layer_no_sp = (F.activation_bytes(more, base).value - F.activation_bytes(m, base).value) / 4
+    assert per_layer_no_sp == pytest.approx(1.05 * s * b * m.hidden * (10 + 24 / t))
+
+
+def test_flops_against_6n_plus_attention():
+    """num_floating_point_operations vs 6N per token + causal attention: within 1% for the dense
+    presets (6N's only difference is norms and what rounds)."""
+    for name in DENSE:
+        m, c = F.MODELS[name], F.Config(tp=2, pp=2)
+        ours = F.six_n_flops(m, c)["total"]
+        assert F.flops_per_step(m, c).value == pytest.approx(ours, rel=1e-2)
+    m = F.MODELS["qwen3-30b-a3b"]
+    c = F.Config(tp=1, ep=8)
+    assert F.flops_per_step(m, c).value == pytest.approx(F.six_n_flops(m, c)["total"], rel=2e-2)
+
+
+@pytest.mark.parametrize(
+    "config, why",
+    [
+        (F.Config(recompute="full"), "no full-recomputation term"),
+        (F.Config(tp=2, cp=2), "no context-parallel term"),
+        (F.Config(tp=2, sp=True), "assumes selective recomputation"),
+    ],
+)
+def test_activations_not_covered_show_no_number(config, why):
+    fig = F.activation_bytes(F.MODELS["qwen3-8b"], config)
+    assert fig.value is None and why in fig.why
+    assert F.memory_bytes(F.MODELS["qwen3-8b"], config).value is None
+
+
+def test_moe_activations_not_covered():
+    fig = F.activation_bytes(F.MODELS["qwen3-30b-a3b"], F.Config(ep=8))
+    assert fig.value is None and "MoE" in fig.why
+
+
+def test_cp_with_distributed_optimizer_not_covered():
+    fig = F.weight_and_optimizer_bytes(F.MODELS["qwen3-8b"], F.Config(cp=2, distributed_optimizer=True))
+    assert fig.value is None and "DP x CP" in fig.why
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        F.Config(gpus_per_node=8, tp=3),
+        F.Config(vp=2),
+        F.Config(sp=True),
+        F.Config(pp=2, ep=16),
+    ],
+)
+def test_parallel_dims_refusals_are_its_own_words(config):
+    """The parallel-size rules and their wording are ParallelDims' (called, not copied)."""
+    dims = ParallelDims(world=config.world, tp=config.tp, pp=config.pp, vp=config.vp, cp=config.cp,
+                        ep=config.ep, sp=config.sp)  # fmt: skip
+    expected = dims.problems()
+    assert expected
+    got = F.problems(F.MODELS["qwen3-30b-a3b"], config)
+    assert got[: len(expected)] == expected
+
+
+@pytest.mark.parametrize(
+    "name, config, start",
+    [
+        ("qwen3-8b", F.Config(pp=5, gpus_per_node=5), "layers 36 is not divisible by pp"),
+        ("qwen3-8b", F.Config(pp=4, vp=2, gpus_per_node=4), "layers 36 is not divisible by pp*vp"),
+        ("qwen3-30b-a3b", F.Config(tp=8), "query_groups 4 is not divisible by tp 8"),
+        ("qwen3-8b", F.Config(ep=2), "ep 2 needs a model with experts"),
+        ("qwen3-30b-a3b", F.Config(gpus_per_node=6, ep=3), "num_experts 128 is not divisible by ep 3"),
+        ("qwen3-8b", F.Config(cp=2, seq=2046), "seq 2046 is not divisible by 2*cp"),
+        ("qwen3-8b", F.Config(recompute="some"), "recompute must be one of"),
+        ("qwen3-8b", F.Config(nodes=0), "nodes must be a positive int"),
+    ],
+)
+def test_model_refusals_one_line(name, config, start):
+    found = F.problems(F.MODELS[name], config)
+    assert any(p.startswith(start) for p in found), found
+    assert all("\n" not in p for p in found)
+    fig = F.weight_and_optimizer_bytes(F.MODELS[name], config)
+    assert fig.value is None and fig.why == found[0]
+
+
+def test_bubble():
+    assert F.bubble_fraction(F.Config(pp=4, num_microbatches=8)) == pytest.approx(3 / 11)
+    assert F.bubble_fraction(F.Config(pp=4, vp=2, num_microbatches=8)) == pytest.approx(3 / 19)
+    assert F.bubble_fraction(F.Config(pp=1)) == 0
+
+
+def test_intra_node_rule():
+    """Default order tp-cp-ep-dp-pp: TP=8 fills a node; DP after TP=4 over 16 GPUs crosses nodes."""
+    c = F.Config(nodes=2, tp=4, pp=1)
+    comm = F.communication(F.MODELS["qwen3-8b"], c)
+    assert comm["tp"]["link"] == "NVLink"
+    assert comm["dp"]["link"] == "IB"  # stride 4 x size 4 = 16 > 8
+    assert comm["pp"]["link"] is None and comm["pp"]["bytes"] == 0
+    assert not F.intra_node(3, 2, 8)  # span 6 does not tile an 8-GPU node
+
+
+def test_tp_bytes_no_sp_and_sp():
+    """No SP: 4 all-reduces of s b h per layer per micro-batch at 2(t-1)/t; SP: 10 AG/RS at (t-1)/t."""
+    m = F.MODELS["dense-8b"]
+    c = F.Config(tp=8, num_microbatches=1, micro_batch_size=1)
+    a = c.seq * m.hidden * 2
+    assert F.communication(m, c)["tp"]["bytes"] == pytest.approx(4 * 2 * 7 / 8 * a * m.layers)
+    sp = c.replace(sp=True, recompute="selective")
+    assert F.communication(m, sp)["tp"]["bytes"] == pytest.approx(10 * 7 / 8 * a * m.layers)
+
+
+def test_summary_refused_has_only_problems():
+    s = F.summary(F.MODELS["qwen3-8b"], F.Config(tp=3))
+    assert s["problems"] and s["dp"] is None and "weights" not in s
