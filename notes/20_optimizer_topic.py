@@ -32,9 +32,9 @@
 #
 # **结论**
 #
-# - 不用 Megatron FSDP 时总是 `ChainedOptimizer`：稠密参数 1 个内层优化器，开 `overlap_param_gather_with_optimizer_step` 时 2 个，有 expert 参数再加 1 个（最多 3 个）。
+# - 总是 `ChainedOptimizer`，内层 1–3 个：稠密参数 1 个，`overlap_param_gather_with_optimizer_step` 时 2 个，expert 参数再加 1 个。
 # - 16 位权重算前后向，Adam 更新独立的 fp32 主参数：lr 1e-4 走 3 步后 5378 / 9632 个 bf16 权重一位没变，主参数全变了。
-# - fp16 溢出时 `step()` 返回 False、参数不动；`hysteresis=2` 时第二次溢出才减半（1024 → 512），干净 3 步（window）后翻倍；缺省初值 2³² 在这里白跳 16 步。
+# - fp16 溢出时 `step()` 返回 False、参数不动；第二次溢出才减半（1024 → 512），干净 3 步后翻倍；缺省初值 2³² 白跳 16 步。
 # - 分布式优化器只切 fp32 主参数和 Adam 状态（两个 rank 4768 + 4864 = 9632），bf16 权重和 fp32 梯度 buffer 仍完整：约 12.5 对 18 字节 / 参数。
 # - 范数里 TP 复制的参数只算 TP rank 0、PP 共享的词嵌入只算一份：单进程、TP=2、PP=2、TP2·DP2 都是 1.7747（不过滤时 1.8879、1.9439）。
 # - overlap 只改发出时刻：AG 移进下一次 forward，RS 从第 2 步起移进 backward，权重逐位相同；但 step 刚结束时参数差 0.0101。
