@@ -158,6 +158,7 @@ MODELS: dict[str, Model] = _models()
 # ---------------------------------------------------------------------------------------- configs
 
 RECOMPUTE = ("none", "selective", "full")
+MODEL_SIZES = ("hidden", "heads", "query_groups", "kv_channels", "ffn", "vocab", "layers")
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,23 @@ def problems(model: Model, config: Config) -> list[str]:
     """
     c, m = config, model
     out = []
+    for name in MODEL_SIZES:
+        value = getattr(m, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            out.append(f"{name} must be a positive int, got {value!r}")
+    if m.moe:
+        for name in ("num_experts", "moe_ffn", "topk"):
+            value = getattr(m, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                out.append(f"{name} must be a positive int, got {value!r}")
+    if out:
+        return out
+    if m.heads % m.query_groups:
+        out.append(f"heads {m.heads} is not divisible by query_groups {m.query_groups}")
+    if m.moe and m.topk > m.num_experts:
+        out.append(f"topk {m.topk} is more than num_experts {m.num_experts}")
+    if out:
+        return out
     for name in ("gpus_per_node", "nodes", "micro_batch_size", "num_microbatches", "seq", "vocab_multiple"):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -691,6 +709,7 @@ __all__ = [
     "GROUPS",
     "HARDWARE",
     "MODELS",
+    "MODEL_SIZES",
     "Model",
     "ORDER",
     "RECOMPUTE",
