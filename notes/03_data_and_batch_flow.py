@@ -18,7 +18,7 @@
 #
 # 一次训练 step 的第一件事是取一个 micro-batch。`.bin/.idx` 里的 token 怎样变成 `tokens`、`labels`、`loss_mask`、
 # `attention_mask`、`position_ids` 这五个张量？开了 TP、PP、CP 以后，谁建数据集、谁读、谁收广播，每个 rank 最后手里是什么？
-# 本篇用 Megatron 的数据集类造一个三篇文档的小语料，沿正式入口走一遍，再在 4 个和 6 个进程上真的跑 `get_batch`。
+# 本篇用 Megatron 的数据集类造一个三篇文档的小语料，再在 4 个和 6 个进程上真的跑 `get_batch`。
 
 # %% [markdown]
 # ## 阅读目标
@@ -234,23 +234,15 @@ Folded("GPTDatasetConfig 的主要字段：来自哪个 args、能否传入、�
               for name, source in FROM_ARGS.items()]))
 
 # %% [markdown]
-# ### tokenizer
+# ### tokenizer 与 `.bin` + `.idx`
 #
-# GPT 数据集要 tokenizer 的 `eod` 和可选的 `pad`（`MockGPTDataset` 还用 `vocab_size` 造 token）。`--tokenizer-type NullTokenizer --vocab-size 32`
-# 时 `build_tokenizer` 做的就是这一行（[build_tokenizer.py:87](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L87)）：
+# 数据集要 tokenizer 的 `eod` 和可选的 `pad`；`--tokenizer-type NullTokenizer --vocab-size 32` 时 `build_tokenizer` 做的就是第一行
+# （[build_tokenizer.py:87](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tokenizers/utils/build_tokenizer.py#L87)，EOD 算在词表内）。
+# 预处理脚本最后一步用 `IndexedDatasetBuilder`：token 写进 `.bin`，dtype、每条序列的长度和文档边界写进 `.idx`。三篇文档，每篇末尾加 EOD：
 
 # %%
 tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=32)
 print("vocab_size:", tokenizer.vocab_size, " eod:", tokenizer.eod)
-
-# %% [markdown]
-# `--vocab-size` 已把 EOD 算在内（最后一个 id）。
-#
-# ### `.bin` + `.idx`
-#
-# 预处理脚本最后一步用 `IndexedDatasetBuilder`：token 写进 `.bin`，dtype、每条序列的长度和文档边界写进 `.idx`。三篇文档，每篇末尾加 EOD：
-
-# %%
 workdir = tempfile.TemporaryDirectory()
 corpus_a = write_corpus(workdir.name, "a", [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15]], tokenizer.eod)
 indexed = IndexedDataset(corpus_a)
@@ -259,7 +251,7 @@ print("序列数:", len(indexed), " sequence_lengths:", indexed.sequence_lengths
 print("第 1 条序列:", indexed[1].tolist())
 
 # %% [markdown]
-# `IndexedDataset[i]` 按长度的前缀和在 `.bin` 里 mmap 出第 `i` 条序列。
+# `IndexedDataset[i]` 按长度的前缀和 mmap 出第 `i` 条序列。
 #
 # ### `GPTDataset`：把文档拼起来，切成定长样本
 #
@@ -283,8 +275,8 @@ Table(["i", "shuffle_index[i]", "tokens", "labels"],
 #
 # - `document_index`：文档下标重复若干个 epoch 并打乱。三篇文档连同 EOD 共 18 个 token，一个 epoch 只切得出 2 个长 8 的样本，
 #   要 6 个就得 3 个 epoch。
-# - `sample_index`：第 `j` 行是第 `j` 个样本的起点"(document_index 里的位置, 文档内偏移)"，相邻两行隔 `s` 个 token；
-#   样本取到下一个起点为止，共 `s + 1` 个（多的 1 个给 `labels`）。
+# - `sample_index`：第 `j` 行是第 `j` 个样本的起点"(document_index 里的位置, 文档内偏移)"，相邻两行隔 `s` 个 token，
+#   样本取到下一个起点为止（共 `s + 1` 个）。
 # - `shuffle_index`：样本再打乱一次，`train_ds[i]` 是第 `shuffle_index[i]` 个样本。
 #
 # 样本跨越文档边界（31 是 EOD），也跨 epoch。
@@ -335,8 +327,8 @@ print("mock_train[0] tokens 前 12 个:", mock_train[0]["tokens"][:12].tolist())
 #
 # ### 谁建、谁读、谁收：TP=2、CP=2
 #
-# `get_batch` 在每个 micro-batch 开头做三件事：TP rank 0 `next(data_iterator)`，`get_batch_on_this_tp_rank` 在 TP 群里广播，
-# `get_batch_on_this_cp_rank` 按 CP 坐标切序列。下面在 4 个进程上直接调这几个函数（PP=1），TP rank 0 拿上面的 micro-batch，其余 rank 拿空 dict：
+# `get_batch` 每个 micro-batch 做三件事：TP rank 0 `next(data_iterator)`，`get_batch_on_this_tp_rank` 在 TP 群里广播，
+# `get_batch_on_this_cp_rank` 按 CP 坐标切序列。下面在 4 个进程上直接调它们（PP=1），TP rank 0 拿上面的 micro-batch，其余拿空 dict：
 
 # %%
 from megatron.core import parallel_state
@@ -406,7 +398,7 @@ role_table(tp_pp, TP_PP)
 #
 # 没有 `cu_seqlens` 时，`get_batch_on_this_cp_rank` 交给
 # [`_get_batch_on_this_cp_rank_per_sequence_balancing`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L2456)：序列维 `view` 成
-# `2·CP = 4` 块，CP rank `r` 留第 `r` 块和第 `2·CP−1−r` 块（`position_ids` 说明留下的是哪些位置）：
+# `2·CP = 4` 块，CP rank `r` 留第 `r` 块和第 `2·CP−1−r` 块：
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 chunk_table(tp_cp, TINY, TP_CP)
@@ -422,9 +414,9 @@ chunk_table(tp_cp, TINY, TP_CP)
 #
 # 缺省 causal mask 让后一篇文档看得见前一篇。两种办法把文档隔开：
 #
-# 1. **稠密 mask**：`reset_attention_mask=True` 造块对角的 causal mask，`reset_position_ids=True` 让每篇文档的位置从 0 重来；attention 仍算满 `s × s`。
-# 2. **packed / THD**：不造 mask，只给每篇文档的起止 `cu_seqlens`（累积长度，`[0, 4, 8]` 是 `[0, 4)`、`[4, 8)` 两段）和最长一段 `max_seqlen`；
-#    Transformer Engine 的 attention 按段算，不算段与段之间。
+# 1. **稠密 mask**：`reset_attention_mask=True` 造块对角的 causal mask，`reset_position_ids=True` 让位置每篇从 0 重来；仍算满 `s × s`。
+# 2. **packed / THD**：不造 mask，只给每篇的起止 `cu_seqlens`（`[0, 4, 8]` 是 `[0, 4)`、`[4, 8)` 两段）和最长一段 `max_seqlen`；
+#    TE 的 attention 按段算，不算段与段之间。
 #
 # 取中间含 EOD 最多的样本，第 1 种办法：
 
@@ -475,9 +467,8 @@ print("PackedSeqParams:", params.qkv_format, params.cu_seqlens_q.tolist(), param
 # 本地 attention（`DotProductAttention`）不收 `packed_seq_params`，THD 只在 TE 上跑。它怎样走到 RoPE 和 core attention、
 # 与"各文档分开跑"逐 token 相同，见[笔记 18](../18_data_topic/) 第 6 节。
 #
-# > **旧版（core_v0.18.0）：** 只有 SFT 的 packed 数据带 `cu_seqlens`（`GPTDataset` 还没有 `inter_document_masking`），
-# > 也没有 `flatten_batch_for_packed_sequences`：接收方按 `(1, n)` 分配 `cu_seqlens`，即 packed 时 micro-batch 只能是 1
-# > （[core_v0.18.0 的 `get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/utils.py#L1979)）。
+# > **旧版（core_v0.18.0）：** 只有 SFT 数据带 `cu_seqlens`，也没有展平：接收方按 `(1, n)` 分配，packed 时 micro-batch 只能是 1
+# > （[`get_batch_on_this_tp_rank`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/utils.py#L1979)）。
 
 # %% [markdown]
 # ## 机制解释
@@ -489,9 +480,9 @@ print("PackedSeqParams:", params.qkv_format, params.cu_seqlens_q.tolist(), param
 #
 # **样本即窗口。** `labels[i] = tokens[i+1]`，一次 forward 同时训练 `s` 个"下一个 token"的预测；文档之间只隔一个 EOD，要靠块对角 mask 或 `cu_seqlens` 隔开。
 #
-# **只有一个 rank 读盘。** 同一 TP 群的 rank 合起来是一个模型副本，必须拿完全相同的 batch。与其让每个 rank 各读一份、
-# 指望顺序一致，不如 TP rank 0 读、广播给其余。接收方只能按 `args` 预先分配缓冲，所以广播的顺序、shape、dtype 是发送方与接收方之间
-# 一份隐式协议：两边任何一处对不上，就会卡住或读错（遗留问题 1 的旧版是实例）。0.19.0 让两边只看同一组开关，而不是发送方看数据、接收方看开关。
+# **只有一个 rank 读盘。** 同一 TP 群的 rank 合起来是一个模型副本，必须拿完全相同的 batch：TP rank 0 读、广播给其余，比各读一份
+# 再指望顺序一致可靠。接收方只能按 `args` 预先分配缓冲，所以广播的顺序、shape、dtype 是收发两边的隐式协议，任何一处对不上就卡住或读错
+# （遗留问题 1 的旧版）；0.19.0 让两边只看同一组开关。
 #
 # **只广播本 stage 用得到的。** 首 stage 做 embedding，尾 stage 算 loss，中间 stage 的输入是上一 stage 的激活
 # （[笔记 13](../13_pipeline_schedules/)）；但文档边界每一层的 attention 都要，所以 packed 时中间 stage 也收 `cu_seqlens`。
@@ -502,9 +493,9 @@ print("PackedSeqParams:", params.qkv_format, params.cu_seqlens_q.tolist(), param
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# 数据在 `pretrain` 里建一次，每个 micro-batch 在 `forward_step` 开头取一次（一个 global batch 推进 `num_microbatches` 次）。
-# simple loop 没有 TP 广播和 CP 切分：每个 rank 各建 mock 数据集和 `shuffle=True` 的 `DataLoader`，同一 TP 群读到同一批只靠各进程的
-# CPU 随机数状态恰好一致。五个张量进 `GPTModel.forward`，`loss_mask` 留给 `loss_func`（[笔记 05](../05_forward_loss_backward/)）。
+# 数据在 `pretrain` 里建一次，每个 micro-batch 在 `forward_step` 开头取一次。simple loop 没有 TP 广播和 CP 切分：每个 rank 各建 mock 数据集和
+# `shuffle=True` 的 `DataLoader`，同一 TP 群读到同一批只靠各进程的随机数状态恰好一致。五个张量进 `GPTModel.forward`，
+# `loss_mask` 留给 `loss_func`（[笔记 05](../05_forward_loss_backward/)）。
 
 # %% [markdown]
 # ## 与基础知识的连接
@@ -512,7 +503,7 @@ print("PackedSeqParams:", params.qkv_format, params.cu_seqlens_q.tolist(), param
 # - **teacher forcing**：`labels` 是 `tokens` 左移一位，causal mask 让位置 `i` 只看 `≤ i`。
 # - **broadcast**：各 rank 必须以相同顺序、相同 shape 调用。
 # - **负载均衡**：causal attention 的代价随位置线性增长，"一头一尾"是经典的 zig-zag 均衡。
-# - **varlen attention**：`cu_seqlens` 与 FlashAttention 的 `flash_attn_varlen_func` 是同一种表示。
+# - **varlen attention**：`cu_seqlens` 就是 FlashAttention `flash_attn_varlen_func` 的表示。
 
 # %% [markdown]
 # ## 遗留问题
@@ -646,8 +637,7 @@ except Exception as err:
 # %% [markdown]
 # ## 30-second answer
 #
-# An `IndexedDataset` memory-maps `.bin` tokens with an `.idx` of lengths; `GPTDataset` concatenates documents and cuts
-# windows of `s + 1` tokens, so `labels` are `tokens` shifted by one; `BlendedDataset` mixes datasets by weight. Only TP
-# rank 0 of the first and last pipeline stages builds and reads the data. Per micro-batch, `get_batch_on_this_tp_rank`
-# broadcasts the fields its stage needs (5 broadcasts at PP=1, the mask last), then `get_batch_on_this_cp_rank` keeps
-# chunks `r` and `2·CP−1−r` for load balance. Packed data carries `cu_seqlens` instead of a mask.
+# `GPTDataset` concatenates the documents of a memory-mapped `.bin/.idx` and cuts windows of `s + 1` tokens, so
+# `labels` are `tokens` shifted by one. Only TP rank 0 of the first and last pipeline stages builds and reads the data;
+# per micro-batch `get_batch_on_this_tp_rank` broadcasts the fields its stage needs (5 at PP=1, the mask last), then
+# `get_batch_on_this_cp_rank` keeps chunks `r` and `2·CP−1−r` for load balance. Packed data carries `cu_seqlens`, not a mask.
