@@ -238,6 +238,25 @@ def load_table(rows: list) -> Table:
     )
 
 
+MEANINGS = {
+    "dist_checkpointing/validation.py::determine_global_metadata": (
+        "各 rank 交换自己的分片描述（pickle 后的字节），核对每一块都有人负责"
+    ),
+    "dist_checkpointing/validation.py::_validate_common_state_dict": (
+        "rank 0 广播非分片部分，其他 rank 比对是否一致"
+    ),
+    "dist_checkpointing/strategies/state_dict_saver.py::save_state_dict_async_plan": (
+        "各 rank 的写计划收集到 rank 0，rank 0 据此生成全局 metadata"
+    ),
+    "dist_checkpointing/strategies/async_utils.py::execute_sync": "各 rank 写完自己的 .distcp 后对齐",
+    "dist_checkpointing/strategies/state_dict_saver.py::save_state_dict_async_finalize": (
+        "写出结果收集到 rank 0，rank 0 写 .metadata，再广播有没有失败"
+    ),
+    "dist_checkpointing/serialization.py::metadata_finalize_fn": "rank 0 写完 metadata.json 后对齐",
+}
+"""What each collective ``dist_checkpointing.save`` / ``load`` issues is for (note 07's table)."""
+
+
 def source_chunks(offset, local_shape, chunks) -> list:
     """Offsets of the saved chunks that overlap the piece at ``offset`` of ``local_shape`` (the
     leading axes a layer index occupies count as size 1)."""
