@@ -30,10 +30,10 @@
 #
 # **结论**
 #
-# - 样本是连续 `s+1` 个 token 的窗口：`tokens` 取前 `s` 个，`labels` 取后 `s` 个；micro-batch 2、seq 8 时四个逐 token 字段是 `[2, 8]`，mask 是 `[2, 1, 8, 8]`（True = 屏蔽）。
+# - 样本是 `s+1` 个 token 的窗口，`tokens` 取前 `s` 个、`labels` 取后 `s` 个：micro-batch 2、seq 8 时字段是 `[2, 8]`，mask 是 `[2, 1, 8, 8]`。
 # - 只有首、尾 stage 的 TP rank 0 建数据集、读数据：TP=2、PP=3 的 6 个 rank 里只有 rank 0 和 4，其余只陪 builder 的 barrier。
-# - 读到的数据在 TP 群里逐字段 broadcast、mask 最后：PP=1 发 5 次；首 stage 只发 `tokens`、`position_ids`、mask，尾 stage 只发 `labels`、`loss_mask`、mask，中间 stage 一次不发。
-# - CP=2 把序列切成 4 块，CP rank r 留第 r 和第 3−r 块：rank 0 留位置 [0, 1, 6, 7]，另一个留 [2, 3, 4, 5]，causal attention 的工作量两边相等。
+# - 数据在 TP 群里逐字段 broadcast：PP=1 发 5 次；首 stage 发 `tokens`、`position_ids`、mask，尾 stage 发 `labels`、`loss_mask`、mask，中间不发。
+# - CP=2 把序列切成 4 块，rank r 留第 r 和第 3−r 块：位置 [0, 1, 6, 7] 与 [2, 3, 4, 5]，causal attention 的工作量两边相等。
 # - packed 数据不带 mask，带文档边界 `cu_seqlens`：样本 `[5, 31, 6, 7, 8, 31, 6, 7]` 是 [0, 2, 6, 8]；micro-batch 2 展平成一条 `[1, 16]`。
 #
 # 先读：[笔记 01](../01_training_run_overview/)（训练主链路）、[笔记 02](../02_distributed_initialization/)（TP / PP / CP 群）；约 20 分钟。

@@ -30,14 +30,14 @@
 #
 # **结论**
 #
-# - 正式入口：`gpt_config_from_args` 把 `args` 变成 `GPTModelConfig`（内含 `TransformerConfig`），`setup_model_and_optimizer` 交给它的 `GPTModelBuilder`；造模型 0 次通信。
-# - `TransformerConfig` 的 306 个字段里 223 个自动生成同名 flag，83 个在排除表里；之后同名拷贝回来，再手工覆盖 21 个（如 `--swiglu`）。
+# - 正式入口：`gpt_config_from_args` 把 `args` 变成 `GPTModelConfig`，交给 `GPTModelBuilder` 建模型；造模型 0 次通信。
+# - `TransformerConfig` 的 306 个字段里 223 个自动生成同名 flag，83 个在排除表里，另有 21 个手工覆盖（如 `--swiglu`）。
 # - TE spec 把 norm 融进 `linear_qkv`、`linear_fc1`（`TELayerNormColumnParallelLinear`），两个 norm 槽位成了 `IdentityOp`。
-# - TP=2：列并行（词嵌入、`linear_qkv`、`linear_fc1`）切 dim 0，行并行（`linear_proj`、`linear_fc2`）切 dim 1，位置嵌入、norm、行并行的 bias 复制。
-# - SwiGLU 的 `linear_fc1` 是 stride 2：每 rank 的 `[32, 16]` 一半 gate 一半 up；两个分片直接拼接不等于 TP=1，按 stride 拼回才相等。
-# - 每 rank 1848 个参数，不是 3440 的一半：切分的 3184 个各拿 1592，复制的 256 个每 rank 一份；共享词嵌入时没有 `output_layer.weight`。
+# - TP=2：列并行（词嵌入、`linear_qkv`、`linear_fc1`）切 dim 0，行并行（`linear_proj`、`linear_fc2`）切 dim 1，norm 等复制。
+# - SwiGLU 的 `linear_fc1` 是 stride 2：每 rank 的 `[32, 16]` 一半 gate 一半 up，按 stride 拼回才等于 TP=1。
+# - 每 rank 1848 个参数，不是 3440 的一半：切分的 3184 个各拿 1592，复制的 256 个每 rank 一份。
 #
-# 先读：[笔记 01](../01_training_run_overview/)（正式入口与 `setup_model_and_optimizer`）、[笔记 02](../02_distributed_initialization/)（TP 群）；约 20 分钟。
+# 先读：[笔记 01](../01_training_run_overview/)（正式入口）、[笔记 02](../02_distributed_initialization/)（TP 群）；约 20 分钟。
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 import dataclasses
