@@ -33,7 +33,7 @@
 #
 # - DDP 把全部梯度放进一块连续的 grad buffer（这里 `[9632]` 个 fp32，1 个 bucket），每个参数的 `main_grad` 是它的一段视图。
 # - backward 的 hook 把 `.grad` 加进 `main_grad` 再置为 `None`；m 个 micro-batch 的梯度就累加在 buffer 里。
-# - `finalize_model_grads` 先把 buffer 乘 1/DP，再在 dp-cp 群 all-reduce 一次：和就是平均，也是一步里唯一的跨 rank 通信。
+# - `finalize_model_grads` 先把 buffer 乘 1/(DP×CP)，再在 dp-cp 群 all-reduce 一次：和就是平均，也是一步里唯一的跨 rank 通信。
 # - `optimizer.step()` 让 `.grad` 指向 `main_grad`，在模型并行群里求范数（1.6628，两个 rank 与单进程相同），再裁剪、走 Adam。
 # - DP=2 的一步与单进程相差 < 1e-6；Adam 第一步每个元素约移动 lr，最大 0.0101。
 #
@@ -121,7 +121,7 @@ listing(this_rank_microbatches, train_step, per_token_flag_with_two_values)
 # ## 调用链
 #
 # `train_step` → `zero_grad_buffer()` → schedule（backward 的 hook 累加 `main_grad`；末尾 `finalize_model_grads`：
-# ×1/DP、dp-cp 群 all-reduce）→ `optimizer.step()`（`.grad` ← `main_grad`、范数、裁剪、Adam）。
+# ×1/(DP×CP)、dp-cp 群 all-reduce）→ `optimizer.step()`（`.grad` ← `main_grad`、范数、裁剪、Adam）。
 #
 # <details><summary>完整调用链</summary>
 #
@@ -133,7 +133,7 @@ listing(this_rank_microbatches, train_step, per_token_flag_with_two_values)
 # │  └─ （最后一个 micro-batch 之后）config.finalize_model_grads_func(model, num_tokens?)
 # │     └─ finalize_model_grads
 # │        ├─ model_chunk.finish_grad_sync() → bucket_group.start_grad_sync()
-# │        │     grad_data *= 1/DP；all_reduce(grad_data)                                dp-cp 群
+# │        │     grad_data *= 1/(DP×CP)；all_reduce(grad_data)                              dp-cp 群
 # │        ├─ _allreduce_conditional_embedding_grads                 # DiT 等的条件嵌入      pp 群
 # │        ├─ _allreduce_non_tensor_model_parallel_grads             # SP 的 norm、QK norm  tp 群
 # │        ├─ _allreduce_word_embedding_grads / _allreduce_position_embedding_grads        embedding 群
@@ -219,7 +219,7 @@ Table(["看的东西", "rank 0", "rank 1"], [[what, steps[0][what], steps[1][wha
 #   `gradient_accumulation_fusion` 时，线性层的权重梯度 kernel 直接写进 `main_grad` 并做标记
 #   （[layers.py:721](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L721)），hook 就只清 `.grad`。
 #   buffer 由每步开头的 `zero_grad_buffer()` 清零。
-# - **`finalize_model_grads([ddp])`**：这里只做一件事，把 buffer 乘 1/DP 后在 dp-cp 群里 all-reduce（下一节的表）。
+# - **`finalize_model_grads([ddp])`**：这里只做一件事，把 buffer 乘 1/(DP×CP) 后在 dp-cp 群里 all-reduce（下一节的表）。
 #   之后两个 rank 的 `main_grad` 相同，都等于全部 4 个 micro-batch 的平均梯度。
 # - **`get_megatron_optimizer`** 把参数分组（weight decay、学习率倍率等），建 torch 的 Adam，fp32 参数包成
 #   `FP32Optimizer`（bf16 / fp16 是 `Float16OptimizerWithFloat16Params`，开分布式优化器是 `DistributedOptimizer`），
@@ -273,11 +273,11 @@ recorder.communication_table(dp2[0]["step"])
 # %% [markdown]
 # ## 机制解释
 #
-# ### 为什么先乘 1/DP 再求和
+# ### 为什么先乘 1/(DP×CP) 再求和
 #
 # 每个 DP rank 的梯度是自己那份数据上平均 loss 的梯度（[笔记 05](../05_forward_loss_backward/)：schedule 已经把每个
 # micro-batch 的 loss 除以 m）。要得到整个 global batch 的平均，还要在 DP 上再平均一次。DDP 构造时定下每个 bucket 的缩放因子：
-# 缺省（`average_in_collective=False`）是 1/DP，`start_grad_sync` 在通信前把 bucket 乘上它，再做 SUM all-reduce
+# 缺省（`average_in_collective=False`）是 1/(DP×CP)，即 dp-cp 群大小的倒数（本篇 CP=1，就是 1/DP），`start_grad_sync` 在通信前把 bucket 乘上它，再做 SUM all-reduce
 # （[distributed_data_parallel.py 第 210–212 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/distributed_data_parallel.py#L210-L212)、
 # [param_and_grad_buffer.py 第 658–661 行](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L658-L661)）；
 # 设成 True 则不预乘、改用 AVG 归约。打开 `calculate_per_token_loss` 时缩放因子是 1
@@ -449,7 +449,7 @@ print(dp2[0]["grad_norm"] == dp2[1]["grad_norm"], abs(dp2[0]["grad_norm"] - by_h
 #
 # <details><summary>答案</summary>
 #
-# 在 `finalize_model_grads` → `start_grad_sync` 里：通信前把 bucket 乘 1/DP，再 SUM all-reduce（`average_in_collective=True` 时
+# 在 `finalize_model_grads` → `start_grad_sync` 里：通信前把 bucket 乘 1/(DP×CP)，再 SUM all-reduce（`average_in_collective=True` 时
 # 改用 AVG 归约）。打开 `calculate_per_token_loss` 后缩放因子是 1，DP 上只求和，由 `finalize_model_grads` 除以全局 token 数；
 # 所以 `loss_func` 必须返回 3 个值，否则梯度是 DP 倍。
 #
@@ -477,7 +477,7 @@ print(round(coeff, 4), [(c.api, list(c.ranks)) for c in dp2_clip[0]["step"] if l
 # Megatron's `DistributedDataParallel` lays every gradient into one contiguous buffer per dtype, fp32 only
 # with `grad_reduce_in_fp32` and otherwise the parameter's own dtype: backward hooks add each `param.grad`
 # into `param.main_grad`, a view of that buffer, and set `.grad` to None, so micro-batches accumulate there.
-# `finalize_model_grads` scales the buffer by 1/DP and all-reduces it over the data-parallel group, so gradients
+# `finalize_model_grads` scales the buffer by 1/(DP x CP) and all-reduces it over the data- and context-parallel group, so gradients
 # become the batch mean (with `calculate_per_token_loss` it only sums and divides by the global token count).
 # `optimizer.step()` from `get_megatron_optimizer` points `.grad` at `main_grad`, computes the global grad norm
 # (reduced over tensor/pipeline ranks only), clips, and runs Adam. A DP=2 step matches a one-process step within 1e-6.
