@@ -16,7 +16,7 @@ the rank, and the table functions print note 23's tables from all ranks' summari
 (the runner) runs the reference inside the job first: with TP = PP = 1 every rank is a DP replica
 of the whole model, fed the whole global batch, so each one's gradient before the DP reduction,
 its activations and losses are one process's. Memory is counted against
-:func:`snippets.train.journey.memory_formula` where that formula applies (LayerNorm, GELU, no biases,
+:func:`snippets.train.journey_memory.memory_formula` where that formula applies (LayerNorm, GELU, no biases,
 learned positions: the tiny GPT); at other sizes the table says ``-``.
 """
 
@@ -76,7 +76,7 @@ def one_step(dims, tp=1, pp=1, sequence_parallel=False, weight_name=None, device
     from snippets.ranks.groups import describe_rank
     from snippets.record import recorder
     from snippets.tp import layer_walk
-    from snippets.train import journey
+    from snippets.train import journey, journey_memory
 
     weight_name = weight_name or followed_weight(dims, pp)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
@@ -118,7 +118,7 @@ def one_step(dims, tp=1, pp=1, sequence_parallel=False, weight_name=None, device
         recorder.record() as step_calls,
         record_schedule() as ops,
         journey.Taps(model, layer_numbers=(number,)) as taps,
-        journey.SavedActivations(model, exclude=batch_tensors) as acts,
+        journey_memory.SavedActivations(model, exclude=batch_tensors) as acts,
         layer_walk.collectives_by_submodule(
             layer, step_calls, ["mlp.linear_fc1", "mlp.linear_fc2"]
         ) as by_module,
@@ -179,9 +179,9 @@ def one_step(dims, tp=1, pp=1, sequence_parallel=False, weight_name=None, device
         opt_calls=opt_calls,
         losses=[x["lm loss"] for x in losses],
         grad_stats_group=torch.distributed.get_process_group_ranks(inner.get_grad_stats_parallel_group()),
-        memory=journey.measured_memory(ddp, optimizer, acts),
+        memory=journey_memory.measured_memory(ddp, optimizer, acts),
         saved_by_label=acts.saved_by_label,
-        formula=journey.memory_formula(
+        formula=journey_memory.memory_formula(
             config,
             dims.vocab,
             dims.seq,
@@ -197,7 +197,7 @@ def one_step(dims, tp=1, pp=1, sequence_parallel=False, weight_name=None, device
 
 
 def formula_applies(dims) -> bool:
-    """:func:`snippets.train.journey.memory_formula` counts the tiny GPT's tensors: LayerNorm, GELU, no
+    """:func:`snippets.train.journey_memory.memory_formula` counts the tiny GPT's tensors: LayerNorm, GELU, no
     biases, no QK norm, a learned position table."""
     return not (dims.swiglu or dims.rmsnorm or dims.qk_norm or dims.bias or dims.rope)
 
@@ -321,7 +321,7 @@ def compare(r: dict, ref: dict) -> dict:
 def stage_table(summaries, dims, par) -> Table | None:
     """Per stage: what one micro-batch saves by the formula, times the micro-batches in flight,
     against the peak measured on the stage's first rank (``None`` where the formula does not apply)."""
-    from snippets.train import journey
+    from snippets.train import journey_memory
 
     if not formula_applies(dims):
         return None
@@ -332,10 +332,10 @@ def stage_table(summaries, dims, par) -> Table | None:
     ]
 
     def row(stage):
-        parts = journey.stage_activation_bytes(
+        parts = journey_memory.stage_activation_bytes(
             config, dims.seq, dims.micro_batch_size, dims.vocab, stage == 0, stage == par.pp - 1
         )
-        copies = journey.in_flight(par.pp, stage, dims.microbatches // par.dp)
+        copies = journey_memory.in_flight(par.pp, stage, dims.microbatches // par.dp)
         return [
             stage,
             " + ".join(f"{k} {v}" for k, v in parts.items()),

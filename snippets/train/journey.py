@@ -13,14 +13,11 @@ without hiding Megatron's calls:
 * :func:`slice_along`, :func:`dense_rows`, :func:`dense_ranges`, :func:`dense_rows_of` translate
   "this rank's piece" into global index ranges of the dense tensor (the last two also for
   SwiGLU's stride-2 ``linear_fc1`` and for optimizer ranges that cut rows);
-* :class:`Taps` keeps copies of a few modules' inputs and outputs, one per micro-batch;
-* :class:`SavedActivations` measures activation memory the way autograd holds it: every tensor
-  saved for backward (``torch.autograd.graph.saved_tensors_hooks``), counted once per storage,
-  excluding parameters and the batch itself, with the peak over the step;
-* :func:`memory_formula` predicts, per rank and from the config alone, the bytes of weights,
-  grads, fp32 main params, Adam state and peak activations; :func:`measured_memory` reads the
-  same columns from the real objects, and ``tests/ranks/test_journey.py`` holds the two equal
-  (they live in :mod:`snippets.train.journey_memory`; imported from here as well).
+* :class:`Taps` keeps copies of a few modules' inputs and outputs, one per micro-batch.
+
+What the step costs in bytes -- measured and predicted -- is :mod:`snippets.train.journey_memory`.
+The two modules do not import each other: this one says *where* a tensor is, that one *how many
+bytes* a rank holds.
 """
 
 from __future__ import annotations
@@ -30,14 +27,6 @@ import zlib
 import torch
 
 from snippets.models.tiny_gpt import global_name
-from snippets.train.journey_memory import (
-    in_flight,
-    layer_activation_bytes,
-    measured_memory,
-    memory_formula,
-    stage_activation_bytes,
-    stage_param_sizes,
-)
 
 # ------------------------------------------------------------------ weights: dense, then a TP slice
 
@@ -202,106 +191,15 @@ class Taps:
             h.remove()
 
 
-# ------------------------------------------------------------------ activations as autograd holds them
-
-
-class _Held:
-    """What autograd keeps instead of a saved tensor while a :class:`SavedActivations` is active;
-    when autograd drops it (after the backward that used it), the storage's count goes down."""
-
-    __slots__ = ("tensor", "meter", "key")
-
-    def __init__(self, tensor, meter, key):
-        self.tensor, self.meter, self.key = tensor, meter, key
-
-    def __del__(self):
-        self.meter._release(self.key)
-
-
-class SavedActivations:
-    """Bytes of the tensors autograd saves for backward, live and at their peak, on this rank.
-
-    Counted once per storage (a view saved twice, or q and k cut from one fused qkv output, hold
-    one storage). Not counted: parameters (their storage is DDP's buffer) and tensors whose
-    storage is in ``exclude`` (the micro-batches: the data loader holds them anyway). Used as a
-    context manager around the schedule call: ``with SavedActivations(model, batches) as acts:``,
-    then ``acts.peak``, and ``acts.saved_by_label``: bytes first saved inside a
-    ``TransformerLayer`` (``"layers"``) or elsewhere (``"other"``), summed over the step.
-    """
-
-    def __init__(self, model, exclude=()):
-        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self.exclude |= {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.layers = [m for m in model.modules() if type(m).__name__ == "TransformerLayer"]
-        self.live: dict[int, list[int]] = {}  # storage ptr -> [handles alive, bytes]
-        self.now = 0
-        self.peak = 0
-        self.saved_by_label: dict[str, int] = {}
-        self._labels = ["other"]
-        self._handles = []
-        self._hooks = None
-
-    def _pack(self, tensor):
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key in self.exclude:
-            return tensor
-        entry = self.live.setdefault(key, [0, storage.nbytes()])
-        if entry[0] == 0:
-            self.now += entry[1]
-            self.peak = max(self.peak, self.now)
-            label = self._labels[-1]
-            self.saved_by_label[label] = self.saved_by_label.get(label, 0) + entry[1]
-        entry[0] += 1
-        return _Held(tensor, self, key)
-
-    @staticmethod
-    def _unpack(held):
-        return held.tensor if isinstance(held, _Held) else held
-
-    def _release(self, key):
-        entry = self.live.get(key)
-        if entry is None:
-            return
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.now -= entry[1]
-            del self.live[key]
-
-    def __enter__(self):
-        for layer in self.layers:
-            self._handles.append(
-                layer.register_forward_pre_hook(lambda mod, args: self._labels.append("layers"))
-            )
-            self._handles.append(
-                layer.register_forward_hook(lambda mod, args, out: self._labels.pop() and None)
-            )
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        for h in self._handles:
-            h.remove()
-
-
 __all__ = [
-    "SavedActivations",
     "Taps",
     "dense_ranges",
     "dense_rows",
     "dense_rows_of",
     "full_shape",
-    "in_flight",
     "init_full_then_shard",
-    "layer_activation_bytes",
-    "measured_memory",
-    "memory_formula",
     "named_by_global_name",
     "ranges_text",
     "slice_along",
-    "stage_activation_bytes",
-    "stage_param_sizes",
     "take",
 ]

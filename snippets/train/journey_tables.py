@@ -192,7 +192,7 @@ def grad_table(summaries) -> Table:
 
 
 GRAD_MEANING = {
-    "reduce_scatter_tensor": "梯度：整个 bucket 在 DP 群求和（先乘 1/DP），每个 rank 只留自己那段",
+    "reduce_scatter_tensor": "梯度：bucket 先乘 1/(dp-cp 群的大小)，在 dp-cp 群求和，每个 rank 只留自己那段",
     "distributed/finalize_model_grads.py::_allreduce_non_tensor_model_parallel_grads": (
         "SP：各 norm 的 weight / bias 梯度只含本 rank 那段序列的贡献，在 TP 群里相加"
     ),
@@ -271,60 +271,80 @@ def _said(c, otherwise: str) -> str:
     return f"{c.api} · {c.group} {list(c.ranks)} · {c.before} → {c.after}" if c is not None else otherwise
 
 
+def _phase(c) -> str:
+    """The phase the recorder gave the collective (``recorder.phase_of`` when it was issued)."""
+    return c.phase if c is not None else "-"
+
+
 def journey_table(summaries) -> Table:
-    """The five stations in one table, on the first holder."""
+    """The five stations in one table, on the first holder; the last column is the phase the
+    recorder gave the producing collective (``-`` where none produced it)."""
     i = holders(summaries)[0]
     s = summaries[i]
     sh = s["shard"]
-    return Table(
-        ["站", "形态", f"rank {i} 持有的全局范围", "本地 shape", f"产生它的通信（rank {i}）"],
+    rows = [
         [
-            [
-                "①",
-                "稠密 weight（每个持有者各造一份）",
-                f"行 [0, {s['dense_shape'][0]})",
-                s["dense_shape"],
-                "无",
-            ],
-            ["①", "TP 分片", f"行 {s['cols']}", s["local_shape"], "无（本地切）"],
-            [
-                "③",
-                f"收到的 stage 激活 = 第 {s['number']} 层输入",
-                s["tokens"],
-                s["layer_in_shape"],
-                _said(s["recv"], "无（PP=1：同一个 stage）"),
-            ],
-            [
-                "②",
-                "fc1 的输入拼成整段",
-                f"token [0, {s['seq']})",
-                s["gather"].after if s["gather"] else s["fc1_in_shape"],
-                _said(s["gather"], "无（没有 SP）"),
-            ],
-            [
-                "②",
-                "fc1 的输出",
-                f"token [0, {s['seq']}) × 列 {s['cols']}",
-                s["fc1_out_shape"],
-                "无（本地矩阵乘）",
-            ],
-            [
-                "②",
-                "fc2 输出切回序列分片" if s["sequence_parallel"] else "fc2 输出（部分和相加）",
-                s["tokens"],
-                s["fc2_out_shape"],
-                _said(s["fc2_call"], "无（TP=1）"),
-            ],
-            [
-                "④",
-                "main_grad（同步后只有拥有的那段有效）",
-                s["owned"],
-                s["local_shape"],
-                _said(s["sync"], "无"),
-            ],
-            ["⑤", "Adam 状态分片", s["owned"], sh["shapes"]["exp_avg"] if sh else "-", "无"],
-            ["⑤", "更新后的 weight", f"行 {s['cols']}", s["local_shape"], _said(s["regather"], "无")],
+            "①",
+            "稠密 weight（每个持有者各造一份）",
+            f"行 [0, {s['dense_shape'][0]})",
+            s["dense_shape"],
+            "无",
+            None,
         ],
+        ["①", "TP 分片", f"行 {s['cols']}", s["local_shape"], "无（本地切）", None],
+        [
+            "③",
+            f"收到的 stage 激活 = 第 {s['number']} 层输入",
+            s["tokens"],
+            s["layer_in_shape"],
+            _said(s["recv"], "无（PP=1：同一个 stage）"),
+            s["recv"],
+        ],
+        [
+            "②",
+            "fc1 的输入拼成整段",
+            f"token [0, {s['seq']})",
+            s["gather"].after if s["gather"] else s["fc1_in_shape"],
+            _said(s["gather"], "无（没有 SP）"),
+            s["gather"],
+        ],
+        [
+            "②",
+            "fc1 的输出",
+            f"token [0, {s['seq']}) × 列 {s['cols']}",
+            s["fc1_out_shape"],
+            "无（本地矩阵乘）",
+            None,
+        ],
+        [
+            "②",
+            "fc2 输出切回序列分片" if s["sequence_parallel"] else "fc2 输出（部分和相加）",
+            s["tokens"],
+            s["fc2_out_shape"],
+            _said(s["fc2_call"], "无（TP=1）"),
+            s["fc2_call"],
+        ],
+        [
+            "④",
+            "main_grad（同步后只有拥有的那段有效）",
+            s["owned"],
+            s["local_shape"],
+            _said(s["sync"], "无"),
+            s["sync"],
+        ],
+        ["⑤", "Adam 状态分片", s["owned"], sh["shapes"]["exp_avg"] if sh else "-", "无", None],
+        [
+            "⑤",
+            "更新后的 weight",
+            f"行 {s['cols']}",
+            s["local_shape"],
+            _said(s["regather"], "无"),
+            s["regather"],
+        ],
+    ]
+    return Table(
+        ["站", "形态", f"rank {i} 持有的全局范围", "本地 shape", f"产生它的通信（rank {i}）", "phase"],
+        [[*row[:5], _phase(row[5])] for row in rows],
     )
 
 

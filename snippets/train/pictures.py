@@ -3,7 +3,11 @@
 * :func:`draw_journey_strip` (note 23): one weight's journey as one strip, a column per station
   of the journey table -- the full extent (the weight's rows, or the sequence's tokens) as a tall
   box, the part the rank holds filled, its local shape under it, and the collective that produced
-  it. Built from the rows :func:`snippets.train.journey_tables.journey_table` prints.
+  it with its recorded phase. Built from the rows :func:`snippets.train.journey_tables.journey_table`
+  prints.
+* :func:`draw_journey_summary` (note 23's main picture): the roadmap's six forms (replicated, TP
+  shard, sequence shard, stage activation, DP gradient sync, optimizer shard, and the weight
+  gathered back) picked from the same rows, then each rank's bytes from the memory table.
 * :func:`draw_loss_division` (note 05): who divides the loss, and by what, from the note's table of
   recorded scalings.
 * :func:`draw_grad_path` (note 06): a gradient's path, ``.grad`` → ``main_grad`` → bucket →
@@ -41,11 +45,14 @@ _API = {
 
 
 def journey_stations(rows: list[list]) -> list[dict]:
-    """The journey table's rows ``[station, form, range, local shape, comm]`` as drawable stations:
-    ``axis`` (行 = the weight's rows, token = the sequence), the held ``start``/``end`` on it, the
-    ``cols`` when the form is tokens × columns, and the producing collective in short (``AG · tp``)."""
+    """The journey table's rows ``[station, form, range, local shape, comm, phase]`` as drawable
+    stations: ``axis`` (行 = the weight's rows, token = the sequence), the held ``start``/``end`` on
+    it, the ``cols`` when the form is tokens × columns, the producing collective in short
+    (``AG · tp``) and the ``phase`` the recorder gave it (``None`` when no collective produced it)."""
     out = []
-    for station, form, where, shape, comm in rows:
+    for row in rows:
+        station, form, where, shape, comm = row[:5]
+        phase = row[5] if len(row) > 5 and row[5] != "-" else None
         ranges = _RANGE.findall(where)
         if not ranges:
             raise ValueError(f"station {station}: no range in {where!r}")
@@ -68,6 +75,7 @@ def journey_stations(rows: list[list]) -> list[dict]:
                 shape=str(shape),
                 comm=said,
                 comm_text=comm,
+                phase=phase if said else None,
             )
         )
     return out
@@ -83,13 +91,13 @@ def draw_journey_strip(rows: list[list], *, rank: int, title: str | None = None)
     col_w, gap, left = 110, 8, 10
     box_top, box_h = 62, 120
     width = left + len(stations) * (col_w + gap) - gap + 10
-    height = box_top + box_h + 74
+    height = box_top + box_h + 88
     fig = Figure(
         width,
         height,
         title=title or f"一个 weight 的旅程，rank {rank} 在每一站持有什么",
         desc="从左到右是数据真实经过的顺序：高的方框是全长（weight 的行，或序列的 token），"
-        "填色是本 rank 持有的那段，下面是本地 shape 和产生这一形态的那次通信。",
+        "填色是本 rank 持有的那段，下面是本地 shape、产生这一形态的那次通信和记录到的阶段。",
     )
     fig.legend(left, 12, [("tp", "weight 的行"), ("fwd2", "激活的 token"), ("comm", "产生它的通信")], size=11)
     for i, s in enumerate(stations):
@@ -127,12 +135,186 @@ def draw_journey_strip(rows: list[list], *, rank: int, title: str | None = None)
                     s["comm"],
                     "comm",
                     size=11,
-                    tip=s["comm_text"],
+                    tip=f"{s['comm_text']}（{s['phase']}）" if s["phase"] else s["comm_text"],
                 )
+                if s["phase"]:
+                    fig.text(
+                        x + col_w / 2,
+                        box_top + box_h + 66,
+                        s["phase"],
+                        size=11,
+                        anchor="middle",
+                        kind="muted",
+                    )
             else:
                 fig.text(x + col_w / 2, box_top + box_h + 41, "本地", size=11, anchor="middle", kind="muted")
         if i:
             fig.line(x - gap - 18, box_top + box_h / 2, x + 18, box_top + box_h / 2, "muted", arrow=True)
+    fig.check()
+    return fig
+
+
+# The roadmap's chain of forms, each picked from the journey table by the start of its form:
+# (prefix of the table's form, the form's name in the summary).
+SUMMARY_FORMS = [
+    ("稠密 weight", "复制"),
+    ("TP 分片", "TP 分片"),
+    ("fc2 输出", "序列分片"),
+    ("收到的 stage 激活", "stage 激活"),
+    ("main_grad", "DP 梯度同步"),
+    ("Adam 状态分片", "优化器分片"),
+    ("更新后的 weight", "拼回 weight"),
+]
+MEMORY_PARTS = [
+    ("weights", "weight", "tp"),
+    ("grads", "梯度", "dp"),
+    ("adam_state", "Adam", "emb"),
+    ("activations", "激活", "fwd2"),
+]
+
+
+def summary_stations(rows: list[list]) -> list[dict]:
+    """The journey table's stations the summary draws, in the roadmap's order (a form missing from
+    the table raises)."""
+    stations = journey_stations(rows)
+    out = []
+    for prefix, name in SUMMARY_FORMS:
+        found = [s for s in stations if s["form"].startswith(prefix)]
+        if len(found) != 1:
+            raise ValueError(f"the journey table has {len(found)} rows for {prefix!r}")
+        out.append({**found[0], "short": name})
+    return out
+
+
+def memory_groups(memory_rows: list[list]) -> tuple[list[dict], dict | None]:
+    """The memory table's rows (``[rank, stage, weights, grads, main_params, adam_state,
+    activations, total, = 公式]``) as runs of ranks with the same bytes, plus the one-process
+    reference row (``rank`` = 参照) if the table has it."""
+    keys = ["weights", "grads", "main_params", "adam_state", "activations", "total"]
+    groups, reference = [], None
+    for row in memory_rows:
+        entry = dict(zip(keys, (int(v) for v in row[2:8])), same=str(row[8]) == "True")
+        if str(row[0]) == "参照":
+            reference = entry
+            continue
+        rank, stage = int(row[0]), int(row[1])
+        last = groups[-1] if groups else None
+        if (
+            last
+            and last["stage"] == stage
+            and all(last[k] == entry[k] for k in keys)
+            and last["ranks"][-1] == rank - 1
+        ):
+            last["ranks"].append(rank)
+        else:
+            groups.append(dict(entry, ranks=[rank], stage=stage))
+    return groups, reference
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) > 2:
+        return f"rank {ranks[0]}–{ranks[-1]}"
+    return "rank " + ", ".join(map(str, ranks))
+
+
+def draw_journey_summary(
+    rows: list[list], memory_rows: list[list], *, rank: int, title: str | None = None
+) -> Figure:
+    """Note 23's main picture: the roadmap's forms of one weight (from the journey table of rank
+    ``rank``), then the bytes every rank holds (from the memory table)."""
+    stations = summary_stations(rows)
+    groups, reference = memory_groups(memory_rows)
+    extent = {axis: max(s["end"] for s in stations if s["axis"] == axis) for axis in ("行", "token")}
+    held = {s["short"]: s["end"] - s["start"] for s in stations}
+    totals = [g["total"] for g in groups]
+    title = title or (
+        f"rank {rank} 的一步：weight 留 {held['TP 分片']} 行，激活留 {held['序列分片']} 个 token，"
+        f"梯度和 Adam 状态只剩 {held['优化器分片']} 行；每个 rank {min(totals)}–{max(totals)} B"
+    )
+    col_w, gap, left = 96, 8, 10
+    box_top, box_h = 86, 96
+    panel_x = left + len(stations) * (col_w + gap) - gap + 22
+    panel_w = 296
+    width = panel_x + panel_w + 10
+    height = box_top + box_h + 74
+    fig = Figure(
+        width,
+        height,
+        title=title,
+        desc="左边七列按 roadmap 的顺序画跟踪的 weight、它的激活和梯度在一个 rank 上的形态：高的方框是全长，"
+        "填色是这个 rank 持有的那段，下面是本地 shape、产生它的通信和记录到的阶段；右边是每个 rank 这一步占的字节。",
+    )
+    fig.text(left, 14, title, size=13, bold=True)
+    fig.legend(left, 38, [("tp", "weight 的行"), ("fwd2", "激活的 token"), ("comm", "产生它的通信")], size=11)
+    for i, s in enumerate(stations):
+        x = left + i * (col_w + gap)
+        n = extent[s["axis"]]
+        kind = "tp" if s["axis"] == "行" else "fwd2"
+        with fig.group(f"{s['station']} {s['short']}", tip=f"{s['station']} {s['form']}"):
+            fig.text(x + col_w / 2, 60, f"{s['station']} {s['short']}", size=11, anchor="middle", bold=True)
+            fig.text(x + col_w / 2, 75, f"{s['axis']} 0–{n}", size=11, anchor="middle", kind="muted")
+            fig.rect(x + 22, box_top, col_w - 44, box_h, "grid", faint=True, outline="grid")
+            y0, y1 = box_top + box_h * s["start"] / n, box_top + box_h * s["end"] / n
+            fig.rect(
+                x + 22, y0, col_w - 44, y1 - y0, kind, rx=0, tip=f"{s['axis']} [{s['start']}, {s['end']})"
+            )
+            fig.text(
+                x + col_w / 2,
+                (y0 + y1) / 2,
+                f"[{s['start']}, {s['end']})",
+                size=11,
+                anchor="middle",
+                kind="on" if kind == "tp" else "ink",
+            )
+            fig.text(x + col_w / 2, box_top + box_h + 13, s["shape"], size=11, anchor="middle", mono=True)
+            if s["comm"]:
+                fig.boxed(
+                    x + 6,
+                    box_top + box_h + 26,
+                    col_w - 12,
+                    20,
+                    s["comm"],
+                    "comm",
+                    size=11,
+                    tip=s["comm_text"],
+                )
+                if s["phase"]:
+                    fig.text(
+                        x + col_w / 2,
+                        box_top + box_h + 60,
+                        s["phase"],
+                        size=11,
+                        anchor="middle",
+                        kind="muted",
+                    )
+            else:
+                fig.text(x + col_w / 2, box_top + box_h + 36, "本地", size=11, anchor="middle", kind="muted")
+        if i:
+            fig.line(x - gap - 2, box_top + box_h / 2, x + 20, box_top + box_h / 2, "muted", arrow=True)
+    # the bytes, rank by rank
+    all_same = all(g["same"] for g in groups) and (reference is None or reference["same"])
+    fig.line(panel_x - 12, 52, panel_x - 12, height - 8, "grid")
+    fig.text(
+        panel_x, 60, "每个 rank 这一步的字节" + ("（实测 = 公式）" if all_same else ""), size=11, bold=True
+    )
+    fig.legend(panel_x, 80, [(kind, name) for _, name, kind in MEMORY_PARTS], size=11, gap=16)
+    label_w, bar_w = 66, 168
+    biggest = max(totals)
+    for j, g in enumerate(groups):
+        y = 104 + j * 30
+        name = _ranks_text(g["ranks"])
+        with fig.group(name, tip=f"{name}（stage {g['stage']}）：共 {g['total']} B"):
+            fig.text(panel_x, y + 9, name, size=11)
+            x = panel_x + label_w
+            for key, part, kind in MEMORY_PARTS:
+                w = bar_w * g[key] / biggest
+                if w > 0:
+                    fig.rect(x, y, w, 18, kind, rx=0, tip=f"{name} {part} {g[key]} B")
+                x += w
+            fig.text(x + 6, y + 9, f"{g['total']} B", size=11, mono=True)
+    if reference is not None:
+        y = 104 + len(groups) * 30 + 6
+        fig.text(panel_x, y, f"不切分（1 个进程）：{reference['total']} B", size=11, kind="muted")
     fig.check()
     return fig
 

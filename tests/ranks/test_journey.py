@@ -1,13 +1,14 @@
-"""snippets.train.journey against real runs: the TP-sliced init is the unsplit model's init, the saved-
-tensor meter counts what autograd holds (once per storage, released after backward), and the
-memory formula equals what real ranks hold -- weights, grads, Adam state and peak activations --
-across TP, SP, PP, DP and attention shapes."""
+"""snippets.train.journey and journey_memory against real runs: the TP-sliced init is the unsplit
+model's init, the saved-tensor meter counts what autograd holds (once per storage, released after
+backward), and the memory formula equals what real ranks hold -- weights, grads, Adam state and
+peak activations -- across TP, SP, PP, DP and attention shapes. The two modules do not import each
+other."""
 
 import pytest
 import torch
 
 from snippets.ranks.launch import run_ranks, warm_up
-from snippets.train import journey
+from snippets.train import journey, journey_memory
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,7 +94,7 @@ def test_dense_ranges_follow_the_stride_of_swiglu_fc1():
 def test_saved_activations_counts_each_storage_once_and_frees_after_backward():
     linear = torch.nn.Linear(8, 8, bias=False)
     x = torch.randn(4, 8)
-    with journey.SavedActivations(linear, exclude=[x]) as acts:
+    with journey_memory.SavedActivations(linear, exclude=[x]) as acts:
         h = linear(x)  # saves x (excluded: the batch) and the weight (a parameter)
         assert acts.now == 0
         y = h * h  # saves h twice: one storage
@@ -147,7 +148,7 @@ def _step(overrides, tp, pp, global_microbatches, mbs):
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     m = global_microbatches // dp
     data = microbatches(global_microbatches, micro_batch_size=mbs)[m * dp_rank : m * (dp_rank + 1)]
-    with journey.SavedActivations(ddp, exclude=[t for b in data for t in b.values()]) as acts:
+    with journey_memory.SavedActivations(ddp, exclude=[t for b in data for t in b.values()]) as acts:
         get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iter(data),
@@ -159,10 +160,10 @@ def _step(overrides, tp, pp, global_microbatches, mbs):
     finalize_model_grads([ddp])
     opt.step()
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    per_layer = sum(journey.layer_activation_bytes(config, SEQ, mbs).values())
+    per_layer = sum(journey_memory.layer_activation_bytes(config, SEQ, mbs).values())
     return (
-        journey.measured_memory(ddp, opt, acts),
-        journey.memory_formula(config, VOCAB, SEQ, mbs, m, dp, pp_rank, dp_rank),
+        journey_memory.measured_memory(ddp, opt, acts),
+        journey_memory.memory_formula(config, VOCAB, SEQ, mbs, m, dp, pp_rank, dp_rank),
         acts.saved_by_label.get("layers", 0),
         per_layer * config.num_layers // pp * m,
     )
@@ -206,15 +207,33 @@ def test_memory_formula_equals_what_real_ranks_hold(case):
         assert results[0][0]["activations"] > results[-1][0]["activations"]
 
 
+def test_journey_and_journey_memory_do_not_import_each_other():
+    import ast
+    import inspect
+
+    def imported(module):
+        tree = ast.parse(inspect.getsource(module))
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+        return names
+
+    assert not {n for n in imported(journey) if "journey_memory" in n}
+    assert not {n for n in imported(journey_memory) if n.endswith(".journey") or ".journey." in n}
+
+
 def test_in_flight():
-    assert [journey.in_flight(4, r, 8) for r in range(4)] == [4, 3, 2, 1]
-    assert [journey.in_flight(4, r, 2) for r in range(4)] == [2, 2, 2, 1]
+    assert [journey_memory.in_flight(4, r, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert [journey_memory.in_flight(4, r, 2) for r in range(4)] == [2, 2, 2, 1]
 
 
 def test_formula_refuses_configs_it_was_not_derived_for():
     from snippets.models.tiny_gpt import tiny_config
 
     with pytest.raises(ValueError, match="gated_linear_unit"):
-        journey.layer_activation_bytes(tiny_config(gated_linear_unit=True), 8, 2)
+        journey_memory.layer_activation_bytes(tiny_config(gated_linear_unit=True), 8, 2)
     with pytest.raises(ValueError, match="hidden_dropout"):
-        journey.layer_activation_bytes(tiny_config(hidden_dropout=0.1), 8, 2)
+        journey_memory.layer_activation_bytes(tiny_config(hidden_dropout=0.1), 8, 2)

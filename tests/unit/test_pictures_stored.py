@@ -1,6 +1,7 @@
 """snippets/train/pictures.py, checked against the notes' stored runs: the picture each note stores
-is exactly the one drawn from the table the same run printed (notes 01, 05, 23), a second render is
-the same bytes, the legibility check passes, and the drawn data are the table's rows."""
+is exactly the one drawn from the table the same run printed (notes 01, 05, 23: its main picture and
+its full strip), a second render is the same bytes, the legibility check passes, and the drawn data
+are the table's rows."""
 
 import json
 import re
@@ -74,6 +75,39 @@ def test_note_23_strip_is_the_journey_table():
         r[2].split(" × ")[0] for r in rows
     ]
     assert [s["comm"] is None for s in stations] == [" · " not in r[4] for r in rows]
+
+
+def test_note_23_main_picture_is_the_journey_and_memory_tables():
+    """The summary at the top of note 23 draws seven rows of the journey table (the roadmap's forms,
+    in its order) exactly as the full strip reads them, and the memory table's bytes per rank."""
+    rows = _table("23_tensor_journey", "journey_table(summaries)")
+    memory = _table("23_tensor_journey", 'memory_table(summaries, reference=(ref["memory"], ref["formula"]))')
+    fig = pictures.draw_journey_summary(rows, memory, rank=4)
+    fig.check()
+    assert fig.width <= 1070  # the content column at 1400 px
+    assert fig.svg() == pictures.draw_journey_summary(rows, memory, rank=4).svg()
+    assert fig.svg() == _stored_svg("23_tensor_journey", "pictures.draw_journey_summary")
+    full = {s["form"]: s for s in pictures.journey_stations(rows)}
+    drawn = pictures.summary_stations(rows)
+    assert [s["short"] for s in drawn] == [name for _, name in pictures.SUMMARY_FORMS]
+    for s in drawn:  # same range, shape, collective and recorded phase as the table's row
+        assert {k: v for k, v in s.items() if k != "short"} == {
+            k: v for k, v in full[s["form"]].items() if k != "short"
+        }
+    by_form = {r[1]: r for r in rows}
+    assert [s["phase"] for s in drawn] == [
+        by_form[s["form"]][5] if by_form[s["form"]][5] != "-" else None for s in drawn
+    ]
+    groups, reference = pictures.memory_groups(memory)
+    keys = ["weights", "grads", "main_params", "adam_state", "activations", "total"]
+    assert sorted(r for g in groups for r in g["ranks"]) == list(range(8))
+    for g in groups:
+        for r in g["ranks"]:
+            assert [g[k] for k in keys] == [int(x) for x in memory[r][2:8]]
+    assert reference is not None and reference["total"] == int(memory[-1][7])
+    svg = fig.svg()
+    for g in groups:
+        assert f"{g['total']} B" in svg
 
 
 def test_note_05_picture_is_the_who_divides_table():
