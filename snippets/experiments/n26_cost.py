@@ -1,0 +1,576 @@
+"""Note 26's experiment: what a step costs, measured on the real objects and set beside the formulas.
+
+:func:`run` (every rank, TP = ``par.tp``, the rest data parallel) measures, with
+:mod:`snippets.cost.measure`:
+
+* bytes per parameter of a bf16 ``GPTModel`` with Megatron's DDP and optimizer, for the four
+  combinations of the distributed optimizer and ``grad_reduce_in_fp32``, with every collective
+  of the step (sequence parallel on);
+* bytes one ``TransformerBlock`` layer keeps for backward under TP, without / with sequence
+  parallel and with no / selective / full recomputation, and the TP elements it moves.
+
+:func:`tables` prints them against Megatron's formulas (:mod:`snippets.cost.formulas`, which calls
+``megatron/training/theoretical_memory_usage.py``) and the published ones (ZeRO, Korthikanti et al.
+2022 Table 2). The FLOPs check (:func:`flops_rows`), the pipeline split (:func:`pipeline_rows`) and
+the worked choices at real sizes (:func:`choices`) are the note's other tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from snippets.record.tables import Table
+
+MODES = (
+    (False, "none"),
+    (False, "selective"),
+    (True, "none"),
+    (True, "selective"),
+    (True, "full"),
+)
+"""(sequence parallel, recomputation) of each activation run."""
+
+FLAGS = ((False, False), (False, True), (True, False), (True, True))
+"""(distributed optimizer, grad_reduce_in_fp32) of each bytes-per-parameter run."""
+
+
+def run(dims, par) -> dict:
+    """On every rank: the four optimizer-state runs, then the five one-layer activation runs."""
+    from snippets.cost import measure
+
+    sp = par.tp > 1
+    state = {}
+    for distributed, fp32 in FLAGS:
+        r = measure.state_bytes(dims, distributed, fp32, tp=par.tp, sp=sp)
+        state[(distributed, fp32)] = dict(
+            memory=r["memory"],
+            numel=r["numel"],
+            per_param=r["per_param"],
+            dp=r["dp"],
+            microbatches=r["microbatches"],
+            comm=measure.volume(r["calls"]),
+            biases=r["biases"],
+            position=r["position"],
+        )
+    acts = {mode: measure.layer_activations(dims, par.tp, *mode) for mode in MODES}
+    return dict(state=state, acts=acts)
+
+
+# ---- formulas ------------------------------------------------------------------------------------
+
+
+def model_of(dims):
+    from snippets.cost import formulas
+
+    return formulas.Model.from_dims(dims)
+
+
+def config_of(dims, par, **changes):
+    """The :class:`snippets.cost.formulas.Config` of the tiny run: one node of ``par.world`` ranks,
+    the vocabulary unpadded (``GPTModel`` built directly), the micro-batches a DP rank runs."""
+    from snippets.cost import formulas
+
+    dp = par.world // par.tp
+    fields = dict(
+        gpus_per_node=par.world,
+        tp=par.tp,
+        sp=par.tp > 1,
+        seq=dims.seq,
+        micro_batch_size=dims.micro_batch_size,
+        num_microbatches=dims.microbatches // dp,
+        vocab_multiple=1,
+        recompute="selective",
+    )
+    fields.update(changes)
+    return formulas.Config(**fields)
+
+
+def published_bytes_per_param(distributed: bool, fp32_grads: bool, dp: int) -> tuple[str, float]:
+    """The published count that describes this setting: ZeRO's 2 + 2 + 12 (arXiv 1910.02054: bf16
+    weights and gradients, 12 bytes of fp32 Adam state), its stage 1 (the 12 sharded), Megatron's
+    18 / 6 + 12/DP (fp32 ``main_grad``, docs/user-guide/features/dist_optimizer.md)."""
+    if fp32_grads:
+        return ("Megatron 6 + 12/DP", 6 + 12 / dp) if distributed else ("Megatron 18", 18.0)
+    return ("ZeRO-1 4 + 12/DP", 4 + 12 / dp) if distributed else ("ZeRO 16", 16.0)
+
+
+def state_table(results: list, dims, par) -> Table:
+    """Measured bytes per parameter on rank 0 against Megatron's formula and the published count."""
+    from snippets.cost import formulas
+
+    rows = []
+    for distributed, fp32 in FLAGS:
+        r = results[0]["state"][(distributed, fp32)]
+        config = config_of(dims, par, distributed_optimizer=distributed, grad_reduce_in_fp32=fp32)
+        figure = formulas.weight_and_optimizer_bytes(model_of(dims), config)
+        counted = formulas.params_per_gpu(model_of(dims), config)["dense"]
+        name, value = published_bytes_per_param(distributed, fp32, r["dp"])
+        rows.append(
+            [
+                "是" if distributed else "否",
+                "fp32" if fp32 else "bf16",
+                r["numel"],
+                round(r["per_param"], 2),
+                round(figure.value / counted, 2)
+                if figure.value is not None
+                else "无（" + figure.why.split(";")[0] + "）",
+                f"{name} = {value:g}",
+            ]
+        )
+    return Table(
+        ["分布式优化器", "梯度", "本 rank 参数", "实测 字节/参数", "Megatron 公式 字节/参数", "公开的数"],
+        rows,
+    )
+
+
+def params_table(results: list, dims, par) -> Table:
+    """Parameters on rank 0: measured, Megatron's count, and what makes the difference."""
+    from snippets.cost import formulas
+
+    r = results[0]["state"][(False, True)]
+    counted = formulas.params_per_gpu(model_of(dims), config_of(dims, par))["dense"]
+    return Table(
+        ["实测参数", "Megatron 公式数的参数", "差", "其中 bias", "其中位置嵌入表"],
+        [[r["numel"], int(counted), r["numel"] - int(counted), r["biases"], r["position"]]],
+    )
+
+
+def paper_rows(dims, tp: int) -> dict:
+    """Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, bytes per layer in units of s*b*h:
+    the row that describes each (SP, recomputation) setting."""
+    a, s, h, t = dims.heads, dims.seq, dims.hidden, tp
+    att = 5 * a * s / h
+    return {
+        (False, "none"): ("TP：10 + 24/t + 5as/(ht)", 10 + 24 / t + att / t),
+        (False, "selective"): ("TP + 选择性重算：10 + 24/t", 10 + 24 / t),
+        (True, "none"): ("TP + SP：(34 + 5as/h)/t", (34 + att) / t),
+        (True, "selective"): ("TP + SP + 选择性重算：34/t", 34 / t),
+        (True, "full"): ("全重算：2（只留层输入；SP 下 /t）", 2 / t),
+    }
+
+
+def megatron_layer(dims, tp: int, sp: bool, recompute: str) -> tuple[str, float | None]:
+    """Megatron's per-layer activation term (theoretical_memory_usage.py) in units of s*b*h, where
+    the function it would call covers the setting; None with the reason otherwise."""
+    if recompute == "full":
+        return "无全重算的项", None
+    if sp:
+        if recompute != "selective":
+            return "SP 只有配选择性重算的公式", None
+        return "compute_activation_memory：(18 + 4·ffn/h)/t", (18 + 4 * dims.ffn / dims.hidden) / tp
+    return "compute_activation_memory_without_sp：10 + 24/t", 10 + 24 / tp
+
+
+def activation_table(results: list, dims, tp: int) -> Table:
+    """Bytes one layer keeps, rank 0, in s*b*h units, against Megatron and Table 2."""
+    paper = paper_rows(dims, tp)
+    rows = []
+    for sp, recompute in MODES:
+        r = results[0]["acts"][(sp, recompute)]
+        measured = r["bytes"] / r["sbh"]
+        formula, value = megatron_layer(dims, tp, sp, recompute)
+        name, published = paper[(sp, recompute)]
+        rows.append(
+            [
+                "是" if sp else "否",
+                recompute,
+                r["bytes"],
+                round(measured, 2),
+                round(value, 2) if value is not None else "—",
+                name,
+                round(published, 2),
+            ]
+        )
+    return Table(
+        ["SP", "重算", "实测 字节/层", "实测 ÷ sbh", "Megatron ÷ sbh", "论文 Table 2 的行", "论文 ÷ sbh"],
+        rows,
+    )
+
+
+def saved_table(results: list, dims, tp: int, mode=(True, "selective")) -> Table:
+    """What one layer keeps for backward in ``mode`` on rank 0: each storage once, in the order the
+    forward saved it, with its size in units of s*b*h/t."""
+    r = results[0]["acts"][mode]
+    unit = r["sbh"] / tp
+    return Table(
+        ["#", "形状", "dtype", "字节", "÷ (sbh/t)"],
+        [
+            [i, list(shape), dtype, size, round(size / unit, 3)]
+            for i, (shape, dtype, size) in enumerate(r["tensors"], 1)
+        ],
+    )
+
+
+def comm_table(results: list, dims, par) -> Table:
+    """Bytes rank 0 sends per step, by group: recorded (ring share of each collective's whole tensor)
+    against :func:`snippets.cost.formulas.communication`."""
+    from snippets.cost import formulas
+
+    rows = []
+    one_layer = dataclasses.replace(model_of(dims), layers=1)
+    for sp, recompute in ((False, "none"), (True, "selective"), (True, "full")):
+        r = results[0]["acts"][(sp, recompute)]
+        sent = sum(v[2] for (g, _), v in r["comm"].items() if g == "tp") * 2  # bf16
+        config = config_of(dims, par, sp=sp, recompute=recompute, num_microbatches=1)
+        formula = formulas.communication(one_layer, config)["tp"]["bytes"]
+        label = f"TP，一层一个 micro-batch，{'SP' if sp else '无 SP'}，重算 {recompute}"
+        rows.append([label, "前向+反向", int(sent), int(formula), int(formula), sent == formula])
+    for distributed in (False, True):
+        r = results[0]["state"][(distributed, True)]
+        grad = sum(v[2] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "grad sync") * 4
+        params = sum(v[2] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "optimizer step") * 2
+        whole = sum(v[1] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "grad sync")
+        config = config_of(dims, par, distributed_optimizer=distributed)
+        counted = formulas.params_per_gpu(model_of(dims), config)["dense"]
+        formula = formulas.communication(model_of(dims), config)["dp"]["bytes"]
+        what = "reduce-scatter fp32 梯度 + all-gather bf16 参数" if distributed else "all-reduce fp32 梯度"
+        rows.append(
+            [
+                f"DP，一步，{what}",
+                "grad sync + optimizer step",
+                int(grad + params),
+                int(formula),
+                int(formula * whole / counted),
+                grad + params == formula * whole / counted,
+            ]
+        )
+    return Table(
+        ["群与范围", "阶段", "实测 字节/rank", "公式 字节/rank", "公式 × 实测缓冲区/公式参数", "相等"], rows
+    )
+
+
+def tables(results: list, dims, par) -> list:
+    return [
+        state_table(results, dims, par),
+        params_table(results, dims, par),
+        activation_table(results, dims, par.tp),
+        saved_table(results, dims, par.tp),
+        comm_table(results, dims, par),
+    ]
+
+
+# ---- FLOPs -------------------------------------------------------------------------------------
+
+
+def flops_rows(counted: dict, dims) -> Table:
+    """torch's count of one forward + backward against Megatron's formula and 6N + attention."""
+    from snippets.cost import formulas
+
+    config = formulas.Config(
+        gpus_per_node=1,
+        seq=dims.seq,
+        micro_batch_size=dims.micro_batch_size,
+        num_microbatches=1,
+        vocab_multiple=1,
+    )
+    megatron = formulas.flops_per_step(model_of(dims), config).value
+    six = formulas.six_n_flops(model_of(dims), config)
+    attention = sum(n for op, n in counted["by_op"].items() if op in ("aten.bmm", "aten.baddbmm"))
+    return Table(
+        ["算法", "FLOPs", "其中注意力 QKᵀ 与 AV", "与 FlopCounterMode 之差"],
+        [
+            ["FlopCounterMode（实测）", counted["total"], attention, 0],
+            ["num_floating_point_operations", int(megatron), "—", int(megatron - counted["total"])],
+            ["6N + 注意力", six["total"], six["attention"], six["total"] - counted["total"]],
+        ],
+    )
+
+
+# ---- pipeline split ------------------------------------------------------------------------------
+
+
+def pipeline_rows(results: list) -> Table:
+    """Each split: per stage its global layers, parameters, one micro-batch's kept bytes, 1F1B's
+    micro-batches in flight and their product (the stage's activation peak)."""
+    rows = []
+    for name in results[0]:
+        for rank, r in enumerate(results):
+            got = r[name]
+            if "refused" in got:
+                if rank == 0:
+                    rows.append([name, "—", "Megatron 拒绝：" + got["refused"], "", "", "", ""])
+                continue
+            parts = (
+                (["E"] if got["embedding"] else [])
+                + [str(n) for n in got["layers"]]
+                + (["L"] if got["output"] else [])
+            )
+            rows.append(
+                [
+                    name,
+                    rank,
+                    " ".join(parts),
+                    got["params"],
+                    got["activation"],
+                    got["in_flight"],
+                    got["activation"] * got["in_flight"],
+                ]
+            )
+    return Table(
+        [
+            "切法",
+            "stage",
+            "持有（E 嵌入，L 输出层）",
+            "参数",
+            "一个 micro-batch 留的字节",
+            "1F1B 同时在飞",
+            "激活峰值",
+        ],
+        rows,
+    )
+
+
+# ---- real sizes ----------------------------------------------------------------------------------
+
+GPU_MEMORY = 80e9
+"""H100 SXM: 80 GB HBM3 (NVIDIA H100 Tensor Core GPU data sheet)."""
+
+
+def candidate(model_name: str, **fields) -> dict:
+    """One candidate config at real size, with everything the choice reads (formulas.py)."""
+    from snippets.cost import formulas
+
+    model = formulas.MODELS[model_name]
+    config = formulas.Config(**fields)
+    comm = formulas.communication(model, config)
+    w = formulas.weight_and_optimizer_bytes(model, config)
+    a = formulas.activation_bytes(model, config)
+    flops = formulas.flops_per_step(model, config).value
+    compute = flops / config.world / formulas.HARDWARE["peak_bf16_flops"]
+    bubble = formulas.bubble_fraction(config)
+    link = {"NVLink": 0.0, "IB": 0.0}
+    for row in comm.values():
+        if row["link"] and row["bytes"]:
+            link[row["link"]] += row["seconds"]
+    exposed = sum(comm[g]["seconds"] or 0 for g in ("tp", "cp", "ep"))  # on the critical path
+    exposed += sum(comm[g]["seconds"] or 0 for g in ("pp",))
+    total_mem = (w.value or 0) + (a.value or 0)
+    return dict(
+        config=config,
+        model=model,
+        weights=w,
+        acts=a,
+        memory=total_mem,
+        fits=total_mem <= GPU_MEMORY,
+        comm=comm,
+        link=link,
+        bubble=bubble,
+        compute=compute,
+        exposed=exposed,
+        step=compute / (1 - bubble) + exposed,
+    )
+
+
+def pick(cands: list[dict]) -> dict:
+    """Among the candidates that fit in :data:`GPU_MEMORY`, the shortest nominal step: compute at
+    peak stretched by the bubble, plus the TP / CP / EP / PP traffic that sits on the critical
+    path (DP's is overlapped with backward)."""
+    fitting = [c for c in cands if c["fits"]]
+    return min(fitting, key=lambda c: c["step"])
+
+
+def label(c: dict) -> str:
+    cfg = c["config"]
+    parts = [f"TP{cfg.tp}", f"PP{cfg.pp}"] + ([f"EP{cfg.ep}"] if cfg.ep > 1 else []) + [f"DP{cfg.dp}"]
+    return " ".join(parts)
+
+
+def gb(x) -> str:
+    return f"{x / 1e9:.1f}" if x is not None else "—"
+
+
+def choice_table(cands: list[dict]) -> Table:
+    chosen = pick(cands)
+    rows = []
+    for c in cands:
+        rows.append(
+            [
+                label(c),
+                gb(c["weights"].value),
+                gb(c["acts"].value) if c["acts"].value is not None else "无公式",
+                "是" if c["fits"] else "否",
+                f"{c['link']['NVLink'] * 1e3:.0f}",
+                f"{c['link']['IB'] * 1e3:.0f}",
+                f"{c['bubble']:.3f}",
+                f"{c['step']:.2f}",
+                "← 选" if c is chosen else "",
+            ]
+        )
+    return Table(
+        ["配置", "权重+优化器 GB", "激活 GB", "放得下 80 GB", "NVLink ms", "IB ms", "气泡", "名义步长 s", ""],
+        rows,
+    )
+
+
+CHOICES = {
+    "qwen3-8b": dict(
+        base=dict(
+            gpus_per_node=8,
+            nodes=1,
+            seq=4096,
+            micro_batch_size=1,
+            recompute="selective",
+            distributed_optimizer=True,
+        ),
+        batch=128,
+        grid=[(1, 1, 1), (2, 1, 1), (4, 1, 1), (8, 1, 1), (2, 2, 1), (1, 2, 1)],
+    ),
+    "dense-70b": dict(
+        base=dict(
+            gpus_per_node=8,
+            nodes=8,
+            seq=4096,
+            micro_batch_size=1,
+            recompute="selective",
+            distributed_optimizer=True,
+        ),
+        batch=512,
+        grid=[(8, 1, 1), (8, 2, 1), (8, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1), (16, 1, 1)],
+    ),
+    "qwen3-30b-a3b": dict(
+        base=dict(
+            gpus_per_node=8,
+            nodes=2,
+            seq=4096,
+            micro_batch_size=1,
+            recompute="selective",
+            distributed_optimizer=True,
+        ),
+        batch=256,
+        grid=[(1, 1, 8), (1, 1, 16), (2, 1, 8), (1, 2, 8), (4, 1, 4)],
+    ),
+}
+"""The worked choices: (tp, pp, ep) candidates per model, global batch in sequences."""
+
+
+def choices(model_name: str) -> list[dict]:
+    """The candidates of :data:`CHOICES` that Megatron's rules allow, each priced by :func:`candidate`."""
+    from snippets.cost import formulas
+
+    spec = CHOICES[model_name]
+    out = []
+    for tp, pp, ep in spec["grid"]:
+        world = spec["base"]["gpus_per_node"] * spec["base"]["nodes"]
+        dp = world // (tp * pp)
+        fields = dict(
+            spec["base"], tp=tp, pp=pp, ep=ep, sp=tp > 1, num_microbatches=max(1, spec["batch"] // dp)
+        )
+        if formulas.problems(formulas.MODELS[model_name], formulas.Config(**fields)):
+            continue
+        out.append(candidate(model_name, **fields))
+    return out
+
+
+def tp_node_rows(model_name: str = "qwen3-8b", tp: int = 8, seq: int = 4096) -> Table:
+    """One layer, one micro-batch at TP = ``tp`` with SP: the bytes a rank sends (formulas.py, the
+    per-layer count note 11 records), the time at NVLink's and IB's nominal bandwidth, and the
+    layer's compute on one GPU at peak (Megatron's FLOPs formula over layers and GPUs)."""
+    from snippets.cost import formulas
+
+    model = dataclasses.replace(formulas.MODELS[model_name], layers=1)
+    rows = []
+    for nodes, per_node in ((1, tp), (tp, 1)):
+        config = formulas.Config(
+            gpus_per_node=per_node,
+            nodes=nodes,
+            tp=tp,
+            sp=True,
+            seq=seq,
+            micro_batch_size=1,
+            num_microbatches=1,
+            recompute="selective",
+        )
+        row = formulas.communication(model, config)["tp"]
+        flops = formulas.flops_per_step(model, config).value  # one layer (+ the logits) for one sequence
+        layer_flops = flops - 6 * seq * model.hidden * formulas.padded_vocab(model, config)
+        compute = layer_flops / tp / formulas.HARDWARE["peak_bf16_flops"]
+        rows.append(
+            [
+                f"{nodes} 节点 × {per_node} 卡",
+                row["link"],
+                round(row["bytes"] / 2**20, 1),
+                round(row["seconds"] * 1e3, 2),
+                round(compute * 1e3, 2),
+                round(row["seconds"] / compute, 2),
+            ]
+        )
+    return Table(
+        ["TP=8 的 8 张卡在", "链路", "每 rank 发出 MiB", "通信 ms", "这一层的计算 ms（峰值）", "通信 / 计算"],
+        rows,
+    )
+
+
+def presets_rows(names=("qwen3-8b", "dense-8b", "dense-70b"), seq: int = 4096) -> Table:
+    """Megatron's formulas, called on each model at TP=8, SP + selective recomputation, DP=8 with the
+    distributed optimizer, one micro-batch of ``seq`` tokens: GB per GPU and FLOPs per token."""
+    from megatron.training.theoretical_memory_usage import (
+        compute_activation_memory,
+        compute_weight_and_optimizer_memory,
+    )
+    from megatron.training.training import num_floating_point_operations
+
+    from snippets.cost import formulas
+
+    rows = []
+    for name in names:
+        model = formulas.MODELS[name]
+        config = formulas.Config(
+            gpus_per_node=8,
+            nodes=8,
+            tp=8,
+            sp=True,
+            recompute="selective",
+            seq=seq,
+            micro_batch_size=1,
+            num_microbatches=1,
+            distributed_optimizer=True,
+        )
+        args = formulas.megatron_args(model, config)
+        six = formulas.six_n_flops(model, config.replace(nodes=1))
+        tokens = seq * config.replace(nodes=1).global_batch
+        rows.append(
+            [
+                name,
+                round(compute_weight_and_optimizer_memory(args) / 1e9, 2),
+                round(compute_activation_memory(args, num_microbatches=1) / 1e9, 3),
+                f"{num_floating_point_operations(args, 1) / seq:.4g}",
+                f"{six['six_n'] / tokens:.4g}",
+                f"{six['total'] / tokens:.4g}",
+            ]
+        )
+    return Table(
+        ["模型", "权重+优化器 GB/GPU", "激活 GB/GPU", "每 token FLOPs（Megatron）", "6N", "6N + 注意力"], rows
+    )
+
+
+README_MFU = 0.47
+"""Megatron-LM's README at core_v0.19.0 (line 95): "up to 47% Model FLOP Utilization (MFU) on H100
+clusters"; its strong-scaling run of GPT-3 175B goes from 47% to 42% between 96 and 4,608 GPUs
+(line 122)."""
+
+
+def mfu_rows(cands: dict[str, dict]) -> Table:
+    """For each picked config: FLOPs per step (Megatron's formula), and the step time and tokens per
+    second per GPU that an MFU of :data:`README_MFU` would mean -- computed, not measured."""
+    from snippets.cost import formulas
+
+    rows = []
+    for name, c in cands.items():
+        cfg = c["config"]
+        flops = formulas.flops_per_step(c["model"], cfg).value
+        step = flops / (README_MFU * cfg.world * formulas.HARDWARE["peak_bf16_flops"])
+        tokens = cfg.global_batch * cfg.seq
+        rows.append(
+            [
+                name,
+                label(c),
+                cfg.world,
+                f"{flops:.3e}",
+                round(step, 2),
+                round(tokens / step / cfg.world),
+                round(formulas.mfu(flops, step, cfg.world), 2),
+            ]
+        )
+    return Table(
+        ["模型", "配置", "GPU", "每步 FLOPs", "MFU 47% 时的步长 s", "tokens/s/GPU", "代回 mfu()"], rows
+    )
