@@ -340,7 +340,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                   layers=2, seq=8, micro_batch_size=2, microbatches=2, swiglu=True, rmsnorm=True,
                   qk_norm=True, bias=False, rope=True),
         uses=("tp", "pp"), estimate=needs.hf_convert, checks=checks.hf_convert,
-        example="--tp 2 --pp 2")]}
+        example="--tp 2 --pp 2"),
+    Experiment(
+        name="cost", note="26_cost",
+        what="what a step costs on the real objects: bytes per parameter of a bf16 GPTModel with and "
+             "without the distributed optimizer and grad_reduce_in_fp32, bytes one layer keeps with "
+             "and without SP and recomputation, the bytes each group sends, beside Megatron's formulas",
+        module="snippets.experiments.n26_cost",
+        tiny=Dims("tiny", hidden=32, heads=4, query_groups=4, kv_channels=8, ffn=128, vocab=64,
+                  layers=2, seq=16, micro_batch_size=2, microbatches=4),
+        uses=("tp",), estimate=needs.dist_optimizer, checks=checks.tp_layer, example="--tp 2")]}
 """Registered experiments by name (the runner's first argument), in the order of their notes."""
 
 assert list(EXPERIMENTS) == [e.name for e in sorted(EXPERIMENTS.values(), key=lambda e: e.note)]

@@ -427,6 +427,7 @@ LISTED = {
     "23_tensor_journey": "snippets.experiments.n23_journey",
     "24_rng_and_recomputation": "snippets.experiments.n24_rng",
     "25_megatron_hf_conversion": "snippets.experiments.n25_hf",
+    "26_cost": "snippets.experiments.n26_cost",
 }
 """Each note's cells call an experiment module and list its functions' source in markdown."""
 
