@@ -319,11 +319,12 @@
       ? "reduce-scatter of gradients + all-gather of bf16 parameters (distributed optimizer, note 15)"
       : "all-reduce of gradients (note 14)";
     put("dp", gradSync(out.dp.size, params.dense), "once per step over DP x CP: " + how);
-    put("edp", gradSync(out.edp.size, params.expert), "routed experts' gradients: " + how);
+    const noExperts = "this model has no routed experts";
+    put("edp", gradSync(out.edp.size, params.expert), m.num_experts !== null ? "routed experts' gradients: " + how : noExperts);
     const tokens = s * b / (c.sp ? t : 1);
     const a2a = tokens * (m.topk || 0) * h * BF16 * (c.ep - 1) / c.ep;
     put("ep", (2 * fwd + 2) * a2a * moePerStage * c.num_microbatches,
-      "per MoE layer per micro-batch: dispatch + combine all-to-all, forward and backward (note 17)");
+      m.num_experts !== null ? "per MoE layer per micro-batch: dispatch + combine all-to-all, forward and backward (note 17)" : noExperts);
     return out;
   }
 

@@ -662,7 +662,12 @@ def communication(model: Model, config: Config) -> dict[str, dict]:
         else "all-reduce of gradients (note 14)"
     )
     put("dp", grad_sync(out["dp"]["size"], params["dense"]), "once per step over DP x CP: " + how)
-    put("edp", grad_sync(out["edp"]["size"], params["expert"]), "routed experts' gradients: " + how)
+    no_experts = "this model has no routed experts"
+    put(
+        "edp",
+        grad_sync(out["edp"]["size"], params["expert"]),
+        "routed experts' gradients: " + how if m.moe else no_experts,
+    )
 
     # ep
     tokens = s * b / (t if c.sp else 1)
@@ -670,7 +675,9 @@ def communication(model: Model, config: Config) -> dict[str, dict]:
     put(
         "ep",
         (2 * fwd_passes + 2) * a2a * moe_layers_per_stage * c.num_microbatches,
-        "per MoE layer per micro-batch: dispatch + combine all-to-all, forward and backward (note 17)",
+        "per MoE layer per micro-batch: dispatch + combine all-to-all, forward and backward (note 17)"
+        if m.moe
+        else no_experts,
     )
     return out
 
