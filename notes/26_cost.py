@@ -75,7 +75,7 @@ CHOSEN = {name: cost.pick(cost.choices(name)) for name in cost.CHOICES}
 qwen = cost.choices("qwen3-8b")
 draw_choice(qwen, CHOSEN["qwen3-8b"], cost.GPU_MEMORY,
             title=f"Qwen3-8B，8 张 80 GB 的卡：{cost.label(CHOSEN['qwen3-8b'])} 放得下且名义步长最短"
-                  f"（{CHOSEN['qwen3-8b']['step']:.2f} s）")
+                  f"（{CHOSEN['qwen3-8b']['step']:.2f} 秒）")
 
 # %% [markdown]
 # 每行一个候选配置（序列 4096、全局 batch 128 条、SP 与选择性重算、分布式优化器）。条形是 Megatron 公式给出的每卡显存，
@@ -283,7 +283,7 @@ cost.flops_rows(counted, TINY)
 # 只算一半（代码里那个 `/ 2`），6N + 注意力也一样。这也是“模型 FLOPs”与“硬件 FLOPs”的区别：MFU 用前者，重算的那次前向也不算。
 #
 # MFU = 每步模型 FLOPs ÷ (步长 × GPU 数 × 峰值)。`training_log` 打印的 TFLOP/s/GPU 就是分子分母去掉峰值的那部分。
-# Megatron-LM 的 [README](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/README.md)（第 95、122 行）报告 H100 上最高 47%，
+# Megatron-LM 的 [README 首页](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/README.md)（第 95、122 行）报告 H100 上最高 47%，
 # GPT-3 175B 从 96 卡扩到 4608 卡时从 47% 降到 42%。本页不测时间，下表反过来算：若三个选中的配置跑到 47%，一步要多久：
 
 # %% tags=["hide-input"]

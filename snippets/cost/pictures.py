@@ -42,7 +42,7 @@ def draw_choice(cands: list[dict], chosen: dict, budget: float, *, title: str, w
             info_x + 8,
             y + 9,
             f"NVLink {c['link']['NVLink'] * 1e3:.0f} ms · IB {c['link']['IB'] * 1e3:.0f} ms · "
-            f"气泡 {c['bubble']:.3f} · 名义步长 {c['step']:.2f} s" + ("  ← 选" if c is chosen else ""),
+            f"气泡 {c['bubble']:.3f} · 名义步长 {c['step']:.2f} 秒" + ("  ← 选" if c is chosen else ""),
             size=12,
             bold=c is chosen,
         )
