@@ -250,7 +250,12 @@ PAGE_LINK = re.compile(r"\]\(\.\./\.\./([A-Za-z0-9_]+)/(#[^)]*)?\)")
 # piece of its source, so a test can check that each one still resolves.
 SEED_QUESTIONS: list[tuple[str, int, str]] = [
     ("parallel_state.py 做什么？", 8, "类群都等于 RankGenerator"),
-    ("16 卡，TP = 2、PP = 2、DP = 4，rank 13 在哪几个群？", 2, "rank13 = by_order[13][0]"),
+    # rank 5 / 13 are derived once, in note 08 (note 02 links there)
+    (
+        "16 卡，TP = 2、PP = 2、DP = 4，rank 13 在哪几个群？",
+        8,
+        "*groups_of(r, gen).values()] for r in (5, 13)",
+    ),
     (
         "ColumnParallelLinear 在哪个文件？一层里哪些 linear 用它？",
         10,
