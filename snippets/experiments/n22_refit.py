@@ -151,7 +151,7 @@ def one_rl_round(
     """On every rank: refit, train one step, see the stale rollout, refit again (note 22).
 
     ``refit(policy, rollout, backend)`` is the sync step; by default Megatron's
-    ``swap_model_weights``, and note 22 passes a cell that makes that one call in view."""
+    ``swap_model_weights`` (what note 22 runs)."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.resharding.refit import clear_plan_cache, swap_model_weights
@@ -226,6 +226,7 @@ def one_rl_round(
         sharded_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if s),
         replicated_params=sum(p.numel() for p, s in zip(rollout.parameters(), tp_sharded) if not s),
         plan=refit_cost.plan_ops(refit_cost.cached_plan(policy, rollout), policy, rollout),
+        roster=planner_roster(policy, rollout),
         first_sync=first_sync,
         second_sync=second_sync,
         groups={
@@ -234,6 +235,20 @@ def one_rl_round(
             "rollout tp": dist.get_process_group_ranks(rollout.pg_collection.tp),
             "rollout dp": dist.get_process_group_ranks(rollout.pg_collection.dp),
         },
+    )
+
+
+def planner_roster(policy, rollout) -> tuple:
+    """What this rank hands to the planner's one ``all_gather_object``: its (source, target)
+    parameter metadata, built as ``build_local_reshard_plan`` builds it (one rank-list cache for
+    both; a dense model, so no expert count)."""
+    from megatron.core.resharding.planner import _extract_module_metadata
+
+    cache: dict = {}
+    rank = dist.get_rank()
+    return (
+        _extract_module_metadata(policy, rank, None, 0, cache),
+        _extract_module_metadata(rollout, rank, None, 0, cache),
     )
 
 
