@@ -185,8 +185,8 @@ cost.presets_rows()
 
 # %% [markdown]
 # 每 token 的 FLOPs 比 6N 多出的，是注意力的两次 s×s 矩阵乘：序列 4096 时它占 Qwen3-8B 的 7%。N 是矩阵乘用到的参数
-# （含输出层，不含嵌入查表）。第二个激活函数给的数反而更大，因为它按 `args.tensor_model_parallel_size` 只除了 24 那一项，
-# 还加了输出层 logits 和 5% 的余量；两者本来就不是同一设置的公式。
+# （含输出层，不含嵌入查表）。第二个激活函数给的数更大：它描述不开 SP 的情形，每层 10sbh 那部分每张卡各存一份，只有 24 那一项除以 t，
+# 总数还乘了 1.05 的余量；两个函数本来就不是同一设置的公式。
 
 # %% [markdown]
 # ### 每参数字节：四组开关，实测与公式
@@ -308,7 +308,7 @@ cost.choice_table(cost.choices("qwen3-30b-a3b"))
 
 # %% [markdown]
 # Megatron 的激活公式没有 MoE 项，所以这里只按权重判断能否放下（表里写“无公式”）。EP16 把 128 个专家摊到两台机器，
-# 每层四次 all-to-all 都要走 IB；EP8 的 all-to-all 留在节点内，只有专家的梯度同步跨节点，名义步长差四倍。
+# 每层四次 all-to-all 都要走 IB；EP8 的 all-to-all 留在节点内，跨节点的只有与反向重叠的梯度同步（DP 和专家 DP），名义步长差四倍。
 #
 # ### 流水线：首尾 stage 少放层
 #
@@ -339,7 +339,7 @@ cost.pipeline_rows(stages)
 
 # %% [markdown]
 # 均分时 stage 0 和 3 的参数是中间的 2.6 倍（嵌入和输出层各约三层），stage 0 还要同时存 4 个 micro-batch 的激活，峰值最高。
-# 首尾各少一层后参数基本拉平，stage 0 的激活峰值减半；但中间 stage 1 多了一层、又有 3 个在飞，成了新的峰值。
+# 首尾各少一层后参数差距缩到约 1.4 倍，stage 0 的激活峰值减半；但中间 stage 1 多了一层、又有 3 个在飞，成了新的峰值。
 # 所以减层看的是两件事：最慢的 stage 决定步长（参数多、算得多），显存峰值在前面的 stage（在飞的多）。
 
 # %% [markdown]
@@ -359,7 +359,7 @@ cost.pipeline_rows(stages)
 #
 # **Megatron 的坑**
 #
-# - `compute_weight_and_optimizer_memory` 固定按 fp32 梯度算：不开 `grad_reduce_in_fp32` 时实测是 16 / 4 + 12/DP，它仍给 18 / 6 + 12/DP；
+# - `compute_weight_and_optimizer_memory` 固定按 fp32 梯度算（[`theoretical_memory_usage.py:296`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/theoretical_memory_usage.py#L296)，不读 `grad_reduce_in_fp32`）：不开 `grad_reduce_in_fp32` 时实测是 16 / 4 + 12/DP，它仍给 18 / 6 + 12/DP；
 #   它的参数数也不含 bias 和学习式位置嵌入（上面的表）。
 # - `account_for_embedding_in_pipeline_split` 的报错说 “number of middle layers: 10”，10 是全部层数加 2，不是中间的层数（上面的单元格）。
 # - 为了调 `num_floating_point_operations` 而导入 `megatron.training.training`，会顺手把根 logger 设成 INFO、输出到 stdout

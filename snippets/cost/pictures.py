@@ -26,10 +26,11 @@ def draw_choice(cands: list[dict], chosen: dict, budget: float, *, title: str, w
     fig.text(x_end + 4, 32, f"虚线 = {budget / 1e9:.0f} GB", size=11, kind="muted")
     info_x = left + bar_w + 76
     for i, c in enumerate(cands):
+        picked = label(c) == label(chosen)
         y = top + row * i + 6
-        if c is chosen:
+        if picked:
             fig.rect(4, y - 4, width - 8, row - 2, "accent", faint=True)
-        fig.text(10, y + 9, label(c), size=12, bold=c is chosen, mono=True)
+        fig.text(10, y + 9, label(c), size=12, bold=picked, mono=True)
         w = c["weights"].value or 0
         a = c["acts"].value or 0
         ww, aw = bar_w * w / scale, bar_w * a / scale
@@ -42,9 +43,9 @@ def draw_choice(cands: list[dict], chosen: dict, budget: float, *, title: str, w
             info_x + 8,
             y + 9,
             f"NVLink {c['link']['NVLink'] * 1e3:.0f} ms · IB {c['link']['IB'] * 1e3:.0f} ms · "
-            f"气泡 {c['bubble']:.3f} · 名义步长 {c['step']:.2f} 秒" + ("  ← 选" if c is chosen else ""),
+            f"气泡 {c['bubble']:.3f} · 名义步长 {c['step']:.2f} 秒" + ("  ← 选" if picked else ""),
             size=12,
-            bold=c is chosen,
+            bold=picked,
         )
     bx = left + bar_w * budget / scale
     fig.line(bx, top - 4, bx, height - 8, "accent", dashed=True)
