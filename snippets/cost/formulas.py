@@ -458,7 +458,9 @@ def flops_per_step(model: Model, config: Config) -> Figure:
 def six_n_flops(model: Model, config: Config) -> dict:
     """The back-of-envelope ``6 N`` per token plus causal attention ``6 * L * s * (heads*d)`` per
     token (forward QK^T and AV, halved by the causal mask, times 3 for the backward), for a whole
-    step; ``N`` counts the parameters the matmuls use (active experts only; no embedding lookup)."""
+    step; ``N`` counts the parameters the matmuls use (active experts only, the output layer; no
+    embedding lookup, no norms). For these models it equals ``num_floating_point_operations``
+    (``tests/unit/test_cost_formulas.py``): Megatron's formula is exactly 6N + attention."""
     m, c = model, config
     q = m.heads * m.kv_channels
     kv = m.query_groups * m.kv_channels

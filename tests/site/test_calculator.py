@@ -191,6 +191,9 @@ def test_calculator_equals_the_python_on_the_grid(tab, site_url):
     assert page_models == {
         k: {f: v for f, v in m.as_dict().items() if f != "name"} for k, m in PY_MODELS.items()
     }
+    from snippets.cost.formulas import HARDWARE
+
+    assert page.evaluate("() => window.msCalc.HARDWARE") == HARDWARE
     refused = shown_ok = no_number = 0
     for case in GRID:
         h = case_hash(*case)
