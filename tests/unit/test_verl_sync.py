@@ -34,9 +34,9 @@ def run(*args, cwd=None):
 def test_seed_layout_megatron_tp4_pp2_to_sglang_tp8(capsys):
     assert verl_sync.main([str(FIXTURES / "megatron_sglang_colocated.yaml")]) == 0
     out = flat(capsys.readouterr().out)
-    assert "Megatron TP4 x PP2 x DP1 on 8 GPUs" in out
+    assert "Megatron TP4 x PP2 x CP1 x DP1 (EP1) on 8 GPUs" in out
     assert "1 engine(s) of TP8 on 8 GPUs" in out  # rollout TP came from ${trainer...}
-    assert "colocated" in out and "CUDA IPC" in out and "megatron_workers.py" in out
+    assert "colocated" in out and "CUDA IPC" in out and "transformer_impl.py:1025" in out
     # seed 000: 8B bf16 = 16 GB; the 1/8 slice = 2 GB, 4.44 ms on NVLink
     assert "8B parameters" in out and "16 GB per copy" in out
     assert "1/8 of the model = 2 GB" in out and ">= 4.44 ms" in out
@@ -49,7 +49,7 @@ def test_fsdp_vllm_colocated(capsys):
     assert verl_sync.main([str(FIXTURES / "fsdp_vllm_colocated.yaml")]) == 0
     out = flat(capsys.readouterr().out)
     assert "FSDP on 8 GPUs, every parameter sharded over 8 (fsdp_size -1)" in out
-    assert "4 engine(s) of TP2" in out and "fsdp_workers.py AsyncActorRolloutRefWorker" in out
+    assert "4 engine(s) of TP2" in out and "engine_workers.py:727" in out
     assert "7B parameters (from model.path Qwen/Qwen2.5-7B-Instruct)" in out
     assert "= 12.2 GB over NVLink >= 27.2 ms" in out  # 14 GB x 7/8, 450 GB/s
     assert "1/2 of the model = 7 GB" in out
@@ -58,8 +58,9 @@ def test_fsdp_vllm_colocated(capsys):
 def test_separate_placement_with_flat_keys(capsys):
     assert verl_sync.main([str(FIXTURES / "fsdp2_vllm_separate.yaml")]) == 0
     out = flat(capsys.readouterr().out)
-    assert "hybrid_engine = false: separate, 8 GPUs train and another 8 generate" in out
-    assert "fully_async_policy/fsdp_workers.py" in out and "broadcasts every full tensor" in out
+    assert "separate: 8 GPUs train and another 8 generate" in out
+    assert "hybrid_engine = false: only verl's experimental fully_async_policy" in out
+    assert "checkpoint engine nccl" in out and "broadcast to every rollout GPU" in out
     assert "140 GB over InfiniBand >= 2800 ms" in out  # 70B bf16, 50 GB/s
     assert "1/4 of the model = 35 GB" in out and ">= 700 ms" in out
 
@@ -110,7 +111,7 @@ def _variant(tmp_path, old, new, name="v.yaml"):
         (lambda t: _variant(t, "  nnodes: 1\n", ""), "missing key trainer.nnodes"),
         (
             lambda t: _variant(t, "strategy: fsdp", "strategy: deepspeed"),
-            "actor_rollout_ref.actor.strategy is 'deepspeed'; verl knows fsdp, fsdp2, megatron",
+            "actor_rollout_ref.actor.strategy is 'deepspeed'; verl knows fsdp, fsdp2, fsdp_turbo, megatron",
         ),
         (lambda t: _variant(t, "name: vllm", "name: hf"), "rollout.name is 'hf'; verl knows vllm"),
         (
@@ -148,7 +149,7 @@ def test_mandatory_value_is_reported_as_set_on_the_command_line():
         "value here; one of vllm, sglang, trtllm)"
     ) in out
     assert "rollout.name = ???, tensor_model_parallel_size = 1: 4 engine(s) of TP1 on 4 GPUs" in out
-    assert "rollout engine's worker on the same GPU through CUDA IPC" in out
+    assert "rollout engine's server on the same GPU through CUDA IPC" in out
     assert "0.5B parameters" in out and "= 0.75 GB over NVLink" in out
 
 

@@ -59,12 +59,13 @@ python3 -m verl.trainer.main_ppo \\
 
 def test_megatron_launch_script_on_verl_defaults():
     out = report(VERL / "run_qwen2_7b_megatron_grpo.sh")
-    assert "command line 21: verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
+    assert "command lines 21-36: verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
     assert f"(verl {facts.VERL_COMMIT[:7]})" in out
     # NNODES=${NNODES:-2} x GPUS_PER_NODE=8; ${train_tp} and $train_pp; rollout TP from $gen_tp
-    assert "Megatron TP2 x PP2 x DP4 on 16 GPUs" in out
+    assert "Megatron TP2 x PP2 x CP1 x DP4 (EP1) on 16 GPUs" in out
+    assert "model_engine = megatron" in out  # ppo_megatron_trainer = ppo_trainer + model_engine megatron
     assert "rollout.name = vllm, tensor_model_parallel_size = 4: 4 engine(s) of TP4 on 16 GPUs" in out
-    assert "hybrid_engine = true: colocated" in out  # verl's default, not in the script
+    assert "trainer_mode = sync" in out and "placement colocated" in out  # verl's defaults
     assert "7B parameters (from model.path Qwen/Qwen2.5-7B-Instruct)" in out
     assert "gather (1 - 1/4 of the model) = 10.5 GB over NVLink" in out
     assert "the command ends with $@" in out and "unknown" not in out  # $HOME feeds no key read
@@ -75,9 +76,9 @@ def test_separate_placement_script_with_shell_arithmetic():
     assert "fully_async_main --config-name fully_async_ppo_trainer" in out
     assert "FSDP2 on 6 GPUs, every parameter sharded over 6" in out  # $((8 - 2))
     assert "1 engine(s) of TP2 on 2 GPUs" in out
-    assert "separate, 6 GPUs train and another 2 generate" in out
-    assert "base_detach_sync.py:210 _sync_vllm_weights" in out
-    assert "broadcast (the whole model) = 16 GB over InfiniBand >= 320 ms" in out
+    assert "separate: 6 GPUs train and another 2 generate" in out
+    assert "fully_async_trainer.py:76" in out and "checkpoint engine nccl" in out
+    assert "the whole model = 16 GB over InfiniBand >= 320 ms" in out
 
 
 def test_shell_variables_quotes_and_lists(tmp_path):
@@ -192,9 +193,9 @@ def test_defaults_of_unknown_config_and_several_commands(tmp_path):
     out = report(script(tmp_path, body + COMMAND.format(tp=1, gpus=4, nodes=1)))
     assert (
         "defaults my_megatron_trainer is not one of verl's configs; keys it leaves unset are read "
-        "from ppo_megatron_trainer"
+        "from verl's ppo_trainer with model_engine=megatron"
     ) in out
-    assert "Megatron TP1 x PP2 x DP4 on 8 GPUs" in out  # TP1 from verl's megatron defaults
+    assert "Megatron TP1 x PP2 x CP1 x DP4 (EP1) on 8 GPUs" in out  # TP1 from verl's megatron defaults
     assert "the script runs 2 trainer commands; this reads the first (line 4)" in out
 
 

@@ -54,10 +54,10 @@ def _verl(path, tree, head, separate, params, dtype, size_from):
     reader = report.Reader(tree, "verl")
     try:
         run = verl.read_run(reader, separate)
+        lines, moved, kept = verl.explain(run)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     params, size_from = _size(params, size_from, run.model_path, "model.path")
-    lines, moved, kept = verl.explain(run)
     return (
         head
         + reader.lines()
@@ -70,6 +70,7 @@ def _nemo_rl(path, tree, chain, params, dtype, size_from):
     reader = report.Reader(tree, "NeMo RL", "set on the command line")
     try:
         run = nemo_rl.read_run(reader)
+        lines, moved, kept = nemo_rl.explain(run)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     head = [f"NeMo RL config {path} (read against NeMo RL {nemo_rl.SHORT})"]
@@ -77,7 +78,6 @@ def _nemo_rl(path, tree, chain, params, dtype, size_from):
         names = " <- ".join(Path(c).name for c in reversed(chain))
         head.append(f"defaults   {names}, merged as {nemo_rl.code('inheritance')} does")
     params, size_from = _size(params, size_from, run.model, "policy.model_name")
-    lines, moved, kept = nemo_rl.explain(run)
     return (
         head
         + reader.lines()

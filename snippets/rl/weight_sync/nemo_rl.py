@@ -323,6 +323,11 @@ def _refit(run: Run):
             None,
         )
     if run.colocated is True:
+        if run.transport not in (None, "nccl_reshard") and not isinstance(run.transport, Unknown):
+            raise ConfigError(
+                f"refit_transport {run.transport} needs colocated.enabled=false; NeMo RL raises for a "
+                f"colocated run ({code('checkpoint_engine_colocated')}; docs/guides/refit.md)"
+            )
         if run.backend == "sglang":
             send = (
                 f"stream_weights_via_http: CUDA IPC handles, bucket by bucket, to the SGLang "
@@ -352,7 +357,15 @@ def _refit(run: Run):
             ("nothing", "none", 0, None),
             None,
         )
-    if run.transport == "nccl_reshard":
+    transport = run.transport
+    if isinstance(transport, Unknown):
+        transport = None  # the reader has said so; the default path below is the one NeMo RL takes for null
+    if transport == "nccl_reshard":
+        if run.backend != "vllm" or run.trainer != "megatron":
+            raise ConfigError(
+                "refit_transport nccl_reshard needs a Megatron policy and vLLM generation "
+                f"(docs/guides/refit.md); this run has {run.trainer} and {fmt(run.backend)}"
+            )
         return (
             [
                 f"refit_transport = nccl_reshard: each generation rank receives only its slice "
@@ -361,14 +374,48 @@ def _refit(run: Run):
             ("its slice", "slice", slice_gpus, "ib"),
             (run.gen_tp, "ib"),
         )
-    if run.transport is not None and not isinstance(run.transport, Unknown):
+    if transport in ("vllm_zmq_sparse", "vllm_s3_sparse"):
+        if run.backend != "vllm" or run.trainer != "megatron":
+            raise ConfigError(
+                f"refit_transport {transport} needs a non-colocated Megatron policy and vLLM generation; "
+                f"NeMo RL refuses {run.trainer} with {fmt(run.backend)} ({code('sparse_check')})"
+            )
+        via = "a ZeroMQ relay over TCP" if transport == "vllm_zmq_sparse" else "shared S3 object storage"
         return (
             [
-                f"refit_transport = {run.transport}: that transport's synchronizer moves the "
-                f"weights, not the default NCCL broadcast ({code('synchronizer')}, "
-                f"{code('transport')})"
+                gather,
+                f"refit_transport = {transport}: only the elements that changed since the last refit "
+                f"travel, through {via} ({code('sparse')}); each engine applies the delta to its slice",
             ],
-            ("what the transport sends", "broadcast", 1, None),
+            ("only the changed elements (1-3 % assumed: verl's docs' figure)", "delta", 1, "ib"),
+            (run.gen_tp, "ib"),
+        )
+    if transport is not None:
+        if str(transport) in facts.NEMO_RL_DOCS_ONLY:
+            raise ConfigError(
+                f"refit_transport {transport} is named in {facts.NEMO_RL_DOCS_ONLY[str(transport)]}, "
+                f"not in NeMo RL's source at {SHORT}, which knows null, "
+                + ", ".join(t for t in facts.NEMO_RL_TRANSPORTS if t)
+                + " and module:ClassName plugins"
+            )
+        if run.backend != "vllm":
+            raise ConfigError(
+                f"refit_transport {transport} is a checkpoint engine, which NeMo RL runs only for vLLM "
+                f"generation, not {fmt(run.backend)} ({code('checkpoint_engine_vllm')})"
+            )
+        name = (
+            "the NIXL checkpoint engine (UCX/RDMA)"
+            if transport == "nixl"
+            else f"the checkpoint engine {transport}"
+        )
+        return (
+            [
+                gather,
+                f"refit_transport = {transport}: {name} sends full weights from the policy workers to "
+                f"the generation workers ({code('checkpoint_engine')})",
+                f"each engine's loader keeps its 1/{tp} slice",
+            ],
+            ("the whole model", "broadcast", 1, "ib"),
             (run.gen_tp, "ib"),
         )
     return (

@@ -94,6 +94,15 @@ def bytes_lines(
     if strategy == "none":
         lines.append(f"moves      per GPU per round: {words} = 0 GB")
         return lines
+    if strategy == "delta" and params is not None:
+        full = refit_cost.bytes_per_gpu(params, "broadcast", shards=1, gpus=1, dtype=dtype)
+        low, high = 0.01 * full, 0.03 * full
+        lines.append(
+            f"moves      per GPU per round: {words} = {low / refit_cost.GB:.3g}-{high / refit_cost.GB:.3g} GB "
+            f"of {full / refit_cost.GB:.3g} GB over {wire} >= {_time(low, link)}-{_time(high, link)}"
+        )
+        return lines
+    strategy = "broadcast" if strategy == "delta" else strategy
     if params is None or (strategy == "gather" and not number(count)) or not link:
         lines.append(
             f"moves      per GPU per round: {words} = ? GB over {wire} "

@@ -16,6 +16,7 @@ never sets, one set inside an ``if`` or a loop -- comes back with an :class:`Unk
 from __future__ import annotations
 
 import ast
+import fnmatch
 import operator
 import re
 from dataclasses import dataclass, field
@@ -32,10 +33,9 @@ _OPEN = {
     "while": "a while loop",
     "until": "an until loop",
     "for": "a for loop",
-    "case": "a case block",
     "select": "a select loop",
 }
-_CLOSE = {"fi", "done", "esac", "}"}
+_CLOSE = {"fi", "done", "}"}
 
 
 @dataclass
@@ -52,30 +52,62 @@ class Command:
     extra_args: bool = False  # ends with "$@": the script's own arguments are appended
     count: int = 1  # trainer commands the script has (this is the first)
     sourced: list[str] = field(default_factory=list)
+    end: int = 0  # the line it ends on
+    broken: list[int] = field(default_factory=list)  # lines ending in `\ ` (+ a comment): bash ends there
+    stray: list[tuple[int, int, str]] = field(default_factory=list)  # (first, last line, first word)
+
+
+class _Array(str):
+    """``NAME=(a b c)`` as one word: the text ``NAME=(...)`` with the raw elements in ``items``."""
+
+    items: list[str]
+
+    def __new__(cls, head: str, items: list[str]):
+        word = super().__new__(cls, head + "(" + " ".join(items) + ")")
+        word.items = items
+        return word
 
 
 def read_script(path: str, text: str) -> Command:
     """The first trainer command of the script, its words expanded (ConfigError if none)."""
     shell = _Shell(path)
     found: list[Command] = []
-    for words, line in _statements(text):
-        command = shell.run(words, line)
+    broken: list[int] = []
+    stray: list[tuple[int, int, str]] = []
+    for words, line, end, term in _statements(text, broken):
+        command = shell.run(words, line, term)
         if command is not None:
+            command.end = end
             found.append(command)
+        elif found and not isinstance(words[0], _Array) and _STRAY.match(words[0]):
+            stray.append((line, end, shell.expand(words[0]).text.strip()))
     if not found:
+        where = f": it exits on line {shell.exited}" if shell.exited else ""
         raise ConfigError(
-            f"{path} runs no verl trainer: no `python3 -m verl.trainer.main_ppo` "
+            f"{path} runs no verl trainer{where}: no `python3 -m verl.trainer.main_ppo` "
             "(or another trainer main) in the script"
         )
-    found[0].count, found[0].sourced = len(found), shell.sourced
-    return found[0]
+    first = found[0]
+    first.count, first.sourced = len(found), shell.sourced
+    first.broken = [b for b in broken if b == first.end]
+    first.stray = [x for x in stray if x[0] > first.end] if first.broken else []
+    return first
+
+
+# A word like ``data.val_files=x``: a Hydra override, but not a shell assignment (the dot), so as
+# the first word of a command bash looks it up as a program and fails.
+_STRAY = re.compile(r"^[+~]{0,2}[A-Za-z_][\w-]*(\.[\w-]+)+=")
 
 
 # ----------------------------------------------------------------------------- splitting
 
 
-def _statements(text: str):
-    """(raw words, line number) of each simple command: split on newlines, ; & | && || ( )."""
+def _statements(text: str, broken: list[int] | None = None):
+    """(raw words, first line, last line) of each simple command, split on newlines, ; & | && || ( ).
+
+    ``NAME=(a b c)`` comes back as one :class:`_Array` word. A line ending in a backslash followed
+    by blanks (and maybe a comment) is added to ``broken``: bash reads ``\\ `` as an escaped blank,
+    so the command does not continue on the next line."""
     words: list[str] = []
     word, i, line, start, n = "", 0, 1, 1, len(text)
 
@@ -91,8 +123,23 @@ def _statements(text: str):
             if text[i + 1] == "\n":
                 line += 1
             else:
+                if text[i + 1] in " \t" and broken is not None:
+                    rest = text[i + 1 : text.find("\n", i + 1) if "\n" in text[i + 1 :] else n]
+                    if not rest.strip() or rest.lstrip().startswith("#"):
+                        broken.append(line)
+                if not words and not word:
+                    start = line
                 word += text[i : i + 2]
             i += 2
+            continue
+        if (
+            c == "("
+            and _ASSIGN_OPEN.fullmatch(word)
+            and all(_ASSIGN.match(w) or w in _DECLARE for w in words)
+        ):
+            items, i, line = _array(text, i + 1, line)
+            words.append(_Array(word, items))
+            word = ""
             continue
         if c in "'\"`" or text.startswith("$(", i) or text.startswith("${", i):
             j = _closing(text, i)
@@ -110,8 +157,13 @@ def _statements(text: str):
             end_word()
         elif c in "\n;&|()":
             end_word()
+            term = c
+            if text.startswith(";;", i):
+                term, i = ";;", i + 1
             if words:
-                yield words, start
+                yield words, start, line, term
+            if term == ";;":
+                yield [";;"], line, line, term
             words = []
             line += c == "\n"
         else:
@@ -121,7 +173,50 @@ def _statements(text: str):
         i += 1
     end_word()
     if words:
-        yield words, start
+        yield words, start, line, "\n"
+
+
+_DECLARE = ("export", "local", "declare", "typeset", "readonly", "-a", "-g", "-x", "-r")
+_ASSIGN_OPEN = re.compile(r"[A-Za-z_]\w*\+?=")
+
+
+def _array(text: str, i: int, line: int) -> tuple[list[str], int, int]:
+    """The raw elements of an array body starting at ``i`` (just past ``(``), the index past its
+    ``)`` and the line there. Newlines and comments inside the parentheses separate elements."""
+    items: list[str] = []
+    word, n = "", len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            if text[i + 1] == "\n":
+                line += 1
+            else:
+                word += text[i : i + 2]
+            i += 2
+            continue
+        if c in "'\"`" or text.startswith("$(", i) or text.startswith("${", i):
+            j = _closing(text, i)
+            word += text[i:j]
+            line += text.count("\n", i, j)
+            i = j
+            continue
+        if c == "#" and not word:
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if c in " \t\n":
+            if word:
+                items.append(word)
+            word = ""
+            line += c == "\n"
+        elif c == ")":
+            if word:
+                items.append(word)
+            return items, i + 1, line
+        else:
+            word += c
+        i += 1
+    raise ConfigError(f"line {line}: an array `(` is never closed")
 
 
 def _closing(text: str, i: int) -> int:
@@ -160,11 +255,21 @@ def _closing(text: str, i: int) -> int:
 class _Shell:
     def __init__(self, path: str):
         self.path = path
-        self.env: dict[str, str | Unknown] = {}
+        self.env: dict[str, str | Unknown | list[Word]] = {}
         self.blocks: list[str] = []  # the enclosing if / for / { ... } as words
         self.sourced: list[str] = []
+        self.cases: list[dict] = []  # the enclosing case ... esac, innermost last
+        self.exited = 0  # the line of an `exit` outside any block, if one comes first
 
-    def run(self, words: list[str], line: int) -> Command | None:
+    def run(self, words: list[str], line: int, term: str = "\n") -> Command | None:
+        if self._case(words, term):
+            return None
+        if any(f["state"] == "body" and not f["active"] for f in self.cases):  # a branch bash skips
+            if words[0] in _OPEN:
+                self.blocks.append(_OPEN[words[0]])
+            elif words[0] in _CLOSE and self.blocks:
+                self.blocks.pop()
+            return None
         while words:
             head = words[0]
             if head in _OPEN:
@@ -206,6 +311,9 @@ class _Shell:
         if name in ("source", "."):
             self.sourced += [Path(self.expand(w).text).name for w in words[1:2]]
             return None
+        if name == "exit" and not self.blocks and not self.cases and not self.exited:
+            self.exited = line
+            return None
         if name == "read":
             for raw in words[1:]:
                 if _NAME.fullmatch(raw):
@@ -213,23 +321,68 @@ class _Shell:
             return None
         return self._trainer(words, line)
 
+    def _case(self, words: list[str], term: str) -> bool:
+        """``case WORD in pattern) ... ;; esac``: with WORD known, only the branch bash takes runs;
+        with WORD unknown every branch runs and what it sets is marked unknown. True when
+        ``words`` were case syntax."""
+        frame = self.cases[-1] if self.cases else None
+        if words == [";;"]:
+            if frame:
+                frame["state"], frame["active"] = "pattern", False
+            return True
+        if words[0] == "case" and len(words) >= 3 and words[2] == "in":
+            subject = self.expand(words[1])
+            live = not any(f["state"] == "body" and not f["active"] for f in self.cases)
+            frame = {"subject": subject, "state": "pattern", "active": False, "done": False, "live": live}
+            if subject.unknown and live:
+                self.blocks.append(f"a case on {words[1]} ({subject.unknown.why})")
+            self.cases.append(frame)
+            words = words[3:]
+            if not words:
+                return True
+        elif words[0] == "esac" and frame:
+            self.cases.pop()
+            if frame["subject"].unknown and frame["live"] and self.blocks:
+                self.blocks.pop()
+            return True
+        if not frame or frame["state"] != "pattern":
+            return False
+        frame.setdefault("patterns", []).extend(self.expand(w).text for w in words if w != "(")
+        if term == ")":
+            subject = frame["subject"]
+            if subject.unknown:
+                frame["active"] = frame["live"]
+            else:
+                hit = any(fnmatch.fnmatchcase(subject.text, pattern) for pattern in frame["patterns"])
+                frame["active"] = frame["live"] and hit and not frame["done"]
+                frame["done"] = frame["done"] or hit
+            frame["state"], frame["patterns"] = "body", []
+        return True
+
     def _trainer(self, words: list[str], line: int) -> Command | None:
-        expanded = [self.expand(w) for w in words]
+        expanded: list[Word] = []
+        extra = False
+        for w in words:
+            if _all_args(w):
+                extra = True
+                continue
+            expanded += self.expand_words(w)
         for k, w in enumerate(expanded):
             module = expanded[k + 1].text if w.text == "-m" and k + 1 < len(expanded) else None
             if module and TRAINER.match(module):
-                rest = words[k + 2 :]
+                rest = expanded[k + 2 :]
                 break
             if TRAINER_FILE.search(w.text) and k and "python" in expanded[k - 1].text:
-                module, rest = w.text, words[k + 1 :]
+                module, rest = w.text, expanded[k + 1 :]
                 break
         else:
             return None
-        extra = [w for w in rest if _all_args(w)]
-        args = [self.expand(w) for w in rest if not _all_args(w)]
-        return Command(module, args, line, extra_args=bool(extra))
+        return Command(module, rest, line, extra_args=extra)
 
     def _assign(self, raw: str) -> None:
+        if isinstance(raw, _Array):
+            self._assign_array(raw)
+            return
         name, value = raw.split("=", 1)
         append = name.endswith("+")
         name = name.rstrip("+")
@@ -248,12 +401,37 @@ class _Shell:
             )
         self.env[name] = got
 
+    def _assign_array(self, raw: _Array) -> None:
+        name = raw[: raw.index("=")]
+        append = name.endswith("+")
+        name = name.rstrip("+")
+        items = [w for item in raw.items for w in self.expand_words(item)]
+        if self.blocks:  # the words as that branch would set them, each marked as uncertain
+            why = f"{name} is set inside {self.blocks[-1]}, so its value depends on how the script runs"
+            items = [Word(w.text, w.unknown or Unknown(w.text, why)) for w in items]
+        old = self.env.get(name)
+        if append and old is not None:
+            old = (
+                old if isinstance(old, list) else [Word(str(old), old if isinstance(old, Unknown) else None)]
+            )
+            items = old + items
+        self.env[name] = items
+
     # --------------------------------------------------------------------- expansion
 
     def expand(self, raw: str) -> Word:
-        out = _Out()
+        """``raw`` as one word, as bash expands the right side of an assignment (no splitting)."""
+        out = _Out(split=False)
         self._expand(raw, out, quoted=False)
-        return Word(out.text, out.unknown)
+        words = out.words()
+        text = " ".join(w.text for w in words)
+        return Word(text, next((w.unknown for w in words if w.unknown), None))
+
+    def expand_words(self, raw: str) -> list[Word]:
+        """``raw`` as the words bash passes to a command: arrays and unquoted values split."""
+        out = _Out(split=True)
+        self._expand(raw, out, quoted=False)
+        return out.words()
 
     def _expand(self, raw: str, out: _Out, quoted: bool) -> None:
         i = 0
@@ -270,6 +448,7 @@ class _Shell:
                 i = j + 1
             elif c == '"' and not quoted:
                 j = _closing(raw, i)
+                out.add("")  # "" is a word even when empty
                 self._expand(raw[i + 1 : j - 1], out, quoted=True)
                 i = j
             elif c == "`" or raw.startswith("$(", i) and not raw.startswith("$((", i):
@@ -282,16 +461,23 @@ class _Shell:
                 i = j
             elif raw.startswith("${", i):
                 j = _closing(raw, i)
-                out.add(self._braced(raw[i:j]))
+                out.expansion(self._braced(raw[i:j]), quoted)
                 i = j
             elif c == "$" and i + 1 < len(raw) and (raw[i + 1].isalnum() or raw[i + 1] in "_@*#?!$"):
                 m = _NAME.match(raw, i + 1)
                 j = m.end() if m else i + 2
-                out.add(self._variable(raw[i + 1 : j], raw[i:j]))
+                out.expansion(self._scalar(self._variable(raw[i + 1 : j], raw[i:j])), quoted)
                 i = j
             else:
                 out.add(c)
                 i += 1
+
+    @staticmethod
+    def _scalar(value):
+        """``$NAME`` of an array is its first element."""
+        if isinstance(value, list):
+            return (value[0].unknown or value[0].text) if value else ""
+        return value
 
     def _variable(self, name: str, source: str) -> str | Unknown:
         if name.isdigit() and name != "0":
@@ -307,16 +493,37 @@ class _Shell:
             )
         return self.env[name]  # an Unknown keeps the text it expanded to and the root cause
 
-    def _braced(self, source: str) -> str | Unknown:
+    def _braced(self, source: str):
+        body = source[2:-1]
+        arr = re.fullmatch(r"(#?)([A-Za-z_]\w*)\[(@|\*|\d+)\]", body)
+        if arr:
+            count, name, index = arr.groups()
+            value = self.env.get(name)
+            if name not in self.env or isinstance(value, Unknown):
+                return self._variable(name, source)
+            items = value if isinstance(value, list) else [Word(value)]
+            if count:
+                return str(len(items)) if index in "@*" else str(len(items[int(index)].text))
+            if index == "@":
+                return items
+            if index == "*":
+                return Word(
+                    " ".join(w.text for w in items), next((w.unknown for w in items if w.unknown), None)
+                )
+            k = int(index)
+            return (items[k].unknown or items[k].text) if k < len(items) else ""
+        if body.startswith("#") and _NAME.fullmatch(body[1:]):
+            value = self._scalar(self._variable(body[1:], source))
+            return value if isinstance(value, Unknown) else str(len(value))
         m = re.fullmatch(r"([A-Za-z_]\w*|\d+|[@*#?])(?:(:?[-=+?])(.*))?", source[2:-1], re.S)
         if not m:
             return Unknown(source, "it uses a shell string operation this reader does not evaluate")
         name, op, arg = m.groups()
         if op is None:
-            return self._variable(name, source)
+            return self._scalar(self._variable(name, source))
         if not _NAME.fullmatch(name):
             return Unknown(source, f"it is the script's argument ${name} (or {arg!r} without one)")
-        value = self.env.get(name)
+        value = self._scalar(self.env.get(name))
         if isinstance(value, Unknown):
             return value
         empty = value is None or (op.startswith(":") and value == "")
@@ -361,13 +568,57 @@ def _all_args(raw: str) -> bool:
 
 
 class _Out:
-    def __init__(self):
-        self.text, self.unknown = "", None
+    """The words an expansion makes. Literal text and quoted values join the current word; an
+    unquoted value is split at blanks (when ``split``); ``"${A[@]}"`` makes one word per element."""
+
+    def __init__(self, split: bool):
+        self.split = split
+        self.fields: list[list] = []  # [text, unknown]
+        self.open = False  # the last field still takes text
+
+    def _field(self) -> list:
+        if not self.open:
+            self.fields.append(["", None])
+            self.open = True
+        return self.fields[-1]
 
     def add(self, piece) -> None:
-        if isinstance(piece, Unknown) and self.unknown is None:
-            self.unknown = piece
-        self.text += str(piece)
+        field = self._field()
+        if isinstance(piece, Word):
+            piece = piece.unknown or piece.text
+        if isinstance(piece, Unknown) and field[1] is None:
+            field[1] = piece
+        field[0] += str(piece)
+
+    def expansion(self, value, quoted: bool) -> None:
+        if isinstance(value, list):
+            self._elements(value, quoted)
+        elif isinstance(value, Unknown) or quoted or not self.split:
+            if isinstance(value, Word) or value != "" or quoted:
+                self.add(value)
+        else:
+            self._elements([Word(p) for p in str(value).split()], False, text=str(value))
+
+    def _elements(self, items: list[Word], quoted: bool, text: str | None = None) -> None:
+        if not self.split:
+            self.add(" ".join(w.text for w in items))
+            if any(w.unknown for w in items):
+                field = self.fields[-1]
+                field[1] = field[1] or next(w.unknown for w in items if w.unknown)
+            return
+        if text is not None and text[:1].isspace():
+            self.open = False
+        for k, w in enumerate(items):
+            if k:
+                self.open = False
+            field = self._field()
+            field[0] += w.text
+            field[1] = field[1] or w.unknown
+        if text is not None and text[-1:].isspace():
+            self.open = False
+
+    def words(self) -> list[Word]:
+        return [Word(text, unknown) for text, unknown in self.fields]
 
 
 _OPS = {
