@@ -530,7 +530,7 @@ print("公式 model / 4:", refit_cost.bytes_per_gpu(model_params, "slice", gpus=
 # 和 NeMo RL [`7ea279a`](https://github.com/NVIDIA-NeMo/RL/tree/7ea279abfbeb698b092856d0dab61e7cf39bc909)（2026-08-22），能读到的最新提交。
 #
 # **verl.** 训练引擎由 `model_engine` 选（缺省 `dp`，[ppo_trainer.yaml:10](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/ppo_trainer.yaml#L10)；
-# `ppo_megatron_trainer.yaml` 换成 `megatron`），不论哪种引擎都是同一个 `ActorRolloutRefWorker`
+# `ppo_megatron_trainer.yaml` 换成 `megatron`），标准 trainer 不论哪种引擎都用同一个 `ActorRolloutRefWorker`
 # （[trainer_base.py:749](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/ppo/v1/trainer_base.py#L749)）；早先按 `actor.strategy` 选 `fsdp_workers` / `megatron_workers`
 # 的分支已经不在了。weight 一律经 `CheckpointEngineManager.update_weights`（[base.py:506](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/checkpoint_engine/base.py#L506)）：
 #
@@ -624,8 +624,8 @@ weight_sync("tests/fixtures/nemo_rl/recipes/grpo_llama8b_megatron_separate.yaml"
 # %% [markdown]
 # ## 与基础知识的连接
 #
-# - **on-policy**：PPO / GRPO 的目标函数按"生成这批数据的 policy"做重要性采样；rollout 用旧 weight，就等于用 off-policy 数据
-#   训练。separate 摆法有意接受一两步的滞后，再在目标函数里修正。
+# - **on-policy**：PPO / GRPO 按"生成这批数据的 policy"做重要性采样；rollout 用旧 weight 就是 off-policy 数据。separate 摆法
+#   有意接受一两步的滞后，再在目标函数里修正。
 # - **切分 = 区间划分**：一个维度切成 `Ns` 段和 `Nd` 段，两种划分的公共细分就是 `lcm(Ns, Nd)` 段——planner 的 LCM 小片。
 # - **带宽估算**：时间 ≈ 字节 ÷ 带宽，是下限；NVLink（机内）比 InfiniBand（机间）快一个数量级。
 
