@@ -306,8 +306,31 @@ def pipeline_split(dims, pp: int, splits: dict = SPLITS) -> dict:
             output=last and hasattr(stage, "output_layer"),
             activation=kept,
             in_flight=warmup + 1,
+            p2p=_schedule_p2p(stage, config, dims),
         )
     return out
+
+
+def _schedule_p2p(stage, config, dims) -> dict:
+    """One step of Megatron's 1F1B schedule over ``dims.microbatches`` micro-batches on this stage,
+    recorded: :func:`volume` of its p2p (what this stage sends to its neighbours)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from snippets.experiments.n13_pipeline import microbatches
+    from snippets.models.tiny_gpt import forward_step
+    from snippets.record import recorder
+
+    stage.set_input_tensor(None)
+    with recorder.record() as calls:
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(microbatches(dims, dims.microbatches)),
+            model=[stage],
+            num_microbatches=dims.microbatches,
+            seq_length=dims.seq,
+            micro_batch_size=dims.micro_batch_size,
+        )
+    return volume(calls)
 
 
 # ---- recorded collectives -> elements each rank sends -------------------------------------------

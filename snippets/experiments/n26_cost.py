@@ -201,6 +201,13 @@ def saved_table(results: list, dims, tp: int, mode=(True, "selective")) -> Table
     )
 
 
+def phases(comm: dict, group: str) -> str:
+    """The phases the recorder gave this group's collectives (recorder.phase_of), in step order."""
+    order = ("forward", "backward", "grad sync", "optimizer step")
+    found = {phase for g, phase in comm if g == group}
+    return " + ".join(p for p in order if p in found)
+
+
 def comm_table(results: list, dims, par) -> Table:
     """Bytes rank 0 sends per step, by group: recorded (ring share of each collective's whole tensor)
     against :func:`snippets.cost.formulas.communication`."""
@@ -214,7 +221,7 @@ def comm_table(results: list, dims, par) -> Table:
         config = config_of(dims, par, sp=sp, recompute=recompute, num_microbatches=1)
         formula = formulas.communication(one_layer, config)["tp"]["bytes"]
         label = f"TP，一层一个 micro-batch，{'SP' if sp else '无 SP'}，重算 {recompute}"
-        rows.append([label, "前向+反向", int(sent), int(formula), int(formula), sent == formula])
+        rows.append([label, phases(r["comm"], "tp"), int(sent), int(formula), int(formula), sent == formula])
     for distributed in (False, True):
         r = results[0]["state"][(distributed, True)]
         grad = sum(v[2] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "grad sync") * 4
@@ -227,7 +234,7 @@ def comm_table(results: list, dims, par) -> Table:
         rows.append(
             [
                 f"DP，一步，{what}",
-                "grad sync + optimizer step",
+                phases(r["comm"], "dp-cp"),
                 int(grad + params),
                 int(formula),
                 int(formula * whole / counted),
@@ -281,20 +288,22 @@ def flops_rows(counted: dict, dims) -> Table:
 
 def pipeline_rows(results: list) -> Table:
     """Each split: per stage its global layers, parameters, one micro-batch's kept bytes, 1F1B's
-    micro-batches in flight and their product (the stage's activation peak)."""
+    micro-batches in flight and their product (the stage's activation peak), and the elements the
+    stage sent in one recorded 1F1B step (activations forward, gradients backward)."""
     rows = []
     for name in results[0]:
         for rank, r in enumerate(results):
             got = r[name]
             if "refused" in got:
                 if rank == 0:
-                    rows.append([name, "—", "Megatron 拒绝：" + got["refused"], "", "", "", ""])
+                    rows.append([name, "—", "Megatron 拒绝：" + got["refused"], "", "", "", "", ""])
                 continue
             parts = (
                 (["E"] if got["embedding"] else [])
                 + [str(n) for n in got["layers"]]
                 + (["L"] if got["output"] else [])
             )
+            sent = sum(v[2] for (g, _), v in got["p2p"].items() if g == "pp")
             rows.append(
                 [
                     name,
@@ -304,6 +313,7 @@ def pipeline_rows(results: list) -> Table:
                     got["activation"],
                     got["in_flight"],
                     got["activation"] * got["in_flight"],
+                    int(sent),
                 ]
             )
     return Table(
@@ -315,6 +325,7 @@ def pipeline_rows(results: list) -> Table:
             "一个 micro-batch 留的字节",
             "1F1B 同时在飞",
             "激活峰值",
+            "一步 p2p 发出元素",
         ],
         rows,
     )

@@ -98,6 +98,21 @@ def test_pipeline_splits_and_the_refusal():
     assert [s["layout"] for s in stages] == [s["首尾各少"] for s in stages]
     assert "10 must be divisible" in stages[0]["embedding/loss 算一层"]["refused"]
     assert [s["均分"]["in_flight"] for s in stages] == [4, 3, 2, 1]
+    # one recorded 1F1B step: a middle stage sends m activations and m gradients of s*b*h
+    from snippets.cost import formulas
+
+    sent = [sum(v[2] for (g, _), v in s["均分"]["p2p"].items() if g == "pp") for s in stages]
+    whole = dims.microbatches * dims.seq * dims.micro_batch_size * dims.hidden
+    assert sent == [whole, 2 * whole, 2 * whole, whole]
+    config = formulas.Config(
+        gpus_per_node=4,
+        pp=4,
+        seq=dims.seq,
+        micro_batch_size=dims.micro_batch_size,
+        num_microbatches=dims.microbatches,
+        vocab_multiple=1,
+    )
+    assert formulas.communication(formulas.Model.from_dims(dims), config)["pp"]["bytes"] == 2 * 2 * whole
 
 
 def test_worked_choices_and_the_picture():
