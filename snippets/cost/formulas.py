@@ -359,7 +359,9 @@ def weight_and_optimizer_bytes(model: Model, config: Config) -> Figure:
     It counts bf16 weights, fp32 gradients (``main_grad``), fp32 master weights and two fp32 Adam
     moments: 2+4+4+4+4 = 18 bytes per parameter, or ``6 + 12/DP`` when the distributed optimizer
     shards the last three over DP. Refused where that count is not the run's: gradients reduced in
-    bf16 (no ``grad_reduce_in_fp32``: 16 / ``4 + 12/DP``), and CP > 1 with the distributed optimizer
+    bf16 (no ``grad_reduce_in_fp32``: 16 / ``4 + 12/DP``; Megatron-LM turns it on for bf16 unless
+    ``--grad-reduce-in-bf16``, ``megatron/training/arguments.py`` ``validate_args``), and CP > 1 with
+    the distributed optimizer
     (Megatron shards over the DP x CP group, ``intra_dp_cp_group`` in
     ``megatron/core/optimizer/__init__.py``, the formula divides by DP only).
     """
