@@ -225,12 +225,19 @@
       if (c.recompute !== "selective") {
         return figure(null, "Megatron's SP formula (34 sbh/t per layer) assumes selective recomputation; it has no SP-only variant");
       }
-      return figure(megatronActivation(m, c));
+      return figure(megatronActivation(m, c), null, kvWidthNote(m));
     }
     const value = megatronActivationWithoutSp(m, c);
-    let note = "no s x s attention scores kept (selective recomputation or a fused attention kernel)";
-    if (m.ffn !== 4 * m.hidden) note += `; its 24/t per layer counts an MLP of 4h, this model's ffn is ${gfmt(m.ffn / m.hidden)}h`;
-    return figure(value, null, note);
+    const notes = ["no s x s attention scores kept (selective recomputation or a fused attention kernel)"];
+    if (m.ffn !== 4 * m.hidden) notes.push(`its 24/t per layer counts an MLP of 4h, this model's ffn is ${gfmt(m.ffn / m.hidden)}h`);
+    notes.push(kvWidthNote(m));
+    return figure(value, null, notes.filter(Boolean).join("; "));
+  }
+
+  function kvWidthNote(m) {
+    const q = m.heads * m.kv_channels, kv = m.query_groups * m.kv_channels;
+    if (q === m.hidden && kv === m.hidden) return null;
+    return `Q, K, V counted h = ${m.hidden} wide each; this model's are ${q}, ${kv}, ${kv}`;
   }
 
   function memory(m, c) {

@@ -421,12 +421,23 @@ def activation_bytes(model: Model, config: Config) -> Figure:
                 "Megatron's SP formula (34 sbh/t per layer) assumes selective recomputation; "
                 "it has no SP-only variant",
             )
-        return Figure(float(tmu.compute_activation_memory(args, num_microbatches=c.num_microbatches)))
+        value = float(tmu.compute_activation_memory(args, num_microbatches=c.num_microbatches))
+        return Figure(value, note=_kv_width_note(m))
     value = float(tmu.compute_activation_memory_without_sp(args, num_microbatches=c.num_microbatches))
-    note = "no s x s attention scores kept (selective recomputation or a fused attention kernel)"
+    notes = ["no s x s attention scores kept (selective recomputation or a fused attention kernel)"]
     if m.ffn != 4 * m.hidden:
-        note += f"; its 24/t per layer counts an MLP of 4h, this model's ffn is {m.ffn / m.hidden:g}h"
-    return Figure(value, note=note)
+        notes.append(f"its 24/t per layer counts an MLP of 4h, this model's ffn is {m.ffn / m.hidden:g}h")
+    notes.append(_kv_width_note(m))
+    return Figure(value, note="; ".join(n for n in notes if n))
+
+
+def _kv_width_note(m: Model) -> str | None:
+    """Table 2 counts Q, K and V each ``h`` wide (multi-head attention, ``heads * d = h``); the
+    module's own TODO says so for the query. With GQA or another head width they are not."""
+    q, kv = m.heads * m.kv_channels, m.query_groups * m.kv_channels
+    if q == m.hidden and kv == m.hidden:
+        return None
+    return f"Q, K, V counted h = {m.hidden} wide each; this model's are {q}, {kv}, {kv}"
 
 
 def memory_bytes(model: Model, config: Config) -> Figure:
