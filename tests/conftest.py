@@ -119,6 +119,7 @@ SITE_TESTS = (
     "test_backlinks.py",
     "test_generated_pages.py",
     "test_explorers.py",
+    "test_calculator.py",
     "test_drift.py",
     "test_cpu_compat.py",
 )
