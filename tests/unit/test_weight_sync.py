@@ -312,8 +312,8 @@ def _file(tmp_path, name, text):
         ),
         (
             lambda t: VERL / "prepare_data.sh",
-            "error: {path} runs no verl trainer: no `python3 -m verl.trainer.main_ppo` (or another trainer "
-            "main) in the script",
+            "error: {path}: line 5 runs verl.trainer.main_generation, which is not one of verl "
+            f"{facts.VERL_COMMIT[:7]}'s PPO trainer mains ({', '.join(facts.VERL_MAINS)})",
         ),
         (
             lambda t: VERL / "not_verl.yaml",
@@ -363,3 +363,192 @@ def test_console_script_and_old_module_name():
     old = run(NEMO / "grpo_sglang.yaml", module="snippets.rl.verl_sync")
     assert p.returncode == 0 and (0, p.stdout, "") == same == old
     assert "usage: weight-sync" in subprocess.run([str(exe)], capture_output=True, text=True).stderr
+
+
+# ----------------------------------------------------------------------------- verl 1dda039's styles
+
+
+def test_arrays_model_engine_and_megatron_keys():
+    out = report(VERL / "run_arrays_megatron.sh")
+    # "${LAUNCH[@]}" -m ... with LAUNCH set again inside an if: the trainer is still found
+    assert "command lines 47-53: verl.trainer.main_ppo --config-name ppo_trainer, 11 override(s)" in out
+    assert "model_engine = megatron (verl/trainer/config/_generated_ppo_megatron_trainer.yaml)" in out
+    # case "${DEVICE}" with DEVICE=${DEVICE:-gpu}: the gpu branch, as bash takes it; ACTOR+=(...) appends
+    assert "Megatron TP4 x PP2 x CP2 x DP1 (EP1) on 16 GPUs" in out
+    assert "2 engine(s) of TP8 on 16 GPUs" in out  # a quoted array element
+    assert "trainer_mode = sync" in out and "checkpoint engine naive" in out
+    assert "32B parameters (from model.path $HOME/models/Qwen3-32B)" in out  # comment inside ( )
+    assert "the command ends with $@" in out
+    assert "FSDP" not in out and "deepseek" not in out  # never verl's defaults for what the script sets
+
+
+def test_separate_async_with_delta_sharded():
+    out = report(VERL / "run_separate_async_delta.sh")
+    assert "trainer_mode = separate_async: a standalone rollout" in out
+    assert "separate: 8 GPUs train and another 8 generate" in out
+    assert "checkpoint engine delta_sharded: only the changed elements" in out
+    assert "= 0.16-0.48 GB of 16 GB over InfiniBand" in out  # 1-3 % of 8B x bf16
+
+
+@pytest.mark.parametrize(
+    "backend,says",
+    [
+        ("naive", "separate_async needs a checkpoint_engine.backend other than naive"),
+        ("gloo", "checkpoint_engine.backend is 'gloo'; verl knows naive, nccl, nixl"),
+    ],
+)
+def test_separate_async_refusals(tmp_path, backend, says):
+    text = (
+        (VERL / "run_separate_async_delta.sh").read_text().replace("${CKPT_BACKEND:-delta_sharded}", backend)
+    )
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    code, out, err = run(path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err
+
+
+def test_delta_sharded_needs_sglang_and_nccl_is_reported(tmp_path):
+    text = (VERL / "run_separate_async_delta.sh").read_text()
+    path = tmp_path / "run.sh"
+    path.write_text(text.replace("rollout.name=sglang", "rollout.name=vllm"))
+    code, _, err = run(path)
+    assert code == 2 and "delta_sharded works only with rollout.name sglang" in err
+    assert "verl/checkpoint_engine/base.py:326" in err
+    path.write_text(text.replace("${CKPT_BACKEND:-delta_sharded}", "nccl"))
+    out = report(path)
+    assert (
+        "checkpoint engine nccl: NCCL" in out and "the whole model = 16 GB over InfiniBand >= 320 ms" in out
+    )
+
+
+def test_checkpoint_engine_setting_is_unused_when_colocated(tmp_path):
+    body = COMMAND.format(tp=2, gpus=8, nodes=1).replace(
+        "trainer.nnodes=1", "trainer.nnodes=1 actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"
+    )
+    out = report(script(tmp_path, body))
+    assert "checkpoint_engine.backend = nccl is not used: colocated, verl sets it to naive" in out
+    assert "trainer_base.py:357" in out
+
+
+def test_broken_continuation_is_reported_where_bash_ends_the_command():
+    out = report(VERL / "run_broken_continuation.sh")
+    assert "command lines 5-7: verl.trainer.main_ppo --config-name ppo_trainer, 2 override(s)" in out
+    assert "broken line 7 ends in a backslash and a blank (then a comment)" in out
+    assert "bash ends the command on line 7" in out
+    assert "(' #' 'TODO:' 'set' 'the' 'path') reach the trainer, and Hydra rejects a word" in out
+    assert "line 8 (data.val_files=...), lines 9-13 (actor_rollout_ref.model.path=...)" in out
+    assert "command not found" in out and "what runs, not what the author meant" in out
+    # what bash passes: the model is verl's placeholder, and the report says so
+    assert "does not set actor_rollout_ref.model.path: the model below is verl's placeholder" in out
+
+
+def test_bash_reading_matches_bash(tmp_path):
+    """The words the reader passes are the words bash passes (checked against bash itself)."""
+    body = r"""
+A=(x=1 "y=2 3")
+A+=(z=4)
+S="p=5 q=6"
+Q="r=7 \
+s=8"
+case "${MODE:-one}" in
+    one | uno) C=c=9 ;;
+    *) C=c=0 ;;
+esac
+python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q $C
+"""
+    path = script(tmp_path, body)
+    words = [w.text for w in read_script(str(path), path.read_text()).args]
+    bash = shutil.which("bash")
+    if bash:
+        shim = tmp_path / "python3"
+        shim.write_text('#!/bin/sh\nshift 2\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+        shim.chmod(0o755)
+        env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+        got = subprocess.run([bash, str(path)], capture_output=True, text=True, env=env, timeout=30)
+        assert words == got.stdout.splitlines(), (words, got.stdout)
+    assert words[:3] == ["prex=1", "y=2 3", "z=4post"] and "n=3" in words and "c=9" in words
+
+
+def test_config_group_from_outside_verl_leaves_the_strategy_unknown(tmp_path):
+    body = COMMAND.format(tp=2, gpus=8, nodes=1).replace(
+        "main_ppo", "main_ppo hydra.searchpath=[pkg://plugin.config] actor@actor_rollout_ref.actor=lite_actor"
+    )
+    out = report(script(tmp_path, body))
+    assert "unknown actor_rollout_ref.actor.strategy = actor@actor_rollout_ref.actor=lite_actor" in out
+    assert "loads a config verl 1dda039 does not ship (from hydra.searchpath [pkg://plugin.config])" in out
+    assert "FSDP" not in out
+
+
+def test_model_engine_from_an_unset_variable_is_unknown(tmp_path):
+    body = COMMAND.format(tp=2, gpus=8, nodes=1).replace("main_ppo", "main_ppo model_engine=$ENGINE")
+    out = report(script(tmp_path, body))
+    assert "actor_rollout_ref.actor.strategy = model_engine=$ENGINE: ENGINE is not set in the script" in out
+    assert "FSDP" not in out
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ('python3 -m verl.trainer.main_ppo a.b="open\n', 'line 1: a " quote opened here is never closed'),
+        ("A=(x y\npython3 -m verl.trainer.main_ppo\n", "line 1: an array's `(` is never closed"),
+        ("N=$((2 +\n", "line 1: a $(( )) or $( ) opened here is never closed"),
+        ("echo moved >&2\nexit 1\n", "runs no verl trainer: it exits on line 2"),
+        (
+            "python3 -m verl.trainer.main_ppo model_engine=deepspeed\n",
+            "model_engine=deepspeed: verl 1dda039 has",
+        ),
+    ],
+)
+def test_bad_scripts_get_one_line_and_exit_2(tmp_path, text, says):
+    path = tmp_path / "bad.sh"
+    path.write_text(text)
+    code, out, err = run(path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_binary_file_and_directory_get_one_line(tmp_path):
+    blob = tmp_path / "x.sh"
+    blob.write_bytes(b"\x00\x01\x02" * 100)
+    for target, says in ((blob, "is a binary file"), (tmp_path, "is a directory")):
+        code, out, err = run(target)
+        assert code == 2 and len(err.splitlines()) == 1 and says in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- NeMo RL refit transports
+
+
+def test_nemo_rl_sparse_and_nixl_transports():
+    out = report(NEMO / "grpo_megatron_sparse.yaml")
+    assert "refit_transport = vllm_zmq_sparse: only the elements that changed" in out
+    assert "vllm_remote_sparse_weight_synchronizer.py:85" in out and "0.16-0.48 GB of 16 GB" in out
+    out = report(NEMO / "grpo_megatron_nixl.yaml")
+    assert "refit_transport = nixl: the NIXL checkpoint engine (UCX/RDMA)" in out
+    assert "factory.py:97 CheckpointEngineWeightSynchronizer" in out and "16 GB over InfiniBand" in out
+
+
+@pytest.mark.parametrize(
+    "overlay,says",
+    [
+        ("policy:\n  generation:\n    refit_transport: mcore\n", "mcore is named in NeMo RL 0.8's docs"),
+        (
+            "policy:\n  generation:\n    colocated:\n      enabled: true\n",
+            "refit_transport vllm_zmq_sparse needs colocated.enabled=false",
+        ),
+        (
+            "policy:\n  megatron_cfg:\n    enabled: false\n  dtensor_cfg:\n    enabled: true\n",
+            "refit_transport vllm_zmq_sparse needs a non-colocated Megatron policy",
+        ),
+        (
+            "policy:\n  generation:\n    refit_transport: nixl\n    backend: megatron\n",
+            "refit_transport nixl works only with generation.backend vllm, not megatron",
+        ),
+    ],
+)
+def test_nemo_rl_transport_refusals(tmp_path, overlay, says):
+    shutil.copy(NEMO / "grpo_base.yaml", tmp_path)
+    shutil.copy(NEMO / "grpo_llama8b_megatron.yaml", tmp_path)
+    shutil.copy(NEMO / "grpo_megatron_sparse.yaml", tmp_path)
+    path = tmp_path / "c.yaml"
+    path.write_text("defaults: grpo_megatron_sparse.yaml\n" + overlay)
+    code, out, err = run(path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err

@@ -24,9 +24,13 @@ from snippets.rl.weight_sync.values import ConfigError, read_yaml, unflatten
 def build(path: str, params: float | None, dtype: str | None, size_from: str) -> list[str]:
     """The report's lines for the input at ``path`` (ConfigError on a problem)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{path} is a directory; give a launch script or a config file")
     if not p.is_file():
         raise ConfigError(f"no such file: {path}")
     text = p.read_text(errors="replace")
+    if "\0" in text[:4096]:
+        raise ConfigError(f"{path} is a binary file, not a launch script or a YAML config")
     if looks_like_script(path, text):
         command = read_script(path, text)
         tree, head, separate = verl.from_script(path, command)
@@ -111,6 +115,13 @@ def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
         lines = build(args.run, params, args.dtype, size_from)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, UnicodeError, RecursionError, ValueError, IndexError, KeyError, TypeError) as err:
+        # a reader's gap, not the input's fault: still one line and exit 2, never a traceback
+        print(
+            f"error: {args.run}: this command could not read it ({type(err).__name__}: {err})",
+            file=sys.stderr,
+        )
         return 2
     print("\n".join(report.wrap(line) for line in lines))
     return 0

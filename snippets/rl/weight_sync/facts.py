@@ -194,6 +194,7 @@ NEMO_RL_CODE = {
     "nccl_broadcast": ("nemo_rl/algorithms/grpo.py:2396", "broadcast_weights_for_collective"),
     "separate_gpus": ("nemo_rl/algorithms/grpo.py:860", "inference_resources"),
     "transport": ("nemo_rl/algorithms/grpo.py:1300", "refit_transport"),
+    "transport_vllm_only": ("nemo_rl/algorithms/grpo.py:1524", "refit_transport"),
     "synchronizer": ("nemo_rl/weight_sync/factory.py:37", "create_weight_synchronizer"),
     "megatron_sync": ("nemo_rl/weight_sync/factory.py:111", "MegatronWeightSynchronizer"),
     "nccl_reshard": ("nemo_rl/weight_sync/factory.py:135", "NcclReshardWeightSynchronizer"),

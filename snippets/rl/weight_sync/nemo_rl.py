@@ -280,6 +280,17 @@ def explain(run: Run) -> tuple[list[str], tuple, tuple | None]:
 
 
 def _refit(run: Run):
+    if (
+        run.transport is not None
+        and not isinstance(run.transport, Unknown)
+        and run.backend != "vllm"
+        and not isinstance(run.backend, Unknown)
+        and str(run.transport) not in facts.NEMO_RL_DOCS_ONLY
+    ):
+        raise ConfigError(
+            f"refit_transport {run.transport} works only with generation.backend vllm, not "
+            f"{run.backend} ({code('transport_vllm_only')})"
+        )
     tp = fmt(run.gen_tp)
     slice_gpus = mul(run.gen_tp, run.gen_pp)
     if run.trainer == "megatron":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from snippets.rl.weight_sync.values import ConfigError, Unknown
 
-TRAINER = re.compile(r"^(verl(\.\w+)*\.(main_ppo|fully_async_main)|recipe(\.\w+)*\.main_\w+)$")
+TRAINER = re.compile(r"^(verl(\.\w+)*\.(main_\w+|fully_async_main)|recipe(\.\w+)*\.main_\w+)$")
 TRAINER_FILE = re.compile(r"(^|/)(main_ppo\w*|main_\w+|\w+_main)\.py$")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _ASSIGN = re.compile(r"^([A-Za-z_]\w*)\+?=")
@@ -74,13 +74,17 @@ def read_script(path: str, text: str) -> Command:
     found: list[Command] = []
     broken: list[int] = []
     stray: list[tuple[int, int, str]] = []
-    for words, line, end, term in _statements(text, broken):
-        command = shell.run(words, line, term)
-        if command is not None:
-            command.end = end
-            found.append(command)
-        elif found and not isinstance(words[0], _Array) and _STRAY.match(words[0]):
-            stray.append((line, end, shell.expand(words[0]).text.strip()))
+    try:
+        for words, line, end, term in _statements(text, broken):
+            first = words[0]
+            command = shell.run(list(words), line, term)
+            if command is not None:
+                command.end = end
+                found.append(command)
+            elif found and not isinstance(first, _Array) and _STRAY.match(first):
+                stray.append((line, end, shell.expand(first).text.strip()))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     if not found:
         where = f": it exits on line {shell.exited}" if shell.exited else ""
         raise ConfigError(
@@ -142,7 +146,7 @@ def _statements(text: str, broken: list[int] | None = None):
             word = ""
             continue
         if c in "'\"`" or text.startswith("$(", i) or text.startswith("${", i):
-            j = _closing(text, i)
+            j = _span(text, i, line)
             if not words and not word:
                 start = line
             word += text[i:j]
@@ -184,7 +188,7 @@ def _array(text: str, i: int, line: int) -> tuple[list[str], int, int]:
     """The raw elements of an array body starting at ``i`` (just past ``(``), the index past its
     ``)`` and the line there. Newlines and comments inside the parentheses separate elements."""
     items: list[str] = []
-    word, n = "", len(text)
+    word, n, opened = "", len(text), line
     while i < n:
         c = text[i]
         if c == "\\" and i + 1 < n:
@@ -195,7 +199,7 @@ def _array(text: str, i: int, line: int) -> tuple[list[str], int, int]:
             i += 2
             continue
         if c in "'\"`" or text.startswith("$(", i) or text.startswith("${", i):
-            j = _closing(text, i)
+            j = _span(text, i, line)
             word += text[i:j]
             line += text.count("\n", i, j)
             i = j
@@ -216,14 +220,35 @@ def _array(text: str, i: int, line: int) -> tuple[list[str], int, int]:
         else:
             word += c
         i += 1
-    raise ConfigError(f"line {line}: an array `(` is never closed")
+    raise ConfigError(f"line {opened}: an array's `(` is never closed, so bash stops with a syntax error")
+
+
+class _Unclosed(Exception):
+    """A quote, ``$(``, ``${`` or ``$((`` with no end: bash stops with a syntax error."""
+
+
+_KINDS = {"'": "a ' quote", '"': 'a " quote', "`": "a ` command substitution"}
+
+
+def _span(text: str, i: int, line: int) -> int:
+    """:func:`_closing`, as a one-line ConfigError naming the line when the span never closes."""
+    try:
+        return _closing(text, i)
+    except _Unclosed:
+        kind = _KINDS.get(text[i]) or ("a $(( )) or $( )" if text[i + 1] == "(" else "a ${ }")
+        raise ConfigError(
+            f"line {line}: {kind} opened here is never closed, so bash stops with a syntax error "
+            "before running anything"
+        ) from None
 
 
 def _closing(text: str, i: int) -> int:
-    """Index just past the quoted or bracketed span starting at ``i``."""
+    """Index just past the quoted or bracketed span starting at ``i`` (_Unclosed if it has no end)."""
     if text[i] in "'`":
         j = text.find(text[i], i + 1)
-        return len(text) if j < 0 else j + 1
+        if j < 0:
+            raise _Unclosed()
+        return j + 1
     if text[i] == '"':
         j = i + 1
         while j < len(text) and text[j] != '"':
@@ -232,6 +257,8 @@ def _closing(text: str, i: int) -> int:
             elif text.startswith("$(", j) or text.startswith("${", j):
                 j = _closing(text, j) - 1
             j += 1
+        if j >= len(text):
+            raise _Unclosed()
         return j + 1
     close = ")" if text[i + 1] == "(" else "}"
     opening = text[i + 1]
@@ -246,7 +273,7 @@ def _closing(text: str, i: int) -> int:
         j += 1
         if depth == 0:
             return j
-    return j
+    raise _Unclosed()
 
 
 # ----------------------------------------------------------------------------- running
@@ -439,7 +466,8 @@ class _Shell:
             c = raw[i]
             if c == "\\" and i + 1 < len(raw):
                 nxt = raw[i + 1]
-                out.add(nxt if not quoted or nxt in '"$`\\' else c + nxt)
+                if nxt != "\n":  # backslash-newline is removed, in double quotes too
+                    out.add(nxt if not quoted or nxt in '"$`\\' else c + nxt)
                 i += 2
             elif c == "'" and not quoted:
                 j = raw.find("'", i + 1)
@@ -591,8 +619,17 @@ class _Out:
         field[0] += str(piece)
 
     def expansion(self, value, quoted: bool) -> None:
+        if isinstance(value, Word):
+            value = value.unknown or value.text
         if isinstance(value, list):
             self._elements(value, quoted)
+        elif isinstance(value, Unknown) and not quoted and self.split and value.text[:1] not in "$`":
+            # split as bash would; the words that still spell a $reference carry the unknown
+            words = [
+                Word(p, value if ("$" in p or "`" in p or p == value.text) else None)
+                for p in value.text.split()
+            ]
+            self._elements(words, False, text=value.text)
         elif isinstance(value, Unknown) or quoted or not self.split:
             if isinstance(value, Word) or value != "" or quoted:
                 self.add(value)

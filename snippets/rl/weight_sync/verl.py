@@ -111,6 +111,11 @@ def from_script(path: str, command: Command) -> tuple[dict, list[str], str | Non
         else:
             noise.append(text)
     main = facts.VERL_MAINS.get(command.runs)
+    if main is None and command.runs.startswith("verl."):
+        raise ConfigError(
+            f"{path}: line {command.line} runs {command.runs}, which is not one of verl {SHORT}'s PPO "
+            f"trainer mains ({', '.join(facts.VERL_MAINS)})"
+        )
     package = main[2] if main else None
     name = (name or (main[0] if main else "ppo_trainer")).removesuffix(".yaml").split("/")[-1]
     head = [
@@ -177,7 +182,9 @@ def _group(tree, key, where, value, unknown, overrides) -> None:
             facts.VERL_ENGINE_DEFAULTS[facts.VERL_ACTORS[value]][where + ".strategy"],
         )
         return
-    search = next((str(o.value) for o in overrides if o.key == "hydra.searchpath"), None)
+    search = next((o.value for o in overrides if o.key == "hydra.searchpath"), None)
+    if isinstance(search, list):
+        search = "[" + ",".join(map(str, search)) + "]"
     why = (
         f"{key}@{where}={value} loads a config verl {SHORT} does not ship"
         + (f" (from hydra.searchpath {search})" if search else "")
