@@ -418,6 +418,7 @@
     }
     $("[name=vp]").innerHTML = opts([[0, "不交错"], [2, "2"], [3, "3"], [4, "4"], [5, "5"], [6, "6"], [8, "8"]], s.vp);
     $("[name=rc]").innerHTML = opts([["none", "不重算"], ["selective", "selective"], ["full", "full"]], s.rc);
+    if (m.name === "custom") $(".ms-sizes").open = true;  // edited sizes stay in view
     $("[name=sp]").checked = s.sp === "1";
     $("[name=dopt]").checked = s.dopt === "1";
     $("[name=fp32]").checked = s.fp32 === "1";
