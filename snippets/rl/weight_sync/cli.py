@@ -1,4 +1,5 @@
-"""The ``weight-sync`` command: which input it was given, and the report.
+"""The ``weight-sync`` command: read an RL run's launch script or config and say how it moves its
+weights from trainer to rollout every round.
 
     weight-sync RUN [--params 7e9] [--dtype bf16]
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from snippets.rl import refit_cost
@@ -98,8 +100,58 @@ def _size(params, size_from, name, key):
     return params, size_from
 
 
+EPILOG = """\
+inputs:
+  a verl launch script   .sh/.bash, or a file starting with a shell #! line; the first
+                         `python3 -m verl.trainer.main_ppo` (or verl's fully_async_main /
+                         one_step_off_policy.main_ppo, or a recipe.*.main_*) is read
+  a verl YAML config     nested like ppo_trainer.yaml, or flat dotted keys
+  a NeMo RL YAML config  with its defaults: chain, _override_, ${...} and add/mul/div/max
+
+how a script is read (as bash would run it, without running it):
+  NAME=value, export/local/declare NAME=value, ${NAME}, ${NAME:-d} ${NAME-d} ${NAME:=d}
+  ${NAME:+x} ${NAME:?}, ${#NAME}, $((arithmetic)), '...' and "..." quotes, backslash-newline
+  (also inside "..."); arrays NAME=(...) and NAME+=(...) with comments and newlines inside,
+  "${NAME[@]}" (one word per element), ${NAME[*]}, ${NAME[N]}, ${#NAME[@]}; unquoted values
+  are split at blanks; `case WORD in ... esac` runs only the branch bash takes when WORD is
+  known. No pathname expansion: a word with * ? [ passes as written, as bash does when no
+  file matches. Hydra overrides key=value, +key=value, ++key=value, ~key, model_engine=...,
+  group@package=choice and --config-name/-cn are applied on verl's defaults for that config.
+  Unknowable values -- $1, $(...), `...`, a variable the script never sets, one set inside
+  an if/loop or a case on an unknown word, one it `read`s -- are each named in an `unknown`
+  line with the key they feed; the rest is still reported. A line that ends in a backslash
+  and a blank (then maybe a comment) ends the command there, as in bash: the report says so
+  (`broken`), lists the words that reach the trainer and the lines that then run as
+  separate, failing commands, and reports what runs. A trailing $@ and a second trainer
+  command are noted.
+
+exit status:
+  0  a report (it may contain `unknown` lines, and byte figures that need --params)
+  2  one line on stderr: no such file, a directory, a binary file, bad YAML, a quote / $( /
+     ${ / array that never closes (bash would stop), a script that runs no trainer (or exits
+     first), a module that is not a verl trainer main, neither framework's config, or a value
+     the framework refuses (an engine it lacks, a TP that does not divide the GPUs, a
+     checkpoint engine or refit transport the placement does not allow)
+
+facts: verl-project/verl 1dda039 (2026-08-22) and NVIDIA-NeMo/RL 7ea279a (2026-08-22);
+  which versions go together: README, "RL: how a verl or NeMo RL run syncs its weights".
+old name: python -m snippets.rl.verl_sync RUN (the same command)
+"""
+
+
 def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=textwrap.fill(
+            "Read an RL run's launch script or config (verl or NeMo RL) and say how it moves its "
+            "weights from trainer to rollout every round: the trainer's layout, the rollout engine, "
+            "whether they share GPUs, each step with the code that does it, and the bytes per GPU "
+            "with a wire-time lower bound (NVLink 450 GB/s, InfiniBand 50 GB/s per GPU).",
+            90,
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("run", help="a verl launch script (.sh), a verl YAML config or a NeMo RL YAML config")
     parser.add_argument("--params", help="model size, e.g. 7e9 or 7B (default: from the model's name)")
     parser.add_argument(
