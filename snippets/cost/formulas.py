@@ -283,7 +283,9 @@ def padded_vocab(model: Model, config: Config) -> int:
 
 
 def megatron_args(model: Model, config: Config) -> argparse.Namespace:
-    """The ``args`` Megatron's three formulas read, with these sizes (nothing else is set)."""
+    """The ``args`` Megatron's formulas read, with these sizes: exactly the fields the three
+    functions read (a test records them), plus ``sequence_parallel`` and ``recompute_granularity``,
+    which ``report_theoretical_memory`` reads to pick the activation function."""
     m, c = model, config
     return argparse.Namespace(
         # model
@@ -317,7 +319,6 @@ def megatron_args(model: Model, config: Config) -> argparse.Namespace:
         tensor_model_parallel_size=c.tp,
         pipeline_model_parallel_size=c.pp,
         virtual_pipeline_model_parallel_size=c.vp,
-        context_parallel_size=c.cp,
         expert_model_parallel_size=c.ep,
         expert_tensor_parallel_size=c.tp,
         data_parallel_size=c.dp,

@@ -182,3 +182,34 @@ def test_tp_bytes_no_sp_and_sp():
 def test_summary_refused_has_only_problems():
     s = F.summary(F.MODELS["qwen3-8b"], F.Config(tp=3))
     assert s["problems"] and s["dp"] is None and "weights" not in s
+
+
+def test_megatron_args_are_what_the_functions_read():
+    """Every field megatron_args sets is read by Megatron's functions (report_theoretical_memory's
+    two picks and the shared-expert gate aside), and they read nothing it does not set."""
+    import argparse
+
+    tmu, nfo = _megatron()
+    read = set()
+
+    class Recording(argparse.Namespace):
+        def __getattribute__(self, name):
+            if not name.startswith("_"):
+                read.add(name)
+            return super().__getattribute__(name)
+
+    for m in F.MODELS.values():
+        for c in (
+            F.Config(tp=2, pp=2, vp=2, sp=True, recompute="selective", distributed_optimizer=True,
+                     ep=2 if m.moe else 1, num_microbatches=4),
+            F.Config(tp=1, pp=2, num_microbatches=1),
+            F.Config(),
+        ):  # fmt: skip
+            args = Recording(**vars(F.megatron_args(m, c)))
+            tmu.compute_weight_and_optimizer_memory(args)
+            tmu.compute_activation_memory(args, num_microbatches=c.num_microbatches)
+            tmu.compute_activation_memory_without_sp(args, num_microbatches=c.num_microbatches)
+            nfo(args, c.global_batch)
+    fields = set(vars(F.megatron_args(F.MODELS["tiny"], F.Config())))
+    assert read <= fields
+    assert fields - read == {"sequence_parallel", "recompute_granularity", "moe_shared_expert_gate"}
