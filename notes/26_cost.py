@@ -284,7 +284,8 @@ cost.flops_rows(counted, TINY)
 #
 # MFU = 每步模型 FLOPs ÷ (步长 × GPU 数 × 峰值)。`training_log` 打印的 TFLOP/s/GPU 就是分子分母去掉峰值的那部分。
 # Megatron-LM 的 [README 首页](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/README.md)（第 95、122 行）报告 H100 上最高 47%，
-# GPT-3 175B 从 96 卡扩到 4608 卡时从 47% 降到 42%。本页不测时间，下表反过来算：若三个选中的配置跑到 47%，一步要多久：
+# GPT-3 175B 从 96 卡扩到 4608 卡时从 47% 降到 42%；更早的 [Narayanan 等 2021（arXiv 2104.04473）](https://arxiv.org/abs/2104.04473)
+# 在 3072 张 A100 上训练 1T 参数模型，每卡达到峰值的 52%。本页不测时间，下表反过来算：若三个选中的配置跑到 47%，一步要多久：
 
 # %% tags=["hide-input"]
 cost.mfu_rows(CHOSEN)
