@@ -552,3 +552,20 @@ def test_nemo_rl_transport_refusals(tmp_path, overlay, says):
     path.write_text("defaults: grpo_megatron_sparse.yaml\n" + overlay)
     code, out, err = run(path)
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_versions_and_help():
+    code, out, err = run("--versions")
+    assert code == 0 and err == ""
+    assert "verl 1dda039" in out and "core_v0.18.0" in out and "0.5.2" in out
+    assert "NeMo RL 7ea279a" in out and "0.20.0 (Megatron-LM 14346b6" in out and "0.7.0 (8c46dc4" in out
+    code, out, _ = run("--help")
+    for part in (
+        "exit status:",
+        "how a script is read",
+        "${NAME[@]}",
+        "old name: python -m snippets.rl.verl_sync",
+    ):
+        assert part in out, part
+    code, out, err = run()
+    assert code == 2 and "required: run" in err

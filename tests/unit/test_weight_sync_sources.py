@@ -121,3 +121,9 @@ def test_openmanus_broken_continuation(openmanus_src):
     text = " ".join(out.split())
     assert code == 0 and "2 override(s)" in text and "broken line 17 ends in a backslash" in text
     assert "line 18 (data.val_files=...), lines 19-71 (data.train_batch_size=...)" in text
+
+
+def test_verl_version_pins(verl_src):
+    assert "core_v0.18.0" in _line(verl_src, "pyproject.toml:399")
+    assert '"megatron-bridge==0.5.2"' in _line(verl_src, "pyproject.toml:171")
+    assert (verl_src / "verl" / "version" / "version").read_text().strip() == "0.10.0.dev"

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 from snippets.rl import refit_cost
-from snippets.rl.weight_sync import nemo_rl, report, verl
+from snippets.rl.weight_sync import facts, nemo_rl, report, verl
 from snippets.rl.weight_sync.shell import looks_like_script, read_script
 from snippets.rl.weight_sync.values import ConfigError, read_yaml, unflatten
 
@@ -100,6 +100,21 @@ def _size(params, size_from, name, key):
     return params, size_from
 
 
+def versions() -> list[str]:
+    """Which versions go together, as read at the pinned commits (facts.VERSIONS)."""
+    lines = []
+    for framework, core, bridge, where in facts.VERSIONS:
+        lines += [framework, f"  Megatron Core    {core}", f"  Megatron-Bridge  {bridge}"]
+        lines += textwrap.wrap(
+            where,
+            96,
+            initial_indent="  pinned in        ",
+            subsequent_indent=" " * 19,
+            break_on_hyphens=False,
+        )
+    return lines
+
+
 EPILOG = """\
 inputs:
   a verl launch script   .sh/.bash, or a file starting with a shell #! line; the first
@@ -152,7 +167,14 @@ def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", help="a verl launch script (.sh), a verl YAML config or a NeMo RL YAML config")
+    parser.add_argument(
+        "run", nargs="?", help="a verl launch script (.sh), a verl YAML config or a NeMo RL YAML config"
+    )
+    parser.add_argument(
+        "--versions",
+        action="store_true",
+        help="print which verl / NeMo RL / Megatron Core / Megatron-Bridge versions go together, and exit",
+    )
     parser.add_argument("--params", help="model size, e.g. 7e9 or 7B (default: from the model's name)")
     parser.add_argument(
         "--dtype",
@@ -160,6 +182,11 @@ def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
         help="bytes per weight (default: bf16; NeMo RL: policy.precision)",
     )
     args = parser.parse_args(argv)
+    if args.versions:
+        print("\n".join(versions()))
+        return 0
+    if args.run is None:
+        parser.error("the following arguments are required: run")
     try:
         params, size_from = None, ""
         if args.params is not None:

@@ -168,20 +168,21 @@ def verl_code(name: str) -> str:
 
 
 # Which versions go together, each read at the commit named (README "Which versions go together").
-VERSIONS = [
+VERSIONS = [  # (framework at the commit read, Megatron Core, Megatron-Bridge, where that is pinned)
     (
-        "verl 1dda039 (0.10.0.dev)",
-        "megatron-core core_v0.18.0",
-        "Megatron-Bridge 0.5.2",
-        "verl pyproject.toml:399 (megatron-core git tag) and :171 (megatron-bridge==0.5.2)",
+        "verl 1dda039 (0.10.0.dev, 2026-08-22)",
+        "core_v0.18.0",
+        "0.5.2 (and mbridge)",
+        "verl pyproject.toml:399 (megatron-core git tag), :171 (megatron-bridge==0.5.2)",
     ),
     (
-        "NeMo RL 7ea279a (0.6.0 in package_info.py)",
-        "Megatron Core 0.20.0 (Megatron-LM 14346b6, 2026-08-12, no tag)",
-        "Megatron-Bridge 0.7.0 (8c46dc4, 2026-08-14)",
-        "NeMo RL's 3rdparty/Megatron-Bridge-workspace submodule -> Bridge's 3rdparty/Megatron-LM "
-        "submodule; the versions are their package_info.py",
+        "NeMo RL 7ea279a (0.6.0 in package_info.py, 2026-08-22)",
+        "0.20.0 (Megatron-LM 14346b6, 2026-08-12, no release tag)",
+        "0.7.0 (8c46dc4, 2026-08-14)",
+        "NeMo RL's 3rdparty/Megatron-Bridge-workspace/Megatron-Bridge submodule, then Bridge's "
+        "3rdparty/Megatron-LM submodule; versions from their package_info.py",
     ),
+    ("this project", "0.19.0 (core_v0.19.0)", "not used", "pyproject.toml (megatron-core==0.19.0)"),
 ]
 
 # (file:line, the name defined or called on that line) in NeMo RL at NEMO_RL_COMMIT
