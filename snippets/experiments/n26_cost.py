@@ -52,7 +52,9 @@ def run(dims, par) -> dict:
             biases=r["biases"],
             position=r["position"],
         )
-    acts = {mode: measure.layer_activations(dims, par.tp, *mode) for mode in MODES}
+    # sequence parallel needs TP > 1 (Megatron refuses it otherwise): at TP = 1 only the no-SP modes
+    modes = MODES if sp else [(False, recompute) for recompute in ("none", "selective", "full")]
+    acts = {mode: measure.layer_activations(dims, par.tp, *mode) for mode in modes}
     return dict(state=state, acts=acts)
 
 
@@ -145,6 +147,7 @@ def paper_rows(dims, tp: int) -> dict:
         (False, "selective"): ("TP + 选择性重算：10 + 24/t", 10 + 24 / t),
         (True, "none"): ("TP + SP：(34 + 5as/h)/t", (34 + att) / t),
         (True, "selective"): ("TP + SP + 选择性重算：34/t", 34 / t),
+        (False, "full"): ("全重算：2（只留层输入）", 2.0),
         (True, "full"): ("全重算：2（只留层输入；SP 下 /t）", 2 / t),
     }
 
@@ -165,7 +168,7 @@ def activation_table(results: list, dims, tp: int) -> Table:
     """Bytes one layer keeps, rank 0, in s*b*h units, against Megatron and Table 2."""
     paper = paper_rows(dims, tp)
     rows = []
-    for sp, recompute in MODES:
+    for sp, recompute in results[0]["acts"]:
         r = results[0]["acts"][(sp, recompute)]
         measured = r["bytes"] / r["sbh"]
         formula, value = megatron_layer(dims, tp, sp, recompute)
@@ -188,9 +191,9 @@ def activation_table(results: list, dims, tp: int) -> Table:
 
 
 def saved_table(results: list, dims, tp: int, mode=(True, "selective")) -> Table:
-    """What one layer keeps for backward in ``mode`` on rank 0: each storage once, in the order the
-    forward saved it, with its size in units of s*b*h/t."""
-    r = results[0]["acts"][mode]
+    """What one layer keeps for backward in ``mode`` on rank 0 (without SP at TP = 1): each storage
+    once, in the order the forward saved it, with its size in units of s*b*h/t."""
+    r = results[0]["acts"].get(mode) or results[0]["acts"][(False, mode[1])]
     unit = r["sbh"] / tp
     return Table(
         ["#", "形状", "dtype", "字节", "÷ (sbh/t)"],
@@ -216,6 +219,8 @@ def comm_table(results: list, dims, par) -> Table:
     rows = []
     one_layer = dataclasses.replace(model_of(dims), layers=1)
     for sp, recompute in ((False, "none"), (True, "selective"), (True, "full")):
+        if (sp, recompute) not in results[0]["acts"]:
+            continue
         r = results[0]["acts"][(sp, recompute)]
         sent = sum(v[2] for (g, _), v in r["comm"].items() if g == "tp") * 2  # bf16
         config = config_of(dims, par, sp=sp, recompute=recompute, num_microbatches=1)
