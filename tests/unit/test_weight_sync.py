@@ -569,3 +569,16 @@ def test_versions_and_help():
         assert part in out, part
     code, out, err = run()
     assert code == 2 and "required: run" in err
+
+
+def test_case_on_an_unknown_word_names_each_branch(tmp_path):
+    body = (
+        "DEVICE=$(detect_device)\n"
+        'case "$DEVICE" in\n  gpu) GPUS=${GPUS:-8} ;;\n  npu) GPUS=${GPUS:-16} ;;\nesac\n'
+        + COMMAND.format(tp=2, gpus="$GPUS", nodes=1)
+    )
+    out = report(script(tmp_path, body))
+    assert (
+        'trainer.n_gpus_per_node = $GPUS: GPUS is set inside a case on "$DEVICE" (it is a command\'s '
+        "output, known only when the script runs): gpu) 8; npu) 16"
+    ) in out

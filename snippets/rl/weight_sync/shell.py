@@ -383,6 +383,7 @@ class _Shell:
                 hit = any(fnmatch.fnmatchcase(subject.text, pattern) for pattern in frame["patterns"])
                 frame["active"] = frame["live"] and hit and not frame["done"]
                 frame["done"] = frame["done"] or hit
+            frame["label"] = " | ".join(frame["patterns"]) + ")"
             frame["state"], frame["patterns"] = "body", []
         return True
 
@@ -422,11 +423,23 @@ class _Shell:
                 else old + got
             )
         if self.blocks:
-            got = Unknown(
-                f"${name}",
-                f"{name} is set inside {self.blocks[-1]}, so its value depends on how the script runs",
-            )
+            why = f"{name} is set inside {self.blocks[-1]}, so its value depends on how the script runs"
+            branch = self._branch()
+            if branch:  # say what each branch of a case on an unknown word sets
+                why = f"{name} is set inside {self.blocks[-1]}:"
+                old = self.env.get(name)
+                seen = old.why if isinstance(old, Unknown) and old.why.startswith(why) else why
+                sep = "" if seen.endswith(":") else ";"
+                why = f"{seen}{sep} {branch} {got}"
+            got = Unknown(f"${name}", why)
         self.env[name] = got
+
+    def _branch(self) -> str | None:
+        """``gpu)`` when the innermost block is a branch of a case on an unknown word."""
+        frame = self.cases[-1] if self.cases else None
+        if frame and frame["subject"].unknown and self.blocks and self.blocks[-1].startswith("a case on"):
+            return frame.get("label")
+        return None
 
     def _assign_array(self, raw: _Array) -> None:
         name = raw[: raw.index("=")]
@@ -552,6 +565,12 @@ class _Shell:
         if not _NAME.fullmatch(name):
             return Unknown(source, f"it is the script's argument ${name} (or {arg!r} without one)")
         value = self._scalar(self.env.get(name))
+        if (
+            isinstance(value, Unknown)
+            and self._branch()
+            and value.why.startswith(f"{name} is set inside a case on")
+        ):
+            value = None  # set only by another branch of this case, which bash did not take
         if isinstance(value, Unknown):
             return value
         empty = value is None or (op.startswith(":") and value == "")
