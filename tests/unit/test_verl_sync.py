@@ -60,7 +60,7 @@ def test_separate_placement_with_flat_keys(capsys):
     out = flat(capsys.readouterr().out)
     assert "separate: 8 GPUs train and another 8 generate" in out
     assert "hybrid_engine = false: only verl's experimental fully_async_policy" in out
-    assert "checkpoint engine nccl" in out and "broadcast to every rollout GPU" in out
+    assert "checkpoint engine nccl" in out and "trainer rank 0 broadcasts them bucket by bucket" in out
     assert "140 GB over InfiniBand >= 2800 ms" in out  # 70B bf16, 50 GB/s
     assert "1/4 of the model = 35 GB" in out and ">= 700 ms" in out
 

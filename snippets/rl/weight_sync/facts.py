@@ -126,7 +126,11 @@ VERL_MAINS = {
 # "Topology" column, and the engine files); the registry is CheckpointEngineRegistry.register(...)
 VERL_CHECKPOINT_ENGINES = {
     "naive": "same GPU: each trainer rank hands full tensors to its rollout server through CUDA IPC",
-    "nccl": "NCCL: trainer ranks all-gather full tensors into buckets, broadcast to every rollout GPU",
+    "nccl": (
+        "NCCL: the trainer ranks gather full tensors, trainer rank 0 broadcasts them bucket by bucket "
+        "(update_weights_bucket_megabytes) to every rollout GPU, the other sending ranks join each "
+        "broadcast as relays (verl/checkpoint_engine/nccl_checkpoint_engine.py:315, :407)"
+    ),
     "nixl": "NIXL: all-gather, then a ring of point-to-point transfers between rollout GPUs",
     "mooncake": "Mooncake transfer engine: all-gather, then a ring of point-to-point transfers",
     "kimi_ckpt_engine": "Mooncake P2P to one rollout worker, then a broadcast to the rest",
@@ -158,6 +162,8 @@ VERL_CODE = {
         "verl/experimental/one_step_off_policy/ray_trainer.py:88",
         "assert not self.hybrid_engine",
     ),
+    "nccl_send": ("verl/checkpoint_engine/nccl_checkpoint_engine.py:315", "async def send_weights"),
+    "nccl_relay": ("verl/checkpoint_engine/nccl_checkpoint_engine.py:407", "async def _relay_weights"),
     "rollout_registry": ("verl/workers/rollout/replica.py:378", 'RolloutReplicaRegistry.register("vllm"'),
 }
 
