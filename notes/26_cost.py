@@ -295,7 +295,14 @@ cost.mfu_rows(CHOSEN)
 #
 # 选配置的步骤：(1) Megatron 的规则先排除不整除的组合（层数 % PP、头数 % TP、专家数 % EP）；(2) 显存放不下的排除；
 # (3) 剩下的比名义步长：计算在峰值下的时间被气泡拉长，再加关键路径上的 TP / CP / EP / PP 通信。DP 的梯度同步与反向重叠，不计入。
-# 这是一个下界模型：真实 NCCL 带宽低于名义值，计算也到不了峰值，但排序通常不变。70B 在 64 卡上：
+# 这是一个下界模型：真实 NCCL 带宽低于名义值，计算也到不了峰值，但排序通常不变。主图的 Qwen3-8B 逐项是：
+
+# %% tags=["hide-input"]
+cost.choice_table(qwen)
+
+# %% [markdown]
+# TP1 DP8 没有 TP 通信、也没有气泡，却差几 GB 放不下；在放得下的里面，PP2 只在 stage 边界发激活，比 TP2 每层前向、反向共 10 次集合通信（开 SP）便宜。
+# 70B 在 64 卡上：
 
 # %% tags=["hide-input"]
 cost.choice_table(cost.choices("dense-70b"))
