@@ -13,6 +13,7 @@ shell variable only known at run time) is named in the report, which covers ever
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -202,5 +203,9 @@ def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
             file=sys.stderr,
         )
         return 2
-    print("\n".join(report.wrap(line) for line in lines))
+    try:
+        print("\n".join(report.wrap(line) for line in lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `weight-sync run.sh | head`: the reader stopped reading, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
