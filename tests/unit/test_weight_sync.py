@@ -454,7 +454,17 @@ case "${MODE:-one}" in
     one | uno) C=c=9 ;;
     *) C=c=0 ;;
 esac
-python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q $C
+P=2
+[ "$P" -gt 1 ] && V=v=2 || V=v=null
+if [ "$P" = 3 ]; then
+    W=w=3
+elif [ -n "$P" ]; then
+    W=w=elif
+else
+    W=w=else
+fi
+if [ "$P" != 2 ]; then X=x=no; else X=x=yes; fi
+python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q $C $V $W $X
 """
     path = script(tmp_path, body)
     words = [w.text for w in read_script(str(path), path.read_text()).args]
@@ -467,6 +477,7 @@ python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q 
         got = subprocess.run([bash, str(path)], capture_output=True, text=True, env=env, timeout=30)
         assert words == got.stdout.splitlines(), (words, got.stdout)
     assert words[:3] == ["prex=1", "y=2 3", "z=4post"] and "n=3" in words and "c=9" in words
+    assert words[-3:] == ["v=2", "w=elif", "x=yes"]  # && / || and if / elif / else as bash takes them
 
 
 def test_config_group_from_outside_verl_leaves_the_strategy_unknown(tmp_path):

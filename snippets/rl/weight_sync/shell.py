@@ -57,6 +57,13 @@ class Command:
     stray: list[tuple[int, int, str]] = field(default_factory=list)  # (first, last line, first word)
 
 
+class _KnownIf:
+    """An ``if`` whose test the reader could decide: ``active`` for the branch being read."""
+
+    def __init__(self, active: bool, taken: bool):
+        self.active, self.taken = active, taken
+
+
 class _Array(str):
     """``NAME=(a b c)`` as one word: the text ``NAME=(...)`` with the raw elements in ``items``."""
 
@@ -75,9 +82,11 @@ def read_script(path: str, text: str) -> Command:
     broken: list[int] = []
     stray: list[tuple[int, int, str]] = []
     try:
+        prev = "\n"
         for words, line, end, term in _statements(text, broken):
             first = words[0]
-            command = shell.run(list(words), line, term)
+            command = shell.chain(list(words), line, term, prev)
+            prev = term
             if command is not None:
                 command.end = end
                 found.append(command)
@@ -162,8 +171,8 @@ def _statements(text: str, broken: list[int] | None = None):
         elif c in "\n;&|()":
             end_word()
             term = c
-            if text.startswith(";;", i):
-                term, i = ";;", i + 1
+            if text.startswith(";;", i) or text.startswith("&&", i) or text.startswith("||", i):
+                term, i = text[i : i + 2], i + 1
             if words:
                 yield words, start, line, term
             if term == ";;":
@@ -287,11 +296,106 @@ class _Shell:
         self.sourced: list[str] = []
         self.cases: list[dict] = []  # the enclosing case ... esac, innermost last
         self.exited = 0  # the line of an `exit` outside any block, if one comes first
+        self.status: bool | None = None  # did the last command of an && / || list succeed?
+
+    def chain(self, words: list[str], line: int, term: str, prev: str) -> Command | None:
+        """Run one statement of an ``A && B || C`` list: B runs when A succeeded, C when it failed.
+        A ``[ ... ]`` test whose words are known decides; otherwise what B or C sets is marked
+        as depending on how the script runs."""
+        if prev not in ("&&", "||"):
+            self.status = None
+        elif self.status is not None and (prev == "&&") != self.status:
+            return None  # bash skips it; the status stays what it was
+        elif self.status is None:
+            self.blocks.append(f"a command after {prev}")
+            try:
+                self.run(words, line, term)
+            finally:
+                self.blocks.pop()
+            self.status = None
+            return None
+        self.status = None
+        if words and words[0] in ("[", "[[", "test"):
+            self.status = self._test(words)
+            return None
+        succeeds = bool(words) and (
+            all(_ASSIGN.match(w) for w in words) or words[0] in ("export", "true", ":")
+        )
+        command = self.run(list(words), line, term)
+        if succeeds:
+            self.status = True
+        return command
+
+    def _if(self, words: list[str], term: str) -> bool:
+        """``if [ test ]; then`` with a test whose words are known: only the branch bash takes
+        runs. True when ``words`` were handled here (an unknown test falls back to marking what
+        the branches set as unknown)."""
+        top = self.blocks[-1] if self.blocks else None
+        outer_skip = any(isinstance(b, _KnownIf) and not b.active for b in self.blocks) or any(
+            f["state"] == "body" and not f["active"] for f in self.cases
+        )
+        head = words[0]
+        if head == "if":
+            if outer_skip:
+                self.blocks.append(_KnownIf(False, True))
+                return True
+            known = self._test(words[1:]) if words[1:2] and words[1] in ("[", "[[", "test") else None
+            if known is None or term in ("&&", "||"):
+                return False
+            self.blocks.append(_KnownIf(known, known))
+            return True
+        if not isinstance(top, _KnownIf):
+            return False
+        if head == "fi":
+            self.blocks.pop()
+            return True
+        if head == "else":
+            top.active, top.taken = not top.taken, True
+            return len(words) == 1  # `else X=1` on one line: run the rest
+        # elif: the next test decides, unless a branch was taken already
+        known = self._test(words[1:]) if words[1:2] and words[1] in ("[", "[[", "test") else None
+        if top.taken:
+            top.active = False
+        elif known is None or term in ("&&", "||"):
+            self.blocks[-1] = "an if block"
+        else:
+            top.active = top.taken = known
+        return True
+
+    def _test(self, words: list[str]) -> bool | None:
+        """``[ a = b ]``, ``[ "$n" -gt 1 ]``, ``[ -n x ]``: True / False, or None when not known."""
+        args = [self.expand(w) for w in words[1:]]
+        if args and args[-1].text in ("]", "]]"):
+            args = args[:-1]
+        if any(a.unknown for a in args):
+            return None
+        t = [a.text for a in args]
+        negate = bool(t) and t[0] == "!"
+        t = t[1:] if negate else t
+        got = None
+        if len(t) == 2 and t[0] in ("-n", "-z"):
+            got = (t[1] != "") == (t[0] == "-n")
+        elif len(t) == 3 and t[1] in ("=", "==", "!="):
+            got = (t[0] == t[2]) == (t[1] != "!=")
+        elif len(t) == 3 and t[1] in ("-eq", "-ne", "-gt", "-ge", "-lt", "-le"):
+            try:
+                a, b = int(t[0]), int(t[2])
+            except ValueError:
+                return None
+            got = {"-eq": a == b, "-ne": a != b, "-gt": a > b, "-ge": a >= b, "-lt": a < b, "-le": a <= b}[
+                t[1]
+            ]
+        return None if got is None else got != negate
 
     def run(self, words: list[str], line: int, term: str = "\n") -> Command | None:
         if self._case(words, term):
             return None
-        if any(f["state"] == "body" and not f["active"] for f in self.cases):  # a branch bash skips
+        if words[0] in ("if", "elif", "else", "fi") and self._if(words, term):
+            return None
+        skipping = any(f["state"] == "body" and not f["active"] for f in self.cases) or any(
+            isinstance(b, _KnownIf) and not b.active for b in self.blocks
+        )
+        if skipping:  # a branch bash does not take: keep the nesting, run nothing
             if words[0] in _OPEN:
                 self.blocks.append(_OPEN[words[0]])
             elif words[0] in _CLOSE and self.blocks:
@@ -310,6 +414,8 @@ class _Shell:
                 return None
             if head in ("then", "do", "else", "!", "time"):
                 words = words[1:]
+                if not words:
+                    return None
             elif head == "{":
                 self.blocks.append("a { } group or function")
                 words = words[1:]
@@ -318,6 +424,8 @@ class _Shell:
                 return None
             else:
                 break
+        if not words:
+            return None
         assigns = []
         while words and _ASSIGN.match(words[0]):
             assigns.append(words.pop(0))
@@ -338,7 +446,7 @@ class _Shell:
         if name in ("source", "."):
             self.sourced += [Path(self.expand(w).text).name for w in words[1:2]]
             return None
-        if name == "exit" and not self.blocks and not self.cases and not self.exited:
+        if name == "exit" and not self._uncertain() and not self.cases and not self.exited:
             self.exited = line
             return None
         if name == "read":
@@ -422,11 +530,12 @@ class _Shell:
                 if isinstance(old, Unknown) or isinstance(got, Unknown)
                 else old + got
             )
-        if self.blocks:
-            why = f"{name} is set inside {self.blocks[-1]}, so its value depends on how the script runs"
+        blocks = self._uncertain()
+        if blocks:
+            why = f"{name} is set inside {blocks[-1]}, so its value depends on how the script runs"
             branch = self._branch()
             if branch:  # say what each branch of a case on an unknown word sets
-                why = f"{name} is set inside {self.blocks[-1]}:"
+                why = f"{name} is set inside {blocks[-1]}:"
                 old = self.env.get(name)
                 seen = old.why if isinstance(old, Unknown) and old.why.startswith(why) else why
                 sep = "" if seen.endswith(":") else ";"
@@ -434,10 +543,15 @@ class _Shell:
             got = Unknown(f"${name}", why)
         self.env[name] = got
 
+    def _uncertain(self) -> list[str]:
+        """The enclosing blocks whose branch is not known (an if the reader could decide is not)."""
+        return [b for b in self.blocks if not isinstance(b, _KnownIf)]
+
     def _branch(self) -> str | None:
         """``gpu)`` when the innermost block is a branch of a case on an unknown word."""
         frame = self.cases[-1] if self.cases else None
-        if frame and frame["subject"].unknown and self.blocks and self.blocks[-1].startswith("a case on"):
+        blocks = self._uncertain()
+        if frame and frame["subject"].unknown and blocks and blocks[-1].startswith("a case on"):
             return frame.get("label")
         return None
 
@@ -446,8 +560,9 @@ class _Shell:
         append = name.endswith("+")
         name = name.rstrip("+")
         items = [w for item in raw.items for w in self.expand_words(item)]
-        if self.blocks:  # the words as that branch would set them, each marked as uncertain
-            why = f"{name} is set inside {self.blocks[-1]}, so its value depends on how the script runs"
+        blocks = self._uncertain()
+        if blocks:  # the words as that branch would set them, each marked as uncertain
+            why = f"{name} is set inside {blocks[-1]}, so its value depends on how the script runs"
             items = [Word(w.text, w.unknown or Unknown(w.text, why)) for w in items]
         old = self.env.get(name)
         if append and old is not None:
