@@ -129,12 +129,13 @@ how a script is read (as bash would run it, without running it):
   ${NAME:+x} ${NAME:?}, ${#NAME}, $((arithmetic)), '...' and "..." quotes, backslash-newline
   (also inside "..."); arrays NAME=(...) and NAME+=(...) with comments and newlines inside,
   "${NAME[@]}" (one word per element), ${NAME[*]}, ${NAME[N]}, ${#NAME[@]}; unquoted values
-  are split at blanks; `case WORD in ... esac` runs only the branch bash takes when WORD is
-  known. No pathname expansion: a word with * ? [ passes as written, as bash does when no
+  are split at blanks; `case`, `if [ test ]; then/elif/else/fi` and `[ test ] && A || B`
+  run only the branch bash takes when the words are known (tests: = == != -eq..-le -n -z !).
+  No pathname expansion: a word with * ? [ passes as written, as bash does when no
   file matches. Hydra overrides key=value, +key=value, ++key=value, ~key, model_engine=...,
   group@package=choice and --config-name/-cn are applied on verl's defaults for that config.
   Unknowable values -- $1, $(...), `...`, a variable the script never sets, one set inside
-  an if/loop or a case on an unknown word, one it `read`s -- are each named in an `unknown`
+  a loop or an if / case / && on unknown words, one it `read`s -- are each named in an `unknown`
   line with the key they feed; the rest is still reported. A line that ends in a backslash
   and a blank (then maybe a comment) ends the command there, as in bash: the report says so
   (`broken`), lists the words that reach the trainer and the lines that then run as
