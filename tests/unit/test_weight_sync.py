@@ -593,3 +593,15 @@ def test_case_on_an_unknown_word_names_each_branch(tmp_path):
         'trainer.n_gpus_per_node = $GPUS: GPUS is set inside a case on "$DEVICE" (it is a command\'s '
         "output, known only when the script runs): gpu) 8; npu) 16"
     ) in out
+
+
+def test_hybrid_engine_false_is_not_read_by_the_v1_trainer(tmp_path):
+    body = COMMAND.format(tp=2, gpus=8, nodes=1).replace(
+        "trainer.nnodes=1", "trainer.nnodes=1 actor_rollout_ref.hybrid_engine=False"
+    )
+    out = report(script(tmp_path, body))
+    assert "hybrid_engine = false is not read by the v1 trainer" in out and "placement colocated" in out
+    code, _, err = run(
+        script(tmp_path, body.replace("trainer.nnodes=1", "trainer.nnodes=1 trainer.use_v1=false"))
+    )
+    assert code == 2 and "legacy trainer, which requires hybrid_engine=true" in err

@@ -263,7 +263,7 @@ def read_run(reader: Reader, package: str | None = None) -> Run:
     )
     notes: list[str] = []
     placement, rollout_gpus = _placement(reader, package, gpus, backend, notes)
-    how = notes.pop(0)
+    how = notes.pop(next(i for i, n in enumerate(notes) if n.startswith("mode")))
     if placement == "colocated":
         rollout_gpus = gpus
         if backend != "naive" and not isinstance(backend, Unknown):
@@ -336,6 +336,11 @@ def _placement(reader, package, gpus, backend, notes):
             )
         notes.append("mode       trainer.use_v1 = false: the legacy trainer (main_ppo_v0), colocated")
         return ("colocated" if hybrid is True else "unknown"), gpus
+    if reader.bool("actor_rollout_ref.hybrid_engine", True) is False:
+        notes.append(
+            "note       hybrid_engine = false is not read by the v1 trainer: trainer.v1.trainer_mode "
+            "decides the placement (only the legacy trainer and the experimental mains read it)"
+        )
     mode = reader.choice("trainer.v1.trainer_mode", MODES, "sync")
     if isinstance(use_v1, Unknown) or isinstance(mode, Unknown):
         notes.append(
