@@ -464,7 +464,7 @@ else
     W=w=else
 fi
 if [ "$P" != 2 ]; then X=x=no; else X=x=yes; fi
-python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q $C $V $W $X
+python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q $C $V $W $X 2> /dev/null </dev/null
 """
     path = script(tmp_path, body)
     words = [w.text for w in read_script(str(path), path.read_text()).args]

@@ -168,6 +168,10 @@ def _statements(text: str, broken: list[int] | None = None):
             continue
         if c in " \t":
             end_word()
+        elif c == "&" and (text[i - 1 : i] in "<>" and i > 0 or text.startswith("&>", i)):
+            if not words and not word:
+                start = line
+            word += c  # part of a redirection: 2>&1, &>log
         elif c in "\n;&|()":
             end_word()
             term = c
@@ -189,6 +193,7 @@ def _statements(text: str, broken: list[int] | None = None):
         yield words, start, line, "\n"
 
 
+_REDIRECT = re.compile(r"^(\d*|&)(>>|>&|<&|>\||<<<|<<|>|<)(.*)$")
 _DECLARE = ("export", "local", "declare", "typeset", "readonly", "-a", "-g", "-x", "-r")
 _ASSIGN_OPEN = re.compile(r"[A-Za-z_]\w*\+?=")
 
@@ -498,7 +503,15 @@ class _Shell:
     def _trainer(self, words: list[str], line: int) -> Command | None:
         expanded: list[Word] = []
         extra = False
+        target = False
         for w in words:
+            if target:  # the file of a redirection: bash opens it, the command never sees it
+                target = False
+                continue
+            redirect = _REDIRECT.match(w)
+            if redirect:
+                target = not redirect.group(3)
+                continue
             if _all_args(w):
                 extra = True
                 continue

@@ -322,7 +322,8 @@ def _placement(reader, package, gpus, backend, notes):
                 f"verl/experimental/{package} needs actor_rollout_ref.hybrid_engine=false; verl "
                 f"asserts it ({code}) and the script leaves it true"
             )
-        notes.append(f"mode       verl/experimental/{package}, hybrid_engine = {fmt(hybrid)} ({code})")
+        said = "false" if hybrid is False else fmt(hybrid)
+        notes.append(f"mode       verl/experimental/{package}, hybrid_engine = {said} ({code})")
         if isinstance(hybrid, Unknown):
             return "unknown", UNSET
         return "separate", mul(reader.int("rollout.n_gpus_per_node"), reader.int("rollout.nnodes"))
