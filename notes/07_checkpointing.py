@@ -72,7 +72,7 @@ rank0, rank1 = ({row[0]: row for row in r["rows"]} for r in results)
 wants = (wants_rows("TP=2 → TP=1", [r["loads"][0]["wants"] for r in results], saved)
          + wants_rows("TP=2 → TP=4", [out["wants"] for out in tp4], saved))
 draw_reshard(chunk_writers([r["rows"] for r in results], LOCAL_QKV, saved["chunks"][QKV]), wants,
-             title="TP=2 存，TP=1 / TP=4 读：第 0 层 linear_qkv.weight 的每一行读自哪一块")
+             title="TP=2 存，TP=1 / TP=4 读：第 0 层 linear_qkv.weight 的每一行读自哪一块", scale=3)
 
 # %% [markdown]
 # 第 0 层 `linear_qkv.weight` 的 48 行从上到下：左边是 TP=2 保存时的两块（颜色 = 写它的 rank），右边每根竖条是一个加载 rank

@@ -60,7 +60,7 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 
 TINY = EXPERIMENTS["cp"].tiny
 cp4_table = split_table(run_ranks(batch_on_cp_rank, 4, TINY, 4, grid=dict(cp=4)), 4, TINY.seq)
-pictures.draw_cp_split(cp4_table.rows, work_table(4, 16))
+pictures.draw_cp_split(cp4_table.rows, work_table(4, 16), m_cell=8)
 
 # %% [markdown]
 # 上面一条是 16 个位置切成的 8 块各归哪个 rank；下面是 causal mask 的下三角，query 行按持有者上色，左边按连续切、右边按 Megatron 的

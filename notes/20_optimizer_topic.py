@@ -585,9 +585,9 @@ Markdown(f"<details><summary>裁剪的逐项核对</summary>\n\n{Table(['检查'
 
 # %% [markdown]
 # **inf 标志也跨 rank。** 只要有一个 rank 溢出，所有 rank 都必须跳过这一步，否则 TP 的两片权重就不再属于同一个模型。
-# TP=2、fp16，只在 TP rank 0 的梯度里注入 inf：
+# TP=2、fp16，只在 TP rank 0 的梯度里注入 inf（代码折叠）：
 
-# %%
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 def fp16_tp2_overflow():
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     model_parallel_cuda_manual_seed(0)

@@ -28,8 +28,10 @@ def _owners(split_rows: list[list], seq_len: int) -> list[int]:
     return owner
 
 
-def draw_cp_split(split_rows: list[list], work_rows: list[list]) -> Figure:
-    """Note 16 (see the module docstring); ``work_rows`` at the same CP and sequence length."""
+def draw_cp_split(split_rows: list[list], work_rows: list[list], *, m_cell: float = 14) -> Figure:
+    """Note 16 (see the module docstring); ``work_rows`` at the same CP and sequence length.
+    ``m_cell`` is one (q, k) cell of the mask in px (note 16's first picture uses 8, to share the
+    first screen with the 结论 card)."""
     cp, seq_len = work_rows[0][0], work_rows[0][1]
     if len(split_rows) != cp:
         raise ValueError(f"split rows for {len(split_rows)} ranks, work rows for CP={cp}")
@@ -37,7 +39,6 @@ def draw_cp_split(split_rows: list[list], work_rows: list[list]) -> Figure:
     zigzag = _owners(split_rows, seq_len)
     contiguous = [p // (seq_len // cp) for p in range(seq_len)]
     cell, strip = 44, 28
-    m_cell = 14
     mat = seq_len * m_cell
     panel = mat + 30 + 170
     width = max(24 + seq_len * cell + 8, 24 + 2 * panel + 40 + 8)
