@@ -169,13 +169,30 @@ def _torch_single_threaded() -> bool:
     return not _MULTI_THREADED_SEEN
 
 
+def _repoint_log_handlers(kernel_streams: dict[int, str]) -> None:
+    import logging
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            name = kernel_streams.get(id(getattr(handler, "stream", None)))
+            if name is not None:
+                handler.stream = getattr(sys, name)
+
+
 def _rank_main(rank, world_size, store_dir, payload, args, kwargs, conn, stack_file, timeout_s):
     """Body of one rank process: join the gloo world, run the function, send back the result."""
     if type(sys.stdout).__module__.startswith("ipykernel"):
         # Forked from a notebook kernel: its sys.stdout/stderr are ipykernel streams that flush
         # through kernel threads this process does not have. Plain file descriptors instead.
+        kernel_streams = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
+        # A logging handler made before the fork kept the kernel's stream: importing
+        # megatron.training (training.py:36 at core_v0.19.0) adds one on stdout at INFO. Whether
+        # its lines reached the cell depended on when the kernel's threads ran; send them where
+        # print goes.
+        _repoint_log_handlers(kernel_streams)
     # SIGUSR1 dumps this rank's Python stack, so a hang can be reported with its location.
     stack = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=False)

@@ -168,3 +168,19 @@ def test_a_shared_zygote_that_is_gone_fails_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"^the shared kernel zygote \(MEGATRON_STUDY_ZYGOTE=.*\) exited "):
         kernel_zygote.zygote()
     assert time.monotonic() - start < 60  # not the 120 s a zygote gets to finish its imports
+
+
+def test_a_log_handler_made_before_the_fork_does_not_write_into_the_cell(kernel):
+    # importing megatron.training points the root logger at the kernel's stdout, at INFO
+    # (training.py:36); a rank's log lines used to reach the cell or not, by timing.
+    km, kc, cwd = kernel
+    code = (
+        "import logging, time, megatron.training.config.common_config\n"
+        "from snippets.ranks.launch import run_ranks\n"
+        "def chatty():\n"
+        "    logging.getLogger('megatron.core.x').info('a rank logs at INFO')\n"
+        "    time.sleep(0.3)\n"
+        "    return logging.getLevelName(logging.getLogger().level)\n"
+        "print(run_ranks(chatty, 2)); time.sleep(0.5)"
+    )
+    assert run(kc, code) == "['INFO', 'INFO']"
