@@ -147,6 +147,8 @@ def render(number: int, slug: str, title: str) -> str:
         ),
     ]
     for heading, prompt in SECTIONS:
+        if heading == "阅读目标":  # written above, with its card and the main picture
+            continue
         if heading == "自测":
             break
         text = f"## {heading}\n\nTODO {prompt}"

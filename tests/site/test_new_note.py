@@ -62,6 +62,11 @@ def test_a_scaffolded_note_has_the_shape(tmp_path):
     and question come out of the scaffold as they will from the finished note."""
     py = scaffold(24, "trial_note", "试验笔记：一个副标题", tmp_path)
     cells = jupytext.read(py).cells
+    for heading in HEADINGS:  # each of the template's headings once
+        said = [
+            c for c in cells if c.cell_type == "markdown" and re.search(rf"^## {heading}\s*$", c.source, re.M)
+        ]
+        assert len(said) == 1, (heading, len(said))
     goals = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and "## 阅读目标" in c.source)
     card = cells[goals].source
     # the 结论 block, visible (outside <details>), after the goals, with 4-6 facts, then the 先读 line
