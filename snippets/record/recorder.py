@@ -302,8 +302,29 @@ PHASES = (
     ("megatron/core/parallel_state.py", "setup"),
     ("megatron/core/datasets/", "setup"),  # the builder's barriers while rank 0 writes the index caches
     ("setup_embeddings_and_output_layer", "setup"),  # a model under construction: tied embeddings, PP > 1
+    # A pipeline schedule sends and receives outside autograd: the P2PCommunicator method says what
+    # moves (pipeline_parallel/p2p_communication.py:424-645 at core_v0.19.0). Activations are the
+    # forward's, gradients the backward's; 1F1B's steady state does one of each in one batch.
+    ("p2p_communication.py::recv_forward", "forward"),
+    ("p2p_communication.py::send_forward", "forward"),
+    ("p2p_communication.py::send_forward_recv_forward", "forward"),
+    ("p2p_communication.py::recv_backward", "backward"),
+    ("p2p_communication.py::send_backward", "backward"),
+    ("p2p_communication.py::send_backward_recv_backward", "backward"),
+    ("p2p_communication.py::send_forward_recv_backward", "forward + backward"),
+    ("p2p_communication.py::send_backward_recv_forward", "forward + backward"),
+    ("p2p_communication.py::send_forward_backward_recv_forward_backward", "forward + backward"),
 )
-"""What step of training a collective belongs to, by the Megatron code that issued it."""
+"""What step of training a collective belongs to, by the Megatron code that issued it. A piece
+``file.py::function`` matches that function of that file only."""
+
+
+def _matches(piece: str, path: str, name: str) -> bool:
+    if "::" in piece:
+        file, function = piece.split("::")
+        return path.endswith("/" + file) and name == function
+    return piece in path or piece == name
+
 
 OPTIMIZER_CHECKPOINT_ENTRIES = (
     "sharded_state_dict",
@@ -328,7 +349,7 @@ def phase_of() -> str:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if found is None:
             name = frame.f_code.co_name
-            found = next((phase for piece, phase in PHASES if piece in path or piece == name), None)
+            found = next((phase for piece, phase in PHASES if _matches(piece, path, name)), None)
             if found is not None and found != "optimizer step":
                 return found
         if (

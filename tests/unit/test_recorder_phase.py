@@ -72,3 +72,28 @@ def test_optimizer_code_under_its_checkpoint_entry_is_checkpoint():
     assert under("sharded_state_dict") == "checkpoint"
     assert under("load_state_dict") == "checkpoint"
     assert under("step") == "optimizer step"
+
+
+@pytest.mark.parametrize(
+    "method, phase",
+    [
+        ("recv_forward", "forward"),
+        ("send_forward", "forward"),
+        ("recv_backward", "backward"),
+        ("send_backward", "backward"),
+        ("send_backward_recv_backward", "backward"),
+        ("send_forward_recv_backward", "forward + backward"),
+        ("send_backward_recv_forward", "forward + backward"),
+    ],
+)
+def test_a_schedules_p2p_is_named_by_what_it_moves(method, phase):
+    """The schedule calls P2PCommunicator outside autograd, after backward_step returned: a sent
+    gradient is backward traffic although no autograd node runs."""
+    path = "/venv/megatron/core/pipeline_parallel/p2p_communication.py"
+    scope = {"issued_from": issued_from, "path": path}
+    exec(compile(f"def {method}():\n    return issued_from(path)\n", path, "exec"), scope)
+    assert scope[method]() == phase
+    other = "/venv/megatron/core/pipeline_parallel/bridge_communicator.py"  # same name, other file
+    scope["path"] = other
+    exec(compile(f"def {method}():\n    return issued_from(path)\n", other, "exec"), scope)
+    assert scope[method]() == "forward"
