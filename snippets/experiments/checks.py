@@ -260,3 +260,10 @@ def hf_convert(d: Dims, par: ParallelDims) -> list[str]:
         divides(out, "query groups", d.query_groups, name, tp)
         divides(out, "ffn", d.ffn, name, tp)
     return out
+
+
+def gpu_only(d: Dims, par: ParallelDims) -> list[str]:
+    """Note 28: note 11's layer under TP, then combined_1f1b at EP=2 (4 experts)."""
+    out = tp_layer(d, par)
+    divides(out, "world size", par.world, "the combined_1f1b run's ep", 2)
+    return out

@@ -393,3 +393,8 @@ def journey(d: Dims, par: ParallelDims) -> mem.Estimate:
 def rng(d: Dims, par: ParallelDims) -> mem.Estimate:  # tp_layer's layer, two .grad sets (this run, plain)
     kept = 4 * d.seq * d.micro_batch_size * d.hidden * mem.FP32  # y, x.grad: plain run's, this one's
     return mem.Estimate({**tp_layer(d, par).parts, "kept to compare": kept})
+
+
+def gpu_only(d: Dims, par: ParallelDims) -> mem.Estimate:  # note 28: note 11's layer, then a bf16 MoE model
+    moe = d.layers * (4 * d.hidden * d.heads * d.kv_channels + 4 * d.hidden * d.ffn) + 2 * d.vocab * d.hidden
+    return mem.Estimate({**tp_layer(d, par).parts, "moe model": moe * (2 * BF16 + mem.FP32)})

@@ -349,7 +349,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         module="snippets.experiments.n26_cost",
         tiny=Dims("tiny", hidden=32, heads=4, query_groups=4, kv_channels=8, ffn=128, vocab=64,
                   layers=2, seq=16, micro_batch_size=2, microbatches=4),
-        uses=("tp",), estimate=needs.dist_optimizer, checks=checks.tp_layer, example="--tp 2")]}
+        uses=("tp",), estimate=needs.dist_optimizer, checks=checks.tp_layer, example="--tp 2"),
+    Experiment(
+        name="gpu-only", note="28_gpu_only",
+        what="what the CPU can run of the GPU-only mechanisms: one TransformerLayer (TP, SP) recorded with "
+             "the TE userbuffer each collective would overlap, the FP8 amax reduction groups, and a MoE "
+             "GPTModel (EP=2) through combined_1f1b with stand-in streams: the node order, equal gradients",
+        module="snippets.experiments.n28_gpu_only",
+        tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32,
+                  layers=2, seq=8, micro_batch_size=1, microbatches=3, bias=False),
+        uses=("tp",), estimate=needs.gpu_only, checks=checks.gpu_only, example="--tp 2")]}
 """Registered experiments by name (the runner's first argument), in the order of their notes."""
 
 assert list(EXPERIMENTS) == [e.name for e in sorted(EXPERIMENTS.values(), key=lambda e: e.note)]
