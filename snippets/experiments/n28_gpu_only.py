@@ -73,19 +73,19 @@ the forward ones block."""
 LINEARS = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
 
 
-def tp_overlap_calls(dims, tp: int) -> list[list]:
+def tp_overlap_calls(dims, tp: int, device: str = "cpu") -> list[list]:
     """On every rank (model parallel initialized with ``tp``): one recorded forward + backward of
     note 11's layer with sequence parallel; one row per collective a linear issued."""
     from snippets.experiments.n11_tp_layer import build_layer
     from snippets.record import recorder
     from snippets.tp.layer_walk import collectives_by_submodule, owner_of
 
-    layer, config = build_layer(dims, tp, sequence_parallel=True)
+    layer, config = build_layer(dims, tp, sequence_parallel=True, device=device)
     from megatron.core import parallel_state
 
     x = torch.randn(dims.seq, dims.micro_batch_size, dims.hidden, generator=torch.Generator().manual_seed(1))
-    x = x.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()].clone().requires_grad_()
-    causal = torch.triu(torch.ones(1, 1, dims.seq, dims.seq, dtype=torch.bool), diagonal=1)
+    x = x.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()].to(device).clone().requires_grad_()
+    causal = torch.triu(torch.ones(1, 1, dims.seq, dims.seq, dtype=torch.bool, device=device), diagonal=1)
     with recorder.record() as calls, collectives_by_submodule(layer, calls, LINEARS) as by_module:
         y, _ = layer(x, attention_mask=causal)
         y.pow(2).sum().backward()
@@ -152,7 +152,8 @@ DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 def quantize(x: torch.Tensor, scale, fmt: str = "e4m3") -> torch.Tensor:
     """Scale, cast to FP8 and back (what a GEMM's operand becomes). TE's cast saturates at the
-    format's maximum (CUDA's satfinite conversion); torch's plain cast does not, so clamp first."""
+    format's maximum (CUDA's satfinite conversion); torch's E5M2 cast overflows to inf instead, so
+    clamp first."""
     m = FP8_MAX[fmt]
     scaled = (x.float() * scale).clamp(-m, m)
     return scaled.to(DTYPE[fmt]).float() / scale
@@ -373,6 +374,7 @@ def record_nodes():
     arguments, the layer from ``TransformerLayerSchedulePlan.run``'s."""
     from megatron.core.models.common import model_chunk_schedule_plan as plan_mod
     from megatron.core.pipeline_parallel import combined_1f1b
+    from megatron.core.pipeline_parallel import utils as pp_utils
     from megatron.core.pipeline_parallel.utils import ScheduleNode
 
     from snippets.record import recorder
@@ -406,7 +408,7 @@ def record_nodes():
         def wrapper(self, *args, **kwargs):
             start = len(calls)
             out = real[kind](self, *args, **kwargs)
-            stream = self.stream if isinstance(self.stream, NamedStream) else None
+            stream = "通信流" if self.stream is pp_utils.get_comm_stream() else "计算流"
             ops.append(
                 dict(
                     step=state["step"],
@@ -415,7 +417,7 @@ def record_nodes():
                     layer=state["fl"] if kind == "forward" else state["bl"],
                     node=self.name,
                     run=state["run"],
-                    stream=stream.name if stream else "计算流",
+                    stream=stream,
                     comms=[(c.api, c.group) for c in calls[start:]],
                 )
             )
@@ -435,7 +437,7 @@ def record_nodes():
             ScheduleNode.forward, ScheduleNode.backward = real["forward"], real["backward"]
 
 
-def moe_model(dims, ep: int):
+def moe_model(dims, ep: int, device: str = "cpu"):
     """A bf16 MoE ``GPTModel`` (local spec, RoPE) with ``overlap_moe_expert_parallel_comm``."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -451,7 +453,7 @@ def moe_model(dims, ep: int):
         overlap_moe_expert_parallel_comm=True,
         bf16=True,
         params_dtype=torch.bfloat16,
-        use_cpu_initialization=True,
+        use_cpu_initialization=device != "cuda",
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
@@ -459,14 +461,15 @@ def moe_model(dims, ep: int):
         num_experts=MOE["num_moe_experts"], moe_grouped_gemm=False, normalization=kwargs["normalization"]
     )
     torch.manual_seed(0)
-    model = GPTModel(
-        config,
-        spec,
-        vocab_size=dims.vocab,
-        max_sequence_length=dims.seq,
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="rope",
-    )
+    with torch.device(device):
+        model = GPTModel(
+            config,
+            spec,
+            vocab_size=dims.vocab,
+            max_sequence_length=dims.seq,
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="rope",
+        )
     return model, config
 
 
@@ -482,7 +485,7 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     return model(*args, labels=batch["labels"]), partial(loss_func)
 
 
-def combined_run(dims, ep: int) -> dict:
+def combined_run(dims, ep: int, device: str = "cpu") -> dict:
     """On every rank (model parallel initialized with ``ep``): the EP-overlap schedule as published
     (its error on a CPU), then with :func:`cpu_streams`, recorded, then the plain schedule on the
     same weights; the largest gradient difference between the two."""
@@ -490,7 +493,7 @@ def combined_run(dims, ep: int) -> dict:
 
     from snippets.experiments.n13_pipeline import microbatches
 
-    model, config = moe_model(dims, ep)
+    model, config = moe_model(dims, ep, device)
     func = get_forward_backward_func()
     m = dims.microbatches
 
@@ -498,7 +501,7 @@ def combined_run(dims, ep: int) -> dict:
         model.zero_grad()
         return func(
             forward_step_func=forward_step,
-            data_iterator=iter(microbatches(dims, m)),
+            data_iterator=iter(microbatches(dims, m, device)),
             model=[model],
             num_microbatches=m,
             seq_length=dims.seq,
@@ -510,7 +513,8 @@ def combined_run(dims, ep: int) -> dict:
         error = "（没有报错）"
     except RuntimeError as e:
         error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-    with cpu_streams(), record_nodes() as ops:
+    shim = cpu_streams() if device == "cpu" else contextlib.nullcontext()  # on a GPU: the real streams
+    with shim, record_nodes() as ops:
         losses = once()
     grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
     config.overlap_moe_expert_parallel_comm = False
@@ -530,10 +534,10 @@ def run(dims, par) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=par.tp)
-    out = dict(tp_calls=tp_overlap_calls(dims, par.tp), amax=amax_groups())
+    out = dict(tp_calls=tp_overlap_calls(dims, par.tp, par.device), amax=amax_groups())
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
-    out["combined"] = combined_run(dims, 2)
+    out["combined"] = combined_run(dims, 2, par.device)
     parallel_state.destroy_model_parallel()
     return out
 

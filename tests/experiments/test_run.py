@@ -428,6 +428,8 @@ LISTED = {
     "24_rng_and_recomputation": "snippets.experiments.n24_rng",
     "25_megatron_hf_conversion": "snippets.experiments.n25_hf",
     "26_cost": "snippets.experiments.n26_cost",
+    "27_rl_trainer_side": "snippets.experiments.n27_rl_trainer",
+    "28_gpu_only": "snippets.experiments.n28_gpu_only",
 }
 """Each note's cells call an experiment module and list its functions' source in markdown."""
 
