@@ -262,6 +262,19 @@ def hf_convert(d: Dims, par: ParallelDims) -> list[str]:
     return out
 
 
+def rl_trainer(d: Dims, par: ParallelDims) -> list[str]:
+    """Note 27: a TP GPTModel; GRPO groups of 4 sequences; 4 prompt tokens, the rest generated."""
+    out: list[str] = []
+    divides(out, "heads", d.heads, "tp", par.tp)
+    divides(out, "ffn", d.ffn, "tp", par.tp)
+    divides(out, "vocab", d.vocab, "tp", par.tp)
+    query_groups_fit(out, d, par.tp)
+    divides(out, "micro-batch size", d.micro_batch_size, "the GRPO group size", 4)
+    if d.seq <= 4:
+        out.append(f"seq {d.seq} leaves nothing to generate after the 4 prompt tokens")
+    return out
+
+
 def gpu_only(d: Dims, par: ParallelDims) -> list[str]:
     """Note 28: note 11's layer under TP, then combined_1f1b at EP=2 (4 experts)."""
     out = tp_layer(d, par)

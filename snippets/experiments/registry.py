@@ -351,6 +351,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                   layers=2, seq=16, micro_batch_size=2, microbatches=4),
         uses=("tp",), estimate=needs.dist_optimizer, checks=checks.tp_layer, example="--tp 2"),
     Experiment(
+        name="rl-trainer", note="27_rl_trainer_side",
+        what="the trainer's side of an RL round on a real tiny GPTModel: rollout stand-in at TP=1 bf16, "
+             "log-probs recomputed at TP=2 through vocab_parallel_cross_entropy (mismatch, ratios), "
+             "KL estimators against the exact KL, bf16 bits changed per step at lr 1e-6 per weight kind",
+        module="snippets.experiments.n27_rl_trainer",
+        tiny=Dims("tiny", hidden=32, heads=4, query_groups=4, kv_channels=8, ffn=128, vocab=64,
+                  layers=2, seq=32, micro_batch_size=8, microbatches=1),
+        uses=("tp",), estimate=needs.dist_optimizer, checks=checks.rl_trainer, example="--tp 2",
+        unused=("microbatches",)),
+    Experiment(
         name="gpu-only", note="28_gpu_only",
         what="what the CPU can run of the GPU-only mechanisms: one TransformerLayer (TP, SP) recorded with "
              "the TE userbuffer each collective would overlap, the FP8 amax reduction groups, and a MoE "
