@@ -126,8 +126,8 @@ def note_prerequisites(nb_path: Path) -> list[int] | str | None:
 CODE_MAP = "code_map.md"
 CORE_PATH = (8, 9, 10, 11, 13, 14, 15, 23)
 CORE_COMING = (26, 28)
-RL_PATH = (6, 22, 25)
-RL_COMING = (27,)
+RL_PATH = (6, 22, 25, 27)
+RL_COMING = ()
 PATHS_MARK = "<!-- reading-paths -->"
 
 
