@@ -36,7 +36,7 @@
 # - lr 1e-6 一步改了 5.78% 的 bf16 权重：矩阵 1.46%–4.47%，零初始化的 bias 全变，LN 权重一个不变。
 # - Qwen3-8B、TP2·PP2、8 卡：参考模型每卡 4.1 GB，训练端可放到 CPU 的 24.58 GB，rollout 睡下放出 48.0 GB。
 #
-# 先读：[笔记 12](../12_vocab_parallel/)（vocab 并行交叉熵）、[笔记 22](../22_refit_and_resharding/)（refit）、[笔记 26](../26_cost/)（每参数字节）；约 N 分钟。
+# 先读：[笔记 12](../12_vocab_parallel/)（vocab 并行交叉熵）、[笔记 22](../22_refit_and_resharding/)（refit）、[笔记 26](../26_cost/)（每参数字节）；约 18 分钟。
 
 # %% tags=["hide-input"]
 from snippets.experiments import EXPERIMENTS, Parallel
