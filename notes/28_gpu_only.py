@@ -185,7 +185,8 @@ print("不开 SP 也被接受：tp_comm_overlap =", no_sp.tp_comm_overlap)
 
 # %% [markdown]
 # 真正做重叠的是 Transformer Engine 的线性层：[`TELinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L855)
-# 把这几个开关译成 `ub_overlap_ag` / `ub_overlap_rs`，每个线性层带一个名字（`qkv`、`proj`、`fc1`、`fc2`，其他名字会关掉重叠），
+# 把这几个开关译成 `ub_overlap_ag` / `ub_overlap_rs`，每个线性层带一个名字（`qkv`、`proj`、`fc1`、`fc2`，其他名字会关掉重叠；专家层一律不重叠）。
+# TE spec 里 QKV 和 fc1 是 `TELayerNormColumnParallelLinear`（LayerNorm 融进 GEMM，all-gather 接在 LayerNorm 之后），proj 和 fc2 是 `TERowParallelLinear`。
 # 训练入口在初始化时调 [`_initialize_tp_communicators`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L187)，
 # 让 TE 按 (seq × micro-batch / CP, hidden) 为每个 GEMM 建一块 userbuffer。TE 不在这台机器上，但它要重叠的通信，local 层一次不少地发出来了。
 # 下面是笔记 11 那一层（TP=2、SP）记录的全部通信，右边三列按 TE [`initialize_ub`](https://github.com/NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/pytorch/module/base.py#L350)
@@ -237,6 +238,9 @@ print("torch 的 float8：E4M3 最大", torch.finfo(torch.float8_e4m3fn).max, "|
 # - **delayed**：用历史窗口里的 amax（`most_recent` 取上一步，`max` 取窗口最大值），本步的 amax 算完才进历史；省掉一次“先扫一遍求 amax”的同步。
 # - **tensorwise（current）**：先求本 tensor 的 amax 再 cast，多一次归约，但不会被突变打穿。
 # - **blockwise / MXFP8**：每 128 个（blockwise，权重是 128×128）或每 32 个（MXFP8，scale 是 E8M0）值一个 scale，都取 2 的幂。
+#
+# 被量化的只是线性层 GEMM 的两个输入：forward 的激活和权重，backward 的梯度。LayerNorm、softmax、残差和 loss 都留在 bf16/fp32；
+# `fp8_wgrad=False` 让 wgrad GEMM 也留在高精度，注意力要另开 `fp8_dot_product_attention`。
 #
 # 用 torch 的 float8 dtype 把这几条公式跑一遍（4096 个 N(0,1) 的 bf16 激活，第 3 步整体放大 8 倍）：
 
