@@ -174,7 +174,7 @@ listing(rl.mismatch, rl.bits_shares)
 # |---|---|---|
 # | 重算 old | [`vocab_parallel_log_probs_from_logits`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/utils/megatron/tensor_parallel.py#L201)：Megatron 交叉熵取负 | 自己的 [`DistributedLogprob`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/distributed/model_utils.py#L120)：fp32、同样三次 all-reduce |
 # | 修正 | [`rollout_is`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L6)（默认关）、[`rollout_is_threshold: 2.0`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L11)、[`rollout_rs`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L14)、[`bypass_mode`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L20) | [`use_importance_sampling_correction`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L140)（默认关）、[`truncated_importance_sampling_type` / `_ratio`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L146)（无默认） |
-# | 参考模型 | [另一个只前向的引擎](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/engine_workers.py#L586)，权重常驻 GPU（LoRA 时关掉 adapter 即可） | CPU 上一份 state dict，[每次换进 policy 的参数里](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/workers/megatron_policy_worker.py#L1971)再换回 |
+# | 参考模型 | [另一个只前向的引擎](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/engine_workers.py#L586)，权重默认在 GPU（LoRA 时关掉 adapter 即可，不另占） | CPU 上一份 state dict，[每次换进 policy 的参数里](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/workers/megatron_policy_worker.py#L1971)再换回 |
 # | KL | [`kl_penalty`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/ppo/core_algos.py#L2187)：kl、abs、mse、low_var_kl；loss 默认 [`low_var_kl`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/actor/actor.yaml#L116)、[0.001](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/actor/actor.yaml#L113) | [`calculate_kl`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/utils.py#L42)：k1、k2、k3；默认 [k3](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L131)、[0.01](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L128) |
 # | 只送变了的 | [`delta_sharded`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/checkpoint_engine/delta_checkpoint_engine.py#L218)：本 rank 的 bf16 分片逐位比上一步的 CPU 快照（只接 SGLang） | [`vllm_s3_sparse` / `vllm_zmq_sparse`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/config.py#L30)：HF 导出逐位比基线，只在非 colocated |
 # | 睡下 / 醒来 | vLLM [`sleep(level=2)`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/rollout/vllm_rollout/vllm_async_server.py#L1116)；[先醒权重、同步、再醒 KV cache](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/engine_workers.py#L727) | vLLM [`sleep(level=1)`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/vllm_worker.py#L1309)；[`offload_before_refit` / `offload_after_refit`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L2342) |
@@ -200,7 +200,7 @@ rl.mismatch_table(results)
 # %% [markdown]
 # 第一行就是训练端和 rollout 的差。拆开看：都用 fp32、只换 TP，差在 1e-6 以下，是 fp32 求和顺序的舍入；
 # 都用 bf16、只换 TP，差就和第一行同一量级。只换精度（同为 TP=2）也一样。所以差来自 bf16：
-# 中间结果每过一层都要舍入到 8 位有效数字，TP=2 的行并行层先各算一半、各自舍入成 bf16 再相加，TP=1 一次算完才舍入，
+# 中间结果每过一层都要舍入到 8 个有效二进制位，TP=2 的行并行层先各算一半、各自舍入成 bf16 再相加，TP=1 一次算完才舍入，
 # 舍入的位置不同，误差就不同。“只换形状”一行（逐 token 生成对整段前向）在 CPU 上几乎为零；
 # GPU 上矩阵乘的分块随 batch 大小变，这一行也会变大，Megatron 为此有 `batch_invariant_mode`（见下）。
 #
@@ -298,7 +298,7 @@ print("lr", cfg.lr, "| adam_eps", cfg.adam_eps, "| betas", (cfg.adam_beta1, cfg.
 rl.bits_table(results)
 
 # %% [markdown]
-# Adam 的一步约等于 lr 乘梯度的符号：第一步 m/√v 正好是 ±1，所以每个元素都走 1e-6。bf16 只有 8 位有效数字，|w| ≈ 0.014 时相邻两个
+# Adam 的一步约等于 lr 乘梯度的符号：第一步 m/√v 几乎正好是 ±1（只差 eps），所以每个元素都走 1e-6。bf16 只有 8 个有效二进制位，|w| ≈ 0.014 时相邻两个
 # bf16 值相距 2⁻¹⁴ ≈ 6.1e-5，主权重要累计走过半格（约 31 步）舍入结果才变。于是：
 #
 # - **第 1 步最少**：主权重是从 bf16 复制来的，恰好在格点上，只有 |w| < 2⁻¹¹ ≈ 4.9e-4 的元素一步就跨过半格（std 0.02 的正态里约 1.9%）；之后主权重在格间各处，

@@ -453,9 +453,10 @@ def rounded(x: float, digits: int = 4) -> float:
 # ---- picture --------------------------------------------------------------------------------------
 
 
-def draw_bits(results, *, title: str, width: int = 760):
+def draw_bits(results, *, title: str, width: int = 760, band: tuple = (0.01, 0.03)):
     """One row per parameter kind: the share of its bf16 weights whose bits changed at step 1
-    (solid) and on average per step after it (outlined), on a 0-100 % scale."""
+    (solid) and on average per step after it (outlined), on a 0-100 % scale; a faint ``band``
+    marks verl's documented 1-3 % per step (docs/advance/delta_weight_sync.md)."""
     from snippets.record.draw import Figure
 
     shares = bits_shares(results)
@@ -466,10 +467,15 @@ def draw_bits(results, *, title: str, width: int = 760):
         width,
         height,
         title=title,
-        desc="每行一种参数：实心条是第 1 步后 bf16 位变了的元素份额，空心条是之后每步的平均份额（0–100%）。",
+        desc="每行一种参数：实心条是第 1 步后 bf16 位变了的元素份额，空心条是之后每步的平均份额（0–100%）；"
+        "淡红的竖带是 verl 文档给的真实训练每步 1–3%。",
     )
     fig.text(10, 14, title, size=13, bold=True)
-    fig.legend(left, 34, [("tp", "第 1 步"), ("light", f"第 2–{steps} 步每步平均")], size=11)
+    x_end = fig.legend(left, 34, [("tp", "第 1 步"), ("light", f"第 2–{steps} 步每步平均")], size=11)
+    lo, hi = band
+    fig.rect(x_end + 8, 28, 12, 12, "accent", rx=1, faint=True)
+    fig.text(x_end + 24, 34, "verl 文档：真实训练每步 1–3%", size=11, kind="muted")
+    fig.rect(left + bar_w * lo, top - 2, bar_w * (hi - lo), row * len(shares) + 2, "accent", rx=0, faint=True)
     for i, (kind, (first, later, _, _, _)) in enumerate(shares.items()):
         y = top + row * i
         fig.text(10, y + 8, kind, size=11, mono=True, bold=kind == "全部")
