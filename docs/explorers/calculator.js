@@ -32,7 +32,11 @@
       num_experts: 128, moe_ffn: 768, topk: 8, shared_expert_ffn: 0, moe_layer_freq: 1 },
   };
   // snippets.cost.formulas.HARDWARE
-  const HARDWARE = { peak_bf16_flops: 989e12, nvlink_bytes_per_s: 450e9, ib_bytes_per_s: 50e9 };
+  const HARDWARE = { peak_bf16_flops: 989e12, nvlink_bytes_per_s: 450e9, ib_bytes_per_s: 50e9, hbm_bytes: 80 * 2 ** 30 };
+  // snippets.cost.formulas: MEMORY_HEADROOM, MEMORY_BUDGET (80 GiB less 10 % = 72 GiB), MAX_SIZE, MAX_LAYERS
+  const MEMORY_HEADROOM = 0.10;
+  const MEMORY_BUDGET = HARDWARE.hbm_bytes * (1 - MEMORY_HEADROOM);
+  const MAX_SIZE = 2 ** 31, MAX_LAYERS = 2 ** 20;
   const BF16 = 2, FP32 = 4;
   const RECOMPUTE = ["none", "selective", "full"];
   const MODEL_SIZES = ["hidden", "heads", "query_groups", "kv_channels", "ffn", "vocab", "layers"];
@@ -41,12 +45,24 @@
   // ------------------------------------------------------------------ formulas.py, ported
   const isPosInt = v => Number.isInteger(v) && v >= 1;
   const repr = v => (v === null || v === undefined ? "None" : typeof v === "string" ? `'${v}'` : String(v));
-  const gfmt = x => String(Number(x.toPrecision(6)));  // Python's f"{x:g}" for ordinary sizes
+  // Python's f"{x:g}": 6 significant digits, exponent form below 1e-4 or from 1e6 on ("1.23457e+06")
+  function gfmt(x) {
+    if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";
+    if (x === 0) return "0";
+    const [mant, e] = x.toExponential(5).split("e");
+    const exp = Number(e);
+    if (exp < -4 || exp >= 6) {
+      const m = mant.includes(".") ? mant.replace(/0+$/, "").replace(/\.$/, "") : mant;
+      return `${m}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
+    }
+    return String(Number(x.toPrecision(6)));
+  }
   const world = c => c.gpus_per_node * c.nodes;
   const dpOf = c => Math.floor(world(c) / (c.tp * c.pp * c.cp));
   const edpOf = c => Math.floor(world(c) / (c.tp * c.ep * c.pp));
   const globalBatch = c => c.micro_batch_size * c.num_microbatches * dpOf(c);
-  const moeLayers = m => { let n = 0; for (let i = 0; i < m.layers; i++) if (i % m.moe_layer_freq === 0) n++; return n; };
+  // Model.moe_layers: Megatron's i % moe_layer_freq == 0 over range(layers), in closed form
+  const moeLayers = m => (m.num_experts === null ? 0 : Math.ceil(m.layers / m.moe_layer_freq));
 
   // snippets.ranks.parallel_dims.ParallelDims.problems, word for word
   function parallelDims(d) {
@@ -69,21 +85,35 @@
     return { problems: out };
   }
 
+  // formulas._size_problem
+  function sizeProblem(name, value) {
+    if (!isPosInt(value)) return `${name} must be a positive int, got ${repr(value)}`;
+    const limit = name === "layers" ? MAX_LAYERS : MAX_SIZE;
+    if (value > limit) return `${name} must be at most ${limit}, got ${value}`;
+    return null;
+  }
+
   function problems(m, c) {
     let out = [];
-    for (const name of MODEL_SIZES) if (!isPosInt(m[name])) out.push(`${name} must be a positive int, got ${repr(m[name])}`);
-    if (m.num_experts !== null) {
-      for (const name of ["num_experts", "moe_ffn", "topk"]) if (!isPosInt(m[name])) out.push(`${name} must be a positive int, got ${repr(m[name])}`);
+    const moe = m.num_experts !== null;
+    for (const name of MODEL_SIZES.concat(moe ? ["num_experts", "moe_ffn", "topk"] : [])) {
+      const found = sizeProblem(name, m[name]);
+      if (found) out.push(found);
     }
     if (out.length) return out;
     if (m.heads % m.query_groups) out.push(`heads ${m.heads} is not divisible by query_groups ${m.query_groups}`);
-    if (m.num_experts !== null && m.topk > m.num_experts) out.push(`topk ${m.topk} is more than num_experts ${m.num_experts}`);
+    if (moe && m.topk > m.num_experts) out.push(`topk ${m.topk} is more than num_experts ${m.num_experts}`);
     if (out.length) return out;
     for (const name of ["gpus_per_node", "nodes", "micro_batch_size", "num_microbatches", "seq", "vocab_multiple"]) {
-      if (!isPosInt(c[name])) out.push(`${name} must be a positive int, got ${repr(c[name])}`);
+      const found = sizeProblem(name, c[name]);
+      if (found) out.push(found);
     }
     if (out.length) return out;
     if (!RECOMPUTE.includes(c.recompute)) out.push(`recompute must be one of ${RECOMPUTE.join(", ")}, got ${repr(c.recompute)}`);
+    for (const name of ["tp", "pp", "cp", "ep", "vp"]) {
+      if (Number.isInteger(c[name]) && c[name] > MAX_SIZE) return out.concat([`${name} must be at most ${MAX_SIZE}, got ${c[name]}`]);
+    }
+    if (world(c) > MAX_SIZE) return out.concat([`world size gpus_per_node*nodes must be at most ${MAX_SIZE}, got ${world(c)}`]);
     const pd = parallelDims({ world: world(c), tp: c.tp, pp: c.pp, vp: c.vp, cp: c.cp, ep: c.ep, sp: c.sp });
     if (pd.raise) return out.concat([pd.raise]);
     out = out.concat(pd.problems);
@@ -91,10 +121,19 @@
     if (m.layers % chunks) out.push(`layers ${m.layers} is not divisible by ${c.vp ? `pp*vp = ${c.pp}*${c.vp}` : "pp"} = ${chunks}`);
     if (m.heads % c.tp) out.push(`heads ${m.heads} is not divisible by tp ${c.tp}`);
     if (m.query_groups % c.tp) out.push(`query_groups ${m.query_groups} is not divisible by tp ${c.tp}`);
-    if (c.ep > 1 && m.num_experts === null) out.push(`ep ${c.ep} needs a model with experts; ${m.name} has none`);
-    if (m.num_experts !== null && m.num_experts % c.ep) out.push(`num_experts ${m.num_experts} is not divisible by ep ${c.ep}`);
+    if (c.ep > 1 && !moe) out.push(`ep ${c.ep} needs a model with experts; ${m.name} has none`);
+    if (moe && m.num_experts % c.ep) out.push(`num_experts ${m.num_experts} is not divisible by ep ${c.ep}`);
+    if (moe && c.tp > 1 && !c.sp) {
+      out.push(`MoE with tp ${c.tp} needs sequence parallel: Megatron's MoE layer raises in training without it (moe_layer.py:629)`);
+    }
+    if (c.vp && c.pp === 2 && !c.overlap_p2p_comm) {
+      out.push(`interleaving (vp ${c.vp}) at pp 2 needs overlap_p2p_comm: Megatron-LM asserts pp > 2 without it (arguments.py:971)`);
+    }
+    if (c.vp && c.pp >= 2 && c.num_microbatches < c.pp) {
+      out.push(`interleaving (vp ${c.vp}) needs num_microbatches >= pp: ${c.num_microbatches} < ${c.pp} makes the interleaved schedule raise ValueError (schedules.py:1133)`);
+    }
     if (c.cp > 1 && c.seq % (2 * c.cp)) out.push(`seq ${c.seq} is not divisible by 2*cp = ${2 * c.cp} (the load-balanced CP split)`);
-    if (c.sp && c.tp > 1 && Math.floor(c.seq / c.cp) % c.tp) out.push(`seq/cp = ${Math.floor(c.seq / c.cp)} is not divisible by tp ${c.tp} (sequence parallel)`);
+    if (c.sp && Math.floor(c.seq / c.cp) % c.tp) out.push(`seq/cp = ${Math.floor(c.seq / c.cp)} is not divisible by tp ${c.tp} (sequence parallel)`);
     return out;
   }
 
@@ -109,7 +148,7 @@
     const h = m.hidden, V = paddedVocab(m, c);
     const queryProjection = m.kv_channels * m.heads;
     const ratio = queryProjection / h;
-    const numQueryGroups = m.query_groups !== m.heads ? m.query_groups : m.heads;
+    const numQueryGroups = m.query_groups;
     const numExperts = m.num_experts === null ? 1 : m.num_experts;
     const gated = m.swiglu ? 3 / 2 : 1;
     const sharedFfn = m.shared_expert_ffn ? m.shared_expert_ffn : 0;
@@ -129,9 +168,10 @@
     const replicated = layernorm * numDense + (layernorm + router) * numMoe + finalNorm;
     const expertSharded = routed * numMoe;
     const edp = Math.floor(world(c) / (c.tp * c.ep * c.pp));
-    let tpMost = (tpSharded / c.pp + 0 + embedding) / c.tp;
-    const replicatedMost = replicated / c.pp + 0;
-    const expertMost = (expertSharded / c.pp + 0) / (c.tp * c.ep);
+    // Megatron adds MTP layers' parameters to each of these three; formulas.py sets mtp_num_layers=None
+    let tpMost = (tpSharded / c.pp + embedding) / c.tp;
+    const replicatedMost = replicated / c.pp;
+    const expertMost = (expertSharded / c.pp) / (c.tp * c.ep);
     if (m.untied && c.pp === 1) tpMost += embedding / c.tp;
     const bytesPerParam = d => (!distributed ? 18 : 6 + 12 / d);
     return (tpMost + replicatedMost) * bytesPerParam(dpOf(c)) + expertMost * bytesPerParam(edp);
@@ -174,17 +214,19 @@
     const s = c.seq, h = m.hidden, V = paddedVocab(m, c);
     const seqlenSquaredSum = batch * s * s;
     const totalTokens = batch * s;
-    const numQueryGroups = m.query_groups !== m.heads ? m.query_groups : m.heads;
+    const numQueryGroups = m.query_groups;
     let numDense, numMoe, routedTo;
     if (m.num_experts === null) { numDense = m.layers; numMoe = 0; routedTo = 0; }
     else { numMoe = moeLayers(m); numDense = m.layers - numMoe; routedTo = m.topk; }
     const moeFfn = m.moe_ffn !== null ? m.moe_ffn : m.ffn;
     const sharedFfn = m.shared_expert_ffn ? m.shared_expert_ffn : 0;
     const fb = 3, fma = 2, ffnExp = m.swiglu ? 3 : 2;
+    // dropped from Megatron's transformer_flops (formulas.py sets them off): the attention output
+    // gate's extra projection, latent MoE, linear/hybrid attention layers, and MTP layers
     const q = m.kv_channels * m.heads, k = m.kv_channels * numQueryGroups, v = m.kv_channels * numQueryGroups;
-    const stdAttn = fb * fma * (h * (q + k + v + 0) + q * h);
-    const stdCore = fb * fma * q / 2 * 2;
-    const selfAttnTerm = 0 * 0 + stdAttn * m.layers;
+    const stdAttn = fb * fma * (h * (q + k + v) + q * h);
+    const stdCore = fb * fma * q / 2 * 2;  // causal: half of QK^T and AV, times 2 matmuls
+    const selfAttnTerm = stdAttn * m.layers;
     const coreTerm = stdCore * m.layers;
     return (
       totalTokens * (
@@ -194,8 +236,7 @@
           + (sharedFfn * ffnExp) * numMoe
         )
         + selfAttnTerm
-        + fb * fma * 0 * (3 * h + 2 * h * h)
-        + fb * fma * h * V * (0 + 1)
+        + fb * fma * h * V  // the output layer (times 1 + MTP layers, none here)
       )
       + seqlenSquaredSum * coreTerm
     );
@@ -245,6 +286,13 @@
     if (w.value === null) return w;
     if (a.value === null) return figure(null, a.why);
     return figure(w.value + a.value, null, a.note);
+  }
+
+  // formulas.memory_fits
+  function memoryFits(m, c) {
+    const mem = memory(m, c);
+    if (mem.value === null) return { fits: null, why: mem.why, budget: MEMORY_BUDGET };
+    return { fits: mem.value <= MEMORY_BUDGET, why: null, budget: MEMORY_BUDGET };
   }
 
   function flops(m, c) {
@@ -341,7 +389,7 @@
     if (found.length) return out;
     const f = flops(m, c);
     return Object.assign(out, {
-      weights: weights(m, c), activations: activations(m, c), memory: memory(m, c), flops: f,
+      weights: weights(m, c), activations: activations(m, c), memory: memory(m, c), fits: memoryFits(m, c), flops: f,
       flops_per_gpu: f.value / world(c), bubble: bubble(c), padded_vocab: paddedVocab(m, c),
       communication: communication(m, c),
     });
@@ -351,21 +399,25 @@
   const SIZE_KEYS = { hidden: "hidden", heads: "heads", groups: "query_groups", kvc: "kv_channels", ffn: "ffn",
     vocab: "vocab", layers: "layers", experts: "num_experts", moeffn: "moe_ffn", topk: "topk" };
   const DEFAULT = { model: "qwen3-8b", gpn: "8", nodes: "1", tp: "2", pp: "1", cp: "1", ep: "1", vp: "0",
-    mbs: "1", m: "8", seq: "4096", sp: "1", rc: "selective", dopt: "1", fp32: "1" };
+    mbs: "1", m: "8", seq: "4096", sp: "1", rc: "selective", dopt: "1", fp32: "1", p2p: "1" };
   const GROUP_NAME = { tp: "TP", cp: "CP", pp: "PP", dp: "DP（×CP）", ep: "EP", edp: "expert-DP" };
   const $ = sel => root.querySelector(sel);
   const readHash = () => Object.fromEntries(new URLSearchParams(location.hash.replace(/^#/, "")));
-  const int = v => (v === undefined || v === "" ? NaN : Number(v));
+  const int = v => (v === undefined || String(v).trim() === "" ? NaN : Number(v));
 
-  function state() {
-    const s = Object.assign({}, DEFAULT, readHash());
-    if (!MODELS[s.model]) s.model = DEFAULT.model;
-    return s;
+  const state = () => Object.assign({}, DEFAULT, readHash());
+
+  // a hash the page cannot read is refused in one line (never silently replaced by a default)
+  function unreadable(s) {
+    if (!Object.prototype.hasOwnProperty.call(MODELS, s.model)) {
+      return `unknown model ${repr(s.model)}: one of ${Object.keys(MODELS).join(", ")}`;
+    }
+    return null;
   }
 
   // the hash -> (model, config), as tests/site/test_calculator.py builds them in Python
   function parse(s) {
-    const base = MODELS[s.model];
+    const base = MODELS[Object.prototype.hasOwnProperty.call(MODELS, s.model) ? s.model : DEFAULT.model];
     const m = Object.assign({ name: s.model }, base);
     let changed = false;
     for (const [key, field] of Object.entries(SIZE_KEYS)) {
@@ -376,11 +428,14 @@
     }
     if (m.num_experts === null) { m.moe_ffn = null; m.topk = null; }
     if (changed) m.name = "custom";
+    // vp: 0 (the menu's "不交错") and 1 are no interleaving -- Megatron-LM turns vp 1 into None
+    // (arguments.py:917-918, 944-945), as formulas.Config does; anything else must be a positive int
+    const vp = int(s.vp);
     const c = {
       gpus_per_node: int(s.gpn), nodes: int(s.nodes), tp: int(s.tp), pp: int(s.pp), cp: int(s.cp), ep: int(s.ep),
-      vp: int(s.vp) ? int(s.vp) : null, micro_batch_size: int(s.mbs), num_microbatches: int(s.m), seq: int(s.seq),
+      vp: vp === 0 || vp === 1 ? null : vp, micro_batch_size: int(s.mbs), num_microbatches: int(s.m), seq: int(s.seq),
       sp: s.sp === "1", recompute: s.rc, distributed_optimizer: s.dopt === "1", grad_reduce_in_fp32: s.fp32 === "1",
-      vocab_multiple: 128,
+      vocab_multiple: 128, overlap_p2p_comm: s.p2p !== "0",
     };
     return { m, c };
   }
@@ -405,7 +460,7 @@
   function controls(s, m) {
     const opts = (values, value) => values.map(([v, label]) =>
       `<option value="${esc(v)}"${String(v) === String(value) ? " selected" : ""}>${esc(label)}</option>`).join("");
-    $("[name=model]").innerHTML = opts(Object.keys(MODELS).map(k => [k, k]), s.model);
+    $("[name=model]").innerHTML = opts(Object.keys(MODELS).map(k => [k, k]), s.model);  // an unknown one selects none
     for (const [key, field] of Object.entries(SIZE_KEYS)) {
       const el = $(`[name=${key}]`);
       const v = field === "num_experts" ? (m.num_experts === null ? 0 : m.num_experts) : m[field];
@@ -416,12 +471,15 @@
       const el = $(`[name=${key}]`);
       if (document.activeElement !== el) el.value = s[key];
     }
-    $("[name=vp]").innerHTML = opts([[0, "不交错"], [2, "2"], [3, "3"], [4, "4"], [5, "5"], [6, "6"], [8, "8"]], s.vp);
+    const vps = [[0, "不交错"], [2, "2"], [3, "3"], [4, "4"], [5, "5"], [6, "6"], [8, "8"]];
+    if (!vps.some(([v]) => String(v) === s.vp)) vps.push([s.vp, s.vp]);  // a hash's other value stays visible
+    $("[name=vp]").innerHTML = opts(vps, s.vp);
     $("[name=rc]").innerHTML = opts([["none", "不重算"], ["selective", "selective"], ["full", "full"]], s.rc);
     if (m.name === "custom") $(".ms-sizes").open = true;  // edited sizes stay in view
     $("[name=sp]").checked = s.sp === "1";
     $("[name=dopt]").checked = s.dopt === "1";
     $("[name=fp32]").checked = s.fp32 === "1";
+    $("[name=p2p]").checked = s.p2p !== "0";
   }
 
   function render() {
@@ -429,8 +487,9 @@
     const s = state();
     const { m, c } = parse(s);
     controls(s, m);
-    const r = summary(m, c);
-    $(".ms-arch").textContent = [m.swiglu ? "SwiGLU" : "GELU", m.rmsnorm ? "RMSNorm" : "LayerNorm",
+    const bad = unreadable(s);
+    const r = bad ? { problems: [bad], world: null, dp: null } : summary(m, c);
+    $(".ms-arch").textContent = bad ? "" : [m.swiglu ? "SwiGLU" : "GELU", m.rmsnorm ? "RMSNorm" : "LayerNorm",
       m.qk_norm ? "QK norm" : null, m.bias ? "bias" : "无 bias", m.untied ? "输出层不共享 embedding" : null]
       .filter(Boolean).join("，");
     if (r.problems.length) {
@@ -447,9 +506,14 @@
     $(".ms-result").hidden = false;
     $(".ms-dp").innerHTML = `world ${r.world} = TP ${c.tp} × PP ${c.pp} × CP ${c.cp} × DP <strong data-key="dp" data-value="${r.dp}">${r.dp}</strong>`
       + `；expert-DP ${edpOf(c)}；global batch ${globalBatch(c)}；vocab 补到 <span data-key="padded_vocab" data-value="${r.padded_vocab}">${r.padded_vocab}</span>`;
+    const budget = `${(MEMORY_BUDGET / 2 ** 30).toFixed(0)} GiB`;
+    const fitsText = r.fits.fits === null ? "未知" : r.fits.fits ? "放得下" : "放不下";
+    const fitsWhy = r.fits.fits === null ? "没有显存数，不判断：" + esc(r.fits.why)
+      : `上限 ${budget} = 80 GiB 的卡留 10% 余量（CUDA 上下文、NCCL 缓冲、碎片不在公式里）`;
     $(".ms-mem tbody").innerHTML = [
       ["weights", "权重 + 梯度 + 优化器状态"], ["activations", "激活（第一个 stage）"], ["memory", "合计"],
-    ].map(([k, label]) => `<tr><th>${label}</th>${cell(k, r[k], bytes)}</tr>`).join("");
+    ].map(([k, label]) => `<tr><th>${label}</th>${cell(k, r[k], bytes)}</tr>`).join("")
+      + `<tr><th>放得下 ${budget} 吗</th><td class="ms-v" data-key="fits" data-value="${r.fits.fits === null ? "none" : r.fits.fits}">${fitsText}</td><td class="ms-why" data-key="fits">${fitsWhy}</td></tr>`;
     const gpuPeak = r.flops_per_gpu / HARDWARE.peak_bf16_flops;
     $(".ms-compute tbody").innerHTML = [
       `<tr><th>每步 FLOPs（全部 GPU）</th>${cell("flops", r.flops, flopText)}</tr>`,
@@ -489,6 +553,6 @@
     write(s);
   });
   window.addEventListener("hashchange", render);
-  window.msCalc = { MODELS, HARDWARE, summary, problems, parse, last: null };
+  window.msCalc = { MODELS, HARDWARE, MEMORY_BUDGET, MAX_SIZE, MAX_LAYERS, summary, problems, parse, gfmt, last: null };
   render();
 })();

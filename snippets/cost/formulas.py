@@ -39,6 +39,7 @@ HARDWARE = {
     "peak_bf16_flops": 989e12,
     "nvlink_bytes_per_s": 450e9,
     "ib_bytes_per_s": 50e9,
+    "hbm_bytes": 80 * 2**30,
 }
 """Nominal figures for an H100 / H200 SXM node.
 
@@ -49,12 +50,34 @@ HARDWARE = {
 * ``ib_bytes_per_s`` -- one InfiniBand NDR port is 400 Gb/s = 50 GB/s each way; a DGX H100 has one
   ConnectX-7 port per GPU for the compute fabric (NVIDIA DGX H100 user guide).
 
+* ``hbm_bytes`` -- the "80 GB" of an H100 SXM (and of an 80 GB H200 / H100 card) is HBM counted in
+  binary units: 80 GiB = 85.9e9 bytes (``nvidia-smi`` reports ``memory.total`` 81,559 MiB on an
+  H100 80GB HBM3, the rest held by the driver). Every memory figure of note 26 and the calculator
+  is in GiB (2**30 bytes), against :data:`MEMORY_BUDGET`.
+
 A rank's bytes sent divided by these gives a lower bound on the time a collective takes: real NCCL
 bandwidth is lower (protocol overhead, topology), which is why the page calls it "at nominal".
 """
 
 BYTES_BF16 = 2
 BYTES_FP32 = 4
+GIB = 2**30
+
+MEMORY_HEADROOM = 0.10
+"""The share of :data:`HARDWARE` ``hbm_bytes`` the formulas' count must leave free: Megatron's
+counts leave out the CUDA context, NCCL's buffers, the allocator's fragmentation and every
+temporary that is not kept for backward. Our choice, stated once (the calculator uses the same)."""
+
+MEMORY_BUDGET = HARDWARE["hbm_bytes"] * (1 - MEMORY_HEADROOM)
+"""Bytes a configuration may use on one GPU: 80 GiB less 10 % = 72 GiB (77.3e9 bytes)."""
+
+MAX_SIZE = 2**31
+"""The largest size any field may take (sizes, parallel degrees, batch, world): larger ones are
+refused in one line, so no formula is asked about an absurd model (and no page hangs on one)."""
+
+MAX_LAYERS = 2**20
+"""The largest ``layers``: Megatron's weight and FLOPs functions build a list of ``num_layers``
+entries (``theoretical_memory_usage.py`` lines 31-32 and 46, ``training.py`` line 566)."""
 
 # ------------------------------------------------------------------------------------------ models
 
@@ -90,6 +113,12 @@ class Model:
     @property
     def moe(self) -> bool:
         return self.num_experts is not None
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with experts: Megatron's ``moe_layer_freq`` pattern ``i % freq == 0`` over
+        ``range(layers)``, counted in closed form (``ceil(layers / freq)``); 0 for a dense model."""
+        return -(-self.layers // self.moe_layer_freq) if self.moe else 0
 
     @classmethod
     def from_dims(cls, dims, untied: bool = True, **moe) -> Model:
@@ -167,7 +196,9 @@ class Config:
 
     ``vocab_multiple``: Megatron pads the vocabulary to a multiple of
     ``make_vocab_size_divisible_by (128) * tp``; ``1`` keeps it as it is (the tiny runs build
-    ``GPTModel`` directly, unpadded).
+    ``GPTModel`` directly, unpadded). ``vp=1`` becomes ``None``, as Megatron-LM makes it.
+    ``overlap_p2p_comm``: Megatron-LM's default is on (``--no-overlap-p2p-communication`` turns
+    it off); without it the interleaved schedule needs ``pp > 2``.
     """
 
     gpus_per_node: int = 8
@@ -185,6 +216,13 @@ class Config:
     distributed_optimizer: bool = False
     grad_reduce_in_fp32: bool = True
     vocab_multiple: int = 128
+    overlap_p2p_comm: bool = True
+
+    def __post_init__(self):
+        # Megatron-LM turns a virtual pipeline size of 1 into None (no interleaving):
+        # megatron/training/arguments.py validate_args, lines 917-918 and 944-945.
+        if self.vp == 1 and not isinstance(self.vp, bool):
+            object.__setattr__(self, "vp", None)
 
     @property
     def world(self) -> int:
@@ -210,23 +248,30 @@ class Config:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+def _size_problem(name: str, value) -> str | None:
+    """A size that is not a positive int, or is over :data:`MAX_SIZE` (:data:`MAX_LAYERS`)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return f"{name} must be a positive int, got {value!r}"
+    limit = MAX_LAYERS if name == "layers" else MAX_SIZE
+    if value > limit:
+        return f"{name} must be at most {limit}, got {value}"
+    return None
+
+
 def problems(model: Model, config: Config) -> list[str]:
     """Every reason ``config`` cannot run ``model``, one sentence each (empty = it can).
 
     The parallel-size rules are :class:`snippets.ranks.parallel_dims.ParallelDims`' own (called:
-    same rules, same words); then the ones a model's sizes add.
+    same rules, same words); then the ones a model's sizes add, and three Megatron raises on:
+    MoE with TP but no SP, interleaving at ``pp == 2`` without ``overlap_p2p_comm``, interleaving
+    with fewer micro-batches than pipeline stages. Sizes above :data:`MAX_SIZE` are refused.
     """
     c, m = config, model
     out = []
-    for name in MODEL_SIZES:
-        value = getattr(m, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            out.append(f"{name} must be a positive int, got {value!r}")
-    if m.moe:
-        for name in ("num_experts", "moe_ffn", "topk"):
-            value = getattr(m, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                out.append(f"{name} must be a positive int, got {value!r}")
+    for name in MODEL_SIZES + (("num_experts", "moe_ffn", "topk") if m.moe else ()):
+        found = _size_problem(name, getattr(m, name))
+        if found:
+            out.append(found)
     if out:
         return out
     if m.heads % m.query_groups:
@@ -236,13 +281,19 @@ def problems(model: Model, config: Config) -> list[str]:
     if out:
         return out
     for name in ("gpus_per_node", "nodes", "micro_batch_size", "num_microbatches", "seq", "vocab_multiple"):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            out.append(f"{name} must be a positive int, got {value!r}")
+        found = _size_problem(name, getattr(c, name))
+        if found:
+            out.append(found)
     if out:
         return out
     if c.recompute not in RECOMPUTE:
         out.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got {c.recompute!r}")
+    for name in ("tp", "pp", "cp", "ep", "vp"):  # ParallelDims refuses what is not a positive int
+        value = getattr(c, name)
+        if isinstance(value, int) and value > MAX_SIZE:
+            return out + [f"{name} must be at most {MAX_SIZE}, got {value}"]
+    if c.world > MAX_SIZE:
+        return out + [f"world size gpus_per_node*nodes must be at most {MAX_SIZE}, got {c.world}"]
     try:
         dims = ParallelDims(world=c.world, tp=c.tp, pp=c.pp, vp=c.vp, cp=c.cp, ep=c.ep, sp=c.sp)
     except ValueError as e:
@@ -260,9 +311,24 @@ def problems(model: Model, config: Config) -> list[str]:
         out.append(f"ep {c.ep} needs a model with experts; {m.name} has none")
     if m.moe and m.num_experts % c.ep:
         out.append(f"num_experts {m.num_experts} is not divisible by ep {c.ep}")
+    if m.moe and c.tp > 1 and not c.sp:
+        out.append(
+            f"MoE with tp {c.tp} needs sequence parallel: Megatron's MoE layer raises in training "
+            "without it (moe_layer.py:629)"
+        )
+    if c.vp and c.pp == 2 and not c.overlap_p2p_comm:
+        out.append(
+            f"interleaving (vp {c.vp}) at pp 2 needs overlap_p2p_comm: Megatron-LM asserts pp > 2 "
+            "without it (arguments.py:971)"
+        )
+    if c.vp and c.pp >= 2 and c.num_microbatches < c.pp:
+        out.append(
+            f"interleaving (vp {c.vp}) needs num_microbatches >= pp: {c.num_microbatches} < {c.pp} "
+            "makes the interleaved schedule raise ValueError (schedules.py:1133)"
+        )
     if c.cp > 1 and c.seq % (2 * c.cp):
         out.append(f"seq {c.seq} is not divisible by 2*cp = {2 * c.cp} (the load-balanced CP split)")
-    if c.sp and c.tp > 1 and (c.seq // c.cp) % c.tp:
+    if c.sp and (c.seq // c.cp) % c.tp:
         out.append(f"seq/cp = {c.seq // c.cp} is not divisible by tp {c.tp} (sequence parallel)")
     return out
 
@@ -451,6 +517,15 @@ def memory_bytes(model: Model, config: Config) -> Figure:
     return Figure(w.value + a.value, note=a.note)
 
 
+def memory_fits(model: Model, config: Config) -> dict:
+    """Whether :func:`memory_bytes` fits :data:`MEMORY_BUDGET`: ``fits`` is ``True`` / ``False``,
+    or ``None`` ("unknown") with ``why`` when there is no memory number -- never a guess."""
+    mem = memory_bytes(model, config)
+    if mem.value is None:
+        return {"fits": None, "why": mem.why, "budget": MEMORY_BUDGET}
+    return {"fits": mem.value <= MEMORY_BUDGET, "why": None, "budget": MEMORY_BUDGET}
+
+
 # ----------------------------------------------------------------------------------------- FLOPs
 
 
@@ -482,7 +557,7 @@ def six_n_flops(model: Model, config: Config) -> dict:
     gated = 3 if m.swiglu else 2
     dense_mlp = gated * m.hidden * m.ffn
     if m.moe:
-        moe_layers = sum(1 for i in range(m.layers) if i % m.moe_layer_freq == 0)
+        moe_layers = m.moe_layers
         mlp = (m.layers - moe_layers) * dense_mlp + moe_layers * gated * m.hidden * (
             m.moe_ffn * m.topk + m.shared_expert_ffn
         )
@@ -543,10 +618,19 @@ def intra_node(stride: int, size: int, gpus_per_node: int) -> bool:
     return span <= gpus_per_node and gpus_per_node % span == 0
 
 
+RING = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
+"""Bytes a rank sends, per byte of the full tensor, in a ring of ``n`` ranks: all-reduce
+``2(n-1)/n``, all-gather / reduce-scatter ``(n-1)/n``. :data:`snippets.cost.measure.RING` maps the
+recorder's API names onto this table."""
+
+
 def _ring(op: str, n: int) -> float:
-    """Bytes a rank sends, per byte of the full tensor, in a ring: all-reduce ``2(n-1)/n``,
-    all-gather / reduce-scatter ``(n-1)/n``."""
-    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}[op]
+    """:data:`RING`'s share for ``op`` in a ring of ``n`` ranks."""
+    return RING[op](n)
 
 
 def params_per_gpu(model: Model, config: Config) -> dict:
@@ -561,9 +645,8 @@ def params_per_gpu(model: Model, config: Config) -> dict:
     total = compute_weight_and_optimizer_memory(args) / 18
     expert = 0.0
     if m.moe:
-        moe_layers = sum(1 for i in range(m.layers) if i % m.moe_layer_freq == 0)
         per_layer = 2 * m.hidden * m.moe_ffn * m.num_experts * (1.5 if m.swiglu else 1)
-        expert = per_layer * moe_layers / (c.pp * c.tp * c.ep)
+        expert = per_layer * m.moe_layers / (c.pp * c.tp * c.ep)
     return {"dense": total - expert, "expert": expert}
 
 
@@ -616,9 +699,7 @@ def communication(model: Model, config: Config) -> dict[str, dict]:
     fwd_passes = 2 if c.recompute == "full" else 1
     act = s * b * h * BYTES_BF16
     grad_bytes = BYTES_FP32 if c.grad_reduce_in_fp32 else BYTES_BF16
-    moe_layers_per_stage = (
-        sum(1 for i in range(m.layers) if i % m.moe_layer_freq == 0) // c.pp if m.moe else 0
-    )
+    moe_layers_per_stage = m.moe_layers // c.pp
 
     def put(name, value, basis, why=None):
         row = out[name]
@@ -715,6 +796,7 @@ def summary(model: Model, config: Config) -> dict:
         weights=weight_and_optimizer_bytes(model, config).as_dict(),
         activations=activation_bytes(model, config).as_dict(),
         memory=memory_bytes(model, config).as_dict(),
+        fits=memory_fits(model, config),
         flops=flops_per_step(model, config).as_dict(),
         flops_per_gpu=flops_per_step(model, config).value / config.world,
         bubble=bubble_fraction(config),
@@ -729,13 +811,19 @@ __all__ = [
     "BYTES_FP32",
     "Config",
     "Figure",
+    "GIB",
     "GROUPS",
     "HARDWARE",
+    "MAX_LAYERS",
+    "MAX_SIZE",
+    "MEMORY_BUDGET",
+    "MEMORY_HEADROOM",
     "MODELS",
     "MODEL_SIZES",
     "Model",
     "ORDER",
     "RECOMPUTE",
+    "RING",
     "activation_bytes",
     "bubble_fraction",
     "communication",
@@ -744,6 +832,7 @@ __all__ = [
     "intra_node",
     "megatron_args",
     "memory_bytes",
+    "memory_fits",
     "mfu",
     "padded_vocab",
     "params_per_gpu",

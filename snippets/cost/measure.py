@@ -91,6 +91,9 @@ def state_bytes(dims, distributed: bool, fp32_grads: bool, tp: int = 1, sp: bool
         OptimizerConfig(lr=0.01, bf16=True, use_distributed_optimizer=distributed), [ddp]
     )
     dp, r = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    assert dims.microbatches % dp == 0, (
+        f"{dims.microbatches} micro-batches do not split evenly over DP {dp}: some would be dropped"
+    )
     n = dims.microbatches // dp
     mine = microbatches(dims, dims.microbatches)[n * r : n * (r + 1)]
     ddp.zero_grad_buffer()
@@ -117,6 +120,7 @@ def state_bytes(dims, distributed: bool, fp32_grads: bool, tp: int = 1, sp: bool
         position=position,
         memory=memory,
         numel=numel,
+        tensors=sum(1 for _ in ddp.parameters()),
         per_param=memory["total"] / numel,
         calls=calls,
         dp=dp,
@@ -361,15 +365,26 @@ def full_elements(call) -> int:
     return _elements(call.before)
 
 
-RING = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather_into_tensor": lambda n: (n - 1) / n,
-    "_all_gather_base": lambda n: (n - 1) / n,
-    "reduce_scatter_tensor": lambda n: (n - 1) / n,
-    "_reduce_scatter_base": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
+OPS = {
+    "all_reduce": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "_all_gather_base": "all_gather",
+    "all_gather": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
 }
-"""Share of the whole tensor each rank sends in a ring collective of ``n`` ranks (p2p: all of it)."""
+"""The recorder's API names of the ring collectives, mapped onto :data:`snippets.cost.formulas.RING`."""
+
+
+def _ring_share():
+    from snippets.cost.formulas import RING as SHARE
+
+    return {api: SHARE[op] for api, op in OPS.items()}
+
+
+RING = _ring_share()
+"""Share of the whole tensor each rank sends in a ring collective of ``n`` ranks (p2p: all of it):
+the formulas' own table (:data:`snippets.cost.formulas.RING`), keyed by the recorder's API names."""
 
 
 def volume(calls) -> dict:
