@@ -49,6 +49,7 @@ def run(dims, par) -> dict:
             dp=r["dp"],
             microbatches=r["microbatches"],
             comm=measure.volume(r["calls"]),
+            tensors=r["tensors"],
             biases=r["biases"],
             position=r["position"],
         )
@@ -153,15 +154,31 @@ def paper_rows(dims, tp: int) -> dict:
 
 
 def megatron_layer(dims, tp: int, sp: bool, recompute: str) -> tuple[str, float | None]:
-    """Megatron's per-layer activation term (theoretical_memory_usage.py) in units of s*b*h, where
-    the function it would call covers the setting; None with the reason otherwise."""
-    if recompute == "full":
-        return "无全重算的项", None
+    """Megatron's per-layer activation term in units of s*b*h: its function
+    (:func:`snippets.cost.formulas.activation_bytes`, which calls ``theoretical_memory_usage.py``)
+    on the 2-layer model minus on the 1-layer one, where it covers the setting; None with the
+    reason otherwise."""
+    from snippets.cost import formulas
+
+    config = config_of(dims, _par(tp), sp=sp, recompute=recompute, num_microbatches=1)
+    one, two = (
+        formulas.activation_bytes(dataclasses.replace(model_of(dims), layers=n), config) for n in (1, 2)
+    )
+    if one.value is None:
+        if recompute == "full":
+            return "无全重算的项", None
+        return "SP 只有配选择性重算的公式", None
+    per_layer = (two.value - one.value) / (dims.seq * dims.micro_batch_size * dims.hidden)
     if sp:
-        if recompute != "selective":
-            return "SP 只有配选择性重算的公式", None
-        return "compute_activation_memory：(18 + 4·ffn/h)/t", (18 + 4 * dims.ffn / dims.hidden) / tp
-    return "compute_activation_memory_without_sp：10 + 24/t", 10 + 24 / tp
+        return "compute_activation_memory：(18 + 4·ffn/h)/t", per_layer
+    return "compute_activation_memory_without_sp：(10 + 24/t) × 1.05", per_layer
+
+
+def _par(tp: int):
+    """A one-node Parallel of ``tp`` ranks (what :func:`config_of` reads from it)."""
+    from snippets.experiments import Parallel
+
+    return Parallel(world=tp, tp=tp)
 
 
 def activation_table(results: list, dims, tp: int) -> Table:
@@ -211,9 +228,27 @@ def phases(comm: dict, group: str) -> str:
     return " + ".join(p for p in order if p in found)
 
 
+def tp_bytes_by_hand(dims, tp: int, sp: bool, recompute: str) -> float:
+    """The TP bytes one rank sends for one layer and one micro-batch, from the collectives note 11
+    records (not from :mod:`snippets.cost.formulas`): bf16 ``s*b*h`` tensors; without SP 2
+    all-reduces forward and 2 backward at ``2(t-1)/t``; with SP 2 all-gathers + 2 reduce-scatters
+    forward and 4 + 2 backward at ``(t-1)/t``; full recomputation repeats the forward's."""
+    act = dims.seq * dims.micro_batch_size * dims.hidden * 2
+    forward = 2 if recompute == "full" else 1
+    if sp:
+        return (4 * forward + 6) * (tp - 1) / tp * act
+    return (2 * forward + 2) * 2 * (tp - 1) / tp * act
+
+
 def comm_table(results: list, dims, par) -> Table:
     """Bytes rank 0 sends per step, by group: recorded (ring share of each collective's whole tensor)
-    against :func:`snippets.cost.formulas.communication`."""
+    against :func:`snippets.cost.formulas.communication`, and what makes any difference.
+
+    TP rows: recorded, formula and :func:`tp_bytes_by_hand` (three separate counts). DP rows: the
+    formula counts Megatron's parameters; the difference is the parameters it leaves out (biases,
+    the position table: :func:`params_table`) and the padding the distributed optimizer adds to
+    the buffer (recorded buffer length minus the model's own parameter count), each at the ring's
+    bytes per element."""
     from snippets.cost import formulas
 
     rows = []
@@ -225,16 +260,33 @@ def comm_table(results: list, dims, par) -> Table:
         sent = sum(v[2] for (g, _), v in r["comm"].items() if g == "tp") * 2  # bf16
         config = config_of(dims, par, sp=sp, recompute=recompute, num_microbatches=1)
         formula = formulas.communication(one_layer, config)["tp"]["bytes"]
+        hand = tp_bytes_by_hand(dims, par.tp, sp, recompute)
         label = f"TP，一层一个 micro-batch，{'SP' if sp else '无 SP'}，重算 {recompute}"
-        rows.append([label, phases(r["comm"], "tp"), int(sent), int(formula), int(formula), sent == formula])
+        rows.append(
+            [
+                label,
+                phases(r["comm"], "tp"),
+                int(sent),
+                int(formula),
+                int(hand),
+                int(sent - formula),
+                "—",
+                "—",
+            ]
+        )
     for distributed in (False, True):
         r = results[0]["state"][(distributed, True)]
         grad = sum(v[2] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "grad sync") * 4
         params = sum(v[2] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "optimizer step") * 2
-        whole = sum(v[1] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "grad sync")
+        buffer = sum(v[1] for (g, ph), v in r["comm"].items() if g == "dp-cp" and ph == "grad sync")
         config = config_of(dims, par, distributed_optimizer=distributed)
-        counted = formulas.params_per_gpu(model_of(dims), config)["dense"]
         formula = formulas.communication(model_of(dims), config)["dp"]["bytes"]
+        n = r["dp"]
+        per_element = (
+            formulas.RING["reduce_scatter"](n) * 4 + formulas.RING["all_gather"](n) * 2
+            if distributed
+            else formulas.RING["all_reduce"](n) * 4
+        )
         what = "reduce-scatter fp32 梯度 + all-gather bf16 参数" if distributed else "all-reduce fp32 梯度"
         rows.append(
             [
@@ -242,13 +294,17 @@ def comm_table(results: list, dims, par) -> Table:
                 phases(r["comm"], "dp-cp"),
                 int(grad + params),
                 int(formula),
-                int(formula * whole / counted),
-                grad + params == formula * whole / counted,
+                "—",
+                int(grad + params - formula),
+                int((r["biases"] + r["position"]) * per_element),
+                int((buffer - r["numel"]) * per_element),
             ]
         )
     return Table(
-        ["群与范围", "阶段", "实测 字节/rank", "公式 字节/rank", "公式 × 实测缓冲区/公式参数", "相等"], rows
-    )
+        ["群与范围", "阶段", "实测 字节/rank", "公式 字节/rank", "手算 字节/rank", "实测 − 公式",
+         "其中 bias + 位置嵌入", "其中缓冲区补齐"],
+        rows,
+    )  # fmt: skip
 
 
 def tables(results: list, dims, par) -> list:
@@ -338,12 +394,27 @@ def pipeline_rows(results: list) -> Table:
 
 # ---- real sizes ----------------------------------------------------------------------------------
 
-GPU_MEMORY = 80e9
-"""H100 SXM: 80 GB HBM3 (NVIDIA H100 Tensor Core GPU data sheet)."""
+
+def _budget():
+    from snippets.cost import formulas
+
+    return formulas.MEMORY_BUDGET
+
+
+GPU_MEMORY = _budget()
+"""The bytes a configuration may use on one GPU: :data:`snippets.cost.formulas.MEMORY_BUDGET`,
+80 GiB (an "80 GB" H100 SXM's HBM, binary units) less a 10 % headroom = 72 GiB."""
+
+CRITICAL = ("tp", "cp", "ep", "pp")
+"""The groups whose traffic sits on the critical path (DP's overlaps with backward)."""
 
 
 def candidate(model_name: str, **fields) -> dict:
-    """One candidate config at real size, with everything the choice reads (formulas.py)."""
+    """One candidate config at real size, with everything the choice reads (formulas.py).
+
+    ``memory`` is ``None`` when weights or activations have no number; ``fits`` is then ``None``
+    ("unknown", with ``unknown`` saying why), never a guess. ``step`` is ``None`` when a group on
+    the critical path has no byte count (``no_step`` says which and why)."""
     from snippets.cost import formulas
 
     model = formulas.MODELS[model_name]
@@ -358,31 +429,35 @@ def candidate(model_name: str, **fields) -> dict:
     for row in comm.values():
         if row["link"] and row["bytes"]:
             link[row["link"]] += row["seconds"]
-    exposed = sum(comm[g]["seconds"] or 0 for g in ("tp", "cp", "ep"))  # on the critical path
-    exposed += sum(comm[g]["seconds"] or 0 for g in ("pp",))
-    total_mem = (w.value or 0) + (a.value or 0)
+    missing = [g for g in CRITICAL if comm[g]["seconds"] is None]
+    exposed = None if missing else sum(comm[g]["seconds"] for g in CRITICAL)
+    verdict = formulas.memory_fits(model, config)
+    memory = None if w.value is None or a.value is None else w.value + a.value
     return dict(
         config=config,
         model=model,
         weights=w,
         acts=a,
-        memory=total_mem,
-        fits=total_mem <= GPU_MEMORY,
+        memory=memory,
+        fits=verdict["fits"],
+        unknown=verdict["why"],
         comm=comm,
         link=link,
         bubble=bubble,
         compute=compute,
         exposed=exposed,
-        step=compute / (1 - bubble) + exposed,
+        step=None if exposed is None else compute / (1 - bubble) + exposed,
+        no_step=f"{missing[0].upper()}: {comm[missing[0]]['why']}" if missing else None,
     )
 
 
-def pick(cands: list[dict]) -> dict:
-    """Among the candidates that fit in :data:`GPU_MEMORY`, the shortest nominal step: compute at
-    peak stretched by the bubble, plus the TP / CP / EP / PP traffic that sits on the critical
-    path (DP's is overlapped with backward)."""
-    fitting = [c for c in cands if c["fits"]]
-    return min(fitting, key=lambda c: c["step"])
+def pick(cands: list[dict]) -> dict | None:
+    """Among the candidates known to fit in :data:`GPU_MEMORY` and with a nominal step, the shortest
+    step: compute at peak stretched by the bubble, plus the TP / CP / EP / PP traffic on the
+    critical path (DP's is overlapped with backward). ``None`` when no candidate qualifies: a row
+    whose memory or step has no number is never picked."""
+    known = [c for c in cands if c["fits"] is True and c["step"] is not None]
+    return min(known, key=lambda c: c["step"]) if known else None
 
 
 def label(c: dict) -> str:
@@ -391,8 +466,28 @@ def label(c: dict) -> str:
     return " ".join(parts)
 
 
+def gib(x) -> str:
+    """Bytes in GiB (2**30), one decimal; "—" for no number."""
+    return f"{x / 2**30:.1f}" if x is not None else "—"
+
+
 def gb(x) -> str:
-    return f"{x / 1e9:.1f}" if x is not None else "—"
+    """Kept for callers of the old name: bytes in GiB, as :func:`gib`."""
+    return gib(x)
+
+
+def link_ms(c: dict, link: str) -> str:
+    """Milliseconds on ``link`` per step; ``+ ?`` when a group on that link has no byte count."""
+    text = f"{c['link'][link] * 1e3:.0f}"
+    if any(row["link"] == link and row["bytes"] is None for row in c["comm"].values()):
+        text += " + ?"
+    return text
+
+
+def fits_text(c: dict) -> str:
+    if c["fits"] is None:
+        return "未知（无激活公式）" if c["acts"].value is None else "未知"
+    return "是" if c["fits"] else "否"
 
 
 def choice_table(cands: list[dict]) -> Table:
@@ -402,18 +497,29 @@ def choice_table(cands: list[dict]) -> Table:
         rows.append(
             [
                 label(c),
-                gb(c["weights"].value),
-                gb(c["acts"].value) if c["acts"].value is not None else "无公式",
-                "是" if c["fits"] else "否",
-                f"{c['link']['NVLink'] * 1e3:.0f}",
-                f"{c['link']['IB'] * 1e3:.0f}",
+                gib(c["weights"].value),
+                gib(c["acts"].value) if c["acts"].value is not None else "无公式",
+                fits_text(c),
+                link_ms(c, "NVLink"),
+                link_ms(c, "IB"),
                 f"{c['bubble']:.3f}",
-                f"{c['step']:.2f}",
+                f"{c['step']:.2f}" if c["step"] is not None else f"无（{c['no_step'].split(':')[0]} 无数）",
                 "← 选" if c is chosen else "",
             ]
         )
+    budget = f"{GPU_MEMORY / 2**30:.0f} GiB"
     return Table(
-        ["配置", "权重+优化器 GB", "激活 GB", "放得下 80 GB", "NVLink ms", "IB ms", "气泡", "名义步长 s", ""],
+        [
+            "配置",
+            "权重+优化器 GiB",
+            "激活 GiB",
+            f"放得下 {budget}",
+            "NVLink ms",
+            "IB ms",
+            "气泡",
+            "名义步长 s",
+            "",
+        ],
         rows,
     )
 
@@ -518,7 +624,7 @@ def tp_node_rows(model_name: str = "qwen3-8b", tp: int = 8, seq: int = 4096) -> 
 
 def presets_rows(names=("qwen3-8b", "dense-8b", "dense-70b"), seq: int = 4096) -> Table:
     """Megatron's formulas, called on each model at TP=8, SP + selective recomputation, DP=8 with the
-    distributed optimizer, one micro-batch of ``seq`` tokens: GB per GPU and FLOPs per token."""
+    distributed optimizer, one micro-batch of ``seq`` tokens: GiB per GPU and FLOPs per token."""
     from megatron.training.theoretical_memory_usage import (
         compute_activation_memory,
         compute_weight_and_optimizer_memory,
@@ -547,15 +653,16 @@ def presets_rows(names=("qwen3-8b", "dense-8b", "dense-70b"), seq: int = 4096) -
         rows.append(
             [
                 name,
-                round(compute_weight_and_optimizer_memory(args) / 1e9, 2),
-                round(compute_activation_memory(args, num_microbatches=1) / 1e9, 3),
+                round(compute_weight_and_optimizer_memory(args) / 2**30, 2),
+                round(compute_activation_memory(args, num_microbatches=1) / 2**30, 3),
                 f"{num_floating_point_operations(args, 1) / seq:.4g}",
                 f"{six['six_n'] / tokens:.4g}",
                 f"{six['total'] / tokens:.4g}",
             ]
         )
     return Table(
-        ["模型", "权重+优化器 GB/GPU", "激活 GB/GPU", "每 token FLOPs（Megatron）", "6N", "6N + 注意力"], rows
+        ["模型", "权重+优化器 GiB/GPU", "激活 GiB/GPU", "每 token FLOPs（Megatron）", "6N", "6N + 注意力"],
+        rows,
     )
 
 
@@ -565,28 +672,21 @@ clusters"; its strong-scaling run of GPT-3 175B goes from 47% to 42% between 96 
 (line 122)."""
 
 
-def mfu_rows(cands: dict[str, dict]) -> Table:
+def mfu_rows(cands: dict[str, dict | None]) -> Table:
     """For each picked config: FLOPs per step (Megatron's formula), and the step time and tokens per
-    second per GPU that an MFU of :data:`README_MFU` would mean -- computed, not measured."""
+    second per GPU that an MFU of :data:`README_MFU` would mean -- computed, not measured. A model
+    with no pick (no candidate known to fit) is left out."""
     from snippets.cost import formulas
 
     rows = []
     for name, c in cands.items():
+        if c is None:
+            continue
         cfg = c["config"]
         flops = formulas.flops_per_step(c["model"], cfg).value
         step = flops / (README_MFU * cfg.world * formulas.HARDWARE["peak_bf16_flops"])
         tokens = cfg.global_batch * cfg.seq
         rows.append(
-            [
-                name,
-                label(c),
-                cfg.world,
-                f"{flops:.3e}",
-                round(step, 2),
-                round(tokens / step / cfg.world),
-                round(formulas.mfu(flops, step, cfg.world), 2),
-            ]
+            [name, label(c), cfg.world, f"{flops:.3e}", round(step, 2), round(tokens / step / cfg.world)]
         )
-    return Table(
-        ["模型", "配置", "GPU", "每步 FLOPs", "MFU 47% 时的步长 s", "tokens/s/GPU", "代回 mfu()"], rows
-    )
+    return Table(["模型", "配置", "GPU", "每步 FLOPs", "MFU 47% 时的步长 s", "tokens/s/GPU"], rows)
