@@ -3,6 +3,7 @@ moves its weights out. Fixtures under tests/fixtures/verl/ and tests/fixtures/ne
 these tests in the frameworks' shapes (not copied from either). The YAML-only cases of verl are in
 tests/unit/test_verl_sync.py."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -464,20 +465,94 @@ else
     W=w=else
 fi
 if [ "$P" != 2 ]; then X=x=no; else X=x=yes; fi
+cat <<EOF >/dev/null
+python3 -m verl.trainer.main_ppo heredoc=body
+EOF
 python3 -m verl.trainer.main_ppo pre"${A[@]}"post ${A[*]} n=${#A[@]} $S "$S" $Q $C $V $W $X 2> /dev/null </dev/null
 """
     path = script(tmp_path, body)
     words = [w.text for w in read_script(str(path), path.read_text()).args]
-    bash = shutil.which("bash")
-    if bash:
-        shim = tmp_path / "python3"
-        shim.write_text('#!/bin/sh\nshift 2\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
-        shim.chmod(0o755)
-        env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
-        got = subprocess.run([bash, str(path)], capture_output=True, text=True, env=env, timeout=30)
-        assert words == got.stdout.splitlines(), (words, got.stdout)
     assert words[:3] == ["prex=1", "y=2 3", "z=4post"] and "n=3" in words and "c=9" in words
     assert words[-3:] == ["v=2", "w=elif", "x=yes"]  # && / || and if / elif / else as bash takes them
+    assert _bash_words(tmp_path, path) == words
+
+
+def _bash_words(tmp_path, path):
+    """The words bash passes to the script's `python3` (a shim that prints them); skips, visibly,
+    where there is no bash."""
+    bash = shutil.which("bash")
+    if not bash:
+        pytest.skip("no bash on PATH: the reader's words are not checked against bash's")
+    shim = tmp_path / "python3"
+    shim.write_text('#!/bin/sh\nshift 2\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    shim.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    got = subprocess.run([bash, str(path)], capture_output=True, text=True, env=env, timeout=30)
+    return got.stdout.splitlines()
+
+
+# $(( )) as bash computes it: 64-bit wrap, / and % toward zero, ** by squaring (never a hang)
+ARITH = {
+    "-7/2": -3,
+    "-7%2": -1,
+    "5%-3": 2,
+    "2**64+4": 4,
+    "2**63": -(2**63),
+    "9**9**9": -2123029214124047543,
+    "-2**2": 4,
+    "2**3**2": 512,
+    "010 + 0x10 + 2#101": 29,
+    "1 ? 3 : 7/0": 3,
+    "0 && 7/0": 0,
+    "(N + 1) * 2 << 1": 36,
+    "M * 2": 10,  # M=2+3: a variable's value is itself an expression
+    "": 0,
+}
+
+
+def test_arithmetic_is_bash_arithmetic(tmp_path):
+    exprs = list(ARITH)
+    body = "N=8\nM=2+3\n" + "".join(f"A{k}=$(({e}))\n" for k, e in enumerate(exprs))
+    body += "python3 -m verl.trainer.main_ppo " + " ".join(f"a{k}=$A{k}" for k in range(len(exprs))) + "\n"
+    path = script(tmp_path, body)
+    words = [w.text for w in read_script(str(path), path.read_text()).args]
+    assert words == [f"a{k}={ARITH[e]}" for k, e in enumerate(exprs)]
+    assert _bash_words(tmp_path, path) == words
+
+
+@pytest.mark.parametrize(
+    "expr,says",
+    [
+        ("7/0", "bash reports 'division by 0'"),
+        ("2**-1", "bash reports 'exponent less than 0'"),
+        ("08", "bash reports '08: value too great for base'"),
+        ("2 +", "bash reports 'syntax error: operand expected'"),
+    ],
+)
+def test_arithmetic_bash_refuses_is_refused(tmp_path, expr, says):
+    path = tmp_path / "bad.sh"
+    path.write_text(f"N=$(({expr}))\npython3 -m verl.trainer.main_ppo trainer.nnodes=$N\n")
+    code, out, err = run(path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and f"line 1: $(({expr})): {says}" in err
+    # inside a branch the reader cannot decide, it is an unknown value, not a refusal
+    path.write_text(
+        f'if [ -n "$1" ]; then N=$(({expr})); fi\npython3 -m verl.trainer.main_ppo trainer.nnodes=$N\n'
+    )
+    assert read_script(str(path), path.read_text()).args[0].unknown is not None
+
+
+def test_arithmetic_the_reader_does_not_evaluate_is_named(tmp_path):
+    path = tmp_path / "x.sh"
+    path.write_text("N=1\npython3 -m verl.trainer.main_ppo a=$((N++)) b=$((N=3))\n")
+    a, b = read_script(str(path), path.read_text()).args
+    assert "++ or -- on a variable" in a.unknown.why and "an assignment" in b.unknown.why
+
+
+def test_heredoc_body_is_not_a_command(tmp_path):
+    body = "cat <<-'END' > other.sh\n\tpython3 -m verl.trainer.main_ppo trainer.nnodes=9\n\tEND\n"
+    path = script(tmp_path, body + COMMAND.format(tp=2, gpus=8, nodes=1))
+    command = read_script(str(path), path.read_text())
+    assert command.count == 1 and command.line == 7 and "trainer.nnodes=1" in [w.text for w in command.args]
 
 
 def test_config_group_from_outside_verl_leaves_the_strategy_unknown(tmp_path):
@@ -515,6 +590,60 @@ def test_bad_scripts_get_one_line_and_exit_2(tmp_path, text, says):
     path.write_text(text)
     code, out, err = run(path)
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        (
+            "python3 -m verl.trainer.main_ppo a=1 \\\r\n  trainer.nnodes=2\r\n",
+            "line 1: the script has Windows (CRLF) line endings",
+        ),
+        (
+            "N=8\nif [ $N = 8 ]; then\n  python3 -m verl.trainer.main_ppo\n",
+            "line 2: an if block opened here has no `fi`",
+        ),
+        (
+            "for x in 1; do\n  python3 -m verl.trainer.main_ppo\n",
+            "line 1: a for loop opened here has no `done`",
+        ),
+        (
+            "case $1 in\n a) X=1 ;;\npython3 -m verl.trainer.main_ppo\n",
+            "line 1: a case opened here has no `esac`",
+        ),
+        ("python3 -m verl.trainer.main_ppo\nfi\n", "line 2: `fi` closes no open block"),
+    ],
+)
+def test_scripts_bash_stops_on_are_refused(tmp_path, text, says):
+    path = tmp_path / "bad.sh"
+    path.write_bytes(text.encode())
+    code, out, err = run(path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
+    if shutil.which("bash") and "CRLF" not in says:  # bash itself stops on them
+        got = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert got.returncode == 2 and "syntax error" in got.stderr
+
+
+def test_special_files_and_reader_bugs_get_one_line(tmp_path, monkeypatch, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in ("/dev/null", fifo):  # reading a FIFO would wait for a writer
+        code, out, err = run(target)
+        assert (
+            code == 2
+            and err.strip() == f"error: {target} is not a regular file; give a launch script or a config file"
+        )
+
+    def broken(*args):
+        raise AttributeError("'NoneType' object has no attribute 'text'")
+
+    monkeypatch.setattr(cli, "build", broken)
+    assert cli.main([str(VERL / "run_separate_async_delta.sh")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "could not read it (AttributeError: " in err
+    monkeypatch.setenv("WEIGHT_SYNC_DEBUG", "1")
+    assert cli.main([str(VERL / "run_separate_async_delta.sh")]) == 2
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_binary_file_and_directory_get_one_line(tmp_path):

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 from snippets.rl import refit_cost
@@ -29,9 +30,12 @@ def build(path: str, params: float | None, dtype: str | None, size_from: str) ->
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{path} is a directory; give a launch script or a config file")
+    if p.exists() and not p.is_file():  # /dev/null, a FIFO (reading one would wait), a socket
+        raise ConfigError(f"{path} is not a regular file; give a launch script or a config file")
     if not p.is_file():
         raise ConfigError(f"no such file: {path}")
-    text = p.read_text(errors="replace")
+    with open(p, errors="replace", newline="") as f:  # newline="": keep \r\n as bash sees it
+        text = f.read()
     if "\0" in text[:4096]:
         raise ConfigError(f"{path} is a binary file, not a launch script or a YAML config")
     if looks_like_script(path, text):
@@ -197,10 +201,13 @@ def main(argv: list[str] | None = None, prog: str = "weight-sync") -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (OSError, UnicodeError, RecursionError, ValueError, IndexError, KeyError, TypeError) as err:
-        # a reader's gap, not the input's fault: still one line and exit 2, never a traceback
+    except Exception as err:  # noqa: BLE001 -- a reader's gap, not the input's fault
+        # still one line and exit 2, never a traceback; WEIGHT_SYNC_DEBUG=1 shows where it broke
+        if os.environ.get("WEIGHT_SYNC_DEBUG"):
+            traceback.print_exc()
         print(
-            f"error: {args.run}: this command could not read it ({type(err).__name__}: {err})",
+            f"error: {args.run}: this command could not read it ({type(err).__name__}: {err}); "
+            "WEIGHT_SYNC_DEBUG=1 prints the traceback",
             file=sys.stderr,
         )
         return 2

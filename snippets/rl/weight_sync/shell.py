@@ -15,9 +15,7 @@ never sets, one set inside an ``if`` or a loop -- comes back with an :class:`Unk
 
 from __future__ import annotations
 
-import ast
 import fnmatch
-import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +80,12 @@ def read_script(path: str, text: str) -> Command:
     broken: list[int] = []
     stray: list[tuple[int, int, str]] = []
     try:
+        if "\r\n" in text:
+            raise ConfigError(
+                f"line {text[: text.index(chr(13) + chr(10))].count(chr(10)) + 1}: the script has Windows "
+                "(CRLF) line endings; bash keeps each \\r as part of the last word, so a `\\` before it "
+                "does not continue the command and every value ends in \\r (convert it: dos2unix)"
+            )
         prev = "\n"
         for words, line, end, term in _statements(text, broken):
             first = words[0]
@@ -92,6 +96,7 @@ def read_script(path: str, text: str) -> Command:
                 found.append(command)
             elif found and not isinstance(first, _Array) and _STRAY.match(first):
                 stray.append((line, end, shell.expand(first).text.strip()))
+        shell.check_closed()
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     if not found:
@@ -123,11 +128,21 @@ def _statements(text: str, broken: list[int] | None = None):
     so the command does not continue on the next line."""
     words: list[str] = []
     word, i, line, start, n = "", 0, 1, 1, len(text)
+    heredocs: list[tuple[str, bool]] = []  # (delimiter, <<- strips tabs) whose bodies start next line
+    wanted: list[bool] = []  # a `<<` whose delimiter is the next word
 
     def end_word():
         nonlocal word
         if word:
             words.append(word)
+            if wanted:
+                heredocs.append((_unquote(word), wanted.pop()))
+            else:
+                here = _HEREDOC.match(word)
+                if here and here.group(2):
+                    heredocs.append((_unquote(here.group(2)), bool(here.group(1))))
+                elif here:
+                    wanted.append(bool(here.group(1)))
         word = ""
 
     while i < n:
@@ -183,6 +198,10 @@ def _statements(text: str, broken: list[int] | None = None):
                 yield [";;"], line, line, term
             words = []
             line += c == "\n"
+            if c == "\n" and heredocs:  # a here-document's body is data for the command, not script
+                i, line = _skip_heredocs(text, i + 1, line, heredocs)
+                heredocs.clear()
+                continue
         else:
             if not words and not word:
                 start = line
@@ -191,6 +210,28 @@ def _statements(text: str, broken: list[int] | None = None):
     end_word()
     if words:
         yield words, start, line, "\n"
+
+
+_HEREDOC = re.compile(r"^\d*<<(?!<)(-?)(.*)$", re.S)
+
+
+def _unquote(word: str) -> str:
+    """A here-document's delimiter as bash compares it: quotes and backslashes removed."""
+    return re.sub(r"""['"\\]""", "", word)
+
+
+def _skip_heredocs(text: str, i: int, line: int, heredocs: list[tuple[str, bool]]) -> tuple[int, int]:
+    """Index and line just past the bodies of ``heredocs``, which start at ``i`` (on ``line``). A
+    body with no delimiter line runs to the end of the script, as bash reads it (with a warning)."""
+    for delimiter, tabs in heredocs:
+        while i < len(text):
+            end = text.find("\n", i)
+            end = len(text) if end < 0 else end
+            body_line = text[i:end]
+            i, line = end + 1, line + 1
+            if (body_line.lstrip("\t") if tabs else body_line) == delimiter:
+                break
+    return i, line
 
 
 _REDIRECT = re.compile(r"^(\d*|&)(>>|>&|<&|>\||<<<|<<|>|<)(.*)$")
@@ -302,11 +343,22 @@ class _Shell:
         self.cases: list[dict] = []  # the enclosing case ... esac, innermost last
         self.exited = 0  # the line of an `exit` outside any block, if one comes first
         self.status: bool | None = None  # did the last command of an && / || list succeed?
+        self.line = 0  # the line of the statement being read
+        self.opened: dict[int, int] = {}  # depth in self.blocks -> the line that block opened on
 
     def chain(self, words: list[str], line: int, term: str, prev: str) -> Command | None:
         """Run one statement of an ``A && B || C`` list: B runs when A succeeded, C when it failed.
         A ``[ ... ]`` test whose words are known decides; otherwise what B or C sets is marked
         as depending on how the script runs."""
+        self.line = line
+        depth = len(self.blocks)
+        try:
+            return self._chain(words, line, term, prev)
+        finally:
+            for d in range(depth, len(self.blocks)):
+                self.opened[d] = line
+
+    def _chain(self, words: list[str], line: int, term: str, prev: str) -> Command | None:
         if prev not in ("&&", "||"):
             self.status = None
         elif self.status is not None and (prev == "&&") != self.status:
@@ -330,6 +382,24 @@ class _Shell:
         if succeeds:
             self.status = True
         return command
+
+    def check_closed(self) -> None:
+        """ConfigError for an if / loop / case / { } the script never closes: bash reads to the end
+        of the file looking for its end and stops with a syntax error (what came before it runs)."""
+        open_ = [(self.opened.get(d, 0), _block_name(b)) for d, b in enumerate(self.blocks)]
+        open_ += [(f["line"], "a case") for f in self.cases]
+        if not open_:
+            return
+        line, name = min(open_)
+        if self.exited and self.exited < line:
+            return  # bash exits before it reads that far
+        closer = {"an if block": "fi", "a case": "esac"}.get(name) or (
+            "}" if "{" in name or "function" in name else "done"
+        )
+        raise ConfigError(
+            f"line {line}: {name} opened here has no `{closer}`, so bash stops with 'syntax error: "
+            "unexpected end of file' when it reaches it; this reader refuses the script"
+        )
 
     def _if(self, words: list[str], term: str) -> bool:
         """``if [ test ]; then`` with a test whose words are known: only the branch bash takes
@@ -412,8 +482,12 @@ class _Shell:
                 self.blocks.append(_OPEN[head])
                 return None
             if head in _CLOSE:
-                if self.blocks:
-                    self.blocks.pop()
+                if not self.blocks:
+                    raise ConfigError(
+                        f"line {line}: `{head}` closes no open block, so bash stops with a syntax error "
+                        "there; this reader refuses the script"
+                    )
+                self.blocks.pop()
                 return None
             if head == "elif":
                 return None
@@ -474,6 +548,7 @@ class _Shell:
             subject = self.expand(words[1])
             live = not any(f["state"] == "body" and not f["active"] for f in self.cases)
             frame = {"subject": subject, "state": "pattern", "active": False, "done": False, "live": live}
+            frame["line"] = self.line
             if subject.unknown and live:
                 self.blocks.append(f"a case on {words[1]} ({subject.unknown.why})")
             self.cases.append(frame)
@@ -717,25 +792,52 @@ class _Shell:
         word = self.expand(raw)
         return Unknown(word.text, word.unknown.why) if word.unknown else word.text
 
-    def _arith(self, source: str) -> int | Unknown:
-        expr = source[3:-2]
-        problem: list[Unknown] = []
-
-        def value(match):
-            name = match.group(1) or match.group(2) or match.group(3)
-            got = self._variable(name, match.group(0)) if name in self.env or not name.isdigit() else None
-            if name.isdigit() or isinstance(got, Unknown) or not str(got).strip().lstrip("-").isdigit():
-                problem.append(got if isinstance(got, Unknown) else Unknown(match.group(0), "not a number"))
-                return "0"
-            return str(int(got))
-
-        text = re.sub(r"\$\{(\w+)\}|\$(\w+)|\b([A-Za-z_]\w*)\b", value, expr)
-        if problem:
-            return Unknown(source, problem[0].why)
+    def _arith(self, source: str, depth: int = 0) -> int | Unknown:
+        """``$((expr))`` as bash computes it (see :class:`_Arith`), or an Unknown saying why not.
+        An error bash reports (division by 0, a negative exponent) is a ConfigError naming the line,
+        unless the line sits in a branch the reader cannot decide (then an Unknown)."""
         try:
-            return _evaluate(ast.parse(text.replace("/", "//").replace("////", "//"), mode="eval").body)
-        except (SyntaxError, ValueError, ZeroDivisionError):
-            return Unknown(source, "its arithmetic is beyond this reader")
+            return self._calc(source[3:-2], 0)
+        except _Unknowable as got:
+            return Unknown(source, got.args[0].why)
+        except _Beyond as got:
+            return Unknown(source, f"it uses {got} inside $(( )), which this reader does not evaluate")
+        except _ArithError as got:
+            if self._uncertain():
+                return Unknown(source, f"bash reports '{got}' here if this branch runs")
+            raise ConfigError(
+                f"line {self.line}: {source}: bash reports '{got}' and skips the rest of that line; "
+                "this reader does not guess what the script means"
+            ) from None
+
+    def _calc(self, expr: str, depth: int) -> int:
+        if depth > 32:
+            raise _Beyond("variables whose values refer to each other more than 32 deep")
+        calc = _Arith(expr, lambda text: self._arith_ref(text, depth))
+        return calc.value(calc.parse())
+
+    def _arith_ref(self, text: str, depth: int) -> int:
+        """A name or ``$...`` inside $(( )): its value, itself read as an expression (as bash does;
+        an empty value is 0)."""
+        if text.startswith("${"):
+            value = self._braced(text)
+        elif text[1:].isdigit():
+            value = Unknown(text, f"it is the script's argument {text}")
+        else:
+            value = self._variable(text.lstrip("$"), "$" + text.lstrip("$"))
+        if isinstance(value, Word):
+            value = value.unknown or value.text
+        value = self._scalar(value)
+        if isinstance(value, Unknown):
+            raise _Unknowable(value)
+        return self._calc(str(value), depth + 1) if str(value).strip() else 0
+
+
+def _block_name(block) -> str:
+    """How a report names an entry of ``_Shell.blocks``."""
+    if isinstance(block, _KnownIf):
+        return "an if block"
+    return "a case" if block.startswith("a case on") else block
 
 
 def _all_args(raw: str) -> bool:
@@ -805,25 +907,252 @@ class _Out:
         return [Word(text, unknown) for text, unknown in self.fields]
 
 
-_OPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
+# ----------------------------------------------------------------------------- $(( ))
+#
+# bash's arithmetic: signed 64-bit integers that wrap, `/` and `%` truncating toward zero, `**`
+# by repeated squaring (so no exponent can hang), constants in base 10, 0x16, 010 (octal) and
+# BASE#DIGITS, C's operators and precedence with `**` binding tighter than `*` and looser than
+# the unary signs (`-2**2` is 4). What bash itself refuses (division by 0, a negative exponent,
+# `08`) raises _ArithError with bash's words; what this reader does not evaluate (assignments,
+# ++ / --, `$( )` inside) raises _Beyond.
 
 
-def _evaluate(node) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _evaluate(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    raise ValueError("not shell arithmetic")
+class _ArithError(Exception):
+    """bash reports this error and skips the rest of the line (the message is bash's)."""
+
+
+class _Unknowable(Exception):
+    """A value inside $(( )) that only the running script knows (args[0] is the Unknown)."""
+
+
+class _Beyond(Exception):
+    """A construct inside $(( )) this reader does not evaluate (the message names it)."""
+
+
+_BITS = 64
+_INT_MIN = -(1 << (_BITS - 1))
+
+
+def _wrap(value: int) -> int:
+    """``value`` as bash's intmax_t holds it (two's complement, 64 bits)."""
+    value &= (1 << _BITS) - 1
+    return value - (1 << _BITS) if value >> (_BITS - 1) else value
+
+
+_ARITH_TOKEN = re.compile(
+    r"\s*(?:(?P<num>\d[\w@#]*)|(?P<ref>\$\{[^}]*\}|\$[A-Za-z_]\w*|\$\d|[A-Za-z_]\w*)"
+    r"|(?P<op>\*\*|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%()<>&|^!~?:,=]))"
+)
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@_"
+# binary operators by precedence, loosest first (bash's expr.c); `**` and ?: are handled apart
+_BINARY = [
+    ("||",),
+    ("&&",),
+    ("|",),
+    ("^",),
+    ("&",),
+    ("==", "!="),
+    ("<", ">", "<=", ">="),
+    ("<<", ">>"),
+    ("+", "-"),
+    ("*", "/", "%"),
+]
+
+
+def _constant(text: str) -> int:
+    """A number as bash reads it inside $(( )): 42, 0x2A, 052, 16#2a, 64#@_."""
+    base, digits = 10, text
+    if "#" in text:
+        head, digits = text.split("#", 1)
+        if not head.isdigit() or not digits:
+            raise _ArithError(f"{text}: invalid number")
+        base = int(head)
+        if not 2 <= base <= 64:
+            raise _ArithError(f"{text}: invalid arithmetic base")
+    elif text[:2] in ("0x", "0X"):
+        base, digits = 16, text[2:]
+    elif text.startswith("0") and len(text) > 1:
+        base, digits = 8, text[1:]
+    value = 0
+    for ch in digits:
+        k = _DIGITS.index(ch) if ch in _DIGITS else 99
+        if base <= 36 and ch.isalpha():
+            k = _DIGITS.index(ch.lower())
+        if k >= base:
+            raise _ArithError(f"{text}: value too great for base")
+        value = _wrap(value * base + k)
+    return value
+
+
+def _power(base: int, exp: int) -> int:
+    if exp < 0:
+        raise _ArithError("exponent less than 0")
+    out = 1
+    while exp:
+        if exp & 1:
+            out = _wrap(out * base)
+        base, exp = _wrap(base * base), exp >> 1
+    return out
+
+
+def _binary(op: str, a: int, b: int) -> int:
+    if op in ("/", "%"):
+        if b == 0:
+            raise _ArithError("division by 0")
+        if a == _INT_MIN and b == -1:
+            return _INT_MIN if op == "/" else 0  # bash's special case: no overflow trap
+        q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # C truncates toward zero
+        return q if op == "/" else a - q * b
+    if op in ("<<", ">>"):
+        if not 0 <= b < _BITS:
+            raise _Beyond(f"a shift by {b} (bash leaves it to the machine)")
+        return _wrap(a << b) if op == "<<" else a >> b
+    return _wrap(
+        {
+            "+": lambda: a + b,
+            "-": lambda: a - b,
+            "*": lambda: a * b,
+            "&": lambda: a & b,
+            "|": lambda: a | b,
+            "^": lambda: a ^ b,
+            "==": lambda: int(a == b),
+            "!=": lambda: int(a != b),
+            "<": lambda: int(a < b),
+            ">": lambda: int(a > b),
+            "<=": lambda: int(a <= b),
+            ">=": lambda: int(a >= b),
+        }[op]()
+    )
+
+
+class _Arith:
+    """One $(( )) expression: parsed to a tree, then evaluated the way bash does (&&, || and ?:
+    evaluate only the side they need). ``ref`` turns a name or ``$...`` into an int or Unknown."""
+
+    def __init__(self, expr: str, ref):
+        if re.search(r"\+\+|--", re.sub(r"\s+", "", expr)) and re.search(
+            r"(\+\+|--)\s*[$A-Za-z_]|[A-Za-z_}]\w*\s*(\+\+|--)", expr
+        ):
+            raise _Beyond("++ or -- on a variable")
+        self.tokens, self.k, self.ref, self.depth = self._tokens(expr), 0, ref, 0
+
+    @staticmethod
+    def _tokens(expr: str) -> list[tuple[str, str]]:
+        tokens, i = [], 0
+        while expr[i:].strip():
+            m = _ARITH_TOKEN.match(expr, i)
+            if not m:
+                raise _Beyond(f"{expr[i:].strip()[:1]!r}")
+            kind = m.lastgroup
+            tokens.append((kind, m.group(kind)))
+            i = m.end()
+        return tokens
+
+    def parse(self):
+        if not self.tokens:
+            return ("num", 0)  # $(( )) is 0
+        tree = self._comma()
+        if self.k < len(self.tokens):
+            raise _ArithError(f"syntax error in expression (error token is {self.tokens[self.k][1]!r})")
+        return tree
+
+    def _peek(self) -> str | None:
+        return (
+            self.tokens[self.k][1] if self.k < len(self.tokens) and self.tokens[self.k][0] == "op" else None
+        )
+
+    def _take(self, op: str) -> bool:
+        if self._peek() == op:
+            self.k += 1
+            return True
+        return False
+
+    def _comma(self):
+        tree = self._ternary()
+        while self._take(","):
+            tree = (",", tree, self._ternary())
+        return tree
+
+    def _ternary(self):
+        test = self._level(0)
+        if self._peek() == "=":
+            raise _Beyond("an assignment")
+        if not self._take("?"):
+            return test
+        yes = self._comma()
+        if not self._take(":"):
+            raise _ArithError("`:' expected for conditional expression")
+        return ("?", test, yes, self._ternary())
+
+    def _level(self, n: int):
+        if n == len(_BINARY):
+            return self._power()
+        tree = self._level(n + 1)
+        while self._peek() in _BINARY[n]:
+            op = self.tokens[self.k][1]
+            self.k += 1
+            tree = (op, tree, self._level(n + 1))
+        return tree
+
+    def _power(self):
+        base = self._unary()
+        if self._take("**"):
+            return ("**", base, self._power())  # right to left: 2**3**2 is 2**9
+        return base
+
+    def _unary(self):
+        signs = []
+        while self._peek() in ("-", "+", "!", "~"):
+            signs.append("u" + self.tokens[self.k][1])
+            self.k += 1
+        if self._take("("):
+            self.depth += 1
+            if self.depth > 64:
+                raise _Beyond("parentheses nested more than 64 deep")
+            tree = self._comma()
+            if not self._take(")"):
+                raise _ArithError("missing `)'")
+            self.depth -= 1
+        else:
+            tree = self._operand()
+        for sign in reversed(signs):
+            tree = (sign, tree)
+        return tree
+
+    def _operand(self):
+        if self.k >= len(self.tokens) or self.tokens[self.k][0] == "op":
+            raise _ArithError("syntax error: operand expected")
+        kind, text = self.tokens[self.k]
+        self.k += 1
+        return ("num", _constant(text)) if kind == "num" else ("ref", text)
+
+    def value(self, tree) -> int:
+        kind = tree[0]
+        if kind == "num":
+            return tree[1]
+        if kind == "ref":
+            return self.ref(tree[1])
+        if kind[0] == "u":
+            signs = []
+            while tree[0][0] == "u":
+                signs.append(tree[0])
+                tree = tree[1]
+            v = self.value(tree)
+            for sign in reversed(signs):
+                v = {"u-": -v, "u+": v, "u!": int(v == 0), "u~": ~v}[sign]
+                v = _wrap(v)
+            return v
+        if kind == "&&":
+            return int(bool(self.value(tree[1])) and bool(self.value(tree[2])))
+        if kind == "||":
+            return int(bool(self.value(tree[1])) or bool(self.value(tree[2])))
+        if kind == "?":
+            return self.value(tree[2]) if self.value(tree[1]) else self.value(tree[3])
+        if kind == ",":
+            self.value(tree[1])
+            return self.value(tree[2])
+        a, b = self.value(tree[1]), self.value(tree[2])
+        return _power(a, b) if kind == "**" else _binary(kind, a, b)
 
 
 def looks_like_script(path: str, text: str) -> bool:
