@@ -388,7 +388,10 @@ def test_separate_async_with_delta_sharded():
     assert "trainer_mode = separate_async: a standalone rollout" in out
     assert "separate: 8 GPUs train and another 8 generate" in out
     assert "checkpoint engine delta_sharded: only the changed elements" in out
-    assert "= 0.16-0.48 GB of 16 GB over InfiniBand" in out  # 1-3 % of 8B x bf16
+    # 1-3 % of 8B elements change, each sent as a 2 B bf16 value + a 4 B int32 position (verl's wire)
+    assert "= 0.48-1.44 GB over InfiniBand" in out
+    assert "wire 6 B per changed bf16 element: the 2 B value and a 4 B int32 position" in out
+    assert "delta_checkpoint_engine.py:632); 3-9 % of the 16 GB of weights" in out
 
 
 @pytest.mark.parametrize(
@@ -624,6 +627,31 @@ def test_scripts_bash_stops_on_are_refused(tmp_path, text, says):
         assert got.returncode == 2 and "syntax error" in got.stderr
 
 
+def test_sizes_must_be_positive(tmp_path):
+    for override, says in (
+        ("trainer.nnodes=0", "trainer.nnodes must be a positive int, got 0"),
+        ("trainer.n_gpus_per_node=-8", "trainer.n_gpus_per_node must be a positive int, got -8"),
+        (
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=-2",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size must be a positive int, got -2",
+        ),
+        (
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=-4",
+            "fsdp_config.fsdp_size must be a positive int (or -1 / 0), got -4",
+        ),
+    ):
+        path = tmp_path / "s.sh"
+        path.write_text(f"python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm {override}\n")
+        code, out, err = run(path)
+        assert code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "0.5", "-7e9", "1e16", "1e400B"])
+def test_params_must_be_a_finite_count(value):
+    code, out, err = run(VERL / "run_separate_async_delta.sh", f"--params={value}")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and f"--params {value!r}" in err, err
+
+
 def test_special_files_and_reader_bugs_get_one_line(tmp_path, monkeypatch, capsys):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -660,7 +688,9 @@ def test_binary_file_and_directory_get_one_line(tmp_path):
 def test_nemo_rl_sparse_and_nixl_transports():
     out = report(NEMO / "grpo_megatron_sparse.yaml")
     assert "refit_transport = vllm_zmq_sparse: only the elements that changed" in out
-    assert "vllm_remote_sparse_weight_synchronizer.py:85" in out and "0.16-0.48 GB of 16 GB" in out
+    assert "vllm_remote_sparse_weight_synchronizer.py:85" in out and "= 0.32-0.96 GB over" in out
+    assert "wire 4 B per changed bf16 element: the 2 B value and a 2 B gap" in out  # uint16 gaps
+    assert "weight_transfer_sparse_codec.py:190 _encode_explicit_locations); 2-6 % of the 16 GB" in out
     out = report(NEMO / "grpo_megatron_nixl.yaml")
     assert "refit_transport = nixl: the NIXL checkpoint engine (UCX/RDMA)" in out
     assert "factory.py:97 CheckpointEngineWeightSynchronizer" in out and "16 GB over InfiniBand" in out

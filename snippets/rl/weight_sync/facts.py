@@ -136,7 +136,8 @@ VERL_CHECKPOINT_ENGINES = {
     "kimi_ckpt_engine": "Mooncake P2P to one rollout worker, then a broadcast to the rest",
     "delta_sharded": (
         "only the changed elements: each trainer rank diffs its own shard, rank 0 gathers the changes "
-        "and broadcasts them over NCCL (about 1-3 % of parameter bytes per step, verl's docs)"
+        "and broadcasts them over NCCL as values plus int32 positions (about 1-3 % of the elements "
+        "change per step, verl's docs)"
     ),
 }
 
@@ -152,6 +153,10 @@ VERL_CODE = {
     ),
     "update_weights": ("verl/workers/engine_workers.py:727", "async def update_weights"),
     "delta_sglang": ("verl/checkpoint_engine/base.py:326", 'backend == "delta_sharded"'),
+    "delta_wire": (
+        "verl/checkpoint_engine/delta_checkpoint_engine.py:632",
+        "wire_bytes += int(aidx.numel()) * (4 + aval.element_size())",
+    ),
     "megatron_export": ("verl/workers/engine/megatron/transformer_impl.py:1025", "def get_per_tensor_param"),
     "fsdp_export": ("verl/workers/engine/fsdp/transformer_impl.py:954", "def get_per_tensor_param"),
     "fully_async_hybrid": (
@@ -212,6 +217,7 @@ NEMO_RL_CODE = {
         "nemo_rl/weight_sync/vllm_remote_sparse_weight_synchronizer.py:85",
         "VllmRemoteSparseWeightSynchronizer",
     ),
+    "sparse_positions": ("nemo_rl/utils/weight_transfer_sparse_codec.py:190", "_encode_explicit_locations"),
     "sparse_check": (
         "nemo_rl/weight_sync/vllm_remote_sparse_weight_synchronizer.py:47",
         "validate_vllm_remote_sparse_refit",

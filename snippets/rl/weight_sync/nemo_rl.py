@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snippets.rl.weight_sync import facts
-from snippets.rl.weight_sync.report import UNSET, Reader, fmt, mul, number
+from snippets.rl.weight_sync.report import UNSET, Reader, Sparse, fmt, mul, number
 from snippets.rl.weight_sync.values import MANDATORY, ConfigError, Unknown, read_yaml
 
 BACKENDS = ("vllm", "sglang", "megatron", "trtllm", "dynamo")
@@ -134,7 +134,7 @@ def read_run(reader: Reader) -> Run:
     if megatron is True:
         trainer, cfg = "megatron", p + "megatron_cfg."
         sizes = {
-            k: reader.int(cfg + key, 1)
+            k: reader.size(cfg + key, 1)
             for k, key in (
                 ("tp", "tensor_model_parallel_size"),
                 ("pp", "pipeline_model_parallel_size"),
@@ -145,7 +145,7 @@ def read_run(reader: Reader) -> Run:
     elif dtensor is True:
         trainer, cfg = "dtensor", p + "dtensor_cfg."
         sizes = {
-            k: reader.int(cfg + key, 1)
+            k: reader.size(cfg + key, 1)
             for k, key in (("tp", "tensor_parallel_size"), ("cp", "context_parallel_size"))
         }
     else:
@@ -155,7 +155,7 @@ def read_run(reader: Reader) -> Run:
     if backend == "megatron":
         mcore = gen + "mcore_generation_config."
         gen_tp, gen_pp, gen_ep = (
-            reader.int(mcore + key, sizes.get(short, 1))
+            reader.size(mcore + key, sizes.get(short, 1))
             for short, key in (
                 ("tp", "tensor_model_parallel_size"),
                 ("pp", "pipeline_model_parallel_size"),
@@ -164,14 +164,14 @@ def read_run(reader: Reader) -> Run:
         )
     elif backend in GEN_SIZES:
         tp_key, pp_key = GEN_SIZES[backend]
-        gen_tp = reader.int(gen + tp_key, 1)
-        gen_pp = reader.int(gen + pp_key, 1) if pp_key else 1
+        gen_tp = reader.size(gen + tp_key, 1)
+        gen_pp = reader.size(gen + pp_key, 1) if pp_key else 1
     else:
         gen_tp = gen_pp = UNSET
     if backend != "megatron":
         gen_ep = 1
     colocated = reader.bool(gen + "colocated.enabled", True)
-    per_node, nodes = reader.int("cluster.gpus_per_node"), reader.int("cluster.num_nodes")
+    per_node, nodes = reader.size("cluster.gpus_per_node"), reader.size("cluster.num_nodes")
     if colocated is True:
         train = gen_gpus = mul(per_node, nodes)
     elif colocated is False:
@@ -210,7 +210,7 @@ def _separate_gpus(reader: Reader, per_node, nodes):
     """Training and generation GPUs when generation has its own (grpo.py setup, at line 860)."""
     res = "policy.generation.colocated.resources."
     if nodes == 1:
-        gen = reader.int(res + "gpus_per_node", None)
+        gen = reader.size(res + "gpus_per_node", None)
         if gen is None:
             raise ConfigError(
                 f"{res}gpus_per_node is null: on one node NeMo RL needs it to give generation its own GPUs"
@@ -219,7 +219,7 @@ def _separate_gpus(reader: Reader, per_node, nodes):
         if number(train) and train <= 0:
             raise ConfigError(f"{res}gpus_per_node {gen} leaves no training GPU of {per_node}")
         return train, gen
-    gen_nodes = reader.int(res + "num_nodes", None)
+    gen_nodes = reader.size(res + "num_nodes", None)
     if gen_nodes is None:
         raise ConfigError(
             f"{res}num_nodes is null: on several nodes NeMo RL needs it to give generation its own nodes"
@@ -398,7 +398,18 @@ def _refit(run: Run):
                 f"refit_transport = {transport}: only the elements that changed since the last refit "
                 f"travel, through {via} ({code('sparse')}); each engine applies the delta to its slice",
             ],
-            ("only the changed elements (1-3 % assumed: verl's docs' figure)", "delta", 1, "ib"),
+            (
+                "only the changed elements (1-3 % of them assumed: verl's docs' figure)",
+                "delta",
+                Sparse(
+                    2,
+                    "a 2 B gap to the previous change (uint16; 4 B when a gap passes 65535, none for "
+                    "a contiguous run), before zstd level 1",
+                    code("sparse_positions"),
+                    "no first full sync: both sides load the same checkpoint",
+                ),
+                "ib",
+            ),
             (run.gen_tp, "ib"),
         )
     if transport is not None:

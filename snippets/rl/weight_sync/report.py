@@ -3,13 +3,32 @@ wire-time lines (from :mod:`snippets.rl.refit_cost`), and folding lines at 80 co
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
+from dataclasses import dataclass
 
 from snippets.rl import refit_cost
 from snippets.rl.weight_sync.values import MANDATORY, MISSING, ConfigError, Unknown, get
 
 UNSET = Unknown("?", "")  # a figure derived from an unknown value
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """What a delta sync sends per changed element besides its value, read at the pinned commit.
+
+    The changed share (1-3 % of the elements per step) is verl's measured figure; the wire also
+    carries each changed element's position, so its bytes are that share times
+    (value bytes + ``position_bytes``) per element, not the value bytes alone."""
+
+    position_bytes: int
+    positions: str  # how positions are encoded, e.g. "int32 positions"
+    source: str  # file:line of the code that packs them
+    first: str  # what the first sync sends
+
+
+DELTA_SHARE = (0.01, 0.03)  # changed elements per step: verl's docs/advance/delta_weight_sync.md:17
 
 
 def fmt(value) -> str:
@@ -51,6 +70,15 @@ class Reader:
         got = self.value(key, default)
         if not isinstance(got, Unknown) and not number(got):
             raise ConfigError(f"{key} is {got!r}; expected an integer")
+        return got
+
+    def size(self, key: str, default=MISSING, also: tuple = ()):
+        """A count of GPUs, nodes or ranks: a positive int (or one of ``also``, e.g. -1 for
+        "all"), checked before any figure is derived from it."""
+        got = self.int(key, default)
+        if number(got) and got < 1 and got not in also:
+            extra = f" (or {' / '.join(map(str, also))})" if also else ""
+            raise ConfigError(f"{key} must be a positive int{extra}, got {got}")
         return got
 
     def choice(self, key: str, choices: tuple, default=MISSING):
@@ -96,11 +124,17 @@ def bytes_lines(
         return lines
     if strategy == "delta" and params is not None:
         full = refit_cost.bytes_per_gpu(params, "broadcast", shards=1, gpus=1, dtype=dtype)
-        low, high = 0.01 * full, 0.03 * full
-        lines.append(
-            f"moves      per GPU per round: {words} = {low / refit_cost.GB:.3g}-{high / refit_cost.GB:.3g} GB "
-            f"of {full / refit_cost.GB:.3g} GB over {wire} >= {_time(low, link)}-{_time(high, link)}"
-        )
+        value = refit_cost.DTYPE_BYTES[dtype]
+        each = value + count.position_bytes
+        low, high = (share * full * each / value for share in DELTA_SHARE)
+        gb = refit_cost.GB
+        lines += [
+            f"moves      per GPU per round: {words} = {low / gb:.3g}-{high / gb:.3g} GB over {wire} "
+            f">= {_time(low, link)}-{_time(high, link)}",
+            f"wire       {each} B per changed {dtype} element: the {value} B value and "
+            f"{count.positions} ({count.source}); {100 * low / full:.3g}-{100 * high / full:.3g} % "
+            f"of the {full / gb:.3g} GB of weights; {count.first}",
+        ]
         return lines
     strategy = "broadcast" if strategy == "delta" else strategy
     if params is None or (strategy == "gather" and not number(count)) or not link:
@@ -157,13 +191,17 @@ def wrap(line: str, width: int = 80) -> str:
 
 
 def params_from_flag(text: str) -> float:
-    value = refit_cost.params_from_name(text)
-    if value:
-        return value
+    """``--params``: a count (7e9, 7000000000) or billions (7B, 0.5b), from 1 to MAX_PARAMS."""
+    billions = re.fullmatch(r"\s*(\d+(?:\.\d+)?)[bB]\s*", text)
     try:
-        value = float(text)
+        value = float(billions.group(1)) * 1e9 if billions else float(text)
     except ValueError:
         raise ConfigError(f"--params {text!r} is not a number like 7e9 or 7B") from None
-    if value <= 0:
-        raise ConfigError(f"--params {text!r} must be positive")
+    if not math.isfinite(value) or not 1 <= value <= MAX_PARAMS:
+        raise ConfigError(
+            f"--params {text!r} must be a parameter count from 1 to {MAX_PARAMS:.0e} (e.g. 7e9 or 7B)"
+        )
     return value
+
+
+MAX_PARAMS = 1e15  # a thousand times the largest models: a bound, so every figure stays a plain number

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from snippets.rl.weight_sync import facts, hydra
-from snippets.rl.weight_sync.report import UNSET, Reader, fmt, mul, number
+from snippets.rl.weight_sync.report import UNSET, Reader, Sparse, fmt, mul, number
 from snippets.rl.weight_sync.shell import Command
 from snippets.rl.weight_sync.values import ConfigError, Unknown, put, unflatten
 
@@ -251,9 +251,9 @@ def read_run(reader: Reader, package: str | None = None) -> Run:
     """The settings that decide how weights are synced (ConfigError on a wrong value)."""
     strategy = reader.choice("actor_rollout_ref.actor.strategy", STRATEGIES)
     rollout = reader.choice("actor_rollout_ref.rollout.name", ROLLOUTS)
-    rollout_tp = reader.int("actor_rollout_ref.rollout.tensor_model_parallel_size")
-    per_node = reader.int("trainer.n_gpus_per_node")
-    nodes = reader.int("trainer.nnodes")
+    rollout_tp = reader.size("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    per_node = reader.size("trainer.n_gpus_per_node")
+    nodes = reader.size("trainer.nnodes")
     gpus = mul(per_node, nodes)
     ce = "actor_rollout_ref.rollout.checkpoint_engine."
     custom = reader.value(ce + "custom_backend_module", None)
@@ -312,7 +312,7 @@ def _placement(reader, package, gpus, backend, notes):
                 f"one_step_off_policy mains run this ({facts.verl_code('fully_async_hybrid')}; "
                 f"main_ppo's legacy trainer asserts the opposite, {facts.verl_code('v0_hybrid')})"
             )
-            return "separate", mul(reader.int("rollout.n_gpus_per_node"), reader.int("rollout.nnodes"))
+            return "separate", mul(reader.size("rollout.n_gpus_per_node"), reader.size("rollout.nnodes"))
         package = None
     if package in ("fully_async_policy", "one_step_off_policy"):
         hybrid = reader.bool("actor_rollout_ref.hybrid_engine", True)
@@ -326,7 +326,7 @@ def _placement(reader, package, gpus, backend, notes):
         notes.append(f"mode       verl/experimental/{package}, hybrid_engine = {said} ({code})")
         if isinstance(hybrid, Unknown):
             return "unknown", UNSET
-        return "separate", mul(reader.int("rollout.n_gpus_per_node"), reader.int("rollout.nnodes"))
+        return "separate", mul(reader.size("rollout.n_gpus_per_node"), reader.size("rollout.nnodes"))
     use_v1 = reader.bool("trainer.use_v1", True)
     if use_v1 is False:
         hybrid = reader.bool("actor_rollout_ref.hybrid_engine", True)
@@ -352,7 +352,7 @@ def _placement(reader, package, gpus, backend, notes):
         notes.append(f"mode       trainer.v1.trainer_mode = {mode} (verl.trainer.ppo.v1)")
         return "colocated", gpus
     r = "actor_rollout_ref.rollout."
-    rnodes, rper = reader.int(r + "nnodes", 0), reader.int(r + "n_gpus_per_node", 8)
+    rnodes, rper = reader.int(r + "nnodes", 0), reader.size(r + "n_gpus_per_node", 8)
     if number(rnodes) and rnodes <= 0:
         raise ConfigError(
             f"trainer_mode separate_async needs actor_rollout_ref.rollout.nnodes > 0 for the standalone "
@@ -375,10 +375,10 @@ def _layout(reader, strategy, gpus):
     a = "actor_rollout_ref.actor."
     if strategy == "megatron":
         m = a + "megatron."
-        tp = reader.int(m + "tensor_model_parallel_size")
-        pp = reader.int(m + "pipeline_model_parallel_size")
-        cp = reader.int(m + "context_parallel_size", 1)
-        ep = reader.int(m + "expert_model_parallel_size", 1)
+        tp = reader.size(m + "tensor_model_parallel_size")
+        pp = reader.size(m + "pipeline_model_parallel_size")
+        cp = reader.size(m + "context_parallel_size", 1)
+        ep = reader.size(m + "expert_model_parallel_size", 1)
         vpp = reader.value(m + "virtual_pipeline_model_parallel_size", None)
         model = mul(tp, pp, cp)
         if number(model) and number(gpus) and (model < 1 or gpus % model):
@@ -391,9 +391,9 @@ def _layout(reader, strategy, gpus):
     if isinstance(strategy, Unknown):
         return UNSET, "not known"
     if strategy == "veomni":
-        size = reader.int(a + "veomni.fsdp_size", -1)
-        sp = reader.int(a + "veomni.ulysses_parallel_size", 1)
-        ep = reader.int(a + "veomni.expert_parallel_size", 1)
+        size = reader.size(a + "veomni.fsdp_size", -1, also=(-1, 0))
+        sp = reader.size(a + "veomni.ulysses_parallel_size", 1)
+        ep = reader.size(a + "veomni.expert_parallel_size", 1)
         shards = gpus if size in (-1, 0) else size
         return shards, (
             f"VeOmni FSDP on {fmt(gpus)} GPUs, every parameter sharded over {fmt(shards)} "
@@ -401,10 +401,10 @@ def _layout(reader, strategy, gpus):
         )
     if strategy == "torchtitan":
         t = a + "torchtitan."
-        tp = reader.int(t + "tensor_parallel_size", 1)
-        pp = reader.int(t + "pipeline_parallel_size", 1)
+        tp = reader.size(t + "tensor_parallel_size", 1)
+        pp = reader.size(t + "pipeline_parallel_size", 1)
         return gpus, f"TorchTitan TP{fmt(tp)} x PP{fmt(pp)} on {fmt(gpus)} GPUs, FSDP over the rest"
-    size = reader.int(a + "fsdp_config.fsdp_size", -1)
+    size = reader.size(a + "fsdp_config.fsdp_size", -1, also=(-1, 0))
     shards = gpus if size in (-1, 0) else size
     if number(shards) and number(gpus) and (shards < 1 or gpus % shards):
         raise ConfigError(
@@ -462,7 +462,18 @@ def explain(run: Run) -> tuple[list[str], tuple, tuple | None]:
             "through CUDA IPC, and the engine's loader keeps its slice",
         ]
         if run.backend == "delta_sharded":
-            moved = ("only the changed elements (verl's docs: about 1-3 % of the model)", "delta", 1, "ib")
+            wire = Sparse(
+                4,
+                "a 4 B int32 position",
+                facts.verl_code("delta_wire"),
+                "the first sync sends every value once, without positions",
+            )
+            moved = (
+                "only the changed elements (verl's docs: about 1-3 % of them per step)",
+                "delta",
+                wire,
+                "ib",
+            )
         else:
             moved = ("the whole model", "broadcast", 1, "ib")
     else:
