@@ -557,11 +557,13 @@ def _clean_loss(it, rank):
 def allow_reduce_on_cpu() -> None:
     """The only CPU stand-in the rerun cases need beyond the note's usual ones: the state machine
     makes its ``all_reduce`` flag on ``device='cuda'`` (``_reduce_any``); here that tensor is made
-    on the CPU. Everything else it does is unchanged."""
+    on the CPU. Everything else it does is unchanged. With CUDA present nothing is changed."""
     import torch
 
     from snippets.cpu.base import cpu_factory, scope_torch
 
+    if torch.cuda.is_available():
+        return
     scope_torch("megatron.core.rerun_state_machine", tensor=cpu_factory(torch.tensor))
 
 
