@@ -23,8 +23,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from snippets.record.tables import Table
@@ -444,10 +442,6 @@ def offload_rows(
             ],
         ],
     )
-
-
-def rounded(x: float, digits: int = 4) -> float:
-    return float(f"{x:.{digits}g}") if x and math.isfinite(x) else x
 
 
 # ---- picture --------------------------------------------------------------------------------------

@@ -182,8 +182,9 @@ def kl_estimators(logp, ref_logp) -> dict:
 
 
 def grpo_loss(logp, old_logp, advantages):
-    """The clipped-ratio policy loss at its first step (ratio = 1): minus the advantage times the
-    ratio, averaged over tokens."""
+    """The policy-gradient loss of PPO / GRPO: minus the advantage times the ratio, averaged over
+    tokens. Every step here starts on-policy (ratio = 1), where PPO's clip changes nothing, so it
+    is left out."""
     ratio = torch.exp(logp - old_logp)
     return -(advantages[:, None] * ratio).mean()
 
