@@ -33,7 +33,7 @@
 # - 一层激活（TP=2，SP + 选择性重算）实测 18.5 sbh，论文 34/t = 17：论文计的张量都在，多的是 CPU 上 2 字节的 dropout mask 等。
 # - TP 每层每 micro-batch 的实测字节与公式逐字节相等；Qwen3-8B TP=8 一层发 280.0 MiB，IB 上是计算时间的 9.01 倍。
 # - FlopCounterMode 比 `num_floating_point_operations` 多 196608 FLOPs，正是因果 mask 省下的那一半注意力。
-# - 按显存上限和名义步长选：Qwen3-8B 8 卡 TP1 PP2 DP4，70B 64 卡 TP4 PP4 DP4，Qwen3-30B-A3B 16 卡 EP8（EP16 跨 IB）。
+# - 上限 72 GiB（80 GiB 留 10%）、比名义步长：Qwen3-8B 8 卡选 TP1 PP2 DP4，70B 64 卡选 TP4 PP4 DP4；Qwen3-30B-A3B 没有激活公式，不选。
 #
 # 先读：[笔记 15](../15_distributed_optimizer/)（每参数字节）、[笔记 11](../11_transformer_layer/)（TP 通信）、[笔记 13](../13_pipeline_schedules/)（气泡）；约 20 分钟。
 
@@ -74,12 +74,12 @@ CHOSEN = {name: cost.pick(cost.choices(name)) for name in cost.CHOICES}
 
 qwen = cost.choices("qwen3-8b")
 draw_choice(qwen, CHOSEN["qwen3-8b"], cost.GPU_MEMORY,
-            title=f"Qwen3-8B，8 张 80 GB 的卡：{cost.label(CHOSEN['qwen3-8b'])} 放得下且名义步长最短"
-                  f"（{CHOSEN['qwen3-8b']['step']:.2f} 秒）")
+            title=f"Qwen3-8B，8 张 80 GiB 的卡（上限 {cost.GPU_MEMORY / 2**30:.0f} GiB）：{cost.label(CHOSEN['qwen3-8b'])} "
+                  f"放得下且名义步长最短（{CHOSEN['qwen3-8b']['step']:.2f} 秒）")
 
 # %% [markdown]
 # 每行一个候选配置（序列 4096、全局 batch 128 条、SP 与选择性重算、分布式优化器）。条形是 Megatron 公式给出的每卡显存，
-# 右边是每步的通信时间（按名义带宽）、气泡和名义步长。TP1 DP8 最快，但 84 GB 放不下。
+# 右边是每步的通信时间（按名义带宽）、气泡和名义步长。TP1 DP8 最快，但 78.5 GiB 超过 72 GiB 的上限。
 #
 # <details><summary>本页怎么跑出来的</summary>
 #
@@ -91,7 +91,8 @@ draw_choice(qwen, CHOSEN["qwen3-8b"], cost.GPU_MEMORY,
 # - 尺寸（`dims` 的 `tiny`）：hidden 32、4 个 head、ffn 128（= 4h，论文的假设）、vocab 64、2 层、序列 16、micro-batch 2、
 #   4 个 micro-batch；GELU、LayerNorm、带 bias、dropout 0.1。流水线那一节用 hidden 16、vocab 640（嵌入约等于三层）、8 层。
 # - 真实尺寸的数都来自 `snippets/cost/formulas.py`：它调用 Megatron 的三个公式函数，自己只写气泡和各群通信量的小公式；
-#   硬件数（989 TFLOPS、NVLink 每方向 450 GB/s、IB NDR 50 GB/s）及出处在它的 `HARDWARE` 说明里，80 GB 是 H100 SXM 的显存。
+#   硬件数（989 TFLOPS、NVLink 每方向 450 GB/s、IB NDR 50 GB/s、显存 80 GiB）及出处在它的 `HARDWARE` 说明里，
+#   上限 72 GiB 是它的 `MEMORY_BUDGET`（计算器页面用同一个数）。
 #   “名义步长”= 峰值算力下的计算时间 ÷ (1 − 气泡) + 关键路径上的 TP / CP / EP / PP 通信时间（DP 的与反向重叠，不计）。
 # - 复现：`.venv/bin/python -m snippets.run --nproc-per-node 4 cost --dims tiny --tp 2` 打印本页前半的表；
 #   `scripts/execute_notes.sh notes/26_cost.py` 重新执行整页。[成本计算器](../../explorers/calculator/) 用同一份公式。
@@ -175,9 +176,9 @@ listing(measure.state_bytes, measure.layer_activations)
 args = megatron_args(MODELS["qwen3-8b"], Config(gpus_per_node=8, nodes=8, tp=8, sp=True, recompute="selective",
                                                 seq=4096, micro_batch_size=1, num_microbatches=1,
                                                 distributed_optimizer=True))
-print("权重+优化器 GB/GPU", round(compute_weight_and_optimizer_memory(args) / 1e9, 2),
-      "| 激活 GB/GPU", round(compute_activation_memory(args, num_microbatches=1) / 1e9, 3),
-      "| 不开 SP 的函数", round(compute_activation_memory_without_sp(args, num_microbatches=1) / 1e9, 3),
+print("权重+优化器 GiB/GPU", round(compute_weight_and_optimizer_memory(args) / 2**30, 2),
+      "| 激活 GiB/GPU", round(compute_activation_memory(args, num_microbatches=1) / 2**30, 3),
+      "| 不开 SP 的函数", round(compute_activation_memory_without_sp(args, num_microbatches=1) / 2**30, 3),
       "| FLOPs/token", f"{num_floating_point_operations(args, 1) / 4096:.4g}")
 
 # %% tags=["hide-input"]
@@ -228,7 +229,8 @@ acts
 # 不切时 sbh(34 + 5as/h)，其中 5as/h 是注意力的 QKᵀ、softmax 输出和它的 dropout mask，随序列长度平方增长。
 # 选择性重算正是把这一项丢掉、反向时重算；SP 把剩下的 10sbh（LayerNorm 和 dropout 附近、原来在 TP 各卡重复存的部分）也除以 t。
 # Megatron 的两个函数各对应一行：`compute_activation_memory` 是 SP + 选择性重算的 34/t（写成 18 + 4·ffn/h，让 MLP 宽度参与），
-# `compute_activation_memory_without_sp` 是不开 SP 的 10 + 24/t，它不存 s×s 的分数，所以只在选择性重算（或融合注意力核）时成立。
+# `compute_activation_memory_without_sp` 是不开 SP 的 10 + 24/t（总数再乘 1.05），它不存 s×s 的分数，所以只在选择性重算（或融合注意力核）时成立。
+# 表里 Megatron 一栏是把它们在 2 层和 1 层的模型上各调一次、相减得到的一层。
 # 全重算和“只开 SP”两行，Megatron 没有公式。
 #
 # 实测都比论文大一点。看 SP + 选择性重算这一行到底留下了什么（每个存储一次，按前向保存的顺序）：
@@ -250,9 +252,10 @@ saved
 comm
 
 # %% [markdown]
-# TP 三行逐字节相等：不开 SP 是前向 2 次、反向 2 次 all-reduce；开 SP 是前向 2 次 all-gather + 2 次 reduce-scatter，
+# TP 三行逐字节相等，也等于直接按调用次数手算的数：不开 SP 是前向 2 次、反向 2 次 all-reduce；开 SP 是前向 2 次 all-gather + 2 次 reduce-scatter，
 # 反向 4 次 all-gather + 2 次 reduce-scatter（多的 2 次 all-gather 为算权重梯度重新拼回输入，笔记 11）；全重算再把前向的 4 次做一遍。
-# DP 两行差在参数数：乘上实测的梯度缓冲区长度（含 bias、位置嵌入，分布式优化器时还有补齐）就相等。
+# DP 两行的差正好是两块：Megatron 的参数数不含的 bias 和位置嵌入（上面那张参数表），以及分布式优化器把缓冲区补齐到
+# 能按 DP 均分时多出的元素；不开分布式优化器时没有补齐，那一栏是 0。
 
 # %% [markdown]
 # ## 机制解释
@@ -285,7 +288,7 @@ cost.flops_rows(counted, TINY)
 # MFU = 每步模型 FLOPs ÷ (步长 × GPU 数 × 峰值)。`training_log` 打印的 TFLOP/s/GPU 就是分子分母去掉峰值的那部分。
 # Megatron-LM 的 [README 首页](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/README.md)（第 95、122 行）报告 H100 上最高 47%，
 # GPT-3 175B 从 96 卡扩到 4608 卡时从 47% 降到 42%；更早的 [Narayanan 等 2021（arXiv 2104.04473）](https://arxiv.org/abs/2104.04473)
-# 在 3072 张 A100 上训练 1T 参数模型，每卡达到峰值的 52%。本页不测时间，下表反过来算：若三个选中的配置跑到 47%，一步要多久：
+# 在 3072 张 A100 上训练 1T 参数模型，每卡达到峰值的 52%。本页不测时间，下表反过来算：若下面选中的配置跑到 47%，一步要多久：
 
 # %% tags=["hide-input"]
 cost.mfu_rows(CHOSEN)
@@ -293,15 +296,19 @@ cost.mfu_rows(CHOSEN)
 # %% [markdown]
 # ### 怎么选：先排除，再比
 #
-# 选配置的步骤：(1) Megatron 的规则先排除不整除的组合（层数 % PP、头数 % TP、专家数 % EP）；(2) 显存放不下的排除；
-# (3) 剩下的比名义步长：计算在峰值下的时间被气泡拉长，再加关键路径上的 TP / CP / EP / PP 通信。DP 的梯度同步与反向重叠，不计入。
-# 这是一个下界模型：真实 NCCL 带宽低于名义值，计算也到不了峰值，但排序通常不变。主图的 Qwen3-8B 逐项是：
+# 选配置的步骤：(1) Megatron 的规则先排除不整除的组合（层数 % PP、头数 % TP、专家数 % EP），以及它运行时才报错的组合：
+# MoE 开 TP 却不开 SP（[`moe_layer.py:629`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/moe/moe_layer.py#L629)），
+# 交错调度的 micro-batch 数少于 PP（[`schedules.py:1133`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L1133)）；
+# (2) 显存放不下的排除：一张“80 GB”的 H100 SXM 的 HBM 是 80 GiB（nvidia-smi 报 81559 MiB），本页只许用 90%，即 72 GiB，
+# 剩下的留给公式不计的 CUDA 上下文、NCCL 缓冲和分配器碎片；公式给不出显存的行记“未知”，不算放得下，也不参选；
+# (3) 剩下的比名义步长：计算在峰值下的时间被气泡拉长，再加关键路径上的 TP / CP / EP / PP 通信，其中一项没有数，整行就没有步长。
+# DP 的梯度同步与反向重叠，不计入。这是一个下界模型：真实 NCCL 带宽低于名义值，计算也到不了峰值，但排序通常不变。主图的 Qwen3-8B 逐项是：
 
 # %% tags=["hide-input"]
 cost.choice_table(qwen)
 
 # %% [markdown]
-# TP1 DP8 没有 TP 通信、也没有气泡，却差几 GB 放不下；在放得下的里面，PP2 只在 stage 边界发激活，比 TP2 每层前向、反向共 10 次集合通信（开 SP）便宜。
+# TP1 DP8 没有 TP 通信、也没有气泡，却要 78.5 GiB，超过上限；在放得下的里面，PP2 只在 stage 边界发激活，比 TP2 每层前向、反向共 10 次集合通信（开 SP）便宜。
 # 70B 在 64 卡上：
 
 # %% tags=["hide-input"]
@@ -315,8 +322,10 @@ cost.choice_table(cost.choices("dense-70b"))
 cost.choice_table(cost.choices("qwen3-30b-a3b"))
 
 # %% [markdown]
-# Megatron 的激活公式没有 MoE 项，所以这里只按权重判断能否放下（表里写“无公式”）。EP16 把 128 个专家摊到两台机器，
-# 每层四次 all-to-all 都要走 IB；EP8 的 all-to-all 留在节点内，跨节点的只有与反向重叠的梯度同步（DP 和专家 DP），名义步长差四倍。
+# Megatron 的激活公式没有 MoE 项（专家的激活随路由变），五行的“放得下”都只能写“未知”：权重和优化器已占 34-50 GiB，
+# 激活还要多少，公式答不出，所以本页不替它选。TP2、TP4 两行连名义步长也没有：MoE 层的 TP 通信走 token dispatcher，
+# 这里没有数（“+ ?”）。能比的只有通信：EP16 把 128 个专家摊到两台机器，每层四次 all-to-all 都要走 IB；
+# EP8 的 all-to-all 留在节点内，跨节点的只有与反向重叠的梯度同步（DP 和专家 DP），名义步长差四倍。要选，得先实测一步的显存峰值。
 #
 # ### 流水线：首尾 stage 少放层
 #
