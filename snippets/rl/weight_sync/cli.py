@@ -130,28 +130,32 @@ inputs:
 
 how a script is read (as bash would run it, without running it):
   NAME=value, export/local/declare NAME=value, ${NAME}, ${NAME:-d} ${NAME-d} ${NAME:=d}
-  ${NAME:+x} ${NAME:?}, ${#NAME}, $((arithmetic)), '...' and "..." quotes, backslash-newline
-  (also inside "..."); arrays NAME=(...) and NAME+=(...) with comments and newlines inside,
-  "${NAME[@]}" (one word per element), ${NAME[*]}, ${NAME[N]}, ${#NAME[@]}; unquoted values
-  are split at blanks; `case`, `if [ test ]; then/elif/else/fi` and `[ test ] && A || B`
-  run only the branch bash takes when the words are known (tests: = == != -eq..-le -n -z !).
-  No pathname expansion: a word with * ? [ passes as written, as bash does when no
-  file matches. Hydra overrides key=value, +key=value, ++key=value, ~key, model_engine=...,
-  group@package=choice and --config-name/-cn are applied on verl's defaults for that config.
-  Unknowable values -- $1, $(...), `...`, a variable the script never sets, one set inside
-  a loop or an if / case / && on unknown words, one it `read`s -- are each named in an `unknown`
-  line with the key they feed; the rest is still reported. A line that ends in a backslash
-  and a blank (then maybe a comment) ends the command there, as in bash: the report says so
-  (`broken`), lists the words that reach the trainer and the lines that then run as
-  separate, failing commands, and reports what runs. A trailing $@ and a second trainer
-  command are noted.
+  ${NAME:+x} ${NAME:?}, ${#NAME}, '...' and "..." quotes, backslash-newline (also inside
+  "..."); $((arithmetic)) as bash computes it (64-bit wrap, / and % toward zero, 010 0x1F
+  2#101); a here-document's body is data, not a command; arrays NAME=(...) and NAME+=(...)
+  with comments and newlines inside, "${NAME[@]}" (one word per element), ${NAME[*]},
+  ${NAME[N]}, ${#NAME[@]}; unquoted values are split at blanks; `case`, `if [ test ];
+  then/elif/else/fi` and `[ test ] && A || B` run only the branch bash takes when the words
+  are known (tests: = == != -eq..-le -n -z !). No pathname expansion: a word with * ? [
+  passes as written, as bash does when no file matches. Hydra overrides key=value,
+  +key=value, ++key=value, ~key, model_engine=..., group@package=choice and
+  --config-name/-cn are applied on verl's defaults for that config. Unknowable values -- $1,
+  $(...), `...`, a variable the script never sets, one set inside a loop or an if / case /
+  && on unknown words, one it `read`s -- are each named in an `unknown` line with the key
+  they feed; the rest is still reported. A line that ends in a backslash and a blank (then
+  maybe a comment) ends the command there, as in bash: the report says so (`broken`), lists
+  the words that reach the trainer and the lines that then run as separate, failing
+  commands, and reports what runs. A trailing $@ and a second trainer command are noted.
 
 exit status:
   0  a report (it may contain `unknown` lines, and byte figures that need --params)
-  2  one line on stderr: no such file, a directory, a binary file, bad YAML, a quote / $( /
-     ${ / array that never closes (bash would stop), a script that runs no trainer (or exits
-     first), a module that is not a verl trainer main, neither framework's config, or a value
-     the framework refuses (an engine it lacks, a TP that does not divide the GPUs, a
+  2  one line on stderr: no such file, a directory, not a regular file, a binary file, bad
+     YAML, a script bash stops on (a quote / $( / ${ / array that never closes, an if / loop /
+     case / { never closed, a stray fi, CRLF line endings, an arithmetic error bash reports),
+     a script that runs no trainer (or exits first), a module that is not a verl trainer main,
+     neither framework's config, --params outside 1..1e15, a size that is not a positive int,
+     a reader bug (WEIGHT_SYNC_DEBUG=1 prints its traceback), or a value the framework
+     refuses (an engine it lacks, a TP that does not divide the GPUs, a
      checkpoint engine or refit transport the placement does not allow)
 
 facts: verl-project/verl 1dda039 (2026-08-22) and NVIDIA-NeMo/RL 7ea279a (2026-08-22);
