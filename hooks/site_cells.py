@@ -253,7 +253,7 @@ def _goals_after_picture(content: str) -> str:
 
 
 PREREQ_LINE = re.compile(r'(<p class="ms-prereq">)(.*?)(</p>)', re.S)
-MINUTES = re.compile(r"约\s*\d+\s*分钟")
+MINUTES = re.compile(r"约\s*(?:\d+|N)\s*分钟")  # N: the scaffold's placeholder
 
 
 def show_measured_minutes(content: str, minutes: int) -> str:

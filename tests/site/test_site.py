@@ -742,6 +742,8 @@ def test_note_shape_marks_the_card_and_the_quiet_folds():
     assert '<p class="ms-prereq">先读：<a href="../09_x/">笔记 09</a>；约 7 分钟。</p>' in shown
     bare = load_hook().show_measured_minutes('<p class="ms-prereq">先读：09</p>', 7)
     assert bare == '<p class="ms-prereq">先读：09（约 7 分钟）</p>'
+    scaffold = load_hook().show_measured_minutes('<p class="ms-prereq">先读：09；约 N 分钟。</p>', 7)
+    assert scaffold == '<p class="ms-prereq">先读：09；约 7 分钟。</p>'  # new_note's placeholder
 
 
 PICTURED = (
