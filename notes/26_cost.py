@@ -79,7 +79,7 @@ draw_choice(qwen, CHOSEN["qwen3-8b"], cost.GPU_MEMORY,
 
 # %% [markdown]
 # 每行一个候选配置（序列 4096、全局 batch 128 条、SP 与选择性重算、分布式优化器）。条形是 Megatron 公式给出的每卡显存，
-# 右边是每步的通信时间（按名义带宽）、气泡和名义步长。TP1 DP8 最快，但 78.5 GiB 超过 72 GiB 的上限。
+# 右边是每步的通信时间（按名义带宽）、气泡和名义步长。TP1 DP8 最快，但 78.6 GiB 超过 72 GiB 的上限。
 #
 # <details><summary>本页怎么跑出来的</summary>
 #
@@ -308,7 +308,7 @@ cost.mfu_rows(CHOSEN)
 cost.choice_table(qwen)
 
 # %% [markdown]
-# TP1 DP8 没有 TP 通信、也没有气泡，却要 78.5 GiB，超过上限；在放得下的里面，PP2 只在 stage 边界发激活，比 TP2 每层前向、反向共 10 次集合通信（开 SP）便宜。
+# TP1 DP8 没有 TP 通信、也没有气泡，却要 78.6 GiB，超过上限；在放得下的里面，PP2 只在 stage 边界发激活，比 TP2 每层前向、反向共 10 次集合通信（开 SP）便宜。
 # 70B 在 64 卡上：
 
 # %% tags=["hide-input"]

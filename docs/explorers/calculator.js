@@ -460,7 +460,9 @@
   function controls(s, m) {
     const opts = (values, value) => values.map(([v, label]) =>
       `<option value="${esc(v)}"${String(v) === String(value) ? " selected" : ""}>${esc(label)}</option>`).join("");
-    $("[name=model]").innerHTML = opts(Object.keys(MODELS).map(k => [k, k]), s.model);  // an unknown one selects none
+    const known = Object.keys(MODELS).map(k => [k, k]);
+    if (!Object.prototype.hasOwnProperty.call(MODELS, s.model)) known.push([s.model, `${s.model}（未知）`]);  // shown as refused
+    $("[name=model]").innerHTML = opts(known, s.model);
     for (const [key, field] of Object.entries(SIZE_KEYS)) {
       const el = $(`[name=${key}]`);
       const v = field === "num_experts" ? (m.num_experts === null ? 0 : m.num_experts) : m[field];
