@@ -21,7 +21,9 @@ input leaves what a formula covers, the function here returns a :class:`Figure` 
 ``None`` and whose ``why`` says why -- never a number the formula does not stand behind.
 
 **Ours** (documented below, each naming the note whose recorded run it stands on): the pipeline
-bubble, the bytes each parallel group moves per step, and whether a group stays inside one node.
+bubble, the bytes each parallel group moves per step, and whether a group stays inside one node;
+and the memory budget a configuration is judged against (:data:`MEMORY_BUDGET`, in GiB: 80 GiB
+less 10 %), where a configuration with no memory number is "unknown" (:func:`memory_fits`).
 
 Hardware constants (:data:`HARDWARE`) name their source documents.
 """

@@ -43,7 +43,8 @@ def draw_choice(
         if a:
             fig.rect(left + ww, y, aw, 18, "fwd", rx=1, tip=f"激活 {a / gib:.1f} GiB")
         if c["fits"] is None:
-            text, kind = f"{w / gib:.1f} GiB + 激活未知", "muted"
+            unknown = "激活未知" if a is None else "权重未知"
+            text, kind = f"{w / gib:.1f} GiB + {unknown}", "muted"
         else:
             text = f"{(w + a) / gib:.1f} GiB" + ("" if c["fits"] else " 超")
             kind = "ink" if c["fits"] else "accent"

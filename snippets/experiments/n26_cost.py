@@ -471,11 +471,6 @@ def gib(x) -> str:
     return f"{x / 2**30:.1f}" if x is not None else "—"
 
 
-def gb(x) -> str:
-    """Kept for callers of the old name: bytes in GiB, as :func:`gib`."""
-    return gib(x)
-
-
 def link_ms(c: dict, link: str) -> str:
     """Milliseconds on ``link`` per step; ``+ ?`` when a group on that link has no byte count."""
     text = f"{c['link'][link] * 1e3:.0f}"
