@@ -44,7 +44,9 @@
 
   // ------------------------------------------------------------------ formulas.py, ported
   const isPosInt = v => Number.isInteger(v) && v >= 1;
-  const repr = v => (v === null || v === undefined ? "None" : typeof v === "string" ? `'${v}'` : String(v));
+  // Python's repr: None, 'text', and nan / inf / -inf for what is not a finite number
+  const repr = v => (v === null || v === undefined ? "None" : typeof v === "string" ? `'${v}'`
+    : typeof v === "number" && !Number.isFinite(v) ? (Number.isNaN(v) ? "nan" : v > 0 ? "inf" : "-inf") : String(v));
   // Python's f"{x:g}": 6 significant digits, exponent form below 1e-4 or from 1e6 on ("1.23457e+06")
   function gfmt(x) {
     if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";

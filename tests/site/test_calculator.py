@@ -90,11 +90,12 @@ EDITED = [
     ),  # ffn/h = 2e6: Python's :g exponent form
 ]
 PAGE_ONLY = [
-    # hash values the Python's types cannot hold: (hash fields over the default, the page's one line)
+    # hash values the Python's types cannot hold: (hash fields over the default, the page's one line);
+    # text where a number belongs reads as nan, 1e400 as inf -- the words Python's repr gives them
     ({"model": "nope"}, "unknown model 'nope': one of tiny, qwen3-8b, dense-8b, dense-70b, qwen3-30b-a3b"),
-    ({"vp": "abc"}, "vp must be a positive int, got NaN"),
-    ({"hidden": "abc"}, "hidden must be a positive int, got NaN"),
-    ({"seq": "1e400"}, "seq must be a positive int, got Infinity"),
+    ({"vp": "abc"}, "vp must be a positive int, got nan"),
+    ({"hidden": "abc"}, "hidden must be a positive int, got nan"),
+    ({"seq": "1e400"}, "seq must be a positive int, got inf"),
     ({"layers": "1e12"}, "layers must be at most 1048576, got 1000000000000"),
     ({"tp": "-1"}, "tp must be a positive int, got -1"),
 ]
