@@ -280,3 +280,8 @@ def gpu_only(d: Dims, par: ParallelDims) -> list[str]:
     out = tp_layer(d, par)
     divides(out, "world size", par.world, "the combined_1f1b run's ep", 2)
     return out
+
+
+def hang(d: Dims, par: ParallelDims) -> list[str]:
+    """Note 28's hang cases pair rank 0 with rank 1: exactly two ranks."""
+    return [] if par.world == 2 else [f"hang runs on exactly 2 ranks, not {par.world}"]

@@ -368,7 +368,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         module="snippets.experiments.n28_gpu_only",
         tiny=Dims("tiny", hidden=16, heads=4, query_groups=4, kv_channels=4, ffn=32, vocab=32,
                   layers=2, seq=8, micro_batch_size=1, microbatches=3, bias=False),
-        uses=("tp",), estimate=needs.gpu_only, checks=checks.gpu_only, example="--tp 2")]}
+        uses=("tp",), estimate=needs.gpu_only, checks=checks.gpu_only, example="--tp 2"),
+    Experiment(
+        name="hang", note="28_gpu_only",
+        what="a job that hangs or turns NaN, on 2 CPU gloo ranks: a skipped all_reduce and swapped collective "
+             "orders (plain gloo, then TORCH_DISTRIBUTED_DEBUG=DETAIL), flight-recorder dumps and torchfrtrace, "
+             "and the real RerunStateMachine on an injected NaN, injected errors and a spiky loss",
+        module="snippets.experiments.n28_hang",
+        tiny=Dims("tiny", hidden=1, heads=1, query_groups=1, kv_channels=1, ffn=1, vocab=1, layers=1,
+                  seq=1, micro_batch_size=1, microbatches=1),
+        uses=(), estimate=needs.groups_only, checks=checks.hang, unused=presets.OVERRIDES)]}
 """Registered experiments by name (the runner's first argument), in the order of their notes."""
 
 assert list(EXPERIMENTS) == [e.name for e in sorted(EXPERIMENTS.values(), key=lambda e: e.note)]
