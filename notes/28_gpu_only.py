@@ -35,6 +35,7 @@
 # - amax 在 TP×DP×CP 群上归约：4 个 rank、TP=2 时是 [0, 1, 2, 3]，`tp_only_amax_red` 时 [0, 1]；梯度照旧以 bf16/fp32 归约。
 # - `combined_1f1b` 换上假 stream 后在 CPU 上真跑：稳态一次调用 21 个节点、12 次 all-to-all，梯度与普通 1F1B 差 0。
 # - CUDA graph 的 5 组配置里 `TransformerConfig` 拒绝 4 组；0.19.0 的 schedule 只有 3 个，没有 zero-bubble / DualPipe。
+# - rank 1 漏发一次 `all_reduce`：rank 0 拿到错的 31 且不报错，第 3 次才在 2 s 上限超时；loss 出 NaN 时全部 rank 重跑该步，以 exit code 16 退出。
 #
 # 先读：[笔记 11](../11_transformer_layer/)（SP 的 all-gather / reduce-scatter）、[笔记 13](../13_pipeline_schedules/)（1F1B）、[笔记 17](../17_moe_expert_parallel/)（all-to-all）；数字见[笔记 26](../26_cost/)；约 20 分钟。
 
@@ -42,6 +43,7 @@
 import pathlib
 
 import torch
+from IPython.display import display
 
 from snippets.experiments import EXPERIMENTS, Parallel
 from snippets.experiments import n28_gpu_only as gpu
@@ -78,7 +80,11 @@ gpu.draw_combined(ops, title="EP 重叠：combined_1f1b 把 micro-batch 1 的 fo
 #   模型、all-to-all、autograd 都是真的。
 # - FP8 的算术（`gpu.delayed_scaling`、`gpu.current_scaling`、`gpu.block_quantize`）在笔记进程里用 torch 的 float8 dtype 跑，
 #   TE 的 cast 会饱和到格式最大值，所以先 clamp 再转。
-# - 复现：`.venv/bin/python -m snippets.run --nproc-per-node 4 gpu-only --dims tiny --tp 2` 打印本页的表；
+# - 卡住和 NaN 的例子在 `snippets/experiments/n28_hang.py`：两个 gloo rank，每个例子一个 timeout 2 秒的新群，那次启动的上限 12 秒；
+#   `TORCH_DISTRIBUTED_DEBUG=DETAIL` 在 rank 里设好再调 `dist.set_debug_level_from_env()`；flight recorder 由私有的
+#   `torch._C._distributed_c10d._dump_fr_trace()` 取出；`n28_hang.normalize` 把地址、端口、PID、路径、测得的时长换成占位符，本页设的上限保留。
+#   `RerunStateMachine` 只把 `_reduce_any` 里 `device='cuda'` 的那个张量换到 CPU（`n28_hang.allow_reduce_on_cpu`），尖峰例子用 5 个样本定最大值（Megatron 默认 100）。
+# - 复现：`.venv/bin/python -m snippets.run --nproc-per-node 4 gpu-only --dims tiny --tp 2` 打印本页前半的表，`... -m snippets.run --nproc-per-node 2 hang` 打印卡住和 NaN 的表；
 #   `scripts/execute_notes.sh notes/28_gpu_only.py` 重新执行整页。CPU 上的通用改动见 [CPU 补丁一览](../../cpu/)。
 #
 # </details>
@@ -99,6 +105,9 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 # | [`model_chunk_schedule_plan.py::TransformerLayerSchedulePlan.run`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/model_chunk_schedule_plan.py#L236) | 一层 forward 配一层 backward | 跑 |
 # | [`cuda_graphs.py::CudaGraphManager`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/cuda_graphs.py#L1763) | `cuda_graph_impl="local"` 的逐层捕获 | 跑：配置检查；捕获读代码 |
 # | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L48) | 三个 schedule，没有 zero-bubble | 跑 |
+# | [`initialize.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L340) | `--distributed-timeout-minutes` → 进程群的 `timeout` | 跑：gloo 群 timeout 2 秒 |
+# | [`rerun_state_machine.py::RerunStateMachine.validate_result`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L464) | loss 的 NaN / Inf / 尖峰检查 | 跑：注入 NaN |
+# | [`utils.py::StragglerDetector`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L1445) | 找慢的 rank | 读代码，未在 CPU 上运行 |
 #
 # <details><summary>其余符号</summary>
 #
@@ -119,6 +128,9 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 # | [`cuda_graphs.py::TECudaGraphHelper`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/cuda_graphs.py#L2086) | `cuda_graph_impl="transformer_engine"`：TE 的 `make_graphed_callables` |
 # | [`full_cuda_graph.py::FullCudaGraphWrapper`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/full_cuda_graph.py#L138) | `cuda_graph_impl="full_iteration"`：整个 forward-backward |
 # | [`enums.py::CudaGraphModule`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/enums.py#L61) | 可捕获的区域：attn、mlp、moe、moe_router、moe_preprocess、mamba |
+# | [`initialize.py:298`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L298) | `--flight-recorder-dump-path`：建群前设好 flight recorder 的环境变量 |
+# | [`training.py:2358`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2358) | `train_step` 里 `should_run_forward_backward` 的循环（:2458 问要不要存档退出） |
+# | [`rerun_state_machine.py::RerunErrorInjector`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L1267) | `--error-injection-rate` / `--error-injection-type` |
 #
 # </details>
 
@@ -149,6 +161,13 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 # └─ TE 线性层 (ub_overlap_ag / ub_overlap_rs / ub_bulk_*)        # tp_comm_overlap 时
 # TransformerLayer.__call__
 # └─ cuda_graph_impl == "local" ? CudaGraphManager                 # 逐层捕获；"transformer_engine" 由 TECudaGraphHelper 统一捕获
+# megatron/training/initialize.py::_initialize_distributed
+# └─ init_process_group(timeout=distributed_timeout_minutes)       # 之前按 --flight-recorder-dump-path 设好环境变量
+# megatron/training/training.py::train_step
+# ├─ while rerun_state_machine.should_run_forward_backward(...)     # 要重跑时同一步再来一次（所有 rank）
+# │  └─ forward_backward_func → pretrain_gpt.py::loss_func
+# │     └─ validate_result(loss, isnan / isinf / is_unexpectedly_large)
+# └─ should_checkpoint_and_exit() → 存档，sys.exit(16 或 17)
 # ```
 #
 # </details>
@@ -165,6 +184,8 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 # | `TransformerLayerSchedulePlan.run` | F 层、B 层、输入、梯度 | 下一层的输入和梯度 | 5 个节点的 forward / backward | EP 群 | 否 | 累加梯度 | 同上 |
 # | `CudaGraphManager.__call__` | 一层的输入 | 同一层的输出 | `_CudaGraphRunner` | 否 | 否 | 捕获后的静态缓冲区 | 每层 forward |
 # | `get_forward_backward_func` | PP、VP 大小 | schedule 函数 | 无 | 否 | 否 | 否 | 训练步开头 |
+# | `RerunStateMachine.validate_result` | 本 rank 的 loss、检查函数、fatal | 无（记下要不要重跑） | `_reduce_any` | 全部 rank 的 all-reduce | 否 | 状态机的状态 | `loss_func` 里 |
+# | `RerunStateMachine.should_checkpoint_and_exit` | 无 | (存档?, 退出?, exit code) | `_reduce_any` | 同上 | 否 | 决定存档 / 退出 | 每步之后 |
 #
 # </details>
 
@@ -388,6 +409,156 @@ print(f"已安装的 megatron/core 里 {len(list(package.rglob('*.py')))} 个 .p
 # F 和 B，藏 EP 的 all-to-all（DualPipe 在 DeepSeek-V3 里要解决的正是这件事）；`delay_wgrad_compute` 把 wgrad 挪到通信旁边。
 
 # %% [markdown]
+# ### 任务卡住时：少发一次集合通信
+#
+# 集合通信是一次“约会”：群里每个 rank 都要按同样的顺序发出同样的操作。torch 默认不检查这一点，先到的 rank 只会等，等到群的超时为止。
+# Megatron 把这个上限交给 `--distributed-timeout-minutes`（默认 10，[common_config.py:77](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/config/common_config.py#L77)），
+# 原样放进 `init_process_group` 的 `timeout`（[initialize.py:340](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L340)）；
+# 第一步之后还可以用 `--distributed-timeout-seconds-after-init` 把所有群的超时改短
+# （[training.py:3751](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L3751)，读代码，未在 CPU 上运行）。
+# 下面两个函数在两个 gloo rank 上各用一个 timeout 2 秒的新群：
+
+# %% tags=["hide-input"]
+import time
+from functools import partial
+
+import torch.distributed as dist
+
+from snippets.experiments import n28_hang
+from snippets.experiments.n28_hang import COLLECTIVE_TIMEOUT_S, HANG_LAUNCH_S
+
+
+# %%
+def skip_one(group):  # 三步，每步 all_reduce 一个数；rank 1 漏掉第 1 步的那次
+    rank, out = dist.get_rank(), []
+    for step in range(3):
+        x = torch.tensor([10.0 * step + rank])
+        if rank == 1 and step == 1:
+            out.append((step, "skipped"))
+            continue
+        try:
+            dist.all_reduce(x, group=group)
+        except RuntimeError as exc:  # 群的 timeout 到了
+            out.append((step, "raised", str(exc)))
+            break
+        out.append((step, "sum", x.item()))
+    return out
+
+
+def swap_order(group):  # rank 0 先 all_reduce 后 broadcast，rank 1 反过来
+    rank, out = dist.get_rank(), []
+    ops = ["all_reduce", "broadcast"] if rank == 0 else ["broadcast", "all_reduce"]
+    if rank == 1:
+        time.sleep(0.3)  # 让 rank 0 的计时先到，每次讲同一个故事
+    for op in ops:
+        x = torch.full((4,), float(rank + 1))
+        try:
+            if op == "all_reduce":
+                dist.all_reduce(x, group=group)
+            else:
+                dist.broadcast(x, src=0, group=group)
+        except RuntimeError as exc:
+            out.append((op, "raised", str(exc)))
+            break
+        out.append((op, "ok", x.tolist()))
+    return out
+
+
+# %% tags=["hide-input"]
+hang = run_ranks(partial(n28_hang.hang_scenarios, COLLECTIVE_TIMEOUT_S, skip_one, swap_order), 2, timeout=HANG_LAUNCH_S)
+print(f"每个群的 timeout = {COLLECTIVE_TIMEOUT_S:g} s；这次启动的上限 = {HANG_LAUNCH_S:g} s")
+n28_hang.skip_table(hang)
+
+# %% [markdown]
+# 结果不是“卡在第 1 步”：rank 0 第 1 步的 `all_reduce` 和 rank 1 第 2 步的那次配成了一对，两边都拿到 31（应得 21 和 41），没有任何报错；
+# 直到 rank 0 发出第 3 次、再也等不到对手，它才在 2 秒上限处超时。报错的是**没有漏发**的 rank，报错的位置也不是出错的位置，中间的结果已经悄悄错了。
+#
+# 要找出是谁少发了，最直接的证据是每个 rank 在这个群上发过几次集合通信。torch 给每个进程留一个环形缓冲（“飞行记录”，默认 2000 条），
+# 记下最近的集合通信，gloo 群也记：
+
+# %% tags=["hide-input"]
+display(n28_hang.flight_table(hang))
+print("torchfrtrace，dump 原样：", *n28_hang.fr_analyzer(hang))
+print("torchfrtrace，补上群成员 {0, 1}：")
+print(*n28_hang.fr_analyzer(hang, add_members=True)[:5], sep="\n")
+
+# %% [markdown]
+# rank 0 记到序号 3，rank 1 只到 2，序号小的那个就是漏发的。torch 自带的分析器 `torchfrtrace` 把各 rank 的 dump 合起来比对，
+# 但它要从 dump 里的 `pg_config` 得知每个群的成员，而这次 gloo 群没有被记进去，分析器停在 `KeyError`；补上成员表后它报出缺席的 rank 1。
+# 真实任务里用 Megatron 的 `--flight-recorder-dump-path`：它在建进程群之前设好 `TORCH_FR_DUMP_TEMP_FILE`、`TORCH_NCCL_TRACE_BUFFER_SIZE`、
+# `TORCH_NCCL_DUMP_ON_TIMEOUT` 等变量，已设的环境变量优先（[initialize.py:298](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L298)）。
+# 超时自动落盘是 NCCL 后端的功能，读代码，未在 CPU 上运行。
+#
+# ### 顺序不一致，以及 `TORCH_DISTRIBUTED_DEBUG=DETAIL`
+#
+# rank 0 先 `all_reduce` 后 `broadcast`、rank 1 反过来时，gloo 没有给出悄悄错掉的结果：rank 0 在 2 秒处超时，rank 1 随后看到
+# `Connection closed by peer`，后者只是前者的后果：
+
+# %% tags=["hide-input"]
+n28_hang.case_table(hang, "swap")
+
+# %% [markdown]
+# 先设 `TORCH_DISTRIBUTED_DEBUG=DETAIL` 再建群，torch 会把每个新群包进 `ProcessGroupWrapper`（`torch.distributed.distributed_c10d`
+# 建群时包装）：每次集合通信之前，各 rank 先经一个额外的 gloo 群交换“指纹”（序号、操作类型、形状），不一致就在两个 rank 上同时报错，不必等超时：
+
+# %% tags=["hide-input"]
+print("DETAIL 下每个新群的后端:", hang[0]["wrapper"])
+print(*n28_hang.mismatch_summary(hang), sep="\n")
+n28_hang.case_table(hang, "skip_detail")
+
+# %% [markdown]
+# 它查不出漏发：漏发的例子里两边的指纹都是同形状的 `all_reduce`，31 照样出现；只在最后一次，它的 monitored barrier 到 2 秒时报出
+# `Ranks 1 failed to pass monitoredBarrier`，直接点了漏发者的名。torch 在 import 时读这个变量，所以要在启动进程时放进环境；
+# 它给每次集合通信多加一轮通信，只用来排查。
+#
+# 等待没有上限（或上限很长）时，要看每个进程此刻的 Python 栈。下面这次启动让群的 timeout 比启动的上限长，到时由 faulthandler 取栈：
+
+# %% tags=["hide-input"]
+out = n28_hang.launcher_report()
+print(f"群的 timeout = {n28_hang.STUCK_GROUP_TIMEOUT_S:g} s，启动上限 = {n28_hang.STUCK_LAUNCH_S:g} s：")
+print(out["report"])
+
+# %% [markdown]
+# 集群上同样的事用 `py-spy dump --pid <PID>` 对每个进程做（本机没装，未运行）。Megatron 的
+# [`StragglerDetector`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L1445)（`--log-straggler`）
+# 管的是“慢而不卡”：用 CUDA event 给每个 rank 计时，每个日志间隔把各 rank 的数收到 rank 0，报出最慢和最快的 rank。收集本身就是集合通信
+# （[utils.py:1933](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L1933) 的 `gather_object`），真卡住时它也一起等。读代码，未在 CPU 上运行。
+#
+# ### loss 变成 NaN 或突然变大
+#
+# `pretrain_gpt.py` 的 `loss_func` 在 DP 归约之前对本 rank 的 loss 调两次 `validate_result`
+# （[pretrain_gpt.py:250](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L250)）；`--check-for-spiky-loss` 再加一次
+# `is_unexpectedly_large`，阈值是见过的最大值的 10 倍，`fatal=False`（[pretrain_gpt.py:266](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/pretrain_gpt.py#L266)）：
+
+# %%
+def nan_check(rsm, loss):  # pretrain_gpt.py 的 loss_func 里的两次检查，参数照抄
+    rsm.validate_result(result=loss, rejection_func=torch.isnan,
+                        message="found NaN in local forward loss calculation", tolerance=0.0, fatal=True)
+    rsm.validate_result(result=loss, rejection_func=torch.isinf,
+                        message="found Inf in local forward loss calculation", tolerance=0.0, fatal=True)
+
+
+# %% tags=["hide-input"]
+nan = run_ranks(partial(n28_hang.nan_cases, nan_check), 2, timeout=30)
+n28_hang.nan_table(nan)
+
+# %% [markdown]
+# `train_step` 把前向反向包在 `while rerun_state_machine.should_run_forward_backward(...)` 里
+# （[training.py:2358](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2358)），之后问
+# `should_checkpoint_and_exit()`（[training.py:2458](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/training.py#L2458)）。
+# 上表用真的 `RerunStateMachine` 跑了几步，rank 1 的输入在第 2 步放进一个 NaN。默认的 `validate_results` 模式下，各 rank 把“要重跑”的标志做一次
+# all-reduce（[`_reduce_any`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L254)），于是**所有 rank**
+# 恢复 RNG 状态、把这一步原地再跑一次；重跑仍是 NaN，而比较把 NaN 与 NaN 算作相同，判定“可复现”，决定存 checkpoint 并以 exit code 16 退出
+# （[rerun_state_machine.py:37](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L37)）：
+# 换一块 GPU 从这个 checkpoint 重跑这一步，才能分清是数据的问题还是这块 GPU 的问题。重跑结果不同算瞬时错误，以 17 退出；
+# `--error-injection-rate 1` 配 `transient_error` / `persistent_error` 正好演练这两条路。第一行是状态机照原样在 CPU 上跑：它的标志张量建在 `device='cuda'` 上。
+#
+# 真实集群上的步骤，每个开关的默认值取自 Megatron 自己的参数解析器，出处是 0.19.0 和 torch 2.13 的行：
+
+# %% tags=["hide-input"]
+n28_hang.procedure_table()
+
+# %% [markdown]
 # ## 与训练主链路的关系
 #
 # 这些开关都不改模型算什么，只改什么时候算、用什么精度算：TP 重叠和 EP 重叠的梯度与不重叠逐位相同（本页 EP 的差是 0），
@@ -399,6 +570,7 @@ print(f"已安装的 megatron/core 里 {len(list(package.rglob('*.py')))} 个 .p
 # - 计算和通信重叠的前提是两者互不依赖，并能在不同的硬件单元上同时跑：GEMM 用 Tensor Core，NCCL 用少量 SM 和 NVLink 的拷贝引擎。
 # - FP8 是浮点数的位数分配：E4M3 多一位尾数、范围小，给激活和权重；E5M2 范围大，给梯度。scale 把数据搬进可表示的范围。
 # - CUDA graph 针对的是 CPU 发 kernel 的开销：小 batch、小模型时 GPU 在等 CPU，graph 把几千次启动变成一次。
+# - 集合通信在一个群里按发出的先后配对，不看变量名和第几步：少发一次，后面的每一次都错位一格，直到最后一次没人接。
 
 # %% [markdown]
 # ## 遗留问题
@@ -410,6 +582,11 @@ print(f"已安装的 megatron/core 里 {len(list(package.rglob('*.py')))} 个 .p
 # - `combined_1f1b` 第一行就建 CUDA stream（[`utils.py:392`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/utils.py#L392)），
 #   CPU 上报 `RuntimeError: invalid argument to exchangeDevice`，看不出是缺 GPU（“EP 重叠里的 stream 和群”一节打印了它）。
 # - Megatron 的 FP8 默认 `fp8_amax_history_len=1`、`most_recent`，TE 自己的 `DelayedScaling` 默认 1024、`max`：同叫 delayed，对突变的反应不同。
+# - 第 1 步的 NaN 不检查：`validate_results` 模式下 `first_iteration_complete` 为 False 时直接返回
+#   （[rerun_state_machine.py:594](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L594)），NaN 表里“第 1 步 NaN”一行训练照常继续。
+# - `disabled` 模式只在出 NaN 的 rank 上抛错（[rerun_state_machine.py:519](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L519)），
+#   别的 rank 不知道，会在下一次集合通信里等它（NaN 表：rank 1 停在第 2 步）。
+# - 注入的错误挂在第一个被调用的 `validate_result` 上（这里是 NaN 检查），日志写着 found NaN，loss 其实不是 NaN。
 #
 # <details><summary>在 CPU 上怎么跑的</summary>
 #
@@ -418,6 +595,10 @@ print(f"已安装的 megatron/core 里 {len(list(package.rglob('*.py')))} 个 .p
 #   CPU 上只有一个线程，节点本来就按发出的顺序执行，所以记下的是 GPU 上两条流各自的发出顺序，不是真实的时间重叠。
 # - MoE 模型用 RoPE：learned 位置嵌入的参数在 `params_dtype=bf16` 时仍是 fp32，和 bf16 的词嵌入相加后变成 fp32，CPU 上的矩阵乘拒绝混合 dtype。
 # - TP 重叠那一层用 local spec（没有 TE），TE 的 userbuffer 名字和方法读自 TE 的源码（提交 `d0067d0`）。
+# - 卡住的例子：每个例子一个 timeout 2 秒的新群，一个群超时坏掉不影响下一个；默认群的超时比启动上限长，由启动器兜底。
+#   torch C++ 侧写到 fd 2 的日志在 rank 里截住，不进单元格输出；启动器的栈报告剪掉了 fork 时内核自己的调用帧。
+# - `RerunStateMachine` 照原样跑时停在 `_reduce_any` 的 `device='cuda'`（[rerun_state_machine.py:268](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L268)，
+#   NaN 表第一行）；之后只把这个模块里那一处换到 CPU，保存 / 恢复 CUDA RNG 用本仓库已有的补丁。
 #
 # </details>
 
@@ -467,6 +648,40 @@ print(order.column("micro-batch"))
 
 
 # %% [markdown]
+# **4. rank 1 漏掉第 1 步的 `all_reduce`（每步各 rank 贡献 10·step + rank）。rank 0 第 1 步拿到多少？为什么第 1 步没卡住？**
+#
+# <details><summary>答案</summary>
+#
+# 31。gloo 按群里的先后配对，不看“第几步”：rank 1 的下一次 `all_reduce`（第 2 步的 21）补上了这个位置，所以第 1 步照常完成、结果是错的
+# （应得 10 + 11 = 21）；真正等不到对手的是 rank 0 的第 3 次。flight recorder 里两个 rank 的次数是 3 和 2。
+#
+# </details>
+
+# %% tags=["answer"]
+r0 = dict((o[0], o[1:]) for o in hang[0]["skip"]["out"])
+print("rank 0 第 1 步拿到", r0[1][1], "；应得", (10 * 1 + 0) + (10 * 1 + 1),
+      "；它其实是 rank 0 第 1 步 + rank 1 第 2 步 =", (10 * 1 + 0) + (10 * 2 + 1))
+print("rank 0 / rank 1 在这个群上发出的集合通信次数：", [h["flight_record"]["last_enqueued"] for h in hang])
+
+# %% [markdown]
+# **5. `validate_results` 模式下 rank 1 的 loss 在第 2 步是 NaN、重跑还是 NaN。进程以什么 exit code 退出，为什么不直接判定失败？**
+#
+# <details><summary>答案</summary>
+#
+# 16（`EXIT_CODE_RESUME_TO_DISAMBIGUATE`），这一步在所有 rank 上跑了 2 次。同一块 GPU 上可复现，可能是数据本身算出 NaN，也可能是这块 GPU
+# 一直算错；状态机存下 checkpoint 退出，让任务换一块 GPU 从这里重跑这一步再下结论。重跑结果不同才是 17（瞬时错误）。
+#
+# </details>
+
+# %% tags=["answer"]
+from megatron.core.rerun_state_machine import EXIT_CODE_FAILED_ON_RESULT_VALIDATION, EXIT_CODE_RESUME_TO_DISAMBIGUATE
+
+row = nan[0]["validate_results"]["rows"][-1]
+print("第 2 步：该步跑了", row["runs"], "次；决定 (checkpoint, exit, code) =", row["decision"],
+      "；EXIT_CODE_RESUME_TO_DISAMBIGUATE =", EXIT_CODE_RESUME_TO_DISAMBIGUATE,
+      "，EXIT_CODE_FAILED_ON_RESULT_VALIDATION =", EXIT_CODE_FAILED_ON_RESULT_VALIDATION)
+
+# %% [markdown]
 # ## 30-second answer
 #
 # On GPUs Megatron hides communication behind compute. With sequence parallel, each TP all-gather and reduce-scatter
@@ -474,4 +689,7 @@ print(order.column("micro-batch"))
 # reduce-scatter after proj and fc2, bulk overlap in backward. FP8 casts GEMM inputs with a scale of 448 over the
 # amax, delayed from history or current; the amax is reduced over TP×DP×CP, gradients stay bf16 or fp32.
 # combined_1f1b interleaves one micro-batch's forward with another's backward layer by layer, so MoE all-to-alls
-# run beside compute. There is no zero-bubble or DualPipe schedule.
+# run beside compute. There is no zero-bubble or DualPipe schedule. A hang is a
+# collective some rank never joined: bound the wait, dump each rank's flight recorder and find the lowest sequence
+# number; TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives at once. A NaN loss makes the rerun state
+# machine replay the step on all ranks and exit with code 16, to retry on another GPU.

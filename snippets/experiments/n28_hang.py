@@ -96,9 +96,23 @@ def first_line(text: str, limit: int = 160) -> str:
 # ---- the hang cases (run on every rank of a 2-rank launch) ---------------------------------------
 
 
+_GROUPS_MADE = [0]
+
+
 def _group(timeout_s: float):
+    """A fresh 2-rank gloo group with ``timeout_s``, made once both ranks are here.
+
+    After the skip case rank 1 is done while rank 0 still waits out its timeout; making a group
+    then waits on the store only for the new group's timeout (it fails under torchrun). So the
+    ranks first meet on the default store (its own, long timeout) -- not with a collective, which
+    would land in the flight recorder the note reads."""
     import torch.distributed as dist
 
+    _GROUPS_MADE[0] += 1
+    store, key = dist.distributed_c10d._get_default_store(), f"n28_hang/group{_GROUPS_MADE[0]}"
+    if store.add(key, 1) == dist.get_world_size():
+        store.set(f"{key}/go", "1")
+    store.wait([f"{key}/go"])
     return dist.new_group(ranks=[0, 1], timeout=timedelta(seconds=timeout_s), backend="gloo")
 
 
