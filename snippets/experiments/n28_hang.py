@@ -88,9 +88,12 @@ def normalize(text: str, bounds_s=BOUNDS_S, host: str | None = None) -> str:
 
 
 def first_line(text: str, limit: int = 160) -> str:
-    """The first line of a message, normalized and cut to ``limit`` characters."""
+    """The first line of a message, normalized and cut to ``limit`` characters, for a table cell:
+    the placeholders' angle brackets become ‹ › (a rendered markdown table reads ``<host>`` as an
+    HTML tag and drops it)."""
     line = normalize(str(text)).strip().splitlines()[0] if str(text).strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    line = line if len(line) <= limit else line[: limit - 1] + "…"
+    return line.replace("<", "‹").replace(">", "›")
 
 
 # ---- the hang cases (run on every rank of a 2-rank launch) ---------------------------------------
