@@ -228,8 +228,8 @@ overlap
 # reduce-scatter 回 s/t。[`LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L525)
 # 在 [`layers.py:617`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L617) 以 `async_op=True`
 # 发出 all-gather，接着算 dgrad GEMM，在 [`layers.py:650`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L650)
-# 异步发出 reduce-scatter，再算 wgrad GEMM。这就是 TE 叫 **bulk** 的那四行：整块通信放在一个互不依赖的 GEMM 旁边。TE 的版本不靠
-# `CUDA_DEVICE_MAX_CONNECTIONS=1` 保证顺序，而是给通信单独的 SM 和 stream。
+# 异步发出 reduce-scatter，再算 wgrad GEMM。这就是 TE 叫 **bulk** 的那四行：整块通信放在一个互不依赖的 GEMM 旁边。local 层靠
+# `CUDA_DEVICE_MAX_CONNECTIONS=1` 保证通信先于 GEMM 发出；TE 则在自己的 userbuffer 上用拷贝引擎或几个专用 SM、在另一条 stream 上通信。
 #
 # **前提是 SP。** 不开 SP 时 TP 的通信是 all-reduce，没有“先收齐一半再算”的结构可拆；训练入口在
 # [`arguments.py:1401`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1401) 断言
@@ -360,11 +360,13 @@ for change in [dict(expert_model_parallel_size=1), dict(moe_token_dispatcher_typ
 # `delay_wgrad_compute` 只能和 EP 重叠一起开（[`transformer_config.py:2749`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/transformer_config.py#L2749)）。
 # 它把 TE 线性层的 backward 拆成 dgrad 和 wgrad 两半（TE ≥ 2.3 的 `delay_wgrad_compute` 参数），dgrad 先算、先往下传；wgrad 由
 # [`TransformerLayerNode.backward_dw`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/utils.py#L323)
-# 在 dispatch 的 all-to-all 旁边补算，最后一层的 wgrad 留到 p2p 通信旁边。这正是 zero-bubble 把 B 拆成 B 和 W 的思路，只是用来藏 all-to-all。
+# 补算：专家的 wgrad 紧跟在 F dispatch 之后，和那次 all-to-all 重叠；backward 走到的最后一层（模型的第一层）的 attention wgrad
+# 留到 p2p 通信旁边。这正是 zero-bubble 把 B 拆成 B 和 W 的思路，只是用来藏通信。
 # local 层没有 wgrad 的拆分，所以本页不开它。
 #
-# FP4 是另一组开关：`fp4="e2m1"`、`fp4_recipe="nvfp4"`（默认），TE 的 `NVFP4BlockScaling` 每 16 个值一个 E4M3 的 scale，外加一个 fp32 的
-# 全 tensor scale；权重用 16×16 的块，梯度随机舍入，输入和梯度先做 16×16 的 Hadamard 变换压离群值。
+# FP4 是另一组开关：`fp4="e2m1"`、`fp4_recipe="nvfp4"`（默认），[`get_fp4_recipe`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp4_utils.py#L219)
+# 交给 TE 的 [`NVFP4BlockScaling`](https://github.com/NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/common/recipe/__init__.py#L489)：
+# 每 16 个值一个 E4M3 的 scale，外加一个 fp32 的全 tensor scale；权重用 16×16 的块，梯度随机舍入，输入和梯度先做 16×16 的 Hadamard 变换压离群值。
 #
 # ### CUDA graph：捕获了什么，禁止了什么
 #
@@ -388,7 +390,7 @@ for label, change in gpu.CUDA_GRAPH_CASES:
 # %% [markdown]
 # 全重算在反向时重新执行 forward，逐层图放不下它；CPU offloading 在图外搬数据；dropless MoE 每步每个专家的 token 数不同，
 # 形状不固定，只有 drop-and-pad 的 MoE 才能捕获整个 MoE 层。`full_iteration` 还要求关掉 loss 的 NaN 检查
-# （[`arguments.py:1195`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1195)），因为检查要把 loss 拷回 CPU。
+# （[`arguments.py:1195`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/arguments.py#L1195)），因为检查要在图的中途把结果读回 CPU。
 # 捕获本身需要 GPU：读代码，未在 CPU 上运行。
 #
 # ### 没有 zero-bubble，也没有 DualPipe
@@ -586,14 +588,13 @@ n28_hang.procedure_table()
 #   （[rerun_state_machine.py:594](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L594)），NaN 表里“第 1 步 NaN”一行训练照常继续。
 # - `disabled` 模式只在出 NaN 的 rank 上抛错（[rerun_state_machine.py:519](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L519)），
 #   别的 rank 不知道，会在下一次集合通信里等它（NaN 表：rank 1 停在第 2 步）。
-# - 注入的错误挂在第一个被调用的 `validate_result` 上（这里是 NaN 检查），日志写着 found NaN，loss 其实不是 NaN。
 #
 # <details><summary>在 CPU 上怎么跑的</summary>
 #
 # - `combined_1f1b`：只在调用期间把 schedule 的 4 个模块（`pipeline_parallel/utils.py`、`model_chunk_schedule_plan.py`、
 #   `models/common/utils.py`、`fine_grained_callables.py`）看到的 CUDA stream / event 换成只带名字的替身，`Tensor.record_stream` 换成空操作；
 #   CPU 上只有一个线程，节点本来就按发出的顺序执行，所以记下的是 GPU 上两条流各自的发出顺序，不是真实的时间重叠。
-# - MoE 模型用 RoPE：learned 位置嵌入的参数在 `params_dtype=bf16` 时仍是 fp32，和 bf16 的词嵌入相加后变成 fp32，CPU 上的矩阵乘拒绝混合 dtype。
+# - MoE 模型用 RoPE：不经 `Float16Module` 包装时，learned 位置嵌入的输出是 fp32、词嵌入是 bf16，相加后变成 fp32，CPU 上的矩阵乘拒绝混合 dtype。
 # - TP 重叠那一层用 local spec（没有 TE），TE 的 userbuffer 名字和方法读自 TE 的源码（提交 `d0067d0`）。
 # - 卡住的例子：每个例子一个 timeout 2 秒的新群，一个群超时坏掉不影响下一个；默认群的超时比启动上限长，由启动器兜底。
 #   torch C++ 侧写到 fd 2 的日志在 rank 里截住，不进单元格输出；启动器的栈报告剪掉了 fork 时内核自己的调用帧。
