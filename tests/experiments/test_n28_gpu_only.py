@@ -137,3 +137,37 @@ def test_cuda_graph_refusals():
         "AssertionError",
         "接受",
     ]
+
+
+def _te_function(name: str) -> str:
+    """The source of one top-level function of TE's quantization.py at TE_COMMIT, decorators dropped."""
+    text = subprocess.run(
+        ["git", "-C", str(TE_MIRROR), "show", f"{gpu.TE_COMMIT}:transformer_engine/pytorch/quantization.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    start = text.index(f"\ndef {name}(") + 1
+    end = text.index("\n\n\n", start)
+    return text[start:end]
+
+
+@pytest.mark.skipif(not TE_MIRROR.exists(), reason="no TransformerEngine mirror on this machine")
+@pytest.mark.parametrize("history_len, algo", [(1, "most_recent"), (4, "max"), (3, "most_recent")])
+def test_delayed_scaling_matches_te_s_own_update(history_len, algo):
+    """TE's own amax-history and scale functions (read from its source, run with torch on CPU)
+    give the scale our delayed_scaling uses at every step."""
+    from typing import Tuple  # noqa: F401  (TE's annotations)
+
+    scope = {"torch": torch, "Tuple": Tuple}
+    for name in ("_update_amax_history", "_default_get_amax_and_update_history", "_default_sf_compute"):
+        exec(_te_function(name), scope)
+    steps = [gpu.activations(s) * (8.0 if s == 3 else 1.0) for s in range(6)]
+    history = torch.zeros(history_len, 1)
+    scale = torch.ones(1)
+    ours = gpu.delayed_scaling(steps, history_len, algo)
+    for x, r in zip(steps, ours):
+        assert r["scale"] == pytest.approx(float(scale), rel=1e-6)
+        history[0] = x.float().abs().max()  # TE writes this step's amax into slot 0 during the cast
+        history, amax = scope["_default_get_amax_and_update_history"](history, algo)
+        scale = scope["_default_sf_compute"](amax, scale, 448.0, 0)
