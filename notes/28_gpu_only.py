@@ -79,7 +79,8 @@ gpu.draw_combined(ops, title="EP 重叠：combined_1f1b 把 micro-batch 1 的 fo
 #   包住 `ScheduleNode.forward/backward`、`TransformerLayerSchedulePlan.run` 和 `combined_forward_backward_step`，记下节点顺序。
 #   模型、all-to-all、autograd 都是真的。
 # - FP8 的算术（`gpu.delayed_scaling`、`gpu.current_scaling`、`gpu.block_quantize`）在笔记进程里用 torch 的 float8 dtype 跑，
-#   TE 的 cast 会饱和到格式最大值，所以先 clamp 再转。
+#   TE 的 cast 会饱和到格式最大值，所以先 clamp 再转。`tests/experiments/test_n28_gpu_only.py` 把 TE 自己的
+#   `_default_get_amax_and_update_history` 和 `_default_sf_compute`（提交 `d0067d0` 的源码，在 CPU 上用 torch 执行）逐步对照，scale 相同。
 # - 卡住和 NaN 的例子在 `snippets/experiments/n28_hang.py`：两个 gloo rank，每个例子一个 timeout 2 秒的新群，那次启动的上限 12 秒；
 #   `TORCH_DISTRIBUTED_DEBUG=DETAIL` 在 rank 里设好再调 `dist.set_debug_level_from_env()`；flight recorder 由私有的
 #   `torch._C._distributed_c10d._dump_fr_trace()` 取出；`n28_hang.normalize` 把地址、端口、PID、路径、测得的时长换成占位符，本页设的上限保留。
