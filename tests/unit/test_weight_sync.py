@@ -257,12 +257,12 @@ def test_nemo_rl_sglang_and_megatron_generation():
         ),
         (
             "policy:\n  generation:\n    colocated:\n      enabled: false\n      resources:\n"
-            "        gpus_per_node: 2\n    refit_transport: nccl_reshard\n",
+            "        gpus_per_node: 4\n    refit_transport: nccl_reshard\n",
             "refit_transport = nccl_reshard: each generation rank receives only its slice",
         ),
         (
             "policy:\n  generation:\n    backend: sglang\n    colocated:\n      enabled: false\n"
-            "      resources:\n        gpus_per_node: 2\n",
+            "      resources:\n        gpus_per_node: 4\n",
             "NeMo RL does not run SGLang apart from training",
         ),
         # _override_ replaces the whole section: vllm_cfg loses its TP key, the default 1 applies
@@ -280,6 +280,27 @@ def test_nemo_rl_refit_paths_and_merge_rules(tmp_path, child, says):
     path = tmp_path / "child.yaml"
     path.write_text("defaults: [grpo_llama8b_megatron.yaml]\n" + child)
     assert says in report(path)
+
+
+def test_nemo_rl_sizes_that_do_not_fit_the_gpus_are_refused(tmp_path):
+    shutil.copy(NEMO / "grpo_llama8b_megatron.yaml", tmp_path)
+    shutil.copy(NEMO / "grpo_base.yaml", tmp_path)
+    path = tmp_path / "child.yaml"
+    for child, says in (
+        # 8 GPUs less 2 for generation leave 6, which Megatron's TP2 x PP2 cannot split
+        (
+            "policy:\n  generation:\n    colocated:\n      enabled: false\n      resources:\n"
+            "        gpus_per_node: 2\n",
+            "policy.megatron_cfg.: TP 2 x PP 2 x CP 1 does not divide the 6 training GPUs",
+        ),
+        ("cluster:\n  num_nodes: 0\n", "cluster.num_nodes must be a positive int, got 0"),
+        ("defaults: 5\n", "defaults: is 5; expected a file name or a list of them"),
+    ):
+        path.write_text(
+            ("" if child.startswith("defaults") else "defaults: [grpo_llama8b_megatron.yaml]\n") + child
+        )
+        code, out, err = run(path)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
 
 
 def test_unknown_model_size_still_gets_the_whole_report(tmp_path):
@@ -615,6 +636,8 @@ def test_bad_scripts_get_one_line_and_exit_2(tmp_path, text, says):
             "line 1: a case opened here has no `esac`",
         ),
         ("python3 -m verl.trainer.main_ppo\nfi\n", "line 2: `fi` closes no open block"),
+        ("true && }\npython3 -m verl.trainer.main_ppo\n", "line 1: `}` right after &&"),
+        ('N="a `b"\npython3 -m verl.trainer.main_ppo\n', "line 1: a ` command substitution opened here"),
     ],
 )
 def test_scripts_bash_stops_on_are_refused(tmp_path, text, says):
@@ -624,7 +647,7 @@ def test_scripts_bash_stops_on_are_refused(tmp_path, text, says):
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
     if shutil.which("bash") and "CRLF" not in says:  # bash itself stops on them
         got = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
-        assert got.returncode == 2 and "syntax error" in got.stderr
+        assert got.returncode == 2 and ("syntax error" in got.stderr or "unexpected EOF" in got.stderr)
 
 
 def test_sizes_must_be_positive(tmp_path):

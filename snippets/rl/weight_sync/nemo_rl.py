@@ -62,7 +62,9 @@ def load(path: str, _chain: tuple = ()) -> tuple[dict, list[str]]:
         return data, [path]
     base: dict = {}
     files: list[str] = []
-    for parent in [parents] if isinstance(parents, str) else list(parents):
+    if not isinstance(parents, (str, list)):
+        raise ConfigError(f"{path}: defaults: is {parents!r}; expected a file name or a list of them")
+    for parent in [parents] if isinstance(parents, str) else parents:
         parent_path = Path(str(parent)) if str(parent).startswith("/") else Path(path).parent / str(parent)
         if not parent_path.is_file():
             raise ConfigError(f"{path}: defaults: {parent} is not a file ({parent_path})")
@@ -178,6 +180,10 @@ def read_run(reader: Reader) -> Run:
         train, gen_gpus = _separate_gpus(reader, per_node, nodes)
     else:
         train = gen_gpus = UNSET
+    ranks = mul(*(sizes[k] for k in ("tp", "pp", "cp") if k in sizes))
+    if sizes and number(ranks) and number(train) and train % ranks:
+        names = " x ".join(f"{k.upper()} {sizes[k]}" for k in ("tp", "pp", "cp") if k in sizes)
+        raise ConfigError(f"{cfg}: {names} does not divide the {train} training GPUs")
     engine = mul(gen_tp, gen_pp)
     if number(engine) and number(gen_gpus) and (engine < 1 or gen_gpus % engine):
         raise ConfigError(
@@ -225,6 +231,8 @@ def _separate_gpus(reader: Reader, per_node, nodes):
             f"{res}num_nodes is null: on several nodes NeMo RL needs it to give generation its own nodes"
         )
     train_nodes = nodes - gen_nodes if number(nodes) and number(gen_nodes) else UNSET
+    if number(train_nodes) and train_nodes <= 0:
+        raise ConfigError(f"{res}num_nodes {gen_nodes} leaves no training node of {nodes}")
     return mul(train_nodes, per_node), mul(gen_nodes, per_node)
 
 

@@ -359,16 +359,24 @@ class _Shell:
                 self.opened[d] = line
 
     def _chain(self, words: list[str], line: int, term: str, prev: str) -> Command | None:
+        head = next((w for w in words if w not in ("!", "time")), "")
+        if prev in ("&&", "||") and head in (*_CLOSE, "esac", "then", "do", "else", "elif"):
+            raise ConfigError(
+                f"line {line}: `{head}` right after {prev}, so bash stops with a syntax error there; "
+                "this reader refuses the script"
+            )
         if prev not in ("&&", "||"):
             self.status = None
         elif self.status is not None and (prev == "&&") != self.status:
             return None  # bash skips it; the status stays what it was
         elif self.status is None:
-            self.blocks.append(f"a command after {prev}")
+            depth, marker = len(self.blocks), f"a command after {prev}"
+            self.blocks.append(marker)
             try:
                 self.run(words, line, term)
-            finally:
-                self.blocks.pop()
+            finally:  # drop the marker; a block the command opened (`&& if ...`) stays open
+                if len(self.blocks) > depth and self.blocks[depth] is marker:
+                    del self.blocks[depth]
             self.status = None
             return None
         self.status = None
@@ -691,20 +699,20 @@ class _Shell:
                 out.add(raw[i + 1 : j])
                 i = j + 1
             elif c == '"' and not quoted:
-                j = _closing(raw, i)
+                j = _span(raw, i, self.line)
                 out.add("")  # "" is a word even when empty
                 self._expand(raw[i + 1 : j - 1], out, quoted=True)
                 i = j
             elif c == "`" or raw.startswith("$(", i) and not raw.startswith("$((", i):
-                j = _closing(raw, i)
+                j = _span(raw, i, self.line)
                 out.add(Unknown(raw[i:j], "it is a command's output, known only when the script runs"))
                 i = j
             elif raw.startswith("$((", i):
-                j = _closing(raw, i)
+                j = _span(raw, i, self.line)
                 out.add(self._arith(raw[i:j]))
                 i = j
             elif raw.startswith("${", i):
-                j = _closing(raw, i)
+                j = _span(raw, i, self.line)
                 out.expansion(self._braced(raw[i:j]), quoted)
                 i = j
             elif c == "$" and i + 1 < len(raw) and (raw[i + 1].isalnum() or raw[i + 1] in "_@*#?!$"):
