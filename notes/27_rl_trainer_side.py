@@ -34,14 +34,14 @@
 # - 差来自 bf16，不是 TP：都用 fp32 只换 TP，最大差 1.43e-06；ratio 落在 0.9729–1.0293，C = 2 的截断一次也没用上。
 # - 精确 KL 为 0.00517 时，k1 的采样标准差 0.10236，k3（`low_var_kl`）只有 0.00830，两者期望都等于精确 KL。
 # - lr 1e-6 一步改了 5.78% 的 bf16 权重：矩阵 1.46%–4.47%，零初始化的 bias 全变，LN 权重一个不变。
-# - Qwen3-8B、TP2·PP2、8 卡：参考模型每卡 4.1 GB，训练端可放到 CPU 的 24.58 GB，rollout 睡下放出 48.0 GB。
+# - Qwen3-8B、TP2·PP2、8 卡：参考模型每卡 3.81 GiB，训练端可放到 CPU 的 22.89 GiB，rollout 睡下放出 48.0 GiB。
 #
 # 先读：[笔记 12](../12_vocab_parallel/)（vocab 并行交叉熵）、[笔记 22](../22_refit_and_resharding/)（refit）、[笔记 26](../26_cost/)（每参数字节）；约 18 分钟。
 
 # %% tags=["hide-input"]
 from snippets.experiments import EXPERIMENTS, Parallel
 from snippets.experiments import n27_rl_trainer as rl
-from snippets.cost.formulas import MODELS, Config, megatron_args
+from snippets.cost.formulas import GIB, MODELS, Config, megatron_args
 from snippets.ranks.launch import run_ranks
 from snippets.record.listing import listing
 
@@ -75,7 +75,8 @@ rl.draw_bits(results, title=f"lr 1e-6 一步改了 {shares['全部'][0]:.2%} 的
 #   前三部分用 `init_method_std` 0.2（分布更尖，差异更像真实模型），数位的一部分用 Megatron 默认的 0.02。
 #   rank 里 `torch.set_num_threads(1)`，存下的输出重跑不变。
 # - 奖励是生成 token 落在词表前一半的比例，组内减均值除标准差得 advantage；loss 是 −advantage × ratio 的 token 平均。
-# - 真实尺寸的数来自 `snippets/cost/formulas.py`（调用 Megatron 的 `compute_weight_and_optimizer_memory`）。
+# - 真实尺寸的数来自 `snippets/cost/formulas.py`（调用 Megatron 的 `compute_weight_and_optimizer_memory`）；显存都按 GiB（2³⁰ 字节），
+#   卡取它的 `HARDWARE["hbm_bytes"]`（80 GiB），上限取 `MEMORY_BUDGET`（72 GiB），与笔记 26 和计算器同一套。
 # - 复现：`.venv/bin/python -m snippets.run --nproc-per-node 2 rl-trainer --tp 2` 打印本页的表；
 #   `scripts/execute_notes.sh notes/27_rl_trainer_side.py` 重新执行整页。
 #
@@ -264,7 +265,7 @@ print("训练端自己选、与 rollout 不同的 token：", int((own.sort(-1).v
 
 # %%
 args = megatron_args(MODELS["qwen3-8b"], Config(gpus_per_node=8, tp=2, pp=2, distributed_optimizer=True))
-print("训练端 权重+梯度+优化器 GB/GPU", round(compute_weight_and_optimizer_memory(args) / 1e9, 2))
+print("训练端 权重+梯度+优化器 GiB/GPU", round(compute_weight_and_optimizer_memory(args) / GIB, 2))
 
 # %% tags=["hide-input"]
 rl.reference_rows()
@@ -320,17 +321,21 @@ rl.bits_table(results)
 # 都丢掉；训练端进入每个阶段时按 `param_offload`、`optimizer_offload` 把状态搬回，离开时放下（梯度缓冲只释放不拷贝，
 # `grad_offload` 读了但没用）；同步时先只醒权重，写完新权重、训练端放下后，再醒 KV cache。NeMo RL 的 vLLM 睡 level 1
 # （权重进 CPU 内存），refit 前释放梯度、把优化器搬到 CPU，送完再把参数放下，用的是 Megatron 自己的 `offload_to_cpu`。
-# verl 的 Qwen3-8B 例子（rollout TP2、`gpu_memory_utilization` 0.6，80 GB 的卡）每卡的账：
+# verl 的 Qwen3-8B 例子（rollout TP2、`gpu_memory_utilization` 0.6，即 vLLM 占整卡显存的六成；卡按 80 GiB）每卡的账：
 
 # %% tags=["hide-input"]
 display(rl.offload_rows())
-kept = (rl.per_gpu()["total"] + rl.per_gpu()["weights"]) / 1e9
-print(f"vLLM 睡下放出：{rl.GPU_BYTES * 0.6 / 1e9:.1f} GB/GPU | 训练端 + 参考一直留着：{kept:.2f} GB | "
-      f"推理时合计 {rl.GPU_BYTES * 0.6 / 1e9 + kept:.1f} GB / 80 GB")
+c = rl.colocated()
+print(f"vLLM 睡下放出：{rl.VLLM_SHARE} × {c['card'] / GIB:.0f} GiB = {c['vllm'] / GIB:.1f} GiB/GPU | "
+      f"训练端 + 参考一直留着：{c['kept'] / GIB:.2f} GiB")
+print(f"推理时合计 {c['sum'] / GIB:.2f} GiB | 卡 {c['card'] / GIB:.0f} GiB：放得下 {c['sum'] <= c['card']}，"
+      f"余 {(c['card'] - c['sum']) / GIB:.2f} GiB | 笔记 26 的上限 {c['budget'] / GIB:.0f} GiB：放得下 {c['sum'] <= c['budget']}，"
+      f"余 {(c['budget'] - c['sum']) / GIB:.2f} GiB")
 
 # %% [markdown]
-# 这个例子没开训练端的 offload：训练端和参考的 28.68 GB 一直留在卡上，推理时再加 vLLM 的 48 GB，76.7 GB 放得进 80 GB；
-# 训练时 vLLM 睡下，它让出的地方给激活用。更大的模型（例如 [Qwen3-30B-A3B 的例子](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/examples/grpo_trainer/run_qwen3_30b_a3b_megatron.sh#L153)）
+# 这个例子没开训练端的 offload：训练端和参考的 26.70 GiB 一直留在卡上，推理时再加 vLLM 的 48.0 GiB，合计 74.70 GiB，
+# 放得进 80 GiB 的卡，只余 5.30 GiB；按笔记 26 给公式没算的 CUDA context、NCCL 缓冲和碎片留一成（上限 72 GiB），就超了 2.70 GiB，
+# colocated 留下的余量比笔记 26 对单独训练要求的还紧。训练时 vLLM 睡下，它让出的地方给激活用。更大的模型（例如 [Qwen3-30B-A3B 的例子](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/examples/grpo_trainer/run_qwen3_30b_a3b_megatron.sh#L153)）
 # 把三个开关全打开，rollout 时训练端几乎不占显存，代价是每个阶段进出都要经 PCIe 搬一遍。
 
 # %% [markdown]
@@ -393,16 +398,16 @@ round(float(est["k1 (kl)"].std() / est["k3 (low_var_kl)"].std()), 1)
 [next(n for n in range(1, 10000) if torch.tensor(1.0 + sign * n * 1e-6).bfloat16() != 1.0) for sign in (-1, 1)]
 
 # %% [markdown]
-# **3. NeMo RL 每算一次参考 log-prob，Qwen3-8B TP2·PP2 每卡要在 CPU 与 GPU 之间搬多少 GB 权重？**
+# **3. NeMo RL 每算一次参考 log-prob，Qwen3-8B TP2·PP2 每卡要在 CPU 与 GPU 之间搬多少 GiB 权重？**
 #
 # <details><summary>答案</summary>
 #
-# 3 × 4.1 = 12.3 GB：policy 拷出、参考拷入、policy 拷回，各一份 bf16 权重。
+# 约 11.4 GiB（3 × 3.81 GiB）：policy 拷出、参考拷入、policy 拷回，各一份 bf16 权重。
 #
 # </details>
 
 # %% tags=["answer"]
-round(3 * rl.per_gpu()["weights"] / 1e9, 1)
+round(3 * rl.per_gpu()["weights"] / GIB, 1)
 
 # %% [markdown]
 # ## 30-second answer
@@ -412,3 +417,5 @@ round(3 * rl.per_gpu()["weights"] / 1e9, 1)
 # trainer log-probs differ because of bf16 rounding at different points (here 6.8e-3 on average), so frameworks weight
 # by truncated importance ratios; for MoE Megatron replays the rollout's routing. k3 (low_var_kl) is unbiased and far
 # less noisy than k1. At lr 1e-6 only a few percent of bf16 weights change per step, which delta sync exploits.
+# Colocated, the GPU takes turns: in verl's Qwen3-8B example vLLM holds 48.0 GiB of an 80 GiB card while awake,
+# next to 26.70 GiB of trainer state and reference weights, and sleeps to give it back for training.

@@ -16,15 +16,16 @@
    GRPO steps at ``lr`` (1e-6): how many bf16 weights change their bits, per parameter kind, each
    step and since the start.
 
-:func:`tables` prints the note's tables from rank 0; :func:`reference_rows` and
-:func:`offload_rows` size the reference copy and what the hybrid engine frees for real models with
-:mod:`snippets.cost.formulas`.
+:func:`tables` prints the note's tables from rank 0; :func:`reference_rows`, :func:`offload_rows`
+and :func:`colocated` size the reference copy and what the hybrid engine frees for real models with
+:mod:`snippets.cost.formulas`, in GiB against its card (``HARDWARE["hbm_bytes"]``, 80 GiB) as note 26.
 """
 
 from __future__ import annotations
 
 import torch
 
+from snippets.cost.formulas import GIB, HARDWARE, MEMORY_BUDGET
 from snippets.record.tables import Table
 
 PROMPT = 4
@@ -358,8 +359,9 @@ def tables(results, dims, par) -> list:
 # ---- real sizes -----------------------------------------------------------------------------------
 
 
-def _gb(x: float) -> float:
-    return round(x / 1e9, 2)
+def _gib(x: float) -> float:
+    """Bytes in GiB (2**30), two decimals: the unit of note 26 and the calculator."""
+    return round(x / GIB, 2)
 
 
 def per_gpu(model: str = "qwen3-8b", tp: int = 2, pp: int = 2, gpus: int = 8) -> dict:
@@ -377,20 +379,21 @@ def per_gpu(model: str = "qwen3-8b", tp: int = 2, pp: int = 2, gpus: int = 8) ->
 def reference_rows(model: str = "qwen3-8b", tp: int = 2, pp: int = 2, gpus: int = 8) -> Table:
     s = per_gpu(model, tp, pp, gpus)
     return Table(
-        ["每卡参数", "bf16 参考权重 GB", "训练端 权重+梯度+优化器 GB", "参考 ÷ 训练端"],
+        ["每卡参数", "bf16 参考权重 GiB", "训练端 权重+梯度+优化器 GiB", "参考 ÷ 训练端"],
         [
             [
                 f"{s['params'] / 1e9:.3f} B",
-                _gb(s["weights"]),
-                _gb(s["total"]),
+                _gib(s["weights"]),
+                _gib(s["total"]),
                 f"{s['weights'] / s['total']:.1%}",
             ]
         ],
     )
 
 
-GPU_BYTES = 80e9
-"""An 80 GB GPU (H100 SXM), as note 26."""
+VLLM_SHARE = 0.6
+"""``gpu_memory_utilization`` of verl's Qwen3-8B Megatron GRPO example: vLLM takes this share of
+the GPU's *total* memory (weights, KV cache, its activations), here of ``HARDWARE["hbm_bytes"]``."""
 
 
 def offload_rows(
@@ -399,7 +402,7 @@ def offload_rows(
     pp: int = 2,
     gpus: int = 8,
     rollout_tp: int = 2,
-    vllm_share: float = 0.6,
+    vllm_share: float = VLLM_SHARE,
 ) -> Table:
     """What verl's colocated (hybrid) round frees per GPU around rollout and refit, for ``model`` at
     the trainer's TP x PP and the rollout's TP, vLLM given ``vllm_share`` of the GPU (the Qwen3-8B
@@ -410,38 +413,50 @@ def offload_rows(
     m = formulas.MODELS[model]
     total = formulas.params_per_gpu(m, formulas.Config(gpus_per_node=gpus))["dense"]  # TP = PP = 1: all
     rollout_w = 2 * total / rollout_tp
-    vllm = vllm_share * GPU_BYTES
+    vllm = vllm_share * HARDWARE["hbm_bytes"]
     return Table(
-        ["谁", "什么", "GB/GPU", "何时放下 / 拿回"],
+        ["谁", "什么", "GiB/GPU", "何时放下 / 拿回"],
         [
             [
                 "rollout",
                 f"bf16 权重（rollout TP={rollout_tp}）",
-                _gb(rollout_w),
+                _gib(rollout_w),
                 "采样后 sleep(level=2) 丢掉；refit 时先 wake 权重再写入",
             ],
             [
                 "rollout",
                 "KV cache 等（vLLM 份额减权重）",
-                _gb(vllm - rollout_w),
+                _gib(vllm - rollout_w),
                 "同上丢掉；refit 完再 wake kv_cache",
             ],
-            ["训练端", "bf16 权重", _gb(s["weights"]), "param_offload：拷到 pinned CPU，前向 / 训练时搬回"],
-            ["训练端", "fp32 梯度缓冲", _gb(s["grads"]), "随 param_offload 释放（不拷贝，搬回时清零）"],
+            ["训练端", "bf16 权重", _gib(s["weights"]), "param_offload：拷到 pinned CPU，前向 / 训练时搬回"],
+            ["训练端", "fp32 梯度缓冲", _gib(s["grads"]), "随 param_offload 释放（不拷贝，搬回时清零）"],
             [
                 "训练端",
                 f"fp32 主权重 + Adam 两个矩（÷DP={s['dp']}）",
-                _gb(s["optimizer"]),
+                _gib(s["optimizer"]),
                 "optimizer_offload：拷到 CPU，训练时搬回",
             ],
             [
                 "参考模型",
                 "bf16 权重（同样切分）",
-                _gb(s["weights"]),
+                _gib(s["weights"]),
                 "默认留在 GPU；ref 的 param_offload 打开则放 CPU",
             ],
         ],
     )
+
+
+def colocated(
+    model: str = "qwen3-8b", tp: int = 2, pp: int = 2, gpus: int = 8, vllm_share: float = VLLM_SHARE
+) -> dict:
+    """Bytes per GPU while vLLM is awake and the trainer offloads nothing: vLLM's share of the card,
+    the trainer's state plus the reference's bf16 weights (Megatron's formula), their sum, the card
+    (``HARDWARE["hbm_bytes"]``) and note 26's budget (``MEMORY_BUDGET``, the card less 10 %)."""
+    s = per_gpu(model, tp, pp, gpus)
+    vllm = vllm_share * HARDWARE["hbm_bytes"]
+    kept = s["total"] + s["weights"]
+    return dict(vllm=vllm, kept=kept, sum=vllm + kept, card=HARDWARE["hbm_bytes"], budget=MEMORY_BUDGET)
 
 
 # ---- picture --------------------------------------------------------------------------------------

@@ -146,3 +146,18 @@ def test_real_size_rows_by_hand():
     assert s["params"] == pytest.approx(want, rel=1e-3)
     assert s["total"] == pytest.approx(s["params"] * (6 + 12 / 2))
     assert s["weights"] + s["grads"] + s["optimizer"] == pytest.approx(s["total"])
+
+
+def test_colocated_sum_in_gib_against_the_card():
+    """vLLM's gpu_memory_utilization is a share of the whole card (note 26's HARDWARE, 80 GiB); the
+    sum is vLLM's share plus the trainer's state and the reference's bf16 weights."""
+    from snippets.cost.formulas import GIB, HARDWARE, MEMORY_BUDGET
+    from snippets.experiments.n27_rl_trainer import VLLM_SHARE, colocated, per_gpu
+
+    c = colocated("qwen3-8b", 2, 2, 8)
+    s = per_gpu("qwen3-8b", 2, 2, 8)
+    assert c["card"] == HARDWARE["hbm_bytes"] == 80 * GIB and c["budget"] == MEMORY_BUDGET
+    assert c["vllm"] == pytest.approx(VLLM_SHARE * 80 * GIB)
+    assert c["kept"] == pytest.approx(s["total"] + s["weights"])
+    assert c["sum"] == pytest.approx(c["vllm"] + c["kept"])
+    assert c["budget"] < c["sum"] < c["card"]  # on the card, over note 26's 72 GiB budget
