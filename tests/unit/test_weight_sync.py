@@ -572,6 +572,18 @@ def test_arithmetic_the_reader_does_not_evaluate_is_named(tmp_path):
     assert "++ or -- on a variable" in a.unknown.why and "an assignment" in b.unknown.why
 
 
+def test_what_arithmetic_assigns_is_unknown_after_it(tmp_path):
+    path = tmp_path / "x.sh"
+    path.write_text(
+        "N=2\n(( M = N << 3 ))\nif true; then (( N++ )); fi\nK=$((J=5))\n"
+        "python3 -m verl.trainer.main_ppo a=$N b=$M c=$J\n"
+    )
+    a, b, c = read_script(str(path), path.read_text()).args
+    assert "N is changed on line 3 by the arithmetic command (( ))" in a.unknown.why
+    assert "M is changed on line 2" in b.unknown.why  # `<<` inside (( )) is a shift, not a here-document
+    assert "J is changed on line 4 by $((J=5))" in c.unknown.why
+
+
 def test_heredoc_body_is_not_a_command(tmp_path):
     body = "cat <<-'END' > other.sh\n\tpython3 -m verl.trainer.main_ppo trainer.nnodes=9\n\tEND\n"
     path = script(tmp_path, body + COMMAND.format(tp=2, gpus=8, nodes=1))

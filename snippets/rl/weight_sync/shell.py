@@ -187,6 +187,17 @@ def _statements(text: str, broken: list[int] | None = None):
             if not words and not word:
                 start = line
             word += c  # part of a redirection: 2>&1, &>log
+        elif c == "(" and text.startswith("((", i) and not word and all(w in _LEADING for w in words):
+            j, depth = i, 0  # an arithmetic command (( ... )): one word, so `<<` in it is a shift
+            while j < n:
+                depth += (text[j] == "(") - (text[j] == ")")
+                j += 1
+                if depth == 0:
+                    break
+            start, word = line, text[i:j]
+            line += text.count("\n", i, j)
+            i = j
+            continue
         elif c in "\n;&|()":
             end_word()
             term = c
@@ -212,6 +223,7 @@ def _statements(text: str, broken: list[int] | None = None):
         yield words, start, line, "\n"
 
 
+_LEADING = ("then", "do", "else", "!", "time", "{")  # words that may come before a command
 _HEREDOC = re.compile(r"^\d*<<(?!<)(-?)(.*)$", re.S)
 
 
@@ -513,6 +525,9 @@ class _Shell:
                 break
         if not words:
             return None
+        if words[0].startswith("((") and words[0].endswith("))"):
+            self._assigned(words[0][2:-2], "the arithmetic command (( ))")
+            return None
         assigns = []
         while words and _ASSIGN.match(words[0]):
             assigns.append(words.pop(0))
@@ -809,6 +824,7 @@ class _Shell:
         except _Unknowable as got:
             return Unknown(source, got.args[0].why)
         except _Beyond as got:
+            self._assigned(source[3:-2], source)
             return Unknown(source, f"it uses {got} inside $(( )), which this reader does not evaluate")
         except _ArithError as got:
             if self._uncertain():
@@ -817,6 +833,17 @@ class _Shell:
                 f"line {self.line}: {source}: bash reports '{got}' and skips the rest of that line; "
                 "this reader does not guess what the script means"
             ) from None
+
+    def _assigned(self, expr: str, where: str) -> None:
+        """Variables an arithmetic expression sets (``N=3``, ``N+=1``, ``N++``): unknown from here
+        on, as this reader does not evaluate assignments."""
+        names = re.findall(r"([A-Za-z_]\w*)\s*(?:\*\*|<<|>>|[-+*/%&|^])?=(?!=)", expr)
+        names += re.findall(r"(?:\+\+|--)\s*([A-Za-z_]\w*)|([A-Za-z_]\w*)\s*(?:\+\+|--)", expr)
+        for name in names:
+            for one in [name] if isinstance(name, str) else name:
+                if one:
+                    why = f"{one} is changed on line {self.line} by {where}, which this reader does not evaluate"
+                    self.env[one] = Unknown(f"${one}", why)
 
     def _calc(self, expr: str, depth: int) -> int:
         if depth > 32:
