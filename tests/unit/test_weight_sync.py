@@ -530,6 +530,8 @@ ARITH = {
     "0 && 7/0": 0,
     "(N + 1) * 2 << 1": 36,
     "M * 2": 10,  # M=2+3: a variable's value is itself an expression
+    "1 << 65": 2,  # the shift count is taken mod 64, as the CPU does
+    "0 && 2 ** -M": 0,  # a skipped side reads variables as 0
     "": 0,
 }
 
@@ -549,6 +551,7 @@ def test_arithmetic_is_bash_arithmetic(tmp_path):
     [
         ("7/0", "bash reports 'division by 0'"),
         ("2**-1", "bash reports 'exponent less than 0'"),
+        ("1 || 2**-1", "bash reports 'exponent less than 0'"),  # even on the side || skips
         ("08", "bash reports '08: value too great for base'"),
         ("2 +", "bash reports 'syntax error: operand expected'"),
     ],

@@ -1039,8 +1039,7 @@ def _binary(op: str, a: int, b: int) -> int:
         q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # C truncates toward zero
         return q if op == "/" else a - q * b
     if op in ("<<", ">>"):
-        if not 0 <= b < _BITS:
-            raise _Beyond(f"a shift by {b} (bash leaves it to the machine)")
+        b &= _BITS - 1  # bash leaves the count to the CPU: x86-64 and arm64 take it mod 64
         return _wrap(a << b) if op == "<<" else a >> b
     return _wrap(
         {
@@ -1161,33 +1160,45 @@ class _Arith:
         self.k += 1
         return ("num", _constant(text)) if kind == "num" else ("ref", text)
 
-    def value(self, tree) -> int:
+    def value(self, tree, noeval: bool = False) -> int:
+        """The tree's value. The side bash skips (``0 && X``, ``1 || X``, the branch ``?:`` does
+        not take) is still walked with ``noeval``, as bash does: a negative constant exponent there
+        is an error; a division by 0 is not, and a variable there reads as 0."""
         kind = tree[0]
         if kind == "num":
             return tree[1]
         if kind == "ref":
-            return self.ref(tree[1])
+            return 0 if noeval else self.ref(tree[1])  # bash does not read a variable it skips
         if kind[0] == "u":
             signs = []
             while tree[0][0] == "u":
                 signs.append(tree[0])
                 tree = tree[1]
-            v = self.value(tree)
+            v = self.value(tree, noeval)
             for sign in reversed(signs):
                 v = {"u-": -v, "u+": v, "u!": int(v == 0), "u~": ~v}[sign]
                 v = _wrap(v)
             return v
-        if kind == "&&":
-            return int(bool(self.value(tree[1])) and bool(self.value(tree[2])))
-        if kind == "||":
-            return int(bool(self.value(tree[1])) or bool(self.value(tree[2])))
+        if kind in ("&&", "||"):
+            a = bool(self.value(tree[1], noeval))
+            b = bool(self.value(tree[2], noeval or a == (kind == "||")))
+            return int(a and b) if kind == "&&" else int(a or b)
         if kind == "?":
-            return self.value(tree[2]) if self.value(tree[1]) else self.value(tree[3])
+            test = bool(self.value(tree[1], noeval))
+            yes, no = self.value(tree[2], noeval or not test), self.value(tree[3], noeval or test)
+            return yes if test else no
         if kind == ",":
-            self.value(tree[1])
-            return self.value(tree[2])
-        a, b = self.value(tree[1]), self.value(tree[2])
-        return _power(a, b) if kind == "**" else _binary(kind, a, b)
+            self.value(tree[1], noeval)
+            return self.value(tree[2], noeval)
+        a, b = self.value(tree[1], noeval), self.value(tree[2], noeval)
+        if kind == "**":
+            return _power(a, b)
+        try:
+            return _binary(kind, a, b)
+        except (_ArithError, _Beyond):
+            if noeval:
+                return 0
+            raise
 
 
 def looks_like_script(path: str, text: str) -> bool:
