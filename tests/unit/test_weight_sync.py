@@ -4,6 +4,7 @@ these tests in the frameworks' shapes (not copied from either). The YAML-only ca
 tests/unit/test_verl_sync.py."""
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from snippets.rl.weight_sync import cli, facts, hydra
-from snippets.rl.weight_sync.shell import read_script
+from snippets.rl.weight_sync.shell import _Shell, read_script
+from snippets.rl.weight_sync.values import ConfigError
 
 ROOT = Path(__file__).parents[2]
 VERL = ROOT / "tests" / "fixtures" / "verl"
@@ -544,6 +546,45 @@ def test_arithmetic_is_bash_arithmetic(tmp_path):
     words = [w.text for w in read_script(str(path), path.read_text()).args]
     assert words == [f"a{k}={ARITH[e]}" for k, e in enumerate(exprs)]
     assert _bash_words(tmp_path, path) == words
+
+
+def _random_expression(rng, depth=0):
+    def atom(d):
+        r = rng.random()
+        if d > 3 or r < 0.35:
+            return rng.choice(
+                ["0", "1", "2", "7", "-5", "010", "0x1f", "2#101", "N", "M", "9223372036854775807"]
+            )
+        if r < 0.5:
+            return rng.choice(["- ", "+ ", "!", "~"]) + atom(d + 1)  # "- -" is not "--"
+        if r < 0.6:
+            return f"({_random_expression(rng, d + 1)})"
+        if r < 0.7:
+            return f"{atom(d + 1)} ? {atom(d + 1)} : {atom(d + 1)}"
+        return _random_expression(rng, d + 1)
+
+    ops = "+ - * / % ** << >> < > <= >= == != & ^ | && || ,".split()
+    return f"{atom(depth)} {rng.choice(ops)} {atom(depth)}"
+
+
+def test_arithmetic_matches_bash_on_random_expressions(tmp_path):
+    """600 seeded random expressions (errors included): the reader's value, or its refusal, is bash's."""
+    if not shutil.which("bash"):
+        pytest.skip("no bash on PATH: the reader's arithmetic is not checked against bash's")
+    rng = random.Random(39)
+    exprs = [_random_expression(rng) for _ in range(600)]
+    path = tmp_path / "a.sh"
+    path.write_text("N=4 M=-3\n" + "".join(f'(echo "$(( {e} ))") 2>/dev/null || echo error\n' for e in exprs))
+    got = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    ours = []
+    for e in exprs:
+        shell = _Shell("a.sh")
+        shell.env.update(N="4", M="-3")
+        try:
+            ours.append(str(shell._arith(f"$(( {e} ))")))
+        except ConfigError:
+            ours.append("error")
+    assert ours == got
 
 
 @pytest.mark.parametrize(
