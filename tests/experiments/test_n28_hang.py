@@ -4,6 +4,7 @@ rerun state machine stops the job on the injected NaN."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -132,8 +133,9 @@ def test_the_rerun_state_machine_catches_the_nan(nan):
     def last(case, rank=0):
         return nan[rank][case]["rows"][-1]
 
-    # as published, its all_reduce of the flag asks for CUDA
-    assert "NVIDIA driver" in last("as_published")["error"]
+    # as published, its all_reduce of the flag asks for CUDA: a fresh process finds no driver; a
+    # rank forked from a test process that already asked torch.cuda something is refused earlier
+    assert re.search(r"NVIDIA driver|re-initialize CUDA in forked subprocess", last("as_published")["error"])
     # disabled: validate_result still raises on the rank whose loss is NaN, the others go on
     assert "Unexpected result nan" in last("disabled", h.NAN_RANK)["error"]
     assert last("disabled", 0)["error"] is None and last("disabled", 0)["iteration"] == h.NAN_ITERATIONS
