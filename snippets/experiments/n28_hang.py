@@ -55,6 +55,7 @@ SKIP_RANK, SKIP_STEP, STEPS = 1, 1, 3
 _ADDRESS = re.compile(r"\[?(?:\d{1,3}\.){3}\d{1,3}\]?(?::\d+)?|\[[0-9a-fA-F:]*:[0-9a-fA-F:]*\](?::\d+)?")
 _HEX = re.compile(r"0x[0-9a-fA-F]{6,}")
 _PID = re.compile(r"\b(pid|PID|process|Process)([ =:]+)\d+")
+_QUOTED_PATH = re.compile(r'"[^"\n]*/([^"/\n]+)"')  # a traceback's File "...": the path may hold spaces
 _PATH = re.compile(r"(?:[\w.\-~]*/)+([\w.\-]+\.(?:py|cc|cpp|h|hpp|txt|pkl))")
 _DIR = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)*[\w.\-]+/?")
 _DURATION = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(ms|s|sec|seconds)\b")
@@ -74,6 +75,7 @@ def normalize(text: str, bounds_s=BOUNDS_S, host: str | None = None) -> str:
     text = _ADDRESS.sub("<addr>", text)
     text = _HEX.sub("<hex>", text)
     text = _PID.sub(lambda m: f"{m.group(1)}{m.group(2)}<pid>", text)
+    text = _QUOTED_PATH.sub(r'"\1"', text)
     text = _PATH.sub(lambda m: m.group(1), text)
     text = _DIR.sub("<dir>", text)
 

@@ -43,6 +43,8 @@ def test_normalize_strips_addresses_ports_pids_paths_hosts_and_measured_duration
         "[rank0]:[E1204 06:49:25.951271719 ProcessGroupGloo.cpp:2901] Rank 1 failed; "
         "Current thread 0x00007f3a5c1b2740; see /tmp/ranks-abc123/stack0.txt\n"
         '  File "/work/main/snippets/experiments/n28_hang.py", line 123 in stuck\n'
+        '  File "/tmp/ci run/main/.venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py", '
+        "line 83 in wrapper\n"  # a clone at a path with a space
         '  File "/work/main/.venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", '
         "line 3252 in all_reduce"
     )
@@ -60,8 +62,11 @@ def test_normalize_strips_addresses_ports_pids_paths_hosts_and_measured_duration
         "06:49:25",
         "2901",
         "line 123",
+        "ci run",
+        "<dir>",
     ):
         assert volatile not in out, (volatile, out)
+    assert 'File "c10d_logger.py", line 83 in wrapper' in out
     for kept in (
         "[pair.cc:553]",
         "<addr>",
