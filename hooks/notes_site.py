@@ -25,6 +25,7 @@ from pathlib import Path
 
 import site_css
 from markdown.extensions.toc import nest_toc_tokens
+from mkdocs.plugins import CombinedEvent, event_priority
 from mkdocs.structure.toc import get_toc
 from site_cells import (
     CHECKED_LINE,
@@ -65,6 +66,7 @@ from site_nav import NOTE_NAME, NOTES_DIR, PLAN, ROUNDS, _first_h1, _notes_prese
 from site_note_links import link_note_numbers
 from site_render import FocusableMarkup, speed_up_notebook_rendering
 from site_search import (
+    SEARCH_ATTRIBUTES,
     SEGMENT_FIX,
     WIRE_MARK,
     WORKER_SETUP,
@@ -75,6 +77,7 @@ from site_search import (
     fix_query_segmenter,
     load_search_words,
     read_search_index,
+    without_div_wrappers,
     word_mark_pattern,
 )
 
@@ -164,6 +167,27 @@ def on_page_content(content, page, config, files):
     site_css.note_uses(content)
     # include_source copies the .ipynb into the page's own directory
     return download_button(Path(page.file.abs_src_path).name) + content
+
+
+@event_priority(100)  # before material's search plugin indexes the page
+def _index_by_sections(context, page, config, nav):
+    if is_note(page):
+        page.ms_reader_content = page.content
+        page.content = without_div_wrappers(page.content)
+    return context
+
+
+@event_priority(-10)  # after it, before hooks/backlinks.py (-50) reads the finished page
+def _give_back_the_page(context, page, config, nav):
+    reader = getattr(page, "ms_reader_content", None)
+    if reader is not None:
+        page.content = SEARCH_ATTRIBUTES.sub("", reader)
+        del page.ms_reader_content
+    return context
+
+
+# site_search.without_div_wrappers says why the search parser reads another copy of a note page
+on_page_context = CombinedEvent(_index_by_sections, _give_back_the_page)
 
 
 def on_post_page(output, page, config):

@@ -8,6 +8,7 @@ that separate nothing), while each note's title gains the Chinese names of its t
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -209,3 +210,53 @@ def drop_plain_copies(text: str) -> str:
 
 PROMPT = re.compile(r"(?:In|Out)\xa0\[\d*\]: (?:Copied! )?")
 """nbconvert's cell prompts (``In [3]: Copied!``) as they reach the search text: not words."""
+
+
+# ---------------------------------------------------------------------------- sections of a note
+# Material's search parser ends a heading's section when the element that holds the heading closes
+# (material/plugins/search/plugin.py, Parser.handle_endtag), and text after it goes back to the
+# page's first entry. On a note page every markdown cell is its own <div>, so the prose of the cells
+# after a heading's cell was indexed under the page's top, and a search result opened the page at
+# its title instead of at the section. The parser is given a copy of the page without the <div>
+# wrappers (a <div> that excludes itself from search is kept, with what it holds); the reader's page
+# is not changed.
+
+DIV_OPEN_OR_CLOSE = re.compile(r"<div\b[^>]*>|</div\s*>", re.I)
+RAW_BLOCK = re.compile(r"<(script|style|pre|textarea)\b.*?</\1\s*>", re.S | re.I)
+
+
+def without_div_wrappers(content: str) -> str:
+    """``content`` with every ``<div>`` and its ``</div>`` removed, except divs that carry
+    ``data-search-exclude`` (kept whole). ``<script>``, ``<style>``, ``<pre>`` and ``<textarea>``
+    bodies are left as they are. Unbalanced markup is returned unchanged."""
+    raw = [(m.start(), m.end()) for m in RAW_BLOCK.finditer(content)]
+    starts = [a for a, _ in raw]
+
+    def in_raw(pos: int) -> bool:
+        i = bisect.bisect_right(starts, pos) - 1
+        return i >= 0 and pos < raw[i][1]
+
+    out, pos, stack = [], 0, []  # stack: True for a kept div
+    for m in DIV_OPEN_OR_CLOSE.finditer(content):
+        if in_raw(m.start()):
+            continue
+        tag = m.group(0)
+        closing = tag.startswith("</")
+        if closing:
+            if not stack:
+                return content
+            keep = stack.pop()
+        else:
+            keep = (stack and stack[-1]) or "data-search-exclude" in tag
+            stack.append(bool(keep))
+        if not keep:
+            out.append(content[pos : m.start()])
+            pos = m.end()
+    if stack:
+        return content
+    out.append(content[pos:])
+    return "".join(out)
+
+
+SEARCH_ATTRIBUTES = re.compile(r'\s?data-search-\w+="[^"]+"')
+"""What material's search plugin removes from a page once it has indexed it (its on_page_context)."""

@@ -445,6 +445,27 @@ def test_search_index_leaves_code_out(site, note_names):
         assert re.search(r"[\u4e00-\u9fff]{2}", page_text), f"{name}: no prose indexed"
 
 
+def test_a_notes_prose_is_indexed_under_its_own_section(site, note_names):
+    """A search result opens the section that holds the words: on a note page every markdown
+    cell is its own <div>, and material's parser used to give the prose of every cell after a
+    heading's own cell to the page's first entry (hooks/site_search.py without_div_wrappers)."""
+    index = load_hook().read_search_index(site.dir)
+    marks = re.compile(r"[\u200b\x7f\s]")
+    for name in note_names:
+        stem = Path(name).stem
+        docs = [d for d in index["docs"] if d["location"].split("#")[0] == f"notes/{stem}/"]
+        top = next(d for d in docs if "#" not in d["location"])
+        assert len(top["text"]) < 200, f"{stem}: {len(top['text'])} characters indexed at the page's top"
+        # words of the lesson: the first run of 8 Chinese characters in a markdown cell after the
+        # one that holds the 关键对象 heading
+        cells = json.loads((site.notes_dir / name).read_text(encoding="utf-8"))["cells"]
+        at = next(i for i, c in enumerate(cells) if "## 关键对象" in "".join(c["source"]))
+        later = "".join("".join(c["source"]) for c in cells[at + 1 :] if c["cell_type"] == "markdown")
+        words = re.search(r"[\u4e00-\u9fff]{8}", later.split("<details>")[0]).group(0)
+        holders = [d["location"] for d in docs if words in marks.sub("", d["text"])]
+        assert holders and all("#" in h for h in holders), (stem, words, holders)
+
+
 def test_search_index_sends_word_marks_in_one_byte_and_the_worker_restores_them(site):
     """On the wire each word mark is U+007F (1 byte, not U+200B's 3); the built worker turns them
     back before it indexes anything, so what it searches is the index material wrote."""
