@@ -30,11 +30,11 @@
 #
 # **结论**
 #
-# - 训练端 TP=2 用 `vocab_parallel_cross_entropy` 重算（log-prob = −loss），对 rollout 平均差 6.84e-03，23.7% 的 token 超过 0.01。
-# - 差来自 bf16，不是 TP：都用 fp32 只换 TP，最大差 1.43e-06；ratio 落在 0.9729–1.0293，C = 2 的截断一次也没用上。
+# - 训练端 TP=2 bf16 用 `vocab_parallel_cross_entropy` 重算（log-prob = −loss），对 rollout 平均差 5.93e-03，23.2% 的 token 过 0.01。
+# - 差在 bf16 舍入的位置：fp32 只换 TP 最大差 1.43e-06，bf16 只换 TP 就差 5.93e-03；ratio 在 0.9769–1.0257，C = 2 没截断。
 # - 精确 KL 为 0.00517 时，k1 的采样标准差 0.10236，k3（`low_var_kl`）只有 0.00830，两者期望都等于精确 KL。
 # - lr 1e-6 一步改了 5.78% 的 bf16 权重：矩阵 1.46%–4.47%，零初始化的 bias 全变，LN 权重一个不变。
-# - Qwen3-8B、TP2·PP2、8 卡：参考模型每卡 3.81 GiB，训练端可放到 CPU 的 22.89 GiB，rollout 睡下放出 48.0 GiB。
+# - Qwen3-8B、TP2·PP2、8 卡：参考模型每卡 3.81 GiB，训练端可放下的 22.89 GiB，rollout 睡下放出 48.0 GiB。
 #
 # 先读：[笔记 12](../12_vocab_parallel/)（vocab 并行交叉熵）、[笔记 22](../22_refit_and_resharding/)（refit）、[笔记 26](../26_cost/)（每参数字节）；约 18 分钟。
 
@@ -68,7 +68,7 @@ rl.draw_bits(results, title=f"lr 1e-6 一步改了 {shares['全部'][0]:.2%} 的
 #
 # - 一次启动 2 个 gloo rank（`snippets.ranks.launch.run_ranks`），跑 `snippets/experiments/n27_rl_trainer.py` 的 `run`，
 #   模型与单步的写法在 `snippets/rl/trainer_side.py`：先在 TP=1（两个 rank 是 DP）上建 fp32 `GPTModel` 和同样权重的
-#   `Float16Module`（bf16）逐 token 采样；再 `destroy_model_parallel`，按 TP=2 重建，检查拼回的整张权重逐位相同，重算 log-prob；
+#   `Float16Module`（bf16）逐 token 采样；再 `destroy_model_parallel`，按 TP=2 重建 bf16（两个框架的训练端都是 bf16）和 fp32（对照）两个模型，检查拼回的整张权重逐位相同，重算 log-prob；
 #   然后用 Megatron 的 DDP 与 `get_megatron_optimizer` 训两个 bf16 policy：一个 lr 1e-4 走 8 步给 KL 用，一个 lr 1e-6 走 40 步数位。
 # - 尺寸（`dims` 的 `tiny`）：hidden 32、4 个 head、ffn 128、vocab 64、2 层、LayerNorm、带 bias、学习式位置嵌入；
 #   序列 32 = 4 个 prompt token + 28 个生成 token，8 条 = 2 个 prompt × 每组 4 条（GRPO 的组）。
@@ -162,6 +162,8 @@ listing(rl.mismatch, rl.bits_shares)
 # 同一个 token，一轮里会有四个 log-prob：
 #
 # - **rollout 的**：推理引擎采样时顺手给出（verl 的 `calculate_log_probs`，NeMo RL 的 `generation_logprobs`），bf16 权重、推理核。
+#   verl 的这个开关在 [`rollout.yaml`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/rollout/rollout.yaml#L233) 里是 True，
+#   在 [dataclass](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/config/rollout.py#L219) 里默认 False：不走 yaml 建配置时它是关的，下一节的修正就都没有输入。
 # - **old**：训练端用更新前的权重重算一遍，PPO / GRPO 的 ratio 以它为分母。
 # - **参考模型的**：初始权重算出的，只用于 KL。
 # - **current**：更新时带梯度的那次前向，ratio 的分子。
@@ -177,7 +179,7 @@ listing(rl.mismatch, rl.bits_shares)
 # | 修正 | [`rollout_is`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L6)（默认关）、[`rollout_is_threshold: 2.0`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L11)、[`rollout_rs`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L14)、[`bypass_mode`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/algorithm/rollout_correction.yaml#L20) | [`use_importance_sampling_correction`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L140)（默认关）、[`truncated_importance_sampling_type` / `_ratio`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L146)（无默认） |
 # | 参考模型 | [另一个只前向的引擎](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/engine_workers.py#L586)，权重默认在 GPU（LoRA 时关掉 adapter 即可，不另占） | CPU 上一份 state dict，[每次换进 policy 的参数里](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/workers/megatron_policy_worker.py#L1971)再换回 |
 # | KL | [`kl_penalty`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/ppo/core_algos.py#L2187)：kl、abs、mse、low_var_kl；loss 默认 [`low_var_kl`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/actor/actor.yaml#L116)、[0.001](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/actor/actor.yaml#L113) | [`calculate_kl`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/utils.py#L42)：k1、k2、k3；默认 [k3](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L131)、[0.01](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/loss/loss_functions.py#L128) |
-# | 只送变了的 | [`delta_sharded`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/checkpoint_engine/delta_checkpoint_engine.py#L218)：本 rank 的 bf16 分片逐位比上一步的 CPU 快照（只接 SGLang） | [`vllm_s3_sparse` / `vllm_zmq_sparse`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/config.py#L30)：HF 导出逐位比基线，只在非 colocated |
+# | 只送变了的 | [`delta_sharded`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/checkpoint_engine/delta_checkpoint_engine.py#L218)：本 rank 的 bf16 分片逐位比上一步的 CPU 快照（只接 SGLang，[只在非 colocated](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/checkpoint_engine/delta_checkpoint_engine.py#L14)） | [`vllm_s3_sparse` / `vllm_zmq_sparse`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/config.py#L30)：HF 导出逐位比基线，只在非 colocated |
 # | 睡下 / 醒来 | vLLM [`sleep(level=2)`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/rollout/vllm_rollout/vllm_async_server.py#L1116)；[先醒权重、同步、再醒 KV cache](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/workers/engine_workers.py#L727) | vLLM [`sleep(level=1)`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/vllm_worker.py#L1309)；[`offload_before_refit` / `offload_after_refit`](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/algorithms/grpo.py#L2342) |
 # | 训练端放下 | [`offload_megatron_model_to_cpu`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/utils/megatron_utils.py#L663) 等，开关 [`param_offload` / `optimizer_offload`](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/verl/trainer/config/engine/megatron.yaml#L5) | Megatron 的 `_ParamAndGradBuffer.offload_to_cpu` 加[逐张量搬优化器](https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/policy/workers/megatron_policy_worker.py#L3237) |
 
@@ -186,8 +188,8 @@ listing(rl.mismatch, rl.bits_shares)
 #
 # ### 重算：TP=2 的 logits，一次 vocab 并行交叉熵
 #
-# rollout 替身是 TP=1 的 bf16 模型，逐 token 生成；训练端是同一份权重的 TP=2 fp32 模型（两个 rank 拼回的整张权重逐位相同），
-# 对整段序列做一次前向。每个 rank 的 logits 是 `[b, s, V/2]`，转成 `[s, b, V/2]` 交给 `vocab_parallel_cross_entropy`：
+# rollout 替身是 TP=1 的 bf16 模型，逐 token 生成；训练端是同一份权重的 TP=2 bf16 模型（两个框架的 Megatron 训练端都是 bf16；
+# 另建一个 fp32 的作对照；两个 rank 拼回的整张权重逐位相同），对整段序列做一次前向。每个 rank 的 logits 是 `[b, s, V/2]`，转成 `[s, b, V/2]` 交给 `vocab_parallel_cross_entropy`：
 # 先各自求最大值，在 TP 群上 all-reduce 取 max；目标 token 落在哪个 rank 的那一半，那个 rank 给出它的 logit，其余给 0，all-reduce 求和；
 # exp 的和再 all-reduce 一次。两个 rank 得到同一个 `[s, b]` 的 loss，log-prob 就是它的负值。verl 正是这样取的；
 # NeMo RL 自己写了同样三步的 `DistributedLogprob`，不调 Megatron。
@@ -199,13 +201,14 @@ print(f"TP=1 与 TP=2 拼回的整张权重逐位相同：{results[0]['same_weig
 rl.mismatch_table(results)
 
 # %% [markdown]
-# 第一行就是训练端和 rollout 的差。拆开看：都用 fp32、只换 TP，差在 1e-6 以下，是 fp32 求和顺序的舍入；
-# 都用 bf16、只换 TP，差就和第一行同一量级。只换精度（同为 TP=2）也一样。所以差来自 bf16：
+# 第一行就是真实部署里训练端和 rollout 的差：两边都是 bf16，平均 5.93e-03。拆开看：都用 fp32、只换 TP，最大差 1.43e-06，
+# 是 fp32 求和顺序的舍入；都用 bf16、只换 TP，平均差 5.93e-03，就是第一行的全部。差不是 TP 本身造成的，而是 bf16 舍入发生的位置：
 # 中间结果每过一层都要舍入到 8 个有效二进制位，TP=2 的行并行层先各算一半、各自舍入成 bf16 再相加，TP=1 一次算完才舍入，
-# 舍入的位置不同，误差就不同。“只换形状”一行（逐 token 生成对整段前向）在 CPU 上几乎为零；
+# 舍入的位置不同，误差就不同。把训练端换成 fp32（第二行）也不会更近，平均差 6.84e-03：rollout 自己带着 bf16 的舍入，
+# fp32 的训练端只是换了一种不同。“只换形状”一行（逐 token 生成对整段前向）在 CPU 上几乎为零；
 # GPU 上矩阵乘的分块随 batch 大小变，这一行也会变大，Megatron 为此有 `batch_invariant_mode`（见下）。
 #
-# 这点差换成 importance ratio `exp(logp_train − logp_rollout)`：
+# 这点差换成 importance ratio `exp(logp_train − logp_rollout)`（bf16 训练端在前，fp32 对照在后）：
 
 # %% tags=["hide-input"]
 rl.ratio_table(results)
@@ -215,7 +218,8 @@ rl.ratio_table(results)
 #
 # ### 修正：IS 权重、截断、拒绝、bypass
 #
-# 训练要的是当前策略的期望，样本却是 rollout 按它自己的数采出来的。用 ratio w = exp(old − rollout) 给每个 token 的 loss 加权就是
+# 样本是 rollout 按它自己的数采出来的，PPO 的 ratio 却以训练端重算的 old 为分母。w = exp(old − rollout) 把 rollout 的分布
+# 修正到 old；从 old 到正在更新的策略，仍是 PPO ratio 的事。用 w 给每个 token 的 loss 加权就是
 # importance sampling；w 偶尔很大时方差爆炸，所以截断。verl 的 `rollout_is: token` 逐 token 取 w，`sequence` 用整条的和再广播，
 # 都先把差夹在 ±20 之内，再按 `rollout_is_threshold`（默认 2.0）截断成 min(w, C)；阈值写成 `"lo_hi"` 时改成区间外置零（IcePop）。
 # `rollout_rs` 是另一条路：按 k1 / k2 / k3 统计量超阈值的 token 或整条序列直接从 mask 里去掉。`bypass_mode` 则干脆不重算，
@@ -296,17 +300,20 @@ cfg = OptimizerConfig(lr=1e-6, bf16=True, weight_decay=0.01)
 print("lr", cfg.lr, "| adam_eps", cfg.adam_eps, "| betas", (cfg.adam_beta1, cfg.adam_beta2), "| clip_grad", cfg.clip_grad)
 
 # %% tags=["hide-input"]
+import math
+print("正态初始化里 |w| < 2⁻¹¹ 的份额：", " | ".join(f"std {s:g}：{math.erf(2**-11 / s / math.sqrt(2)):.2%}" for s in (0.02, 0.01)))
 rl.bits_table(results)
 
 # %% [markdown]
 # Adam 的一步约等于 lr 乘梯度的符号：第一步 m/√v 几乎正好是 ±1（只差 eps），所以每个元素都走 1e-6。bf16 只有 8 个有效二进制位，|w| ≈ 0.014 时相邻两个
 # bf16 值相距 2⁻¹⁴ ≈ 6.1e-5，主权重要累计走过半格（约 31 步）舍入结果才变。于是：
 #
-# - **第 1 步最少**：主权重是从 bf16 复制来的，恰好在格点上，只有 |w| < 2⁻¹¹ ≈ 4.9e-4 的元素一步就跨过半格（std 0.02 的正态里约 1.9%）；之后主权重在格间各处，
+# - **第 1 步最少**：主权重是从 bf16 复制来的，恰好在格点上，只有 |w| < 2⁻¹¹ ≈ 4.9e-4 的元素一步就跨过半格（上面打印的 std 0.02 正态里 1.95%，std 0.01 的 3.89%；表中 1.46%–4.47%）；之后主权重在格间各处，
 #   每步都有一批跨线，平均份额反而更高。
 # - **零初始化的 bias 和 LN 的 bias 全变**：0 附近 bf16 格极密，1e-6 就是一个新值。**LN 权重为 1.0 一个不变**：1 附近格宽 2⁻⁷，
 #   要约两千步才挪一格。
-# - **过半的步数**就是半格除以 lr：std 0.02 的矩阵 31 步，缩小初始化的 `proj`、`fc2`（std 0.01）16 步。
+# - **过半的步数**就是半格除以 lr：qkv、fc1、position、output 31 步，缩小初始化的 `proj`、`fc2`（std 0.01）16 步；
+#   embedding 里本批没出现的 token 那几行没有梯度、一直不动，40 步后 50.0%，还没过半。
 #
 # verl 的 `delta_sharded` 正是按这个位比较：每个 rank 把本地 bf16 分片和上一步留在 CPU 的快照逐位比，只送变了的位置；它的文档说
 # [真实训练每步约 1–3%](https://github.com/verl-project/verl/blob/1dda039b9c6311889a9c9a26040677e1254814f9/docs/advance/delta_weight_sync.md#L17)，
@@ -357,8 +364,8 @@ print(f"推理时合计 {c['sum'] / GIB:.2f} GiB | 卡 {c['card'] / GIB:.0f} GiB
 # **Megatron 的坑**
 #
 # - bf16 模型的 LN 权重在 RL 的学习率下长期不动：主权重在走，模型权重要约两千步才挪一格，推理端一直拿到旧值（上面的表，40 步后仍是 0%）。
-# - `vocab_parallel_cross_entropy` 虽在 fp32 里算，输入却是 bf16 模型输出的 logits：重算的精度受限于 logits 那一次舍入，
-#   算 log-prob 的函数本身救不回来（上面“只换精度”一行）。
+# - `vocab_parallel_cross_entropy` 虽在 fp32 里算，输入却是 bf16 模型输出的 logits：重算的精度受限于 bf16 的整次前向
+#   （每层都舍入，logits 也是 bf16），算 log-prob 的函数在 fp32 里也救不回来（上面“只换精度”一行比的是整个模型 fp32 对 bf16）。
 # - `moe_enable_routing_replay` 只管 top-k 的下标，概率仍从训练端自己的分数里取：回放后专家相同，概率仍差 bf16 那一点（上面打印的最大差）。
 #
 # <details><summary>在 CPU 上怎么跑的</summary>
@@ -398,7 +405,7 @@ round(float(est["k1 (kl)"].std() / est["k3 (low_var_kl)"].std()), 1)
 [next(n for n in range(1, 10000) if torch.tensor(1.0 + sign * n * 1e-6).bfloat16() != 1.0) for sign in (-1, 1)]
 
 # %% [markdown]
-# **3. NeMo RL 每算一次参考 log-prob，Qwen3-8B TP2·PP2 每卡要在 CPU 与 GPU 之间搬多少 GiB 权重？**
+# **3. 按 verl 例子的切分（Qwen3-8B、TP2·PP2、8 卡），NeMo RL 的做法每算一次参考 log-prob，每卡要在 CPU 与 GPU 之间搬多少 GiB 权重？**
 #
 # <details><summary>答案</summary>
 #
@@ -414,8 +421,8 @@ round(3 * rl.per_gpu()["weights"] / GIB, 1)
 #
 # Between sampling and the next sync, the trainer recomputes old log-probs (verl: minus Megatron's
 # vocab_parallel_cross_entropy), runs the reference for KL, takes one step and sends weights back. Rollout and
-# trainer log-probs differ because of bf16 rounding at different points (here 6.8e-3 on average), so frameworks weight
-# by truncated importance ratios; for MoE Megatron replays the rollout's routing. k3 (low_var_kl) is unbiased and far
+# trainer log-probs differ because bf16 rounding happens at different points (here 5.93e-03 on average between a bf16 TP=2
+# trainer and a bf16 TP=1 rollout), so frameworks can weight by truncated importance ratios (off by default in both); for MoE Megatron replays the rollout's routing. k3 (low_var_kl) is unbiased and far
 # less noisy than k1. At lr 1e-6 only a few percent of bf16 weights change per step, which delta sync exploits.
 # Colocated, the GPU takes turns: in verl's Qwen3-8B example vLLM holds 48.0 GiB of an 80 GiB card while awake,
 # next to 26.70 GiB of trainer state and reference weights, and sleeps to give it back for training.

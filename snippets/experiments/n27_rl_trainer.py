@@ -5,9 +5,9 @@
 1. **rollout stand-in** at TP = 1 in bf16 (``Float16Module``): sample continuations token by
    token and keep each sampled token's log-prob; the same weights in fp32 at TP = 1 and the bf16
    model over whole sequences give the comparison rows;
-2. **trainer recompute** at TP = ``par.tp`` in fp32 (and bf16): the same full weights (checked
-   after gathering), log-probs of the sampled tokens through
-   ``tensor_parallel.vocab_parallel_cross_entropy``;
+2. **trainer recompute** at TP = ``par.tp`` in bf16 (as both frameworks run the actor) and in
+   fp32 (the contrast): the same full weights (checked after gathering), log-probs of the sampled
+   tokens through ``tensor_parallel.vocab_parallel_cross_entropy``;
 3. **reference and KL**: the initial weights kept as the reference; a bf16 policy trained
    ``kl_steps`` GRPO steps at ``kl_lr`` with Megatron's DDP and optimizer; tokens drawn from the
    policy at every position; k1 / abs / k2 / k3 on their log-probs, and the exact KL of the full
@@ -194,7 +194,8 @@ def mismatch(a, b) -> dict:
 
 
 PAIRS = (
-    ("train_fp32", "rollout", "训练端 TP=2 fp32 对 rollout TP=1 bf16 逐 token 生成"),
+    ("train_bf16", "rollout", "训练端 TP=2 bf16 对 rollout TP=1 bf16 逐 token 生成"),
+    ("train_fp32", "rollout", "训练端换成 fp32（对照）对同一 rollout"),
     ("train_fp32", "tp1_fp32", "只换 TP（都是 fp32、整段前向）"),
     ("train_bf16", "tp1_bf16", "只换 TP（都是 bf16、整段前向）"),
     ("tp1_bf16", "rollout", "只换形状（bf16 TP=1：整段 对 逐 token）"),
@@ -224,20 +225,27 @@ def mismatch_table(results) -> Table:
     return Table(["两边", "平均 |Δlogp|", "中位数", "p99", "最大", f"|Δ| > {THRESHOLD} 的 token"], rows)
 
 
+RATIO_ROWS = (("train_bf16", "TP=2 bf16"), ("train_fp32", "TP=2 fp32（对照）"))
+"""The trainers whose ratio against the rollout :func:`ratio_table` shows: bf16 first."""
+
+
 def ratio_table(results) -> Table:
     r = results[0]
-    m = mismatch(r["rows"]["train_fp32"], r["logp_rollout"])
-    return Table(
-        ["token 数", "ratio 平均", "最小", "最大", f"ratio > C={TIS:g} 被截断的份额"],
-        [
+    rows = []
+    for name, what in RATIO_ROWS:
+        m = mismatch(r["rows"][name], r["logp_rollout"])
+        rows.append(
             [
+                what,
                 m["tokens"],
                 round(m["ratio_mean"], 4),
                 round(m["ratio_min"], 4),
                 round(m["ratio_max"], 4),
                 f"{100 * m['clipped']:.2f}%",
             ]
-        ],
+        )
+    return Table(
+        ["训练端", "token 数", "ratio 平均", "最小", "最大", f"ratio > C={TIS:g} 被截断的份额"], rows
     )
 
 

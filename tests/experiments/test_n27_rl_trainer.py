@@ -56,6 +56,21 @@ def test_mismatch_comes_from_bf16_not_from_tp_in_fp32(results):
     assert main["max"] == pytest.approx(d.max()) and main["tokens"] == d.size
 
 
+def test_bf16_trainer_leads_and_its_gap_is_the_tp_change(results):
+    """The table's first pair is the deployed one (bf16 trainer against the bf16 rollout); its gap
+    is the bf16 TP-only gap up to the shape row (near zero on CPU), far above fp32 rounding."""
+    from snippets.experiments.n27_rl_trainer import PAIRS, RATIO_ROWS, mismatch
+
+    assert PAIRS[0][:2] == ("train_bf16", "rollout") and RATIO_ROWS[0][0] == "train_bf16"
+    r = results[0]
+    rows = r["rows"]
+    deployed = mismatch(rows["train_bf16"], r["logp_rollout"])
+    tp_only = mismatch(rows["train_bf16"], rows["tp1_bf16"])
+    shape = mismatch(rows["tp1_bf16"], r["logp_rollout"])
+    assert shape["max"] < 1e-5 < deployed["mean"]
+    assert abs(deployed["mean"] - tp_only["mean"]) <= shape["max"]
+
+
 def test_kl_estimators_by_hand():
     from snippets.rl.trainer_side import kl_estimators
 
