@@ -52,6 +52,7 @@ from snippets.record.listing import listing
 from snippets.record.tables import Table
 
 import megatron.core
+from megatron.core.enums import Fp8Recipe
 from megatron.core.fp4_utils import get_fp4_context, get_fp4_recipe
 from megatron.core.fp8_utils import get_fp8_context, get_fp8_recipe
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -106,7 +107,7 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 # | [`model_chunk_schedule_plan.py::TransformerLayerSchedulePlan.run`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/models/common/model_chunk_schedule_plan.py#L236) | 一层 forward 配一层 backward | 跑 |
 # | [`cuda_graphs.py::CudaGraphManager`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/cuda_graphs.py#L1763) | `cuda_graph_impl="local"` 的逐层捕获 | 跑：配置检查；捕获读代码 |
 # | [`schedules.py::get_forward_backward_func`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/pipeline_parallel/schedules.py#L48) | 三个 schedule，没有 zero-bubble | 跑 |
-# | [`initialize.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L340) | `--distributed-timeout-minutes` → 进程群的 `timeout` | 跑：gloo 群 timeout 2 秒 |
+# | [`initialize.py:340`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L340) | `--distributed-timeout-minutes` → 进程群的 `timeout` | 跑：torch 群的 timeout（2 秒）；Megatron 这一行读代码 |
 # | [`rerun_state_machine.py::RerunStateMachine.validate_result`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L464) | loss 的 NaN / Inf / 尖峰检查 | 跑：注入 NaN |
 # | [`utils.py::StragglerDetector`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/utils.py#L1445) | 找慢的 rank | 读代码，未在 CPU 上运行 |
 #
@@ -117,7 +118,7 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 # | [`transformer_engine.py::TELinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L855) | 把 `tp_comm_overlap_ag/rs` 译成 TE 的 `ub_overlap_ag/rs`（:923 起），专家层关掉 |
 # | [`transformer_engine.py::TELayerNormColumnParallelLinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L1122) | 再加 `ub_bulk_dgrad/wgrad`、`ub_overlap_rs_dgrad`（:1198 起） |
 # | [`layers.py::LinearWithGradAccumulationAndAsyncCommunication`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/tensor_parallel/layers.py#L525) | local 层自己的重叠：backward 的 all-gather / reduce-scatter 用 `async_op=True` |
-# | [`fp8_utils.py::get_fp8_recipe`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp8_utils.py#L714) | `fp8_recipe` → TE 的四种 recipe |
+# | [`fp8_utils.py::get_fp8_recipe`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp8_utils.py#L714) | `fp8_recipe` → TE 的四种内置 recipe（另有 `custom`） |
 # | [`transformer_engine.py::TEDelayedScaling`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L3220) | 把 `fp8_margin`、`fp8_amax_history_len`、`fp8_amax_compute_algo` 交给 TE |
 # | [`param_and_grad_buffer.py::group_params_for_buffers`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L882) | 梯度缓冲区 dtype：fp32 或参数的高精度 dtype，FP8 参数按 uint8 存 |
 # | [`fp4_utils.py::get_fp4_context`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp4_utils.py#L247) | NVFP4，同一个 amax 群 |
@@ -195,7 +196,7 @@ listing(gpu.run, gpu.combined_run, gpu.cpu_streams)
 #
 # ### TP 通信重叠：一层里要配对的 10 次通信
 #
-# `tp_comm_overlap` 是一个 config 开关，打开后 `TransformerConfig` 默认把 all-gather 和 reduce-scatter 的重叠都开上：
+# `tp_comm_overlap` 是一个 config 开关；all-gather 和 reduce-scatter 重叠的几个子开关默认就是 True，只在 `tp_comm_overlap=True` 时起作用：
 
 # %%
 layer = dict(num_layers=1, hidden_size=16, num_attention_heads=4, tensor_model_parallel_size=2)
@@ -207,7 +208,7 @@ print("不开 SP 也被接受：tp_comm_overlap =", no_sp.tp_comm_overlap)
 
 # %% [markdown]
 # 真正做重叠的是 Transformer Engine 的线性层：[`TELinear`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L855)
-# 把这几个开关译成 `ub_overlap_ag` / `ub_overlap_rs`，每个线性层带一个名字（`qkv`、`proj`、`fc1`、`fc2`，其他名字会关掉重叠；专家层一律不重叠）。
+# 把这几个开关译成 `ub_overlap_ag` / `ub_overlap_rs`，每个线性层带一个名字（`qkv`、`proj`、`fc1`、`fc2`；专家层一律不重叠）。别的名字（如 MLA 的 `q_down_proj`）让 `TELinear` 把**共用的** config 的 `tp_comm_overlap` 改成 False，警告说只关这一层，实际之后建的层都不重叠了（见遗留问题）。
 # TE spec 里 QKV 和 fc1 是 `TELayerNormColumnParallelLinear`（LayerNorm 融进 GEMM，all-gather 接在 LayerNorm 之后），proj 和 fc2 是 `TERowParallelLinear`。
 # 训练入口在初始化时调 [`_initialize_tp_communicators`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/training/initialize.py#L187)，
 # 让 TE 按 (seq × micro-batch / CP, hidden) 为每个 GEMM 建一块 userbuffer。TE 不在这台机器上，但它要重叠的通信，local 层一次不少地发出来了。
@@ -248,10 +249,11 @@ print("amax 历史长度", fp8_cfg.fp8_amax_history_len, "| 取法", fp8_cfg.fp8
       "| fp4_recipe", fp4_cfg.fp4_recipe)
 print("无 TE：get_fp8_recipe →", get_fp8_recipe(fp8_cfg), "| get_fp8_context →", type(get_fp8_context(fp8_cfg)).__name__,
       "| get_fp4_recipe →", get_fp4_recipe(fp4_cfg), "| get_fp4_context →", type(get_fp4_context(fp4_cfg)).__name__)
+print("fp8_recipe 可选：", [r.value for r in Fp8Recipe])
 print("torch 的 float8：E4M3 最大", torch.finfo(torch.float8_e4m3fn).max, "| E5M2 最大", torch.finfo(torch.float8_e5m2).max)
 
 # %% [markdown]
-# 有 TE 时 [`get_fp8_recipe`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp8_utils.py#L714) 把四个名字映射到 TE 的 recipe：
+# 有 TE 时 [`get_fp8_recipe`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp8_utils.py#L714) 把前四个名字映射到 TE 的内置 recipe（`custom` 载入 `fp8_quantizer_factory` 给的 recipe）：
 # `delayed` → `DelayedScaling`（Megatron 的 [`TEDelayedScaling`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L3220)
 # 把上面三个数交给它）、`tensorwise` → `Float8CurrentScaling`、`blockwise` → `Float8BlockScaling`、`mxfp8` → `MXFP8BlockScaling`。
 # scale 的公式在 TE 的 [`_default_sf_compute`](https://github.com/NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/pytorch/quantization.py#L1092)：
@@ -277,13 +279,15 @@ Table(["recipe", "步", "scale", "被截到 ±448 的值", "相对误差"],
 
 # %% [markdown]
 # delayed scaling 在第 3 步用的是第 2 步的 scale（约 121），放大 8 倍的值乘上它远超 448，2655 个被截断，误差从 0.027 跳到 0.67；
-# 下一步 scale 才追上。`max` 窗口让 scale 在突变后保持小值 16 步，对突变更稳，代价是之后的小值用不满 FP8 的范围。
+# 下一步 scale 才追上。`max` 窗口（长 16）让 scale 在突变后一直保持小值（表里第 4、5 步仍是 14.57），对突变更稳，代价是之后的小值用不满 FP8 的范围。
 # current scaling 每步现算，永远不截。FP8 的相对误差约 2.7%（E4M3 只有 3 位尾数）与 scale 无关，只有截断和下溢才让它变坏。
 # 一个离群值就会造成下溢：
 
 # %% tags=["hide-input"]
 outlier = gpu.outlier_errors(gpu.activations(0, outlier=1e5))
-Table(["scale 的粒度（一个值是其余的约 10⁵ 倍）", "其余 4095 个值的相对误差"], [[k, round(v, 4)] for k, v in outlier.items()])
+outlier_scale = gpu.outlier_scales(gpu.activations(0, outlier=1e5))
+Table(["scale 的粒度（一个值是其余的约 10⁵ 倍）", "离群值那一份的 scale", "其余 4095 个值的相对误差"],
+      [[k, round(outlier_scale[k], 4), round(v, 4)] for k, v in outlier.items()])
 
 # %% [markdown]
 # 整个 tensor 共用一个 scale 时，离群值把 scale 压到 0.0045，其余的值落进 E4M3 的次正规数区，误差 0.1255；每 32 个值一个 scale
@@ -302,13 +306,14 @@ Table(["scale 的粒度（一个值是其余的约 10⁵ 倍）", "其余 4095 �
 amax
 
 # %% [markdown]
-# 默认是 TP×DP×CP 的全部 4 个 rank；`tp_only_amax_red` 把它缩到 TP（×CP）群，少一次跨节点的归约，代价是各 DP 副本的 scale 可能不同。
+# 默认是 TP×DP×CP 的全部 4 个 rank；`tp_only_amax_red` 把它缩到 TP（×CP）群：还是一次归约，只是群小了（通常在节点内），代价是各 DP 副本的 scale 可能不同。
 # FP4 走同一条路（[`get_fp4_context`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp4_utils.py#L247)）。
 #
 # **梯度不以 FP8 归约。** FP8 只用在 GEMM 的输入上；DDP 的梯度缓冲区按
 # [`param_and_grad_buffer.py:917`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/distributed/param_and_grad_buffer.py#L917)
 # 取 fp32（`grad_reduce_in_fp32`）或参数的高精度 dtype（bf16），FP8 参数在那里以 uint8 存储，但梯度照旧是 bf16/fp32。
-# 唯一以 FP8 字节走网络的是 `--fp8-param-gather`：分布式优化器 all-gather 的是 FP8 权重。
+# 但 FP8 字节会走网络：开 SP 时 TE 在 TP 的 all-gather 之前先量化（[`layernorm_linear.py:309`](https://github.com/NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/pytorch/module/layernorm_linear.py#L309)，backward 里行并行层 all-gather 输出梯度也一样，[`base.py:1746`](https://github.com/NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/pytorch/module/base.py#L1746)），
+# 所以 TP 的 all-gather 传的是 FP8 的激活和梯度（`hybrid` 下分别是 E4M3 和 E5M2）；DP 上还有 `--fp8-param-gather`，分布式优化器 all-gather 的是 FP8 权重。
 #
 # ### EP 重叠里的 stream 和群
 #
@@ -367,7 +372,7 @@ for change in [dict(expert_model_parallel_size=1), dict(moe_token_dispatcher_typ
 #
 # FP4 是另一组开关：`fp4="e2m1"`、`fp4_recipe="nvfp4"`（默认），[`get_fp4_recipe`](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/fp4_utils.py#L219)
 # 交给 TE 的 [`NVFP4BlockScaling`](https://github.com/NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/common/recipe/__init__.py#L489)：
-# 每 16 个值一个 E4M3 的 scale，外加一个 fp32 的全 tensor scale；权重用 16×16 的块，梯度随机舍入，输入和梯度先做 16×16 的 Hadamard 变换压离群值。
+# 每 16 个值一个 E4M3 的 scale，外加一个 fp32 的全 tensor scale；权重用 16×16 的块，梯度随机舍入；wgrad GEMM 用到的（列方向的）输入和梯度先做 16×16 的 Hadamard 变换压离群值。
 #
 # ### CUDA graph：捕获了什么，禁止了什么
 #
@@ -555,6 +560,7 @@ n28_hang.nan_table(nan)
 # （[rerun_state_machine.py:37](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L37)）：
 # 换一块 GPU 从这个 checkpoint 重跑这一步，才能分清是数据的问题还是这块 GPU 的问题。重跑结果不同算瞬时错误，以 17 退出；
 # `--error-injection-rate 1` 配 `transient_error` / `persistent_error` 正好演练这两条路。第一行是状态机照原样在 CPU 上跑：它的标志张量建在 `device='cuda'` 上。
+# `--check-for-spiky-loss` 的 `fatal=False` 只改结局：尖峰那步照样被抓到、原地重跑（表中最后一行第 7 步跑了 2 次），但不论能否复现都只记警告、接着训练，不存 checkpoint 也不退出。
 #
 # 真实集群上的步骤，每个开关的默认值取自 Megatron 自己的参数解析器，出处是 0.19.0 和 torch 2.13 的行：
 
@@ -564,13 +570,13 @@ n28_hang.procedure_table()
 # %% [markdown]
 # ## 与训练主链路的关系
 #
-# 这些开关都不改模型算什么，只改什么时候算、用什么精度算：TP 重叠和 EP 重叠的梯度与不重叠逐位相同（本页 EP 的差是 0），
+# 这些开关都不改模型算什么，只改什么时候算、用什么精度算：EP 重叠本页测得差 0；TP 重叠在数学上相同，是否逐位相同本页没有验证（userbuffer 的 reduce-scatter 有自己的求和顺序），
 # CUDA graph 重放的是同一串 kernel；FP8 改变数值，但只在 GEMM 的输入上，主权重、优化器状态、梯度归约仍是 fp32/bf16。
 # 一次训练 step 的骨架（笔记 05、06、13）不变。真机上它们值多少，按[笔记 26](../26_cost/) 的通信量和带宽估：TP 的通信占一层时间越大，重叠越值钱。
 #
 # ## 与基础知识的连接
 #
-# - 计算和通信重叠的前提是两者互不依赖，并能在不同的硬件单元上同时跑：GEMM 用 Tensor Core，NCCL 用少量 SM 和 NVLink 的拷贝引擎。
+# - 计算和通信重叠的前提是两者互不依赖，并能在不同的硬件单元上同时跑：GEMM 用 Tensor Core，NCCL 的集合通信是占少量 SM 的 kernel；TE 的 userbuffer 还可以改用拷贝引擎（`use_ce`）。
 # - FP8 是浮点数的位数分配：E4M3 多一位尾数、范围小，给激活和权重；E5M2 范围大，给梯度。scale 把数据搬进可表示的范围。
 # - CUDA graph 针对的是 CPU 发 kernel 的开销：小 batch、小模型时 GPU 在等 CPU，graph 把几千次启动变成一次。
 # - 集合通信在一个群里按发出的先后配对，不看变量名和第几步：少发一次，后面的每一次都错位一格，直到最后一次没人接。
@@ -588,7 +594,9 @@ n28_hang.procedure_table()
 # - 第 1 步的 NaN 不检查：`validate_results` 模式下 `first_iteration_complete` 为 False 时直接返回
 #   （[rerun_state_machine.py:594](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L594)），NaN 表里“第 1 步 NaN”一行训练照常继续。
 # - `disabled` 模式只在出 NaN 的 rank 上抛错（[rerun_state_machine.py:519](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/rerun_state_machine.py#L519)），
-#   别的 rank 不知道，会在下一次集合通信里等它（NaN 表：rank 1 停在第 2 步）。
+#   别的 rank 不知道。本页的循环没有别的集合通信，NaN 表里 rank 0 跑完了 4 步；真实训练里它会卡在同一步的梯度 all-reduce 上，直到群超时。
+# - `TELinear` 遇到不认识的 userbuffer 名字时改的是共用 config 的 `tp_comm_overlap`（[transformer_engine.py:927](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/extensions/transformer_engine.py#L927)），
+#   警告写“for this layer”，其后建的所有层都不再重叠；MLA 的 `q_down_proj`（[multi_latent_attention.py:545](https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/transformer/multi_latent_attention.py#L545)）就是这样的名字。读代码，未在 CPU 上运行。
 #
 # <details><summary>在 CPU 上怎么跑的</summary>
 #
@@ -608,7 +616,7 @@ n28_hang.procedure_table()
 # ## 自测
 
 # %% [markdown]
-# **1. TP=2 开 SP 时，一层的 backward 里哪两次通信在 local 层里就已经和 GEMM 重叠了，各藏在哪个 GEMM 后面？**
+# **1. TP=2 开 SP 时，每个列并行层（QKV、fc1）的 backward 里哪两次通信在 local 层里就已经和 GEMM 重叠了，各藏在哪个 GEMM 后面？**
 #
 # <details><summary>答案</summary>
 #

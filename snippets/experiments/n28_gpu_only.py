@@ -235,6 +235,24 @@ def outlier_errors(x: torch.Tensor, outlier_at: int = 7) -> dict:
     }
 
 
+def outlier_scales(x: torch.Tensor, outlier_at: int = 7) -> dict:
+    """The scale the outlier's share of ``x`` gets, for the same three granularities as
+    :func:`outlier_errors`: fp8_max / amax for the whole tensor, and the power-of-two scale of the
+    128- and 32-value block that holds the outlier (:func:`block_quantize`)."""
+    amax = float(x.float().abs().max())
+
+    def block_scale(block):
+        start = outlier_at // block * block
+        block_amax = float(x.float()[start : start + block].abs().max())
+        return 2.0 ** math.floor(math.log2(FP8_MAX["e4m3"] / block_amax))
+
+    return {
+        "整个 tensor 一个 scale": scale_from_amax(amax),
+        "每 128 个一个（blockwise）": block_scale(128),
+        "每 32 个一个（MXFP8）": block_scale(32),
+    }
+
+
 def activations(seed: int = 0, n: int = 4096, outlier: float = 0.0) -> torch.Tensor:
     """A bf16 activation-like tensor: N(0, 1), with one value replaced by ``outlier`` if given."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed))

@@ -623,28 +623,37 @@ CASES = (
 )
 
 
+def _shown_row(rows: list[dict]) -> dict:
+    """The step a case is about: the first step that ran more than once (a rerun, even when training
+    went on, e.g. a non-fatal spike), else the last step (where it stopped or finished)."""
+    return next((r for r in rows if r["runs"] > 1), rows[-1])
+
+
+def _decision(row: dict) -> str:
+    if row["error"]:
+        return "raised " + first_line(row["error"], 120)
+    ck, ex, code = row["decision"]
+    return f"checkpoint={ck}, exit={ex}, exit code {code}"
+
+
 def nan_table(results) -> Table:
-    """Per case: the rank(s) it concerns, the iteration where it stopped (or the last), how often
-    that step ran, the state, and ``should_checkpoint_and_exit()``'s decision. When the ranks agree
-    the row says so ("全部"); otherwise it shows the rank that raised."""
+    """Per case: the rank(s) it concerns, the step it is about (:func:`_shown_row`: the rerun step,
+    else where it stopped or finished), how often that step ran, the state, and
+    ``should_checkpoint_and_exit()``'s decision. When the ranks agree the row says so ("全部");
+    otherwise there is one row per rank."""
     rows = []
     for key, mode, what in CASES:
-        last = [res[key]["rows"][-1] for res in results]
-        keys = [(r["iteration"], r["runs"], r["state"], r["decision"], bool(r["error"])) for r in last]
-        same = len(set(keys)) == 1
-        who = "全部" if same else next(f"rank {i}" for i, r in enumerate(last) if r["error"])
-        row = last[0] if same else next(r for r in last if r["error"])
-        if row["error"]:
-            decision = "raised " + first_line(row["error"], 120)
-        else:
-            ck, ex, code = row["decision"]
-            decision = f"checkpoint={ck}, exit={ex}, exit code {code}"
-        rows.append([what, mode, who, row["iteration"], row["runs"], row["state"], decision])
+        shown = [_shown_row(res[key]["rows"]) for res in results]
+        keys = [(r["iteration"], r["runs"], r["state"], r["decision"], bool(r["error"])) for r in shown]
+        who = ["全部"] if len(set(keys)) == 1 else [f"rank {i}" for i in range(len(shown))]
+        for i, label in enumerate(who):
+            row = shown[i]
+            rows.append([what, mode, label, row["iteration"], row["runs"], row["state"], _decision(row)])
     headers = [
         "情形",
         "rerun_mode",
         "rank",
-        "停在第几步",
+        "第几步（重跑的，否则最后一步）",
         "该步跑了几次",
         "state",
         "should_checkpoint_and_exit()",
@@ -854,7 +863,7 @@ PROCEDURE = (
         "--distributed-timeout-minutes N",
         "distributed_timeout_minutes",
         ("timeout_kwarg", "init_pg"),
-        "是：组 timeout=2 s",
+        "部分：torch 群的 timeout=2 s 跑了；Megatron 传 timeout 这一步读代码",
     ),
     (
         "1 给等待定上限",

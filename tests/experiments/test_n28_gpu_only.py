@@ -67,6 +67,10 @@ def test_block_scales_are_powers_of_two_per_block():
     errors = gpu.outlier_errors(gpu.activations(0, outlier=1e5))
     whole, per128, per32 = errors.values()
     assert whole > 2 * per128 and per128 > per32
+    scales = gpu.outlier_scales(gpu.activations(0, outlier=1e5))
+    # the whole tensor's scale is fp8_max / outlier; a block's is the power of two below it
+    assert scales["整个 tensor 一个 scale"] == pytest.approx(448 / 99840)
+    assert list(scales.values())[1:] == [2.0**-8, 2.0**-8]
 
 
 # ----------------------------------------------------------------------------- ranks

@@ -158,6 +158,18 @@ def test_the_rerun_state_machine_catches_the_nan(nan):
     assert all(r["decision"] == (False, False, 0) for r in spike)
 
 
+def test_the_nan_table_shows_each_rank_when_they_differ_and_the_rerun_step_of_a_spike(nan):
+    rows = h.nan_table(nan).rows
+    disabled = [r for r in rows if r[1] == "disabled"]
+    # rank 0 ran every step (no other collective in this loop), rank 1 raised at the NaN step
+    assert [r[2:5] for r in disabled] == [["rank 0", h.NAN_ITERATIONS, 1], ["rank 1", h.NAN_ITERATION, 1]]
+    assert disabled[0][6].startswith("checkpoint=False") and disabled[1][6].startswith("raised")
+    # the spike: the step it hit ran twice and training went on (fatal=False)
+    spike = rows[-1]
+    assert spike[2:5] == ["全部", h.SPIKE_SAMPLES + 2, 2]
+    assert spike[6] == "checkpoint=False, exit=False, exit code 0"
+
+
 def test_the_launcher_reports_where_the_waiting_rank_stands_within_its_bound():
     out = h.launcher_report()
     assert out["rank"] == 0 and out["elapsed"] < h.STUCK_LAUNCH_S + 3
