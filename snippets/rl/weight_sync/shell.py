@@ -169,7 +169,7 @@ def _statements(text: str, broken: list[int] | None = None):
             words.append(_Array(word, items))
             word = ""
             continue
-        if c in "'\"`" or text.startswith("$(", i) or text.startswith("${", i):
+        if _opens_span(text, i):
             j = _span(text, i, line)
             if not words and not word:
                 start = line
@@ -178,8 +178,7 @@ def _statements(text: str, broken: list[int] | None = None):
             i = j
             continue
         if c == "#" and not word:
-            while i < n and text[i] != "\n":
-                i += 1
+            i = _line_end(text, i)
             continue
         if c in " \t":
             end_word()
@@ -265,15 +264,14 @@ def _array(text: str, i: int, line: int) -> tuple[list[str], int, int]:
                 word += text[i : i + 2]
             i += 2
             continue
-        if c in "'\"`" or text.startswith("$(", i) or text.startswith("${", i):
+        if _opens_span(text, i):
             j = _span(text, i, line)
             word += text[i:j]
             line += text.count("\n", i, j)
             i = j
             continue
         if c == "#" and not word:
-            while i < n and text[i] != "\n":
-                i += 1
+            i = _line_end(text, i)
             continue
         if c in " \t\n":
             if word:
@@ -295,6 +293,17 @@ class _Unclosed(Exception):
 
 
 _KINDS = {"'": "a ' quote", '"': 'a " quote', "`": "a ` command substitution"}
+
+
+def _opens_span(text: str, i: int) -> bool:
+    """A quote, a backquote, ``$(`` or ``${`` starts at ``i``: a span read whole (:func:`_span`)."""
+    return text[i] in "'\"`" or text.startswith("$(", i) or text.startswith("${", i)
+
+
+def _line_end(text: str, i: int) -> int:
+    """Index of the newline ending the line at ``i`` (a comment runs to it), or the text's end."""
+    end = text.find("\n", i)
+    return len(text) if end < 0 else end
 
 
 def _span(text: str, i: int, line: int) -> int:
